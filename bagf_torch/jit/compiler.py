@@ -1,0 +1,135 @@
+"""NVRTC compilation of kernel template instantiations, with cubins cached on disk by content hash.
+
+Describe, build, load: a ``KernelSpec`` names one instantiation (family, config, arch) and knows its name
+expression and readable name; ``KernelCompiler.compile`` turns specs into loaded plans, compiling only the
+cubins the cache does not hold (in parallel threads: the extension releases the GIL around NVRTC), and
+loading each with ``cuModuleLoadData``. Failures come back as typed ``Outcome``s, never exceptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Mapping, Sequence
+
+from ..kernels.space import Config
+from ..tuning.common import Outcome
+from . import extension
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One template instantiation of one family for one GPU architecture."""
+
+    family: ModuleType
+    config: Mapping[str, int]
+    arch: str  # e.g. "sm_90"
+
+    @property
+    def name(self) -> str:
+        return self.family.name(self.config, self.arch.replace("_", ""))
+
+    @property
+    def name_expression(self) -> str:
+        return self.family.name_expression(self.config)
+
+    def options(self) -> list[str]:
+        return [f"--gpu-architecture={self.arch}", "-std=c++17", f"--include-path={extension.kernels_dir()}"]
+
+    def source(self) -> str:
+        return f'#include "{self.family.SOURCE}"\n'
+
+    def digest(self, source_hash: str, nvrtc_version: str) -> str:
+        """Content hash of the cubin: kernel sources, name expression, options, NVRTC version, arch."""
+        blob = "\0".join([source_hash, self.source(), self.name_expression, *self.options(), nvrtc_version,
+                          self.arch])
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class Loaded:
+    """A compiled and loaded kernel: ``handle`` is what the bagf::conv2d op takes."""
+
+    spec: KernelSpec
+    handle: int
+    compile_seconds: float  # 0 when the cubin came from the cache
+    registers: int
+    local_bytes: int
+
+
+@dataclass
+class CompileStats:
+    nvrtc_compiles: int = 0
+    cubin_cache_hits: int = 0
+    loads: int = 0
+    compile_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **kw):
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+STATS = CompileStats()
+"""Process-wide counters: a warm process shows nvrtc_compiles == 0."""
+
+
+class KernelCompiler:
+    """Compiles and loads kernel variants for one CUDA device, using ``cache`` for cubins."""
+
+    def __init__(self, cache, device: int, workers: int):
+        import torch
+
+        self.ext = extension.load()
+        self.cache = cache
+        self.device = device
+        major, minor = torch.cuda.get_device_capability(device)
+        self.arch = f"sm_{major}{minor}"
+        self.workers = workers
+        self.nvrtc_version = self.ext.versions()["nvrtc"]
+        self.source_hash = extension.source_hash()
+        self.limits = self.ext.device_limits(device)
+
+    def _cubin(self, spec: KernelSpec) -> tuple[bytes, str, float] | Outcome:
+        digest = spec.digest(self.source_hash, self.nvrtc_version)
+        hit = self.cache.get_cubin(digest)
+        if hit is not None:
+            STATS.add(cubin_cache_hits=1)
+            return hit[0], hit[1], 0.0
+        t0 = time.perf_counter()
+        ok, cubin, lowered, log = self.ext.nvrtc_compile(spec.source(), spec.name_expression, spec.options())
+        seconds = time.perf_counter() - t0
+        STATS.add(nvrtc_compiles=1, compile_seconds=seconds)
+        if not ok:
+            return Outcome("compile", detail=f"{spec.name}: NVRTC failed ({spec.name_expression}):\n{log}")
+        self.cache.put_cubin(digest, spec.name, lowered, cubin)
+        return cubin, lowered, seconds
+
+    def _load(self, spec: KernelSpec, cubin: bytes, lowered: str, seconds: float) -> Loaded | Outcome:
+        fam, c = spec.family, spec.config
+        try:
+            info = self.ext.load_plan(cubin, lowered, self.device, c["BM"], c["BN"], fam.threads(c),
+                                      fam.smem_bytes(c))
+        except RuntimeError as e:
+            return Outcome("resources", detail=f"{spec.name}: {e}")
+        STATS.add(loads=1)
+        return Loaded(spec, info["handle"], seconds, info["registers"], info["local_bytes"])
+
+    def compile(self, family: ModuleType, configs: Sequence[Config]) -> list[Loaded | Outcome]:
+        """Compile (or fetch from the cache) and load every config; failures are typed outcomes."""
+        specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
+        if len(specs) > 1 and self.workers > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
+                cubins = list(pool.map(self._cubin, specs))
+        else:
+            cubins = [self._cubin(s) for s in specs]
+        # Module loading stays on this thread: it needs the device's context current, which torch made so.
+        return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
+
+    def unload(self, handle: int) -> None:
+        self.ext.unload_plan(handle)

@@ -1,0 +1,142 @@
+"""Build and load the host extension (csrc/bagf_ext.cpp) on first CUDA use.
+
+The build goes into ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>`` through
+``torch.utils.cpp_extension.load`` (ninja); a warm build folder makes this a ninja no-op. Missing pieces
+(CPU-only torch, no CUDA toolkit, no NVRTC headers, no ninja) raise ``BuildError`` saying what to install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from .. import settings
+
+_lock = threading.Lock()
+_ext: ModuleType | None = None
+
+
+class BuildError(RuntimeError):
+    """The host extension cannot be built here; the message says what is missing and how to fix it."""
+
+
+def csrc_dir() -> Path:
+    """The C++/CUDA sources: ``bagf_torch/_csrc`` in an installed package, ``<repo>/csrc`` in a checkout."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "_csrc", here.parent / "csrc"):
+        if (candidate / "bagf_ext.cpp").is_file():
+            return candidate
+    raise BuildError(f"bagf_torch's C++ sources are missing (looked in {here / '_csrc'} and "
+                     f"{here.parent / 'csrc'}); reinstall the package")
+
+
+def kernels_dir() -> Path:
+    return csrc_dir() / "kernels"
+
+
+def source_hash() -> str:
+    """sha256 over every kernel source file (name and content): part of every cache key and cubin digest."""
+    h = hashlib.sha256()
+    for path in sorted(kernels_dir().iterdir()):
+        if path.suffix in (".cuh", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _cuda_home() -> Path:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if not home:
+        raise BuildError("the CUDA toolkit was not found (no CUDA_HOME, no nvcc on PATH, no /usr/local/cuda). "
+                         "Install the CUDA toolkit matching torch's CUDA "
+                         f"{torch.version.cuda} and set CUDA_HOME to it.")
+    home = Path(home)
+    if not (home / "include" / "nvrtc.h").is_file():
+        raise BuildError(f"NVRTC headers not found in {home / 'include'}; install the toolkit's NVRTC "
+                         "component (cuda-nvrtc-dev) or point CUDA_HOME at a full CUDA toolkit.")
+    return home
+
+
+def build_dir() -> Path:
+    tag = f"torch{torch.__version__}-cu{torch.version.cuda}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return settings.cache_dir() / "build" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+def load() -> ModuleType:
+    """The host extension module, building it on the first call in this process."""
+    global _ext
+    if _ext is not None:
+        return _ext
+    with _lock:
+        if _ext is not None:
+            return _ext
+        if torch.version.cuda is None:
+            raise BuildError(f"this torch ({torch.__version__}) is a CPU-only build; bagf_torch's kernels need "
+                             "a CUDA build of torch (e.g. pip install torch --index-url "
+                             "https://download.pytorch.org/whl/cu130). CPU tensors still work through ATen.")
+        if not torch.cuda.is_available():
+            raise BuildError("no CUDA device is visible (torch.cuda.is_available() is False); check the driver "
+                             "and CUDA_VISIBLE_DEVICES. CPU tensors still work through ATen.")
+        if shutil.which("ninja") is None:
+            raise BuildError("ninja is not on PATH; pip install ninja")
+        home = _cuda_home()
+        src = csrc_dir()
+        out = build_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        from torch.utils import cpp_extension
+
+        lib = home / "lib64"
+        try:
+            _ext = cpp_extension.load(
+                name="bagf_ext",
+                sources=[str(src / "bagf_ext.cpp")],
+                extra_include_paths=[str(src)],
+                extra_cflags=["-O3", "-std=c++17"],
+                extra_ldflags=["-lnvrtc", "-lcuda", f"-L{lib}", f"-L{lib / 'stubs'}", f"-Wl,-rpath,{lib}"],
+                with_cuda=True,
+                build_directory=str(out),
+                verbose=settings.log_level() <= 10,
+            )
+        except Exception as e:  # the compiler's output is in the chained exception
+            raise BuildError(f"building the bagf_torch host extension in {out} failed: {e}. "
+                             "Check that the CUDA toolkit at "
+                             f"{home} matches torch's CUDA {torch.version.cuda}; set BAGF_LOG=debug to see the "
+                             "compiler command.") from e
+        from .. import ops
+
+        ops.register_fake()
+        return _ext
+
+
+def loaded() -> ModuleType | None:
+    """The extension if this process already loaded it, else None (never builds)."""
+    return _ext
+
+
+def environment(device: int) -> dict:
+    """Everything about this machine that changes a tuning result; goes into every cache key."""
+    from .. import __version__
+
+    ext = load()
+    v = ext.versions()
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "gpu": props.name,
+        "cc": f"{props.major}.{props.minor}",
+        "driver": v["driver"],
+        "runtime": v["runtime"],
+        "nvrtc": v["nvrtc"],
+        "torch": torch.__version__,
+        "bagf_torch": __version__,
+        "kernels": source_hash(),
+        "os": os.name,
+    }

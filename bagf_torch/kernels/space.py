@@ -1,0 +1,75 @@
+"""An explicit search space: ordered allowed values per knob plus validity rules, checked before compiling."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+Config = dict[str, int]
+"""One point of a space: knob name -> value."""
+
+Rule = Callable[[Mapping[str, int]], "str | None"]
+"""A validity rule: returns None for a valid configuration, or a sentence saying what is wrong."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """Knobs with their allowed values (in order) and the rules every configuration must satisfy.
+
+    ``params`` maps each knob to its allowed values, smallest first (order matters to strategies that move
+    to neighbouring values). ``rules`` are checked in order; the first failing one names the reason.
+
+    >>> s = Space("demo", {"a": (1, 2, 4), "b": (1, 2)}, (lambda c: "too big" if c["a"] * c["b"] > 4 else None,))
+    >>> s.invalid_reason({"a": 4, "b": 2})
+    'too big'
+    >>> len(s.valid_configs())
+    5
+    """
+
+    family: str
+    params: Mapping[str, tuple[int, ...]]
+    rules: tuple[Rule, ...] = ()
+    _valid: list[Config] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.params)
+
+    @property
+    def size(self) -> int:
+        """Size of the raw Cartesian product (valid or not)."""
+        return math.prod(len(v) for v in self.params.values())
+
+    def invalid_reason(self, config: Mapping[str, int]) -> str | None:
+        """None when ``config`` may be compiled and launched, else why not."""
+        if set(config) != set(self.params):
+            return f"knobs {sorted(config)} do not match the space's {sorted(self.params)}"
+        for name, value in config.items():
+            if value not in self.params[name]:
+                return f"{name}={value} is not one of {list(self.params[name])}"
+        for rule in self.rules:
+            reason = rule(config)
+            if reason is not None:
+                return reason
+        return None
+
+    def is_valid(self, config: Mapping[str, int]) -> bool:
+        return self.invalid_reason(config) is None
+
+    def all_configs(self) -> Iterator[Config]:
+        names = self.names
+        for values in itertools.product(*(self.params[n] for n in names)):
+            yield dict(zip(names, values))
+
+    def valid_configs(self) -> list[Config]:
+        """Every valid configuration, in a fixed order (computed once)."""
+        if not self._valid:
+            self._valid.extend(c for c in self.all_configs() if self.is_valid(c))
+        return list(self._valid)
+
+
+def config_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """A hashable, order-independent form of a configuration."""
+    return tuple(sorted(config.items()))

@@ -1,0 +1,143 @@
+"""``TunedConv2d`` (a drop-in ``nn.Conv2d``) and ``convert(model)``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import log, runtime
+from .problem import ConvProblem
+from .tuning.measure import ATEN
+
+_INT32_MAX = 2**31 - 1
+
+
+def _numeric_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
+    """Symmetric numeric padding equivalent to ``conv.padding``; None for asymmetric 'same' padding."""
+    pad = conv.padding
+    if isinstance(pad, str):
+        if pad == "valid":
+            return (0, 0)
+        out = []
+        for d, k in zip(conv.dilation, conv.kernel_size):
+            total = d * (k - 1)
+            if total % 2:
+                return None
+            out.append(total // 2)
+        return (out[0], out[1])
+    return (int(pad[0]), int(pad[1]))
+
+
+class TunedConv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose CUDA forward runs bagf_torch's tuned kernels.
+
+    Same constructor, parameters and state dict as ``nn.Conv2d`` (state dicts load both ways). On the first
+    forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
+    (BAGF_TUNE=1), then reuses it. Anything the kernels do not handle (CPU tensors, dtypes other than
+    float32, non-contiguous or channels_last input, padding_mode other than 'zeros', groups > 1, asymmetric
+    'same' padding, empty or > 2^31-element tensors) runs through ``nn.Conv2d.forward`` with one log line the
+    first time per reason. Backward always uses ATen's convolution backward.
+
+    Example::
+
+        >>> import torch, bagf_torch
+        >>> conv = bagf_torch.TunedConv2d(3, 8, kernel_size=3, padding=1)
+        >>> conv(torch.randn(2, 3, 16, 16)).shape    # CPU: ATen fallback, one log line
+        torch.Size([2, 8, 16, 16])
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._bagf_handles: dict = {}
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d) -> "TunedConv2d":
+        """A TunedConv2d sharing ``conv``'s parameters, buffers and hooks (weights are not copied)."""
+        new = cls.__new__(cls)
+        new.__dict__.update(conv.__dict__)
+        new._bagf_handles = {}
+        return new
+
+    def __getstate__(self):
+        # Plan handles index this process's loaded kernels: never let them travel with a pickle or deepcopy.
+        state = self.__dict__.copy()
+        state["_bagf_handles"] = {}
+        return state
+
+    def _unsupported(self, x: torch.Tensor) -> str | None:
+        w = self.weight
+        if not x.is_cuda:
+            return "input is not a CUDA tensor"
+        if x.dtype != torch.float32 or w.dtype != torch.float32:
+            return f"dtype {x.dtype} (kernels are float32 only for now)"
+        if self.padding_mode != "zeros":
+            return f"padding_mode={self.padding_mode!r} (kernels implement zero padding)"
+        if self.groups != 1:
+            return "groups > 1 (grouped and depthwise convs are not tuned yet)"
+        if x.dim() != 4:
+            return "unbatched (3-D) input"
+        if not x.is_contiguous():
+            return ("channels_last input" if x.is_contiguous(memory_format=torch.channels_last)
+                    else "non-contiguous input")
+        if not w.is_contiguous() or w.device != x.device:
+            return "weight is not a contiguous tensor on the input's device"
+        if x.shape[0] == 0:
+            return "empty batch"
+        if isinstance(self.padding, str) and _numeric_padding(self) is None:
+            return "asymmetric 'same' padding (even kernel extent)"
+        if x.numel() > _INT32_MAX:
+            return "input with more than 2^31 elements"
+        return None
+
+    def _handle(self, x: torch.Tensor, padding: tuple[int, int]) -> int:
+        key = (tuple(x.shape), x.get_device())
+        if torch.compiler.is_compiling():
+            # Traced code never tunes: it uses the plan this module already has for the shape, else ATen.
+            entry = self._bagf_handles.get(key)
+            return ATEN if entry is None else entry[0]
+        tf32 = torch.backends.cudnn.allow_tf32
+        entry = self._bagf_handles.get(key)
+        if entry is not None and entry[1] == tf32:
+            return entry[0]
+        problem = ConvProblem.from_call(x, self.weight, self.bias, self.stride, padding, self.dilation, 1)
+        try:
+            handle = runtime.get().plan_handle(problem, x.get_device())
+        except Exception as e:  # a broken toolchain or tuner must not break the user's forward
+            log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} "
+                     f"({type(e).__name__}: {e}); using torch's conv2d for it")
+            handle = ATEN
+        self._bagf_handles[key] = (handle, tf32)
+        return handle
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        reason = self._unsupported(input)
+        if reason is not None:
+            log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
+            return super().forward(input)
+        padding = _numeric_padding(self)
+        handle = self._handle(input, padding)
+        if handle == ATEN:  # cuDNN won the tuning, or no plan: the stock path, without the op's extra hop
+            return super().forward(input)
+        return torch.ops.bagf.conv2d(input, self.weight, self.bias, list(self.stride), list(padding),
+                                     list(self.dilation), handle)
+
+
+def convert(model: nn.Module) -> nn.Module:
+    """Swap every ``nn.Conv2d`` in ``model`` for a ``TunedConv2d`` in place, keeping its parameters.
+
+    Returns ``model`` (or the new module if ``model`` itself is an ``nn.Conv2d``). Subclasses of
+    ``nn.Conv2d`` (other than TunedConv2d) are left alone: their forward may differ.
+
+    >>> import torch, bagf_torch
+    >>> m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    >>> type(bagf_torch.convert(m)[0]).__name__
+    'TunedConv2d'
+    """
+    if type(model) is nn.Conv2d:
+        return TunedConv2d.from_conv(model)
+    for name, child in list(model.named_children()):
+        if type(child) is nn.Conv2d:
+            setattr(model, name, TunedConv2d.from_conv(child))
+        else:
+            convert(child)
+    return model

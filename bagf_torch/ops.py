@@ -1,0 +1,43 @@
+"""The op as PyTorch sees it: ``torch.ops.bagf.conv2d``.
+
+Schema (defined once, in csrc/bagf_ext.cpp's ``TORCH_LIBRARY(bagf, m)``)::
+
+    bagf::conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation,
+                 int plan) -> Tensor
+
+``plan`` is a handle from the runtime (a loaded kernel) or -1 for ATen's conv2d. Kernels: CUDA (the tuned
+kernel on the current stream, or ATen when the plan cannot take the call), CPU (ATen) and Autograd (forward
+through the op, backward through ``at::convolution_backward``), all in C++, so a call runs no Python.
+The fake (meta) implementation below lets torch.compile trace it; it is registered when the extension loads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_registered = False
+_lock = threading.Lock()
+
+
+def _out_extent(size, k, stride, pad, dil):
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+def register_fake() -> None:
+    """Register the shape function for torch.compile / FakeTensor (idempotent)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+
+        @torch.library.register_fake("bagf::conv2d")
+        def _conv2d_fake(input, weight, bias, stride, padding, dilation, plan):
+            torch._check(input.dim() == 4 and weight.dim() == 4,
+                         lambda: "bagf::conv2d expects a 4-D NCHW input and a 4-D KCRS weight")
+            p = _out_extent(input.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
+            q = _out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
+            return input.new_empty((input.shape[0], weight.shape[0], p, q))
+
+        _registered = True

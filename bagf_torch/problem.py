@@ -1,0 +1,106 @@
+"""``ConvProblem``: everything that decides which kernel is right for a call, and its cache key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import torch
+
+
+def _pair(v) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(x) for x in v)
+    if len(t) == 1:
+        return (t[0], t[0])
+    if len(t) != 2:
+        raise ValueError(f"expected an int or a pair, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One 2-D convolution problem: shapes, geometry, dtype and memory format (NCHW = contiguous).
+
+    >>> p = ConvProblem(n=1, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    >>> p.out_hw, p.macs
+    ((55, 55), 70276800)
+    """
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    bias: bool = True
+    dtype: str = "float32"
+    layout: str = "nchw"
+    tf32: bool = False  # torch.backends.cudnn.allow_tf32 at the call: decides what "stock" means for fp32
+
+    @classmethod
+    def from_call(cls, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
+                  dilation, groups: int) -> "ConvProblem":
+        """The problem of ``F.conv2d(x, weight, bias, stride, padding, dilation, groups)``; padding must be
+        numeric (string padding is resolved by the caller)."""
+        n, c, h, w = x.shape
+        k, _, r, s = weight.shape
+        layout = "nchw" if x.is_contiguous() else (
+            "nhwc" if x.is_contiguous(memory_format=torch.channels_last) else "strided")
+        return cls(n=int(n), c=int(c), h=int(h), w=int(w), k=int(k), r=int(r), s=int(s),
+                   stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
+                   groups=int(groups), bias=bias is not None,
+                   dtype=str(x.dtype).replace("torch.", ""), layout=layout,
+                   tf32=bool(x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32))
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
+        p = (self.h + 2 * ph - dh * (self.r - 1) - 1) // sh + 1
+        q = (self.w + 2 * pw - dw * (self.s - 1) - 1) // sw + 1
+        return p, q
+
+    @property
+    def macs(self) -> int:
+        p, q = self.out_hw
+        return self.n * self.k * p * q * (self.c // self.groups) * self.r * self.s
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.macs
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stride"], d["padding"], d["dilation"] = list(self.stride), list(self.padding), list(self.dilation)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ConvProblem":
+        d = dict(d)
+        for f in ("stride", "padding", "dilation"):
+            d[f] = _pair(d[f])
+        return cls(**d)
+
+    def short(self) -> str:
+        """Compact human-readable form for logs and tables."""
+        p, q = self.out_hw
+        return (f"N{self.n} C{self.c} {self.h}x{self.w} -> K{self.k} {p}x{q} k{self.r}x{self.s} "
+                f"s{self.stride[0]}{'x' + str(self.stride[1]) if self.stride[1] != self.stride[0] else ''} "
+                f"p{self.padding[0]}{'x' + str(self.padding[1]) if self.padding[1] != self.padding[0] else ''}"
+                + (f" d{self.dilation[0]}" if self.dilation != (1, 1) else ""))
+
+
+def fingerprint(problem: ConvProblem, env: Mapping[str, Any]) -> str:
+    """sha256 of everything that changes the answer: the environment (GPU name and compute capability,
+    driver/runtime/NVRTC versions, torch and bagf_torch versions, kernel source hash) and the problem
+    (shapes, geometry, dtype, layout). Any change means a different key, hence a re-tune."""
+    blob = json.dumps({"env": dict(env), "problem": problem.as_dict()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,130 @@
+"""Every ``BAGF_*`` environment variable, typed and documented, in one place.
+
+Read at call time (not at import), so tests and users can change them with ``os.environ`` or
+``monkeypatch.setenv`` in a running process.
+
+=========================  ==========================================  ======================================
+variable                   meaning                                     default
+=========================  ==========================================  ======================================
+BAGF_CACHE_DIR             directory of the tuning cache (SQLite),     $XDG_CACHE_HOME/bagf_torch or
+                           the cubins in it, and the extension build   ~/.cache/bagf_torch
+BAGF_TUNE                  1: tune a new problem on its first call;    1
+                           0: use cached plans only, ATen otherwise
+                           (serving never stalls on tuning)
+BAGF_BUDGET                evaluations (candidates that reach the      40
+                           GPU) per tuned problem
+BAGF_TIME_BUDGET           seconds per tuned problem                   120
+BAGF_STRATEGY              ax | random | exhaustive                    ax
+BAGF_SEED                  seed of the search strategy                 0
+BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(8, CPU count)
+BAGF_LOG                   log level of the "bagf_torch" logger        warning
+                           (debug, info, warning, error)
+BAGF_PRINT_TUNING          1: print one line per tuned problem         0
+                           (time, evaluations, speedup) to stderr
+=========================  ==========================================  ======================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class SettingError(ValueError):
+    """A BAGF_* variable holds a value that cannot be parsed."""
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None else value.strip()
+
+
+def get_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise SettingError(f"{name}={value!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def get_int(name: str, default: int, minimum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise SettingError(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and parsed < minimum:
+        raise SettingError(f"{name}={parsed} is below its minimum {minimum}")
+    return parsed
+
+
+def get_float(name: str, default: float, minimum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise SettingError(f"{name}={value!r} is not a number") from None
+    if minimum is not None and not parsed >= minimum:
+        raise SettingError(f"{name}={parsed} is below its minimum {minimum}")
+    return parsed
+
+
+def get_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if value.lower() not in choices:
+        raise SettingError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value.lower()
+
+
+def cache_dir() -> Path:
+    value = _raw("BAGF_CACHE_DIR")
+    if value:
+        return Path(value).expanduser()
+    base = _raw("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bagf_torch"
+
+
+def tune_enabled() -> bool:
+    return get_bool("BAGF_TUNE", True)
+
+
+def budget_evaluations() -> int:
+    return get_int("BAGF_BUDGET", 40, minimum=1)
+
+
+def budget_seconds() -> float:
+    return get_float("BAGF_TIME_BUDGET", 120.0, minimum=1e-3)
+
+
+def strategy() -> str:
+    return get_choice("BAGF_STRATEGY", "ax", ("ax", "random", "exhaustive"))
+
+
+def seed() -> int:
+    return get_int("BAGF_SEED", 0, minimum=0)
+
+
+def compile_workers() -> int:
+    return get_int("BAGF_COMPILE_WORKERS", min(8, os.cpu_count() or 1), minimum=1)
+
+
+def log_level() -> int:
+    name = get_choice("BAGF_LOG", "warning", ("debug", "info", "warning", "error"))
+    return getattr(logging, name.upper())
+
+
+def print_tuning() -> bool:
+    return get_bool("BAGF_PRINT_TUNING", False)

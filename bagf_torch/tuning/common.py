@@ -1,0 +1,113 @@
+"""Types shared by the tuner, the strategies and the evaluators: outcomes, budgets, the objective."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..kernels.space import Config, Space, config_key
+
+STATUSES = ("ok", "invalid", "compile", "resources", "launch", "wrong", "timeout")
+"""Outcome kinds. Every one except "ok" is a typed failure that is recorded, never retried blindly."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of evaluating one configuration: a time in microseconds, or a typed failure."""
+
+    status: str
+    time_us: float | None = None
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown outcome status {self.status!r}; expected one of {STATUSES}")
+        if (self.status == "ok") != (self.time_us is not None):
+            raise ValueError(f"outcome {self.status!r} with time {self.time_us!r}: only 'ok' carries a time")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a strategy may spend: evaluations that reach the GPU, and wall-clock seconds."""
+
+    evaluations: int
+    seconds: float = math.inf
+
+    def __post_init__(self):
+        if self.evaluations < 1:
+            raise ValueError(f"budget of {self.evaluations} evaluations; it must be at least 1")
+        if not self.seconds > 0:
+            raise ValueError(f"budget of {self.seconds} seconds; it must be positive")
+
+
+Evaluate = Callable[[Sequence[Config]], Sequence[Outcome]]
+"""Evaluates a batch of valid configurations (compiling them in parallel where it can)."""
+
+
+@dataclass
+class Objective:
+    """What a strategy calls. Filters invalid configurations (free, never sent to ``evaluate``), memoises
+    repeats (free), counts the rest against the budget and keeps every trial in order.
+
+    Strategies loop ``while objective.remaining > 0`` and pass batches of at most ``remaining`` configs.
+    """
+
+    space: Space
+    evaluate: Evaluate
+    budget: Budget
+    clock: Callable[[], float] = time.monotonic
+    trials: list[tuple[Config, Outcome]] = field(default_factory=list)
+    _seen: dict = field(default_factory=dict)
+    _spent: int = 0
+    _start: float | None = None
+
+    def __post_init__(self):
+        self._start = self.clock()
+
+    @property
+    def spent(self) -> int:
+        return self._spent
+
+    @property
+    def remaining(self) -> int:
+        if self.clock() - self._start >= self.budget.seconds:
+            return 0
+        return max(0, self.budget.evaluations - self._spent)
+
+    def seen(self, config: Mapping[str, int]) -> Outcome | None:
+        return self._seen.get(config_key(config))
+
+    def __call__(self, configs: Sequence[Config]) -> list[Outcome | None]:
+        """Outcomes in the order of ``configs``; None for a config left unevaluated (budget exhausted)."""
+        results: dict[tuple, Outcome] = {}
+        todo: list[Config] = []
+        for c in configs:
+            key = config_key(c)
+            if key in self._seen or key in results:
+                continue
+            reason = self.space.invalid_reason(c)
+            if reason is not None:
+                results[key] = Outcome("invalid", detail=reason)
+                self._seen[key] = results[key]
+                self.trials.append((dict(c), results[key]))
+            elif len(todo) < self.remaining:
+                todo.append(dict(c))
+        if todo:
+            outcomes = list(self.evaluate(todo))
+            if len(outcomes) != len(todo):
+                raise RuntimeError(f"evaluator returned {len(outcomes)} outcomes for {len(todo)} configs")
+            self._spent += len(todo)
+            for c, o in zip(todo, outcomes):
+                self._seen[config_key(c)] = o
+                self.trials.append((c, o))
+        return [self._seen.get(config_key(c)) for c in configs]
+
+    def best(self) -> tuple[Config, Outcome] | None:
+        ok = [(c, o) for c, o in self.trials if o.ok]
+        return min(ok, key=lambda t: t[1].time_us) if ok else None

@@ -1,0 +1,164 @@
+"""On-GPU checking and timing of candidates (the checker and benchmarker the Tuner is given).
+
+Timing follows ``triton.testing.do_bench``: a short estimate, warm-up, then per-iteration CUDA events on the
+current stream, median and quantiles, repetitions sized to a millisecond budget. The L2 cache is not flushed
+by default: in a network the previous layer's output is usually still in L2, as it is here.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..problem import ConvProblem
+from .common import Outcome
+
+ATEN = -1
+"""Candidate handle meaning "torch's own conv" (cuDNN); also the op's plan value for ATen."""
+
+# fp32 with fp32 accumulation over C*R*S <= a few thousand terms lands near 1e-6 relative; 1e-4 leaves room
+# for any summation order while a wrong index, a missed tile or an unwritten element is far above it.
+REL_TOL = 1e-4
+
+
+class Workspace:
+    """Fresh random tensors for one problem on one device, and their float64 reference (computed once)."""
+
+    def __init__(self, problem: ConvProblem, device: torch.device, seed: int | None = None):
+        g = torch.Generator(device=device)
+        g.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        p = problem
+        self.problem = p
+        self.x = torch.randn(p.n, p.c, p.h, p.w, device=device, generator=g)
+        fan_in = p.c * p.r * p.s
+        self.w = torch.randn(p.k, p.c, p.r, p.s, device=device, generator=g) / math.sqrt(fan_in)
+        self.b = torch.randn(p.k, device=device, generator=g) if p.bias else None
+        self.args = (list(p.stride), list(p.padding), list(p.dilation))
+        ph, pq = p.out_hw
+        self.out = torch.empty(p.n, p.k, ph, pq, device=device)
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=False):
+            self.ref = F.conv2d(self.x.double(), self.w.double(), None if self.b is None else self.b.double(),
+                                p.stride, p.padding, p.dilation)
+        self.ref_norm = float(self.ref.norm())
+        self.ref_max = float(self.ref.abs().max()) if self.ref.numel() else 0.0
+
+    def op_call(self, handle: int) -> Callable[[], torch.Tensor]:
+        """The call a user's forward makes: the bagf::conv2d op (allocating its output, as F.conv2d does)."""
+        op = torch.ops.bagf.conv2d.default
+        x, w, b, (s, p, d) = self.x, self.w, self.b, self.args
+        return lambda: op(x, w, b, s, p, d, handle)
+
+    def aten_call(self) -> Callable[[], torch.Tensor]:
+        p = self.problem
+        x, w, b = self.x, self.w, self.b
+        return lambda: F.conv2d(x, w, b, p.stride, p.padding, p.dilation)
+
+
+class CudaChecker:
+    """Runs a candidate once into a NaN-poisoned output and compares it with the float64 reference."""
+
+    def __init__(self, ext, rel_tol: float = REL_TOL):
+        self.ext = ext
+        self.rel_tol = rel_tol
+
+    def check(self, ws: Workspace, handle: int) -> Outcome | None:
+        """None if the candidate is right; else a typed failure ("launch" or "wrong") saying how."""
+        ws.out.fill_(float("nan"))
+        s, p, d = ws.args
+        try:
+            self.ext.launch_into(handle, ws.x, ws.w, ws.b, ws.out, s, p, d)
+            torch.cuda.current_stream().synchronize()
+        except RuntimeError as e:
+            return Outcome("launch", detail=str(e))
+        out = ws.out.double()
+        bad = int((~torch.isfinite(out)).sum())
+        if bad:
+            return Outcome("wrong", detail=f"{bad} of {out.numel()} outputs unwritten or not finite")
+        err = out - ws.ref
+        rel = float(err.norm()) / max(ws.ref_norm, 1e-30)
+        worst = float(err.abs().max()) / max(ws.ref_max, 1e-30)
+        if rel > self.rel_tol or worst > 10 * self.rel_tol:
+            return Outcome("wrong", detail=f"relative error {rel:.2e} (max {worst:.2e}) > {self.rel_tol:.0e}")
+        return None
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    reps: int
+
+
+class CudaBenchmarker:
+    """Times callables with CUDA events: ``warmup_ms`` of warm-up, then ``rep_ms`` of timed repetitions."""
+
+    def __init__(self, warmup_ms: float = 5.0, rep_ms: float = 25.0, min_reps: int = 10, max_reps: int = 2000):
+        self.warmup_ms = warmup_ms
+        self.rep_ms = rep_ms
+        self.min_reps = min_reps
+        self.max_reps = max_reps
+
+    def _events(self, fn: Callable[[], object], reps: int) -> list[float]:
+        stream = torch.cuda.current_stream()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            s.record(stream)
+            fn()
+            e.record(stream)
+        stream.synchronize()
+        return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+
+    def time(self, fn: Callable[[], object], cutoff_us: float | None = None) -> Outcome:
+        """Median microseconds of ``fn``; a "timeout" outcome when its estimate exceeds ``cutoff_us``."""
+        try:
+            fn()
+            est = statistics.median(self._events(fn, 5))
+        except RuntimeError as e:
+            return Outcome("launch", detail=str(e))
+        if cutoff_us is not None and est > cutoff_us:
+            return Outcome("timeout", detail=f"estimated {est:.1f} us > cut-off {cutoff_us:.1f} us")
+        t = self.timing(fn, est)
+        return Outcome("ok", time_us=t.median_us, detail=f"p20 {t.p20_us:.2f} p80 {t.p80_us:.2f} n={t.reps}")
+
+    def timing(self, fn: Callable[[], object], est_us: float | None = None) -> Timing:
+        if est_us is None:
+            fn()
+            est_us = statistics.median(self._events(fn, 5))
+        est_ms = max(est_us / 1000.0, 1e-3)
+        for _ in range(max(1, int(self.warmup_ms / est_ms))):
+            fn()
+        reps = int(min(self.max_reps, max(self.min_reps, self.rep_ms / est_ms)))
+        times = sorted(self._events(fn, reps))
+        q = statistics.quantiles(times, n=5) if len(times) >= 5 else [times[0]] * 4
+        return Timing(statistics.median(times), q[0], q[3], len(times))
+
+    @staticmethod
+    def _call(ws: Workspace, handle: int) -> Callable[[], object]:
+        return ws.aten_call() if handle == ATEN else ws.op_call(handle)
+
+    def measure(self, ws: Workspace, handle: int, cutoff_us: float | None = None) -> Outcome:
+        """Time one candidate (or cuDNN for ``ATEN``, in benchmark mode, TF32 as the problem says)."""
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                        allow_tf32=ws.problem.tf32):
+            return self.time(self._call(ws, handle), cutoff_us)
+
+    def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
+        """Re-time the finalists interleaved; medians in microseconds, in the order of ``handles``."""
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                        allow_tf32=ws.problem.tf32):
+            return self.interleaved([self._call(ws, h) for h in handles], rounds)
+
+    def interleaved(self, fns: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
+        """Median over ``rounds`` of round-robin timings, so clock or thermal drift hits every candidate alike."""
+        per: list[list[float]] = [[] for _ in fns]
+        for _ in range(rounds):
+            for i, fn in enumerate(fns):
+                per[i].append(self.timing(fn).median_us)
+        return [statistics.median(t) for t in per]

@@ -1,0 +1,160 @@
+"""The Tuner: a plain object that searches one problem's kernel space with a strategy.
+
+Its compiler, checker and benchmarker are passed in, so its logic runs on a CPU in tests with fakes that
+replay recorded timings (the real ones live in ``jit.compiler`` and ``tuning.measure``).
+
+For one problem it: measures torch's own conv (cuDNN) and the family's default configuration; lets the
+strategy propose configurations, each of which is compiled (in parallel batches), checked against a float64
+reference and only then timed (with an early cut-off for hopeless candidates); re-measures the best few
+interleaved with cuDNN; and returns the winner, which is "aten" when nothing beats cuDNN.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+from ..kernels.space import Config, config_key
+from ..problem import ConvProblem
+from . import strategies
+from .common import Budget, Outcome
+from .measure import ATEN
+
+
+@dataclass
+class Trial:
+    family: str
+    config: Config | None
+    outcome: Outcome
+
+    def as_row(self) -> dict[str, Any]:
+        return {"family": self.family, "config": self.config, "status": self.outcome.status,
+                "time_us": self.outcome.time_us, "detail": self.outcome.detail}
+
+
+@dataclass
+class TuneResult:
+    """The winner of one tuning run and how it was reached."""
+
+    problem: ConvProblem
+    family: str                 # kernel family, or "aten"
+    config: Config | None       # None for "aten"
+    handle: int                 # op plan handle; ATEN (-1) for torch's conv
+    time_us: float              # winner's re-measured median
+    aten_us: float              # cuDNN's re-measured median
+    default_us: float | None    # the family's default configuration (first measurement)
+    evaluations: int            # candidates that reached the GPU
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return self.aten_us / self.time_us
+
+
+class Tuner:
+    """Tunes one problem at a time.
+
+    ``compiler.compile(family, configs) -> [Loaded | Outcome]`` and ``compiler.unload(handle)``;
+    ``checker.check(workspace, handle) -> Outcome | None``;
+    ``benchmarker.measure(workspace, handle, cutoff_us) -> Outcome`` and
+    ``benchmarker.remeasure(workspace, handles) -> [us]``;
+    ``workspace(problem)`` makes the inputs and reference for a problem.
+    """
+
+    def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family: ModuleType,
+                 strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
+                 strategy_options: dict | None = None, finalists: int = 3, cutoff_factor: float = 4.0,
+                 space_limit: int | None = None):
+        self.compiler = compiler
+        self.checker = checker
+        self.bench = benchmarker
+        self.workspace = workspace
+        self.family = family
+        self.strategy = strategy
+        self.budget = budget
+        self.seed = seed
+        self.strategy_options = dict(strategy_options or {})
+        self.finalists = finalists
+        self.cutoff_factor = cutoff_factor
+        self.space = family.space(space_limit) if space_limit else family.space()
+
+    def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None) -> TuneResult:
+        t_start = time.perf_counter()
+        phases = {"compile": 0.0, "check": 0.0, "measure": 0.0}
+        ws = self.workspace(problem)
+        handles: dict[tuple, int] = {}
+        trials: list[Trial] = []
+        best = [float("inf")]
+
+        t0 = time.perf_counter()
+        aten = self.bench.measure(ws, ATEN)
+        phases["measure"] += time.perf_counter() - t0
+        trials.append(Trial("aten", None, aten))
+        if aten.ok:
+            best[0] = aten.time_us
+
+        def evaluate(configs: Sequence[Config]) -> list[Outcome]:
+            t = time.perf_counter()
+            built = self.compiler.compile(self.family, configs)
+            phases["compile"] += time.perf_counter() - t
+            out: list[Outcome] = []
+            for c, b in zip(configs, built):
+                if isinstance(b, Outcome):
+                    out.append(b)
+                    continue
+                t = time.perf_counter()
+                bad = self.checker.check(ws, b.handle)
+                phases["check"] += time.perf_counter() - t
+                if bad is not None:
+                    self.compiler.unload(b.handle)
+                    out.append(bad)
+                    continue
+                t = time.perf_counter()
+                cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
+                o = self.bench.measure(ws, b.handle, cutoff)
+                phases["measure"] += time.perf_counter() - t
+                if o.ok:
+                    handles[config_key(c)] = b.handle
+                    best[0] = min(best[0], o.time_us)
+                else:
+                    self.compiler.unload(b.handle)
+                out.append(o)
+            for c, o in zip(configs, out):
+                trials.append(Trial(self.family.FAMILY, dict(c), o))
+                if progress is not None:
+                    progress(f"{self.family.name(c)}: {o.status} "
+                             f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
+            return out
+
+        default_outcome = evaluate([self.family.DEFAULT])[0]
+        default_us = default_outcome.time_us
+        remaining = Budget(max(1, self.budget.evaluations - 1),
+                           max(1e-3, self.budget.seconds - (time.perf_counter() - t_start)))
+        t, before = time.perf_counter(), sum(phases.values())
+        strategies.run(self.strategy, self.space, evaluate, remaining, self.seed, **self.strategy_options)
+        # the search's own overhead: its wall time minus the compile/check/measure it asked for
+        phases["strategy"] = (time.perf_counter() - t) - (sum(phases.values()) - before)
+
+        ok = sorted(((tr.outcome.time_us, config_key(tr.config)) for tr in trials
+                     if tr.config is not None and tr.outcome.ok), key=lambda t: t[0])
+        finalists = [k for _, k in ok[: self.finalists]]
+        t = time.perf_counter()
+        fin_handles = [handles[k] for k in finalists] + [ATEN]
+        times = self.bench.remeasure(ws, fin_handles)
+        phases["measure"] += time.perf_counter() - t
+        aten_us = times[-1]
+        win = min(range(len(fin_handles)), key=lambda i: times[i])
+        for k, h in handles.items():
+            if h != fin_handles[win]:
+                self.compiler.unload(h)
+        evaluations = sum(1 for tr in trials if tr.config is not None and tr.outcome.status != "invalid")
+        common = dict(problem=problem, aten_us=aten_us, default_us=default_us, evaluations=evaluations,
+                      seconds=time.perf_counter() - t_start, phases=phases, trials=trials)
+        if fin_handles[win] == ATEN:
+            return TuneResult(family="aten", config=None, handle=ATEN, time_us=aten_us, **common)
+        return TuneResult(family=self.family.FAMILY, config=dict(finalists[win]), handle=fin_handles[win],
+                          time_us=times[win], **common)

@@ -1,0 +1,385 @@
+// bagf_torch host extension: the bagf::conv2d op (CUDA, CPU and Autograd kernels), NVRTC compilation of
+// kernel template instantiations, cubin loading and the launch of tuned kernels on the current stream.
+//
+// The op takes a plan handle (an index into the table of loaded kernels below). The Python side chooses the
+// handle once per problem; each call then costs one dispatcher call and one cuLaunchKernel, no Python.
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <nvrtc.h>
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/conv_params.h"
+
+namespace {
+
+constexpr int kMaxPlans = 8192;
+
+struct Plan {
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  int device = -1;
+  int bm = 0;       // block tile over output channels
+  int bn = 0;       // block tile over output pixels
+  int threads = 0;  // threads per block
+  int smem = 0;     // dynamic shared memory bytes
+};
+
+// Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
+// it is written, and never changes until unload, which only the tuner calls for its own losers).
+std::array<Plan, kMaxPlans> g_plans;
+std::atomic<int> g_count{0};
+std::mutex g_write_mutex;
+
+std::string cu_error(CUresult r) {
+  const char* name = nullptr;
+  const char* msg = nullptr;
+  cuGetErrorName(r, &name);
+  cuGetErrorString(r, &msg);
+  return std::string(name ? name : "CUDA_ERROR_?") + ": " + (msg ? msg : "unknown");
+}
+
+#define BAGF_CU_CHECK(expr)                                                              \
+  do {                                                                                   \
+    CUresult _r = (expr);                                                                \
+    TORCH_CHECK(_r == CUDA_SUCCESS, "bagf_torch: ", #expr, " failed with ", cu_error(_r)); \
+  } while (0)
+
+// Make the device's primary context current on this thread: cuModuleLoadData fails with "invalid device
+// context" on a thread where the runtime has not touched the device yet.
+void make_context_current(int device) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaError_t e = cudaFree(nullptr);
+  TORCH_CHECK(e == cudaSuccess, "bagf_torch: cannot initialise CUDA on device ", device, ": ",
+              cudaGetErrorString(e));
+}
+
+// ---------------------------------------------------------------------------------------------- NVRTC
+
+// Compile one template instantiation to a cubin. Never throws for a bad kernel: returns
+// (ok, cubin, lowered_name, log) so the tuner records a typed "compile" failure with the log attached.
+py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
+                        const std::vector<std::string>& options) {
+  std::string log, lowered;
+  std::string cubin;
+  bool ok = false;
+  {
+    py::gil_scoped_release release;  // NVRTC is thread-safe: candidates compile in parallel threads
+    nvrtcProgram prog = nullptr;
+    nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "bagf_kernel.cu", 0, nullptr, nullptr);
+    if (r != NVRTC_SUCCESS) {
+      log = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(r);
+    } else {
+      nvrtcAddNameExpression(prog, name_expr.c_str());
+      std::vector<const char*> opts;
+      for (const auto& o : options) opts.push_back(o.c_str());
+      r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
+      size_t log_size = 0;
+      if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+        log.resize(log_size);
+        nvrtcGetProgramLog(prog, &log[0]);
+        log.resize(log_size - 1);
+      }
+      if (r != NVRTC_SUCCESS) {
+        log = std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(r) + "\n" + log;
+      } else {
+        const char* name = nullptr;
+        nvrtcResult rn = nvrtcGetLoweredName(prog, name_expr.c_str(), &name);
+        size_t size = 0;
+        nvrtcResult rs = rn == NVRTC_SUCCESS ? nvrtcGetCUBINSize(prog, &size) : rn;
+        if (rs == NVRTC_SUCCESS && size > 0) {
+          lowered = name;
+          cubin.resize(size);
+          rs = nvrtcGetCUBIN(prog, &cubin[0]);
+        }
+        if (rs == NVRTC_SUCCESS && size > 0) {
+          ok = true;
+        } else {
+          log = std::string("nvrtcGetLoweredName/GetCUBIN: ") + nvrtcGetErrorString(rs) +
+                " (is the architecture option a real sm_XX target?)\n" + log;
+        }
+      }
+      nvrtcDestroyProgram(&prog);
+    }
+  }
+  return py::make_tuple(ok, py::bytes(cubin), lowered, log);
+}
+
+py::dict versions() {
+  py::dict d;
+  int major = 0, minor = 0;
+  nvrtcResult r = nvrtcVersion(&major, &minor);
+  d["nvrtc"] = r == NVRTC_SUCCESS ? std::to_string(major) + "." + std::to_string(minor) : std::string("?");
+  int drv = 0, rt = 0;
+  d["driver"] = cuDriverGetVersion(&drv) == CUDA_SUCCESS ? drv : -1;
+  d["runtime"] = cudaRuntimeGetVersion(&rt) == cudaSuccess ? rt : -1;
+  return d;
+}
+
+py::dict device_limits(int device) {
+  make_context_current(device);
+  int optin = 0, sms = 0, regs = 0, max_threads = 0;
+  CUdevice dev;
+  BAGF_CU_CHECK(cuDeviceGet(&dev, device));
+  BAGF_CU_CHECK(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
+  BAGF_CU_CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  BAGF_CU_CHECK(cuDeviceGetAttribute(&regs, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, dev));
+  BAGF_CU_CHECK(cuDeviceGetAttribute(&max_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, dev));
+  py::dict d;
+  d["shared_memory_per_block_optin"] = optin;
+  d["multiprocessors"] = sms;
+  d["registers_per_block"] = regs;
+  d["max_threads_per_block"] = max_threads;
+  return d;
+}
+
+// ------------------------------------------------------------------------------------------- loading
+
+// Load a cubin and register it as a plan. Raises (the tuner records a typed "resources" failure) when the
+// kernel cannot be launched with the requested threads / shared memory on this device.
+py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
+                   int threads, int smem) {
+  std::string cubin = cubin_bytes;
+  make_context_current(device);
+  std::lock_guard<std::mutex> lock(g_write_mutex);
+  int idx = g_count.load(std::memory_order_relaxed);
+  TORCH_CHECK(idx < kMaxPlans, "bagf_torch: more than ", kMaxPlans,
+              " kernels loaded in one process; set a smaller tuning budget or restart the process");
+  Plan plan;
+  plan.device = device;
+  plan.bm = bm;
+  plan.bn = bn;
+  plan.threads = threads;
+  plan.smem = smem;
+  BAGF_CU_CHECK(cuModuleLoadData(&plan.module, cubin.data()));
+  CUresult r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str());
+  if (r != CUDA_SUCCESS) {
+    cuModuleUnload(plan.module);
+    TORCH_CHECK(false, "bagf_torch: kernel ", lowered_name, " not found in its cubin: ", cu_error(r));
+  }
+  int max_threads = 0, regs = 0, local = 0, static_smem = 0;
+  cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
+  cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
+  cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, plan.fn);
+  cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, plan.fn);
+  if (max_threads < threads) {
+    cuModuleUnload(plan.module);
+    TORCH_CHECK(false, "bagf_torch: out of resources: ", lowered_name, " needs ", threads,
+                " threads per block but uses ", regs, " registers per thread, so at most ", max_threads,
+                " threads fit. Smaller register tiles (TM, TN) or fewer threads may help.");
+  }
+  r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+  if (r != CUDA_SUCCESS) {
+    cuModuleUnload(plan.module);
+    TORCH_CHECK(false, "bagf_torch: out of resources: ", lowered_name, " asks for ", smem,
+                " bytes of dynamic shared memory: ", cu_error(r), ". Smaller BM/BN/BK may help.");
+  }
+  g_plans[idx] = plan;
+  g_count.store(idx + 1, std::memory_order_release);
+  py::dict d;
+  d["handle"] = idx;
+  d["registers"] = regs;
+  d["local_bytes"] = local;
+  d["max_threads"] = max_threads;
+  d["static_smem"] = static_smem;
+  return d;
+}
+
+void unload_plan(int64_t handle) {
+  std::lock_guard<std::mutex> lock(g_write_mutex);
+  TORCH_CHECK(handle >= 0 && handle < g_count.load(), "bagf_torch: no plan with handle ", handle);
+  Plan& p = g_plans[handle];
+  if (p.module != nullptr) {
+    make_context_current(p.device);
+    cuModuleUnload(p.module);
+  }
+  p = Plan();
+}
+
+// -------------------------------------------------------------------------------------------- the op
+
+int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+}
+
+at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  return at::conv2d(x, w, b, stride, padding, dilation, 1);
+}
+
+// Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
+// (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
+const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                               const Plan& plan) {
+  if (!x.is_cuda() || !w.is_cuda() || x.device() != w.device()) return "tensors not on one CUDA device";
+  if (x.get_device() != plan.device) return "plan compiled for another device";
+  if (x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return "dtype is not float32";
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
+  if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
+  if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
+  if (b.has_value() && b->defined()) {
+    if (!b->is_cuda() || b->scalar_type() != at::kFloat || !b->is_contiguous() || b->numel() != w.size(0))
+      return "bias is not a contiguous float32 vector of K elements on the device";
+  }
+  return nullptr;
+}
+
+void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
+                 const std::optional<at::Tensor>& b, at::Tensor& y, at::IntArrayRef stride,
+                 at::IntArrayRef padding, at::IntArrayRef dilation) {
+  bagf::Conv2dParams p;
+  p.N = static_cast<int>(x.size(0));
+  p.C = static_cast<int>(x.size(1));
+  p.H = static_cast<int>(x.size(2));
+  p.W = static_cast<int>(x.size(3));
+  p.K = static_cast<int>(w.size(0));
+  p.R = static_cast<int>(w.size(2));
+  p.S = static_cast<int>(w.size(3));
+  p.P = static_cast<int>(y.size(2));
+  p.Q = static_cast<int>(y.size(3));
+  p.stride_h = static_cast<int>(stride[0]);
+  p.stride_w = static_cast<int>(stride[1]);
+  p.pad_h = static_cast<int>(padding[0]);
+  p.pad_w = static_cast<int>(padding[1]);
+  p.dil_h = static_cast<int>(dilation[0]);
+  p.dil_w = static_cast<int>(dilation[1]);
+  const bool has_bias = b.has_value() && b->defined();
+  p.has_bias = has_bias ? 1 : 0;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t npq = static_cast<int64_t>(p.N) * p.P * p.Q;
+  const unsigned gx = static_cast<unsigned>((npq + plan.bn - 1) / plan.bn);
+  const unsigned gy = static_cast<unsigned>((p.K + plan.bm - 1) / plan.bm);
+  TORCH_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
+  void* args[] = {&xp, &wp, &bp, &yp, &p};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, 1, plan.threads, 1, 1, plan.smem, stream, args, nullptr));
+}
+
+const Plan* plan_for(int64_t handle) {
+  if (handle < 0 || handle >= g_count.load(std::memory_order_acquire)) return nullptr;
+  const Plan& p = g_plans[handle];
+  return p.fn != nullptr ? &p : nullptr;
+}
+
+at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                       int64_t plan_handle) {
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+              "bagf::conv2d: stride, padding and dilation must have 2 elements each");
+  const Plan* plan = plan_for(plan_handle);
+  if (plan == nullptr) return aten_conv(x, w, b, stride, padding, dilation);
+  if (const char* why = unsupported_reason(x, w, b, *plan)) {
+    TORCH_WARN_ONCE("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead");
+    return aten_conv(x, w, b, stride, padding, dilation);
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+  TORCH_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
+              ": the kernel is larger than the padded input");
+  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options());
+  if (y.numel() == 0) return y;
+  if (y.numel() > INT_MAX) return aten_conv(x, w, b, stride, padding, dilation);
+  launch_plan(*plan, x, w, b, y, stride, padding, dilation);
+  return y;
+}
+
+at::Tensor conv2d_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                      at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                      int64_t plan_handle) {
+  return aten_conv(x, w, b, stride, padding, dilation);
+}
+
+// Launch a plan into a caller-provided output (the tuner poisons it first to catch unwritten elements).
+void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
+                 const std::optional<at::Tensor>& b, at::Tensor y, std::vector<int64_t> stride,
+                 std::vector<int64_t> padding, std::vector<int64_t> dilation) {
+  const Plan* plan = plan_for(plan_handle);
+  TORCH_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", plan_handle);
+  const char* why = unsupported_reason(x, w, b, *plan);
+  TORCH_CHECK(why == nullptr, "bagf_torch: cannot launch plan ", plan_handle, ": ", why);
+  TORCH_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
+                  y.size(0) == x.size(0) && y.size(1) == w.size(0),
+              "bagf_torch: output must be a contiguous float32 NKPQ tensor");
+  c10::cuda::CUDAGuard guard(x.device());
+  launch_plan(*plan, x, w, b, y, stride, padding, dilation);
+}
+
+// ---------------------------------------------------------------------------------------- autograd
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b, at::IntArrayRef stride,
+                            at::IntArrayRef padding, at::IntArrayRef dilation, int64_t plan) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["stride"] = stride.vec();
+    ctx->saved_data["padding"] = padding.vec();
+    ctx->saved_data["dilation"] = dilation.vec();
+    ctx->saved_data["has_bias"] = b.has_value() && b->defined();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("bagf::conv2d", "").typed<decltype(conv2d_cuda)>();
+    return op.call(x, w, b, stride, padding, dilation, plan);
+  }
+
+  // Training goes through ATen's convolution backward: the tuned kernel only replaces the forward.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    auto stride = ctx->saved_data["stride"].toIntVector();
+    auto padding = ctx->saved_data["padding"].toIntVector();
+    auto dilation = ctx->saved_data["dilation"].toIntVector();
+    std::array<bool, 3> mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                has_bias && ctx->needs_input_grad(2)};
+    std::optional<at::IntArrayRef> bias_sizes;
+    std::vector<int64_t> bsz = {w.size(0)};
+    if (has_bias) bias_sizes = at::IntArrayRef(bsz);
+    auto [gx, gw, gb] = at::convolution_backward(grads[0].contiguous(), x, w, bias_sizes, stride, padding,
+                                                 dilation, false, {0, 0}, 1, mask);
+    return {gx, gw, has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor conv2d_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                           at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                           int64_t plan) {
+  return Conv2dFunction::apply(x, w, b, stride, padding, dilation, plan);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(bagf, m) {
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, "
+      "int plan) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(bagf, CUDA, m) { m.impl("conv2d", &conv2d_cuda); }
+TORCH_LIBRARY_IMPL(bagf, CPU, m) { m.impl("conv2d", &conv2d_cpu); }
+TORCH_LIBRARY_IMPL(bagf, Autograd, m) { m.impl("conv2d", &conv2d_autograd); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("nvrtc_compile", &nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
+  m.def("versions", &versions, "NVRTC, driver and runtime versions");
+  m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
+  m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan");
+  m.def("unload_plan", &unload_plan, "Unload a plan's module");
+  m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
+}
