@@ -8,6 +8,7 @@ variable                   meaning                                     default
 =========================  ==========================================  ======================================
 BAGF_CACHE_DIR             directory of the tuning cache (SQLite),     $XDG_CACHE_HOME/bagf_torch or
                            the cubins in it, and the extension build   ~/.cache/bagf_torch
+BAGF_BUILD_DIR             where the host extension is built           $BAGF_CACHE_DIR/build/<versions>
 BAGF_TUNE                  1: tune a new problem on its first call;    1
                            0: use cached plans only, ATen otherwise
                            (serving never stalls on tuning)
@@ -95,6 +96,11 @@ def cache_dir() -> Path:
         return Path(value).expanduser()
     base = _raw("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "bagf_torch"
+
+
+def build_dir() -> Path | None:
+    value = _raw("BAGF_BUILD_DIR")
+    return Path(value).expanduser() if value else None
 
 
 def tune_enabled() -> bool:

@@ -67,6 +67,10 @@ def _cuda_home() -> Path:
 
 
 def build_dir() -> Path:
+    """BAGF_BUILD_DIR if set, else ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>``."""
+    override = settings.build_dir()
+    if override is not None:
+        return override
     tag = f"torch{torch.__version__}-cu{torch.version.cuda}-py{sys.version_info[0]}{sys.version_info[1]}"
     return settings.cache_dir() / "build" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
 

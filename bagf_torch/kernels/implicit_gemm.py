@@ -16,7 +16,8 @@ DB        0 1 (double buffering)       threads % BN == 0 (each thread gathers on
                                        tile, so its output pixel is decoded once per block, not per K-step)
 VEC       1 4 (float4 weight loads)    shared memory 4*(1+DB)*BK*(BM+1+BN) bytes <= the device's opt-in
                                        per-block limit (227 KiB on sm_90)
-                                       estimated registers per thread * threads <= 65536 (else it spills)
+                                       estimated registers per thread <= 255 and
+                                       * threads <= 65536 (else it spills)
 ========  ===========================  =====================================================================
 
 Every configuration is valid for every problem: shapes are run-time arguments, all accesses are
@@ -51,6 +52,7 @@ DEFAULT: Config = {"BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 4, "DB": 1, "VEC"
 # sm_90's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200).
 SM90_SMEM_LIMIT = 232448
 REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
 
 
 def threads(c: Mapping[str, int]) -> int:
@@ -63,12 +65,13 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 
 def estimated_registers(c: Mapping[str, int]) -> int:
-    """Live registers per thread: accumulators, fragments, prefetch registers, plus ~32 for addressing."""
+    """Live registers per thread: accumulators, fragments, the staging registers of one K-step's global loads
+    (held across the multiply when DB=1, between load and store otherwise), plus ~32 for addressing.
+    Checked against ptxas's report in tests/test_nvcc.py."""
     t = threads(c)
     a_loads = -(-(c["BM"] * c["BK"] // c["VEC"]) // t) * c["VEC"]
     b_loads = -(-c["BK"] // max(1, t // c["BN"]))
-    prefetch = (a_loads + b_loads) if c["DB"] else 0
-    return c["TM"] * c["TN"] + c["TM"] + c["TN"] + prefetch + 32
+    return c["TM"] * c["TN"] + c["TM"] + c["TN"] + a_loads + b_loads + 32
 
 
 def grid(c: Mapping[str, int], k: int, npq: int) -> tuple[int, int]:
@@ -115,9 +118,9 @@ def _rules(smem_limit: int):
 
     def registers(c):
         t, regs = threads(c), estimated_registers(c)
-        if regs * t > REGISTERS_PER_SM:
-            return (f"needs about {regs} registers per thread x {t} threads > {REGISTERS_PER_SM}: "
-                    "it would spill to local memory")
+        if regs * t > REGISTERS_PER_SM or regs > MAX_REGISTERS_PER_THREAD:
+            return (f"needs about {regs} registers per thread x {t} threads (limits: {REGISTERS_PER_SM} per "
+                    f"block, {MAX_REGISTERS_PER_THREAD} per thread): it would spill to local memory")
         return None
 
     return (tile, thread_count, loader, shared_memory, registers)

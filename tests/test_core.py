@@ -1,0 +1,202 @@
+"""CPU tests: settings parsing, problem keys, the implicit-GEMM space's validity rules, the module's fallback,
+autograd and state_dict compatibility."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bagf_torch
+from bagf_torch import settings
+from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.problem import ConvProblem, fingerprint
+
+ENV = {"gpu": "NVIDIA H200", "cc": "9.0", "driver": 13000, "runtime": 13000, "nvrtc": "13.0",
+       "torch": "2.11.0", "bagf_torch": "0.1.0", "kernels": "abc", "os": "posix"}
+P = ConvProblem(n=32, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+
+
+# ------------------------------------------------------------------------------------------- settings
+def test_bool_setting_parses_zero_as_false(monkeypatch):
+    monkeypatch.setenv("BAGF_TUNE", "0")
+    assert settings.tune_enabled() is False
+    monkeypatch.setenv("BAGF_TUNE", "yes")
+    assert settings.tune_enabled() is True
+
+
+@pytest.mark.parametrize("name,value,fn", [("BAGF_TUNE", "maybe", settings.tune_enabled),
+                                           ("BAGF_BUDGET", "ten", settings.budget_evaluations),
+                                           ("BAGF_BUDGET", "0", settings.budget_evaluations),
+                                           ("BAGF_STRATEGY", "sgd", settings.strategy),
+                                           ("BAGF_LOG", "loud", settings.log_level)])
+def test_bad_setting_names_the_variable(monkeypatch, name, value, fn):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(settings.SettingError, match=name):
+        fn()
+
+
+def test_cache_dir_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "x"))
+    assert settings.cache_dir() == tmp_path / "x"
+    monkeypatch.delenv("BAGF_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert settings.cache_dir() == tmp_path / "bagf_torch"
+
+
+# ------------------------------------------------------------------------------------------- keys
+def test_problem_from_call_and_geometry():
+    x = torch.randn(2, 3, 224, 224)
+    w = torch.randn(64, 3, 11, 11)
+    p = ConvProblem.from_call(x, w, None, 4, (2, 2), 1, 1)
+    assert p.out_hw == (55, 55) and p.bias is False and p.layout == "nchw" and p.dtype == "float32"
+    assert ConvProblem.from_dict(p.as_dict()) == p
+    assert ConvProblem.from_call(x.to(memory_format=torch.channels_last), w, None, 4, 2, 1, 1).layout == "nhwc"
+
+
+def test_out_hw_matches_torch():
+    for (h, w, r, s, st, pd, dl) in [(17, 23, 3, 5, 2, (1, 2), (1, 2)), (9, 9, 1, 1, 3, (0, 0), (1, 1))]:
+        x, wt = torch.randn(1, 2, h, w), torch.randn(3, 2, r, s)
+        p = ConvProblem.from_call(x, wt, None, st, pd, dl, 1)
+        assert p.out_hw == tuple(F.conv2d(x, wt, None, st, pd, dl).shape[2:])
+
+
+@pytest.mark.parametrize("env_field", sorted(ENV))
+def test_key_changes_with_every_environment_component(env_field):
+    changed = dict(ENV, **{env_field: f"{ENV[env_field]}-other"})
+    assert fingerprint(P, changed) != fingerprint(P, ENV)
+
+
+@pytest.mark.parametrize("field,value", [("n", 33), ("c", 65), ("h", 28), ("w", 26), ("k", 191), ("r", 3),
+                                         ("s", 3), ("stride", (2, 2)), ("padding", (1, 1)),
+                                         ("dilation", (2, 2)), ("groups", 2), ("bias", False),
+                                         ("dtype", "float16"), ("layout", "nhwc"), ("tf32", True)])
+def test_key_changes_with_every_problem_component(field, value):
+    import dataclasses
+
+    assert fingerprint(dataclasses.replace(P, **{field: value}), ENV) != fingerprint(P, ENV)
+
+
+def test_key_is_stable():
+    assert fingerprint(P, ENV) == fingerprint(ConvProblem.from_dict(P.as_dict()), dict(reversed(ENV.items())))
+
+
+# ------------------------------------------------------------------------------------------- space
+def test_default_config_is_valid():
+    assert ig.space().invalid_reason(ig.DEFAULT) is None
+
+
+def test_every_valid_config_obeys_the_documented_rules():
+    valid = ig.space().valid_configs()
+    assert len(valid) > 1000
+    for c in valid:
+        t = ig.threads(c)
+        assert 32 <= t <= 1024 and t % 32 == 0
+        assert t % c["BN"] == 0 and c["BK"] % c["VEC"] == 0
+        assert c["TM"] <= c["BM"] and c["TN"] <= c["BN"]
+        assert ig.smem_bytes(c) <= ig.SM90_SMEM_LIMIT
+        assert ig.estimated_registers(c) * t <= 65536
+
+
+def test_invalid_configs_say_why():
+    s = ig.space()
+    assert "threads" in s.invalid_reason(dict(ig.DEFAULT, TM=1, TN=1, BM=128, BN=256))
+    assert "shared memory" in ig.space(smem_limit=16 * 1024).invalid_reason(dict(ig.DEFAULT, BK=32))
+    assert "not one of" in s.invalid_reason(dict(ig.DEFAULT, BM=48))
+    assert "knobs" in s.invalid_reason({"BM": 64})
+
+
+def test_space_smem_limit_prunes():
+    assert len(ig.space(smem_limit=48 * 1024).valid_configs()) < len(ig.space().valid_configs())
+
+
+def test_names_are_readable_and_unique():
+    valid = ig.space().valid_configs()
+    names = {ig.name(c) for c in valid}
+    assert len(names) == len(valid)
+    assert ig.name(ig.DEFAULT) == "implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4_sm90"
+    assert ig.name_expression(ig.DEFAULT) == "bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>"
+
+
+# ------------------------------------------------------------------------------------------- module
+def _pair(**kw):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(**kw)
+    tuned = bagf_torch.TunedConv2d(**kw)
+    tuned.load_state_dict(conv.state_dict())
+    return conv, tuned
+
+
+@pytest.mark.parametrize("kw", [
+    dict(in_channels=3, out_channels=8, kernel_size=3, padding=1),
+    dict(in_channels=4, out_channels=6, kernel_size=(3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+    dict(in_channels=4, out_channels=4, kernel_size=3, groups=2, bias=False),
+    dict(in_channels=3, out_channels=5, kernel_size=3, padding="same", padding_mode="reflect"),
+    dict(in_channels=3, out_channels=5, kernel_size=4, padding="same"),
+])
+def test_cpu_fallback_matches_conv2d_with_grads(kw):
+    conv, tuned = _pair(**kw)
+    x = torch.randn(2, kw["in_channels"], 11, 13, requires_grad=True)
+    y1, y2 = conv(x), tuned(x)
+    torch.testing.assert_close(y2, y1)
+    g = torch.randn_like(y1)
+    grads1 = torch.autograd.grad(y1, [x] + list(conv.parameters()), g)
+    grads2 = torch.autograd.grad(y2, [x] + list(tuned.parameters()), g)
+    for a, b in zip(grads1, grads2):
+        torch.testing.assert_close(a, b)
+
+
+def test_state_dict_loads_both_ways():
+    conv = torch.nn.Conv2d(3, 8, 3)
+    tuned = bagf_torch.TunedConv2d(3, 8, 3)
+    assert set(conv.state_dict()) == set(tuned.state_dict())
+    tuned.load_state_dict(conv.state_dict())
+    conv2 = torch.nn.Conv2d(3, 8, 3)
+    conv2.load_state_dict(tuned.state_dict())
+    torch.testing.assert_close(conv2.weight, conv.weight)
+
+
+def test_convert_swaps_in_place_keeping_parameters():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                torch.nn.Sequential(torch.nn.Conv2d(8, 4, 1), torch.nn.Flatten(2),
+                                                    torch.nn.Conv1d(4, 4, 1)))
+    w0 = model[0].weight
+    x = torch.randn(1, 3, 10, 10)
+    before = model(x)
+    out = bagf_torch.convert(model)
+    assert out is model
+    assert type(model[0]) is bagf_torch.TunedConv2d and type(model[2][0]) is bagf_torch.TunedConv2d
+    assert type(model[2][2]) is torch.nn.Conv1d
+    assert model[0].weight is w0  # same Parameter: optimizers keep working
+    torch.testing.assert_close(model(x), before)
+    assert type(bagf_torch.convert(torch.nn.Conv2d(1, 1, 1))) is bagf_torch.TunedConv2d
+
+
+def test_fallback_logs_once_per_reason(caplog):
+    tuned = bagf_torch.TunedConv2d(3, 4, 3)
+    with caplog.at_level("WARNING", logger="bagf_torch"):
+        for _ in range(3):
+            tuned(torch.randn(1, 3, 8, 8))
+        tuned.double()(torch.randn(1, 3, 8, 8, dtype=torch.float64))
+    msgs = [r.getMessage() for r in caplog.records if r.name == "bagf_torch"]
+    assert len(msgs) == 1 and "not a CUDA tensor" in msgs[0]
+
+
+def test_plan_handles_do_not_travel():
+    tuned = bagf_torch.TunedConv2d(3, 4, 3)
+    tuned._bagf_handles[((1, 3, 8, 8), 0)] = (5, False)
+    assert copy.deepcopy(tuned)._bagf_handles == {}
+    assert pickle.loads(pickle.dumps(tuned))._bagf_handles == {}
+    assert tuned._bagf_handles  # the original keeps its own
+
+
+def test_cpu_only_torch_build_error_is_clear():
+    from bagf_torch.jit import BuildError, load
+
+    if torch.version.cuda is not None:
+        pytest.skip("this torch has CUDA")
+    with pytest.raises(BuildError, match="CPU-only build"):
+        load()

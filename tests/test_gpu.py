@@ -1,0 +1,257 @@
+"""GPU tests (run on the device with ``pytest -m cuda``): kernels against float64 references on odd shapes,
+the op (opcheck, autograd, torch.compile), and the first-call tuning / cache / fresh-process contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.cuda
+
+# Odd shapes: non-square, stride 1-4, padding, dilation, C and K not multiples of any tile, N=1, no bias.
+ODD_SHAPES = [
+    # n, c, h, w, k, r, s, stride, padding, dilation, bias
+    (1, 3, 17, 23, 5, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (2, 7, 31, 29, 13, 5, 5, (2, 2), (2, 2), (1, 1), True),
+    (3, 3, 50, 45, 19, 11, 11, (4, 4), (2, 2), (1, 1), True),
+    (1, 16, 13, 11, 33, 3, 3, (3, 2), (0, 1), (2, 2), False),
+    (2, 5, 9, 9, 70, 1, 1, (1, 1), (0, 0), (1, 1), True),
+    (1, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
+    (2, 12, 20, 7, 129, 3, 5, (2, 1), (1, 2), (1, 3), True),
+]
+
+
+def _problem(shape):
+    from bagf_torch.problem import ConvProblem
+
+    n, c, h, w, k, r, s, st, pd, dl, bias = shape
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=st, padding=pd, dilation=dl, bias=bias)
+
+
+@pytest.fixture
+def compiler(cache_dir):
+    from bagf_torch.cache import Cache
+    from bagf_torch.jit.compiler import KernelCompiler
+
+    return KernelCompiler(Cache.for_dir(cache_dir), 0, workers=8)
+
+
+def _sample_configs(n: int, seed: int):
+    from bagf_torch.kernels import implicit_gemm as ig
+
+    valid = ig.space().valid_configs()
+    rng = random.Random(seed)
+    picked = rng.sample(valid, n)
+    # extremes: smallest/largest tiles and thread counts, scalar and vector loads, both buffering modes
+    by_threads = sorted(valid, key=ig.threads)
+    by_smem = sorted(valid, key=ig.smem_bytes)
+    return [ig.DEFAULT, by_threads[0], by_threads[-1], by_smem[0], by_smem[-1]] + picked
+
+
+def test_sampled_configs_correct_on_odd_shapes(compiler):
+    from bagf_torch.kernels import implicit_gemm as ig
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    configs = _sample_configs(40, seed=int(os.environ.get("BAGF_TEST_SEED", "1234")))
+    built = compiler.compile(ig, configs)
+    failures = [(ig.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
+    assert not failures, failures
+    checker = CudaChecker(compiler.ext)
+    bad = []
+    for shape in ODD_SHAPES:
+        ws = Workspace(_problem(shape), torch.device("cuda", 0))  # fresh random data per shape
+        for c, b in zip(configs, built):
+            out = checker.check(ws, b.handle)
+            if out is not None:
+                bad.append((shape, ig.name(c), out.detail))
+    assert not bad, bad[:10]
+
+
+def test_checker_rejects_wrong_results(compiler):
+    """The check is able to fail: a plan run on a problem whose output it does not cover is caught."""
+    from bagf_torch.kernels import implicit_gemm as ig
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    handle = compiler.compile(ig, [ig.DEFAULT])[0].handle
+    ws = Workspace(_problem(ODD_SHAPES[1]), torch.device("cuda", 0))
+    ws.ref = ws.ref * 1.01  # a reference the kernel cannot match
+    ws.ref_norm = float(ws.ref.norm())
+    out = CudaChecker(compiler.ext).check(ws, handle)
+    assert out is not None and out.status == "wrong"
+
+
+def test_misaligned_weight_uses_scalar_path(compiler):
+    from bagf_torch.kernels import implicit_gemm as ig
+
+    cfg = dict(ig.DEFAULT, VEC=4)
+    handle = compiler.compile(ig, [cfg])[0].handle
+    x = torch.randn(2, 8, 15, 15, device="cuda")
+    storage = torch.randn(16 * 8 * 9 + 1, device="cuda")
+    w = storage[1:].view(16, 8, 3, 3)  # 4-byte offset: float4 loads would be misaligned
+    assert w.data_ptr() % 16 != 0 and w.is_contiguous()
+    b = torch.randn(16, device="cuda")
+    out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+    ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_opcheck_and_autograd(compiler):
+    from bagf_torch.kernels import implicit_gemm as ig
+
+    handle = compiler.compile(ig, [ig.DEFAULT])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
+    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    for plan in (handle, -1):
+        torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [2, 1], [1, 0], [1, 2], plan))
+        torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 0], [1, 1], plan))
+    out = torch.ops.bagf.conv2d(x, w, b, [2, 1], [1, 0], [1, 2], handle)
+    ref = F.conv2d(x, w, b, (2, 1), (1, 0), (1, 2))
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (x, w, b), g)
+    want = torch.autograd.grad(ref, (x, w, b), g)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def _conv_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 5, stride=2, padding=2), torch.nn.ReLU(),
+                               torch.nn.Conv2d(16, 24, 3, padding=1)).cuda()
+
+
+def test_first_call_tunes_then_cache_hit(monkeypatch):
+    import bagf_torch
+    from bagf_torch import runtime
+    from bagf_torch.jit.compiler import STATS
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "6")
+    model = _conv_model()
+    ref_model = _conv_model()
+    tuned = bagf_torch.convert(model)
+    x = torch.randn(2, 3, 33, 31, device="cuda")
+    with torch.no_grad():
+        out = tuned(x)
+        torch.testing.assert_close(out, ref_model(x), rtol=1e-4, atol=1e-4)
+        rt = runtime.get()
+        assert rt.stats["tuned"] == 2
+        assert all(r.evaluations <= 6 for r in rt.results)
+        out2 = tuned(x)  # same process: memo, no tuning
+        assert rt.stats["tuned"] == 2
+        torch.testing.assert_close(out2, out)
+        # a new runtime over the same disk cache (a new process, minus the build): no tuning, no NVRTC
+        runtime.reset()
+        compiles = STATS.nvrtc_compiles
+        fresh = bagf_torch.convert(_conv_model())
+        torch.testing.assert_close(fresh(x), out, rtol=1e-5, atol=1e-5)
+        rt2 = runtime.get()
+        assert rt2.stats["tuned"] == 0 and rt2.stats["cache_hits"] == 2
+        assert STATS.nvrtc_compiles == compiles
+
+
+def test_fresh_process_tunes_nothing_compiles_nothing(monkeypatch):
+    import bagf_torch
+    from bagf_torch import runtime
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "4")
+    x = torch.randn(1, 3, 40, 40, device="cuda")
+    with torch.no_grad():
+        expected = bagf_torch.convert(_conv_model())(x)
+    assert runtime.get().stats["tuned"] == 2
+    torch.save(x.cpu(), os.path.join(os.environ["BAGF_CACHE_DIR"], "x.pt"))
+    torch.save(expected.cpu(), os.path.join(os.environ["BAGF_CACHE_DIR"], "y.pt"))
+    script = textwrap.dedent(f"""
+        import json, os, sys, time
+        t0 = time.perf_counter()
+        sys.path.insert(0, {os.getcwd()!r})
+        import torch, bagf_torch
+        from bagf_torch import runtime
+        from bagf_torch.jit.compiler import STATS
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 5, stride=2, padding=2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 24, 3, padding=1)).cuda()
+        m = bagf_torch.convert(m)
+        d = os.environ["BAGF_CACHE_DIR"]
+        x = torch.load(os.path.join(d, "x.pt")).cuda()
+        with torch.no_grad():
+            y = m(x)
+        torch.cuda.synchronize()
+        err = (y.cpu() - torch.load(os.path.join(d, "y.pt"))).abs().max().item()
+        print(json.dumps(dict(tuned=runtime.get().stats["tuned"], hits=runtime.get().stats["cache_hits"],
+                              nvrtc=STATS.nvrtc_compiles, err=err, seconds=time.perf_counter() - t0)))
+    """)
+    env = dict(os.environ, BAGF_TUNE="0")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats = json.loads(res.stdout.strip().splitlines()[-1])
+    assert stats["tuned"] == 0 and stats["nvrtc"] == 0 and stats["hits"] == 2, stats
+    assert stats["err"] < 1e-5, stats
+
+
+def test_torch_compile_fullgraph_uses_tuned_op(monkeypatch):
+    import bagf_torch
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "4")
+    model = bagf_torch.convert(_conv_model())
+    x = torch.randn(2, 3, 24, 24, device="cuda")
+    with torch.no_grad():
+        eager = model(x)  # pre-tune
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, fullgraph=True, backend=backend)(x)
+    torch.testing.assert_close(out, eager)
+    from bagf_torch import runtime
+
+    uses_op = any("bagf.conv2d" in code for code in graphs)
+    tuned_any = any(r.family != "aten" for r in runtime.get().results)
+    assert uses_op or not tuned_any, graphs
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out2 = torch.compile(model, fullgraph=True)(x)  # inductor
+    torch.testing.assert_close(out2, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["half", "channels_last", "groups", "reflect", "same_even", "empty", "double"])
+def test_fallbacks_are_correct_on_gpu(case, caplog):
+    import bagf_torch
+
+    kw = dict(in_channels=4, out_channels=6, kernel_size=3, padding=1)
+    x = torch.randn(2, 4, 10, 12, device="cuda")
+    if case == "groups":
+        kw["groups"] = 2
+    if case == "reflect":
+        kw["padding_mode"] = "reflect"
+    if case == "same_even":
+        kw.update(kernel_size=4, padding="same")
+    if case == "empty":
+        x = x[:0]
+    conv = torch.nn.Conv2d(**kw).cuda()
+    if case == "half":
+        conv, x = conv.half(), x.half()
+    if case == "double":
+        conv, x = conv.double(), x.double()
+    if case == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    tuned = bagf_torch.TunedConv2d.from_conv(conv)
+    with caplog.at_level("WARNING", logger="bagf_torch"):
+        got = tuned(x)
+        tuned(x)
+    torch.testing.assert_close(got, conv(x))
+    assert len([r for r in caplog.records if "TunedConv2d" in r.getMessage()]) == 1

@@ -1,0 +1,148 @@
+"""The Tuner's logic on a CPU, with a fake compiler/checker/benchmarker replaying a synthetic time table."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from bagf_torch.kernels.space import Space, config_key
+from bagf_torch.problem import ConvProblem
+from bagf_torch.tuning.common import Budget, Outcome
+from bagf_torch.tuning.measure import ATEN
+from bagf_torch.tuning.tuner import Tuner
+
+PROBLEM = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+
+
+def _family():
+    params = {"A": (1, 2, 4, 8), "B": (1, 2, 4, 8), "C": (0, 1)}
+    rules = (lambda c: "A*B too large" if c["A"] * c["B"] > 32 else None,)
+    fam = types.SimpleNamespace(
+        FAMILY="toy", DEFAULT={"A": 1, "B": 1, "C": 0},
+        name=lambda c, arch="sm90": f"toy_a{c['A']}_b{c['B']}_c{c['C']}",
+        space=lambda limit=None: Space("toy", params, rules))
+    return fam
+
+
+def _time(c):  # a landscape with one clear optimum at A=4, B=2, C=1
+    return 10.0 + 3 * abs(c["A"] - 4) + 2 * abs(c["B"] - 2) + (0 if c["C"] else 1.5)
+
+
+class FakeCompiler:
+    def __init__(self, compile_fail=(), resource_fail=()):
+        self.compile_fail = {config_key(c) for c in compile_fail}
+        self.resource_fail = {config_key(c) for c in resource_fail}
+        self.configs = {}
+        self.unloaded = set()
+        self.compiled = []
+
+    def compile(self, family, configs):
+        out = []
+        for c in configs:
+            self.compiled.append(dict(c))
+            key = config_key(c)
+            if key in self.compile_fail:
+                out.append(Outcome("compile", detail="error: fake NVRTC log"))
+            elif key in self.resource_fail:
+                out.append(Outcome("resources", detail="too much shared memory"))
+            else:
+                h = len(self.configs)
+                self.configs[h] = dict(c)
+                out.append(types.SimpleNamespace(handle=h))
+        return out
+
+    def unload(self, handle):
+        assert handle not in self.unloaded, "double unload"
+        self.unloaded.add(handle)
+
+
+class FakeChecker:
+    def __init__(self, compiler, wrong=()):
+        self.compiler = compiler
+        self.wrong = {config_key(c) for c in wrong}
+
+    def check(self, ws, handle):
+        if config_key(self.compiler.configs[handle]) in self.wrong:
+            return Outcome("wrong", detail="relative error 1e-1")
+        return None
+
+
+class FakeBench:
+    def __init__(self, compiler, aten_us):
+        self.compiler = compiler
+        self.aten_us = aten_us
+
+    def _t(self, h):
+        return self.aten_us if h == ATEN else _time(self.compiler.configs[h])
+
+    def measure(self, ws, handle, cutoff_us=None):
+        t = self._t(handle)
+        if cutoff_us is not None and t > cutoff_us:
+            return Outcome("timeout", detail="cut")
+        return Outcome("ok", time_us=t)
+
+    def remeasure(self, ws, handles, rounds=5):
+        return [self._t(h) for h in handles]
+
+
+def _tuner(strategy="exhaustive", budget=100, aten_us=50.0, wrong=(), compile_fail=(), resource_fail=()):
+    comp = FakeCompiler(compile_fail, resource_fail)
+    return Tuner(comp, FakeChecker(comp, wrong), FakeBench(comp, aten_us), lambda p: None, _family(),
+                 strategy=strategy, budget=Budget(budget)), comp
+
+
+def test_finds_true_best_with_full_budget():
+    tuner, comp = _tuner()
+    r = tuner.tune(PROBLEM)
+    assert r.config == {"A": 4, "B": 2, "C": 1}
+    assert r.time_us == 10.0 and r.aten_us == 50.0 and r.speedup == 5.0
+    assert r.default_us == _time({"A": 1, "B": 1, "C": 0})
+
+
+def test_never_compiles_invalid_configs():
+    tuner, comp = _tuner()
+    tuner.tune(PROBLEM)
+    assert comp.compiled and all(c["A"] * c["B"] <= 32 for c in comp.compiled)
+
+
+def test_picks_aten_when_nothing_is_faster():
+    tuner, comp = _tuner(aten_us=5.0)
+    r = tuner.tune(PROBLEM)
+    assert r.family == "aten" and r.config is None and r.handle == ATEN and r.time_us == 5.0
+    assert len(comp.unloaded) == len(comp.configs)  # every loaded candidate released
+
+
+def test_typed_failures_recorded_and_never_win():
+    best = {"A": 4, "B": 2, "C": 1}
+    tuner, comp = _tuner(wrong=[best], compile_fail=[{"A": 4, "B": 1, "C": 1}],
+                         resource_fail=[{"A": 4, "B": 4, "C": 1}])
+    r = tuner.tune(PROBLEM)
+    assert r.config != best
+    statuses = {t.outcome.status for t in r.trials}
+    assert {"wrong", "compile", "resources", "ok"} <= statuses
+    assert all(t.outcome.detail for t in r.trials if not t.outcome.ok)
+    assert r.config == {"A": 4, "B": 2, "C": 0} and r.time_us == 11.5  # best of what passed
+
+
+@pytest.mark.parametrize("strategy", ["random", "exhaustive"])
+def test_respects_evaluation_budget(strategy):
+    tuner, comp = _tuner(strategy=strategy, budget=7)
+    r = tuner.tune(PROBLEM)
+    assert r.evaluations <= 7
+    assert len(comp.compiled) <= 7
+
+
+def test_slow_candidates_cut_off():
+    tuner, comp = _tuner(aten_us=4.0)  # cut-off 4x the best so far (cuDNN): everything >= 16 us is cut
+    r = tuner.tune(PROBLEM)
+    cut = [t for t in r.trials if t.outcome.status == "timeout"]
+    assert cut and all(_time(t.config) > 16.0 for t in cut)
+    assert r.family == "aten"
+
+
+def test_winner_handle_kept_losers_unloaded():
+    tuner, comp = _tuner()
+    r = tuner.tune(PROBLEM)
+    assert r.handle not in comp.unloaded
+    assert set(comp.configs) - comp.unloaded == {r.handle}
