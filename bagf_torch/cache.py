@@ -1,0 +1,759 @@
+"""The on-disk store of tuning results: winners (plans), every trial (failures included), and cubins.
+
+One SQLite file (stdlib ``sqlite3``) shared by every process and thread of a machine. Why SQLite: its
+transactions make a write either fully there or absent after a crash (``kill -9``, power loss), and its
+locking lets several tuners write at once without a lock file of our own around each write.
+
+How it stays safe:
+
+- WAL journal (readers never block the writer) and ``busy_timeout`` (a writer waits for another instead
+  of failing with "database is locked"). Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the
+  write lock up front, so two processes can never both read, then both try to upgrade, and deadlock.
+- One connection per ``Cache`` object, opened with ``check_same_thread=False`` and guarded by a lock, so
+  threads may share a ``Cache``; an in-memory cache could not be shared otherwise (each connection to
+  ``:memory:`` is a different database). A ``Cache`` used in a forked child opens its own connection
+  (SQLite connections must not cross ``fork``).
+- ``put_plan`` is ``INSERT OR IGNORE``: the first tuner to finish wins, every later one is told (returns
+  False) and every process then loads the same plan.
+- Opening is serialised between processes by an ``flock`` on ``<file>.lock`` (POSIX; no lock elsewhere),
+  so that two processes that both find a damaged file do not each move the other's fresh file aside.
+- On open, ``PRAGMA quick_check`` detects a truncated, garbage or damaged file; it is moved aside to
+  ``<name>.corrupt-<timestamp>`` and a fresh cache is created. A file of another schema version
+  (``PRAGMA user_version``), or another program's SQLite file, is moved aside to
+  ``<name>.schema-v<N>-<timestamp>`` the same way. Each cubin carries a sha256 checked on every read,
+  and a plan whose JSON does not parse is dropped: damage SQLite cannot see costs a re-compile or a
+  re-tune, never a garbage kernel on the GPU.
+- A directory that cannot be created or written, a file that cannot be opened, or a write that fails later
+  (disk full, read-only file system) makes the cache fall back to memory for the rest of the process:
+  what the file held is copied in when it can still be read, and tuning goes on; results are simply not
+  persisted.
+
+Every such event is reported once, as a warning on the ``logging`` logger ``"bagf_torch"`` (not
+``warnings.warn``: these are operational events about a file, not misuse of the API, and ``warnings``
+would hide a repeat from the same line). Nothing happens at import: directories are created when a cache
+is opened.
+
+>>> cache = Cache(None)                       # in memory; Cache.for_dir(d) for the real one
+>>> cache.put_plan("k", problem={"n": 1}, env={"gpu": "X"}, family="aten", config=None, time_us=10.0,
+...                aten_us=10.0, default_us=None, evaluations=3, tune_seconds=0.5)
+True
+>>> cache.get_plan("k")["family"]
+'aten'
+>>> cache.close()
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+try:  # POSIX only; elsewhere opening is not serialised between processes (see _open_lock)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+__all__ = ["Cache", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "default_cache_path"]
+
+logger = logging.getLogger("bagf_torch")
+
+CACHE_FILENAME = "bagf_cache.sqlite"
+SCHEMA_VERSION = 1
+"""Bump on any change to the tables below; a file of another version is moved aside, never migrated
+(a tuning cache is cheap to rebuild and a half-understood one is worse than none)."""
+EXPORT_FORMAT = "bagf_torch.cache"
+
+BUSY_TIMEOUT_MS = 30_000
+"""How long a writer waits for another process's transaction. Writes here last milliseconds (a plan row, a
+batch of trials, one cubin), so 30 s of waiting means a stuck process, not contention."""
+
+_T = TypeVar("_T")
+_ABANDONED: list[sqlite3.Connection] = []  # connections inherited through fork (see Cache._locked)
+
+_SCHEMA = """
+CREATE TABLE plans (
+    key           TEXT PRIMARY KEY,
+    problem       TEXT NOT NULL,
+    env           TEXT NOT NULL,
+    family        TEXT NOT NULL,
+    config        TEXT,
+    time_us       REAL NOT NULL,
+    aten_us       REAL,
+    default_us    REAL,
+    evaluations   INTEGER NOT NULL,
+    tune_seconds  REAL NOT NULL,
+    cubin_digests TEXT NOT NULL,
+    created       REAL NOT NULL
+);
+CREATE TABLE trials (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    key      TEXT NOT NULL,
+    family   TEXT NOT NULL,
+    config   TEXT,
+    status   TEXT NOT NULL,
+    time_us  REAL,
+    detail   TEXT NOT NULL,
+    created  REAL NOT NULL
+);
+CREATE INDEX trials_by_key ON trials (key, id);
+CREATE TABLE cubins (
+    digest        TEXT PRIMARY KEY,
+    name          TEXT NOT NULL,
+    lowered_name  TEXT NOT NULL,
+    cubin         BLOB NOT NULL,
+    sha256        TEXT NOT NULL,
+    created       REAL NOT NULL
+);
+"""
+
+_PLAN_COLUMNS = ("key", "problem", "env", "family", "config", "time_us", "aten_us", "default_us",
+                 "evaluations", "tune_seconds", "cubin_digests", "created")
+_JSON_PLAN_COLUMNS = ("problem", "env", "config", "cubin_digests")
+
+
+def default_cache_path(cache_dir: str | os.PathLike) -> Path:
+    """The cache file inside ``cache_dir`` (the directory itself comes from ``bagf_torch.settings``).
+
+    >>> default_cache_path("/tmp/bagf").name
+    'bagf_cache.sqlite'
+    """
+    return Path(cache_dir).expanduser() / CACHE_FILENAME
+
+
+def _dumps(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces), so equal dicts are equal text. Numpy scalars and other
+    objects with ``.item()`` are stored as the Python number they hold."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"cannot store {type(obj).__name__} {obj!r} in the cache: use numbers, strings, "
+                    f"lists and dicts")
+
+
+def _normalise(value: Any) -> Any:
+    """What ``value`` reads back as after a trip through the cache (tuples become lists, and so on)."""
+    return json.loads(_dumps(value))
+
+
+def _is_corruption(err: BaseException) -> bool:
+    """True for "this file is damaged or not a database", False for "cannot use it now" (locked,
+    read-only, I/O error, disk full), which is not a reason to throw its contents away."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+    text = str(err).lower()
+    return "malformed" in text or "not a database" in text
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def _move_aside(path: Path, tag: str) -> Path:
+    """Rename ``path`` (and its -wal/-shm files, which belong to it and must never be applied to a new
+    file) to ``<name>.<tag>-<timestamp>``, adding a counter if that name is taken."""
+    base = f"{path.name}.{tag}-{_timestamp()}"
+    target = path.with_name(base)
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{base}-{n}")
+        n += 1
+    os.replace(path, target)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            os.replace(side, target.with_name(target.name + suffix))
+    return target
+
+
+@contextlib.contextmanager
+def _open_lock(path: Path) -> Iterator[None]:
+    """Serialise opening (check, move aside, create) between processes, so that two processes that both
+    find a damaged file do not each move the other's fresh file aside. Writes do not take it: SQLite's own
+    locking and busy_timeout cover them (8 processes x 90 one-row commits to one file: 0.11-0.14 s), and a
+    blocking flock would wait forever behind a process stopped in a debugger, where busy_timeout gives up
+    and falls back to memory; this one polls with the same deadline. POSIX only: elsewhere opening is not
+    serialised. The lock file stays (deleting it would let two processes lock two different files).
+    """
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if fcntl is not None:
+            deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"another process has held {path}.lock for "
+                                           f"{BUSY_TIMEOUT_MS // 1000} s") from None
+                    time.sleep(0.005)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves (the sqlite3 module's implicit transactions
+    # would start a deferred one, which can deadlock on upgrade between processes).
+    conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                           check_same_thread=False, uri=uri)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Another process may have created it between our check and our write lock.
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _memory_connection() -> sqlite3.Connection:
+    conn = _connect(":memory:")
+    _create_schema(conn)
+    return conn
+
+
+class _Damaged(Exception):
+    """The file is corrupt (``tag`` "corrupt") or of another schema version (``tag`` "schema-vN")."""
+
+    def __init__(self, tag: str, reason: str):
+        super().__init__(reason)
+        self.tag = tag
+        self.reason = reason
+
+
+def _open_file(path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) a valid cache file at ``path``; raise _Damaged if it is not one, and
+    sqlite3.Error/OSError if it cannot be used at all."""
+    conn = _connect(str(path))
+    try:
+        try:
+            check = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.DatabaseError as e:
+            if _is_corruption(e):
+                raise _Damaged("corrupt", str(e)) from e
+            raise
+        if check != ["ok"]:
+            raise _Damaged("corrupt", "; ".join(check[:3]))
+        # quick_check reads every page: 0.17 s for a 200 MB file (2000 cubins of 100 KB) on the dev box,
+        # a few ms for a usual cache; it finds damage inside pages that the first queries would not touch.
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"could not switch to WAL journal (got {mode!r})")
+        # NORMAL in WAL mode: no fsync per commit (3.3 ms each here, which a tuner writing every trial
+        # would pay), still never corrupt; a crash of the process loses nothing, a power cut may lose the
+        # last commits, which for a tuning cache only means tuning those problems again.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version == 0 and not tables:
+            _create_schema(conn)
+        elif version != SCHEMA_VERSION:
+            what = "not a bagf_torch cache" if version == 0 else f"schema version {version}"
+            raise _Damaged(f"schema-v{version}", f"{what}, this bagf_torch uses version {SCHEMA_VERSION}")
+        return conn
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _read_only_copy(path: Path) -> sqlite3.Connection | None:
+    """An in-memory copy of a cache file we may read but not write (a warm cache baked into a read-only
+    image), or None. ``immutable=1`` because a WAL file cannot be opened read-only without its -shm file,
+    which a read-only directory may lack; nobody can be writing it there anyway."""
+    if not path.is_file():
+        return None
+    source = None
+    try:
+        source = _connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        if source.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            return None
+        if source.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            return None
+        memory = _connect(":memory:")
+        source.backup(memory)
+        return memory
+    except (sqlite3.Error, OSError, ValueError):
+        return None
+    finally:
+        if source is not None:
+            source.close()
+
+
+class Cache:
+    """Tuning results on disk: plans (one winner per key), trials (every evaluated config) and cubins.
+
+    ``path`` is the file asked for (None: in memory by request). ``in_memory`` is True when results live
+    only in this process: by request, or because the file could not be used (``fallback_reason`` says
+    why; one warning was logged). Safe to share between threads; any number of processes may open the
+    same file. Use as a context manager or call ``close()``.
+
+    >>> import tempfile
+    >>> with Cache.for_dir(tempfile.mkdtemp()) as cache:
+    ...     cache.put_cubin("ab12", "k_bm64", "_Z4k_bm64v", b"\\x7fELF")
+    ...     cache.get_cubin("ab12")
+    (b'\\x7fELF', '_Z4k_bm64v')
+    """
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path: Path | None = None if path is None else Path(path).expanduser()
+        self.fallback_reason: str | None = None
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._closed = False
+        self._conn: sqlite3.Connection | None = self._open()
+
+    @classmethod
+    def for_dir(cls, directory: str | os.PathLike) -> "Cache":
+        """The cache at ``<directory>/bagf_cache.sqlite`` (directory created when needed)."""
+        return cls(default_cache_path(directory))
+
+    @property
+    def in_memory(self) -> bool:
+        return self.path is None or self.fallback_reason is not None
+
+    def __repr__(self) -> str:
+        where = "memory" if self.path is None else str(self.path)
+        if self.fallback_reason is not None:
+            where += " (in memory: " + self.fallback_reason + ")"
+        return f"Cache({where})"
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- opening and falling back -------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path is None:
+            return _memory_connection()
+        path = self.path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _open_lock(path):
+                try:
+                    return _open_file(path)
+                except _Damaged as damaged:
+                    aside = _move_aside(path, damaged.tag)
+                    logger.warning("bagf_torch cache %s is unusable (%s); moved it to %s and started a "
+                                   "fresh cache (every problem will be tuned again)",
+                                   path, damaged.reason, aside)
+                    return _open_file(path)
+        except (sqlite3.Error, OSError, _Damaged) as e:
+            return self._fall_back(f"cannot use {path}: {_describe(e)}",
+                                   copy_from=None, read_only_copy=True)
+
+    def _fall_back(self, reason: str, copy_from: sqlite3.Connection | None,
+                   read_only_copy: bool = False) -> sqlite3.Connection:
+        """Switch to an in-memory cache holding what the file held when that can still be read (from the
+        live connection ``copy_from``, or, at open, from the file read-only). Logs once."""
+        memory = None
+        if copy_from is not None:
+            try:
+                memory = _connect(":memory:")
+                copy_from.backup(memory)
+            except sqlite3.Error:
+                memory = None
+        elif read_only_copy and self.path is not None:
+            memory = _read_only_copy(self.path)
+        kept = memory is not None
+        if memory is None:
+            memory = _memory_connection()
+        self.fallback_reason = reason
+        logger.warning("bagf_torch cache: %s; using an in-memory cache%s for the rest of this process "
+                       "(tuning goes on, new results will not be saved)", reason,
+                       " holding a copy of its contents" if kept else "")
+        return memory
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection for this process (opened here after a fork); called with the lock held."""
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if self._pid != os.getpid():
+            # Forked child: the parent's connection and lock (possibly held by a parent thread at the fork)
+            # are not ours. The connection is kept referenced, never closed: closing it could drop POSIX
+            # locks SQLite tracks per inode for our new one (SQLite: do not carry a connection across fork).
+            # An in-memory cache has no file locks; the child simply keeps its copy.
+            self._lock = threading.RLock()
+            self._pid = os.getpid()
+            if not self.in_memory and self._conn is not None:
+                _ABANDONED.append(self._conn)
+                self._conn = None
+        with self._lock:
+            yield
+
+    def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._locked():
+            conn = self._connection()
+            try:
+                return fn(conn)
+            except sqlite3.DatabaseError as e:
+                if self.in_memory:
+                    raise
+                self._conn = self._fall_back(f"reading {self.path} failed: {_describe(e)}",
+                                             copy_from=None if _is_corruption(e) else conn)
+                conn.close()
+                return fn(self._conn)
+
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``fn`` in one write transaction; on failure of the file, fall back to memory and redo it."""
+        with self._locked():
+            conn = self._connection()
+            try:
+                return _transaction(conn, fn)
+            except sqlite3.DatabaseError as e:
+                if self.in_memory:
+                    raise
+                self._conn = self._fall_back(f"writing {self.path} failed: {_describe(e)}",
+                                             copy_from=None if _is_corruption(e) else conn)
+                conn.close()
+                return _transaction(self._conn, fn)
+
+    # ---- plans --------------------------------------------------------------------------------
+
+    def get_plan(self, key: str) -> dict | None:
+        """The stored winner for ``key``, or None. Keys are as in ``put_plan``; JSON fields come back as
+        dicts (``config`` None for family "aten")."""
+        row = self._read(lambda c: c.execute(f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans WHERE key = ?",
+                                             (key,)).fetchone())
+        return None if row is None else self._decode_plan(row)
+
+    def put_plan(self, key: str, *, problem: dict, env: dict, family: str, config: dict | None,
+                 time_us: float, aten_us: float | None, default_us: float | None, evaluations: int,
+                 tune_seconds: float, cubin_digests: Sequence[str] = ()) -> bool:
+        """Store the winner for ``key`` unless one is already there; True if this call stored it.
+
+        Several processes may tune the same problem at once: the first to call this wins, the others get
+        False and should use ``get_plan(key)`` so that every process runs the same kernel. Family "aten"
+        with ``config`` None means "use torch's own conv". ``cubin_digests`` names the cubins the plan
+        launches, so ``export`` can carry them to another machine.
+        """
+        row = _plan_row(key, problem=problem, env=env, family=family, config=config, time_us=time_us,
+                        aten_us=aten_us, default_us=default_us, evaluations=evaluations,
+                        tune_seconds=tune_seconds, cubin_digests=cubin_digests, created=time.time())
+        return self._write(lambda c: _insert_plan(c, row))
+
+    def plans(self) -> list[dict]:
+        """Every plan, oldest first (for listing and reports)."""
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans ORDER BY created, key").fetchall())
+        return [plan for plan in map(self._decode_plan, rows) if plan is not None]
+
+    def _decode_plan(self, row: Sequence) -> dict | None:
+        """The plan in ``row``, or None after dropping it (with a warning) if its JSON is damaged: kept, it
+        would block every later put_plan for its key (first writer wins) and the problem would be tuned
+        in every process without ever being stored."""
+        try:
+            return _plan_from_row(row)
+        except ValueError as e:
+            key = row[0]
+            self._write(lambda c: c.execute("DELETE FROM plans WHERE key = ?", (key,)))
+            logger.warning("bagf_torch cache %s: plan %s is damaged (%s); dropped it, it will be tuned again",
+                           self.path or "in memory", key, e)
+            return None
+
+    # ---- trials -------------------------------------------------------------------------------
+
+    def add_trials(self, key: str, trials: list[dict]) -> None:
+        """Append trials for ``key`` in one transaction, each stamped with the time it was stored.
+
+        Each is ``{"family", "config" (dict | None), "status", "time_us" (float | None), "detail" (str)}``;
+        ``detail`` may be left out.
+        """
+        now = time.time()
+        rows = [_trial_row(key, i, t, now) for i, t in enumerate(trials)]
+        if rows:
+            self._write(lambda c: c.executemany(
+                "INSERT INTO trials (key, family, config, status, time_us, detail, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)", rows))
+
+    def trials(self, key: str) -> list[dict]:
+        """Every trial stored for ``key``, in the order stored."""
+        rows = self._read(lambda c: c.execute(
+            "SELECT family, config, status, time_us, detail, created FROM trials WHERE key = ? ORDER BY id",
+            (key,)).fetchall())
+        out = []
+        for f, cfg, s, t, d, ts in rows:
+            try:
+                config = None if cfg is None else json.loads(cfg)
+            except ValueError:
+                continue  # a damaged trial is only history: leave it out, no need to repair
+            out.append({"family": f, "config": config, "status": s, "time_us": t, "detail": d, "created": ts})
+        return out
+
+    # ---- cubins -------------------------------------------------------------------------------
+
+    def get_cubin(self, digest: str) -> tuple[bytes, str] | None:
+        """``(cubin, lowered_name)`` stored under ``digest``, or None.
+
+        The bytes are checked against the sha256 stored with them: a damaged cubin handed to
+        ``cuModuleLoadData`` could run garbage on the GPU, so one that fails the check is dropped (with a
+        warning) and reported absent, and the caller compiles it again.
+        """
+        row = self._read(lambda c: c.execute("SELECT cubin, lowered_name, sha256 FROM cubins WHERE digest = ?",
+                                             (digest,)).fetchone())
+        if row is None:
+            return None
+        cubin, lowered_name, sha = bytes(row[0]), row[1], row[2]
+        if hashlib.sha256(cubin).hexdigest() != sha:
+            self._write(lambda c: c.execute("DELETE FROM cubins WHERE digest = ?", (digest,)))
+            logger.warning("bagf_torch cache %s: cubin %s is damaged (sha256 mismatch); dropped it, it will "
+                           "be compiled again", self.path or "in memory", digest)
+            return None
+        return cubin, lowered_name
+
+    def put_cubin(self, digest: str, name: str, lowered_name: str, cubin: bytes) -> None:
+        """Store a compiled kernel under its content ``digest``; storing the same digest again is a no-op
+        (same digest, same content)."""
+        if not isinstance(cubin, (bytes, bytearray, memoryview)):
+            raise TypeError(f"cubin must be bytes, got {type(cubin).__name__}")
+        row = (digest, name, lowered_name, bytes(cubin))
+        self._write(lambda c: _insert_cubins(c, [row]))
+
+    # ---- moving results between machines ------------------------------------------------------
+
+    def export(self, path: str | os.PathLike) -> int:
+        """Write every plan and the cubins they name to a JSON file (cubins base64); returns the number of
+        plans. The file is written whole or not at all (temp file, then rename)."""
+        def collect(c: sqlite3.Connection) -> tuple[list, list]:
+            plans = c.execute(f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans ORDER BY created, key").fetchall()
+            wanted = sorted({d for row in plans for d in json.loads(row[_PLAN_COLUMNS.index("cubin_digests")])})
+            cubins = []
+            for digest in wanted:
+                row = c.execute("SELECT digest, name, lowered_name, cubin, sha256 FROM cubins WHERE digest = ?",
+                                (digest,)).fetchone()
+                if row is not None and hashlib.sha256(row[3]).hexdigest() == row[4]:
+                    cubins.append(row)  # a damaged one is left out; plans naming it are skipped on import
+            return plans, cubins
+
+        plans, cubins = self._read(collect)
+        document = {
+            "format": EXPORT_FORMAT,
+            "schema": SCHEMA_VERSION,
+            "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "plans": [_plan_from_row(row) for row in plans],
+            "cubins": [{"digest": d, "name": n, "lowered_name": ln, "sha256": sha,
+                        "cubin": base64.b64encode(b).decode("ascii")} for d, n, ln, b, sha in cubins],
+        }
+        target = Path(path).expanduser()
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(document, sort_keys=True, indent=1), encoding="utf-8")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return len(plans)
+
+    def import_(self, path: str | os.PathLike, env: dict) -> tuple[int, list[str]]:
+        """Import the plans of an ``export`` file that were tuned on a machine like this one.
+
+        A plan is imported only if its ``env`` equals ``env`` (this machine's: GPU, versions, kernel source
+        hash...), since a plan tuned elsewhere may be slow or invalid here. Plans already in this cache are
+        kept. Returns ``(imported, skipped)``, ``skipped`` holding one line per plan left out saying why,
+        e.g. ``"3f2a9c01d4e5b6a7 (implicit_gemm): gpu 'NVIDIA A100' != 'NVIDIA H200'"``.
+        """
+        source = Path(path).expanduser()
+        try:
+            document = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot import {source}: {e}") from e
+        if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"cannot import {source}: not a bagf_torch cache export "
+                             f"(expected \"format\": {EXPORT_FORMAT!r})")
+        if document.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"cannot import {source}: export of schema version {document.get('schema')!r}, "
+                             f"this bagf_torch reads version {SCHEMA_VERSION}; export it again with this "
+                             f"version")
+        here = _normalise(env)
+        cubins: dict[str, tuple] = {}
+        for entry in document.get("cubins") or []:
+            try:
+                blob = base64.b64decode(entry["cubin"], validate=True)
+                if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+                    continue  # damaged in the file: a plan that names it reports it missing below
+                cubins[entry["digest"]] = (entry["digest"], entry["name"], entry["lowered_name"], blob)
+            except (KeyError, TypeError, ValueError):
+                continue
+        skipped: list[str] = []
+        accepted: list[tuple[tuple, list[tuple]]] = []
+        for n, entry in enumerate(document.get("plans") or []):
+            label = f"entry {n}"
+            try:
+                label = f"{str(entry['key'])[:16]} ({entry['family']})"
+                row = _plan_row(str(entry["key"]), **{k: entry[k] for k in _PLAN_COLUMNS[1:-1]},
+                                created=float(entry.get("created") or time.time()))
+            except (KeyError, TypeError, ValueError) as e:
+                skipped.append(f"{label}: malformed entry ({_describe(e)})")
+                continue
+            why = _env_difference(_normalise(entry["env"]), here)
+            if why:
+                skipped.append(f"{label}: {why}")
+                continue
+            digests = entry["cubin_digests"]
+            missing = [d for d in digests if d not in cubins]
+            if missing:
+                skipped.append(f"{label}: cubin {missing[0]} is not in the file (or fails its sha256)")
+                continue
+            accepted.append((row, [cubins[d] for d in digests]))
+
+        def store(c: sqlite3.Connection) -> list[bool]:
+            written = []
+            for row, plan_cubins in accepted:
+                _insert_cubins(c, plan_cubins)
+                written.append(_insert_plan(c, row))
+            return written
+
+        written = self._write(store) if accepted else []
+        for (row, _), ok in zip(accepted, written):
+            if not ok:
+                skipped.append(f"{row[0][:16]} ({row[3]}): this cache already has a plan for it (kept)")
+        return sum(written), skipped
+
+    # ---- housekeeping -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Delete every plan, trial and cubin (the file stays, empty)."""
+        self._write(lambda c: [c.execute(f"DELETE FROM {table}") for table in ("plans", "trials", "cubins")])
+
+    def close(self) -> None:
+        """Close the connection (idempotent). The cache cannot be used afterwards."""
+        with self._locked():
+            if not self._closed:
+                self._closed = True
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+
+def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):  # a failed COMMIT may already have rolled back
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _insert_cubins(conn: sqlite3.Connection, rows: Sequence[tuple]) -> None:
+    """Rows of (digest, name, lowered_name, cubin bytes); an existing digest is kept."""
+    now = time.time()
+    conn.executemany("INSERT OR IGNORE INTO cubins (digest, name, lowered_name, cubin, sha256, created) "
+                     "VALUES (?, ?, ?, ?, ?, ?)",
+                     [(d, n, ln, b, hashlib.sha256(b).hexdigest(), now) for d, n, ln, b in rows])
+
+
+def _insert_plan(conn: sqlite3.Connection, row: tuple) -> bool:
+    cursor = conn.execute(f"INSERT OR IGNORE INTO plans ({', '.join(_PLAN_COLUMNS)}) "
+                          f"VALUES ({', '.join('?' * len(_PLAN_COLUMNS))})", row)
+    return cursor.rowcount == 1
+
+
+def _number(name: str, value: Any, *, optional: bool = False, infinite: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "item"):
+        raise TypeError(f"{name} must be a number{' or None' if optional else ''}, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0 or (math.isinf(value) and not infinite):
+        raise ValueError(f"{name} must be {'' if infinite else 'finite and '}>= 0, got {value!r}")
+    return value
+
+
+def _plan_row(key: str, *, problem: dict, env: dict, family: str, config: dict | None, time_us: float,
+              aten_us: float | None, default_us: float | None, evaluations: int, tune_seconds: float,
+              cubin_digests: Sequence[str], created: float) -> tuple:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"plan key must be a non-empty string, got {key!r}")
+    if not isinstance(family, str) or not family:
+        raise ValueError(f"plan family must be a non-empty string, got {family!r}")
+    if not isinstance(problem, dict) or not isinstance(env, dict):
+        raise TypeError("plan problem and env must be dicts")
+    if config is None and family != "aten":
+        raise ValueError(f"plan for family {family!r} has no config: only family 'aten' (torch's own conv) "
+                         f"may have config None")
+    if config is not None and not isinstance(config, dict):
+        raise TypeError(f"plan config must be a dict or None, got {type(config).__name__}")
+    if isinstance(cubin_digests, str) or not all(isinstance(d, str) for d in cubin_digests):
+        raise TypeError(f"cubin_digests must be a sequence of digest strings, got {cubin_digests!r}")
+    if isinstance(evaluations, bool) or int(evaluations) != evaluations or evaluations < 0:
+        raise ValueError(f"evaluations must be a count >= 0, got {evaluations!r}")
+    return (key, _dumps(problem), _dumps(env), family, None if config is None else _dumps(config),
+            _number("time_us", time_us), _number("aten_us", aten_us, optional=True),
+            _number("default_us", default_us, optional=True), int(evaluations),
+            _number("tune_seconds", tune_seconds), _dumps(list(cubin_digests)), created)
+
+
+def _plan_from_row(row: Sequence) -> dict:
+    plan = dict(zip(_PLAN_COLUMNS, row))
+    for column in _JSON_PLAN_COLUMNS:
+        if plan[column] is not None:
+            plan[column] = json.loads(plan[column])
+    return plan
+
+
+def _trial_row(key: str, index: int, trial: dict, now: float) -> tuple:
+    if not isinstance(trial, dict):
+        raise TypeError(f"trial {index} for {key[:16]} is a {type(trial).__name__}, not a dict")
+    missing = [f for f in ("family", "status") if f not in trial]
+    if missing:
+        raise ValueError(f"trial {index} for {key[:16]} lacks {', '.join(map(repr, missing))}: each trial "
+                         f"needs family, config, status, time_us and detail")
+    config = trial.get("config")
+    return (key, str(trial["family"]), None if config is None else _dumps(config), str(trial["status"]),
+            _number(f"trial {index} time_us", trial.get("time_us"), optional=True, infinite=True),
+            str(trial.get("detail") or ""), now)
+
+
+def _env_difference(theirs: dict, ours: dict) -> str:
+    """'' if equal, else every differing field as "name 'theirs' != 'ours'" (theirs = the file's)."""
+    if not isinstance(theirs, dict):
+        return f"env is {theirs!r}, not a dict"
+    missing = object()
+    parts = []
+    for name in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(name, missing), ours.get(name, missing)
+        if a != b:
+            parts.append(f"{name} {'<absent>' if a is missing else repr(a)} != "
+                         f"{'<absent>' if b is missing else repr(b)}")
+    return "; ".join(parts)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror + (f" ({err.filename})" if err.filename else "")
+    if isinstance(err, (sqlite3.Error, _Damaged)):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
