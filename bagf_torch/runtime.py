@@ -131,7 +131,9 @@ class Runtime:
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,
                                  config=result.config, time_us=result.time_us, aten_us=result.aten_us,
                                  default_us=result.default_us, evaluations=result.evaluations,
-                                 tune_seconds=result.seconds)
+                                 tune_seconds=result.seconds,
+                                 cubin_digests=[] if result.config is None else
+                                 [dev.compiler.digest(implicit_gemm, result.config)])
         handle = result.handle
         if not written:  # another process stored a winner first: everyone uses that one
             if handle != ATEN:

@@ -95,6 +95,10 @@ class KernelCompiler:
         self.source_hash = extension.source_hash()
         self.limits = self.ext.device_limits(device)
 
+    def digest(self, family: ModuleType, config: Mapping[str, int]) -> str:
+        """The cache digest of one configuration's cubin on this device."""
+        return KernelSpec(family, dict(config), self.arch).digest(self.source_hash, self.nvrtc_version)
+
     def _cubin(self, spec: KernelSpec) -> tuple[bytes, str, float] | Outcome:
         digest = spec.digest(self.source_hash, self.nvrtc_version)
         hit = self.cache.get_cubin(digest)

@@ -97,12 +97,15 @@ class Tuner:
         if aten.ok:
             best[0] = aten.time_us
 
+        done: dict[tuple, Outcome] = {}
+
         def evaluate(configs: Sequence[Config]) -> list[Outcome]:
+            fresh = [c for c in configs if config_key(c) not in done]  # e.g. the default, proposed again
             t = time.perf_counter()
-            built = self.compiler.compile(self.family, configs)
+            built = self.compiler.compile(self.family, fresh)
             phases["compile"] += time.perf_counter() - t
             out: list[Outcome] = []
-            for c, b in zip(configs, built):
+            for c, b in zip(fresh, built):
                 if isinstance(b, Outcome):
                     out.append(b)
                     continue
@@ -123,12 +126,13 @@ class Tuner:
                 else:
                     self.compiler.unload(b.handle)
                 out.append(o)
-            for c, o in zip(configs, out):
+            for c, o in zip(fresh, out):
+                done[config_key(c)] = o
                 trials.append(Trial(self.family.FAMILY, dict(c), o))
                 if progress is not None:
                     progress(f"{self.family.name(c)}: {o.status} "
                              f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
-            return out
+            return [done[config_key(c)] for c in configs]
 
         default_outcome = evaluate([self.family.DEFAULT])[0]
         default_us = default_outcome.time_us
