@@ -47,16 +47,15 @@ def problem(layer, n: int) -> ConvProblem:
     return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd))
 
 
-def host_overhead(n_calls: int = 2000) -> dict:
+def host_overhead(handle: int, n_calls: int = 2000) -> dict:
     """Wall microseconds per call in a tight loop at N=1 on conv5 (GPU time ~10-60 us, so this shows the
-    launch path): F.conv2d vs TunedConv2d.forward vs the bare op."""
+    launch path): F.conv2d vs TunedConv2d.forward vs the bare op, all with conv5's tuned plan ``handle``."""
     layer = ALEXNET[4]
     conv = torch.nn.Conv2d(layer[1], layer[3], layer[4], padding=layer[6]).cuda()
     tuned = bagf_torch.TunedConv2d.from_conv(conv)
     x = torch.randn(1, layer[1], layer[2], layer[2], device="cuda")
+    tuned._bagf_handles[(tuple(x.shape), 0)] = (handle, torch.backends.cudnn.allow_tf32)
     with torch.no_grad():
-        tuned(x)
-        handle = next(iter(tuned._bagf_handles.values()))[0]
         op = torch.ops.bagf.conv2d.default
         calls = {
             "F.conv2d": lambda: F.conv2d(x, conv.weight, conv.bias, 1, 1),
@@ -106,6 +105,46 @@ def main(argv=None) -> int:
     bench = CudaBenchmarker()
     default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle
     rows = []
+    overhead_handle = None
+
+    def write(overhead):
+        gm = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
+        meta = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "env": dev.env, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+            "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
+            "tf32": False, "cudnn_benchmark": True,
+        }
+        summary = {
+            "geomean_speedup_vs_cudnn": gm([r["speedup_vs_cudnn"] for r in rows]),
+            "geomean_speedup_vs_default": gm([r["speedup_vs_default"] for r in rows]),
+            "host_overhead_us_n1": overhead,
+        }
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"bench_layers_{args.tag}"
+        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+        lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
+                 f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
+                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 off, cudnn.benchmark=True; "
+                 f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
+                 "Times are medians (us) of interleaved re-timing in one run.", "",
+                 "| layer | N | cuDNN us | default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | {r['tuned_us']:.1f} | "
+                         f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
+                         f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
+        lines += ["", f"Geomean speedup vs cuDNN: {summary['geomean_speedup_vs_cudnn']:.2f}x; "
+                  f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
+        if overhead:
+            lines += ["", "Host overhead per call at N=1 (conv5, tight loop, wall us per call): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan_handle") +
+                (" (plan is ATen: TunedConv2d calls F.conv2d)" if overhead["plan_handle"] == ATEN else "")]
+        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        return lines
+
     for n in batches:
         for layer in layers:
             p = problem(layer, n)
@@ -133,46 +172,14 @@ def main(argv=None) -> int:
             print(f"{layer[0]} N={n:<4} cuDNN {cudnn_us:9.1f} us  default {default_us:9.1f}  tuned {tuned_us:9.1f}"
                   f"  x{row['speedup_vs_cudnn']:.2f} vs cuDNN  x{row['speedup_vs_default']:.2f} vs default"
                   f"  {row['plan']}  {result.evaluations} evals {wall:.1f} s {row['phases']}", flush=True)
-            if result.handle != ATEN:
+            if (n, layer[0]) == (1, "conv5"):
+                overhead_handle = result.handle
+            elif result.handle != ATEN:
                 dev.compiler.unload(result.handle)
+            write(None)  # results so far survive a run cut short
 
-    overhead = host_overhead() if 1 in batches else None
-    gm = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0), "env": dev.env, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-        "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
-        "tf32": False, "cudnn_benchmark": True,
-    }
-    summary = {
-        "geomean_speedup_vs_cudnn": gm([r["speedup_vs_cudnn"] for r in rows]),
-        "geomean_speedup_vs_default": gm([r["speedup_vs_default"] for r in rows]),
-        "host_overhead_us_n1": overhead,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"bench_layers_{args.tag}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
-    lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
-             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
-             f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 off, cudnn.benchmark=True; "
-             f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
-             "Times are medians (us) of interleaved re-timing in one run.", "",
-             "| layer | N | cuDNN us | default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | {r['tuned_us']:.1f} | "
-                     f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
-                     f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
-    lines += ["", f"Geomean speedup vs cuDNN: {summary['geomean_speedup_vs_cudnn']:.2f}x; "
-              f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
-    if overhead:
-        lines += ["", "Host overhead per call at N=1 (conv5, tight loop, wall us per call): " + ", ".join(
-            f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan_handle") +
-            (" (plan is ATen: TunedConv2d calls F.conv2d)" if overhead["plan_handle"] == ATEN else "")]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    overhead = host_overhead(overhead_handle) if overhead_handle is not None else None
+    print("\n".join(write(overhead)))
     return 0
 
 

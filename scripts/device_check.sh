@@ -2,7 +2,7 @@
 # The whole GPU check in one device call: install the carried Ax wheels, build the extension, run
 # `pytest -m cuda`, the compute-sanitizer sweep and the layer benchmark; logs and results under $OUT.
 #
-#   scripts/device_check.sh [build] [tests] [sanitize] [bench] [bench-args...]   (default: all stages)
+#   scripts/device_check.sh [build] [tests] [bench] [sanitize] [bench-args...]   (default: all stages)
 #   e.g. device run:  bash scripts/device_check.sh tests bench --batch 1,32,128
 # Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image.
 set -uo pipefail
@@ -14,14 +14,14 @@ bench_args=()
 for a in "$@"; do
   case "$a" in build|tests|sanitize|bench) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(build tests sanitize bench)
+[ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || { echo "wheel install failed"; exit 1; }
 fi
-export BAGF_CACHE_DIR=${BAGF_CACHE_DIR:-/tmp/bagf_cache} BAGF_BUILD_DIR=${BAGF_BUILD_DIR:-/tmp/bagf_build}
+export BAGF_CACHE_DIR=${BAGF_CACHE_DIR:-/tmp/bagf_cache} BAGF_BUILD_DIR=${BAGF_BUILD_DIR:-$PWD/.bagf_build}
 rc=0
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
@@ -38,12 +38,12 @@ if has tests; then
   python3 -m pytest -m cuda -q -x --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has sanitize; then
-  python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-fi
 if has bench; then
   python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has sanitize; then
+  python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 exit $rc
