@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import os
 import platform
@@ -89,7 +90,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved re-timing rounds for the final table")
     ap.add_argument("--out", default="benchmarks/results", help="directory for JSON and Markdown")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--watchdog", type=float, default=120.0,
+                    help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
+    if args.watchdog > 0:
+        faulthandler.dump_traceback_later(args.watchdog, repeat=True)
     if not torch.cuda.is_available():
         print("bench_layers: no CUDA GPU here; nothing to measure (the model would run through ATen).")
         return 2
@@ -150,7 +155,8 @@ def main(argv=None) -> int:
             p = problem(layer, n)
             tuner = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy, seed=args.seed)
             t0 = time.perf_counter()
-            result = tuner.tune(p)
+            result = tuner.tune(p, progress=lambda msg: print(f"  [{time.perf_counter() - t0:6.1f} s] {msg}",
+                                                               flush=True))
             wall = time.perf_counter() - t0
             ws = Workspace(p, device)  # fresh data for the final comparison
             handles = [ATEN, default_handle] + ([result.handle] if result.handle != ATEN else [])

@@ -11,16 +11,33 @@ interleaved with cuDNN; and returns the winner, which is "aten" when nothing bea
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Sequence
+
+import torch
 
 from ..kernels.space import Config, config_key
 from ..problem import ConvProblem
 from . import strategies
 from .common import Budget, Outcome
 from .measure import ATEN
+
+
+@contextlib.contextmanager
+def _single_threaded_torch():
+    """Run the search with one intra-op thread. Ax/BoTorch fit GPs on a few dozen points; with torch's thread
+    pool the fit spends its time waking threads: 15-40 s per Ax generation on 2 cores against 0.6-1.5 s
+    single-threaded (measured on the CI machine, implicit_gemm space, 20 evaluations), and tuning stalled for
+    minutes on the 16-core H200 host. Process-wide while a problem is tuned; restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 @dataclass
@@ -139,7 +156,8 @@ class Tuner:
         remaining = Budget(max(1, self.budget.evaluations - 1),
                            max(1e-3, self.budget.seconds - (time.perf_counter() - t_start)))
         t, before = time.perf_counter(), sum(phases.values())
-        strategies.run(self.strategy, self.space, evaluate, remaining, self.seed, **self.strategy_options)
+        with _single_threaded_torch():
+            strategies.run(self.strategy, self.space, evaluate, remaining, self.seed, **self.strategy_options)
         # the search's own overhead: its wall time minus the compile/check/measure it asked for
         phases["strategy"] = (time.perf_counter() - t) - (sum(phases.values()) - before)
 
