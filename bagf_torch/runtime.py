@@ -34,7 +34,7 @@ class Runtime:
     """Plans for this process. Thread-safe; one tuning at a time per problem."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # device() creates the cache under it
         self._tune_lock = threading.Lock()
         self._memo: dict[tuple[ConvProblem, int], int] = {}
         self._devices: dict[int, _Device] = {}
