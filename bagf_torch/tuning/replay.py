@@ -1,0 +1,223 @@
+"""Evaluators that answer from recorded outcomes instead of a GPU, for tests and strategy benchmarks.
+
+``ReplayEvaluator`` replays a recording (every configuration's median time and spread, or its typed
+failure): deterministic by default, or with seeded Gaussian noise of the recorded spread, so a strategy can
+be run many times over the same space on a CPU (Kernel Tuner's simulation mode does the same with its cache
+files).
+
+``synthetic_times`` makes such a recording without a GPU. It is SYNTHETIC: a roofline-style model of the
+implicit_gemm kernel on an H200-like device plus seeded noise. Its numbers are plausible in shape (waves,
+tile waste, occupancy cliffs, a rugged surface, a few resource failures) but they are not measurements and
+must never be reported as kernel performance; they exist so that strategies can be tested and compared
+before GPU recordings exist.
+
+>>> from bagf_torch.kernels import implicit_gemm
+>>> space = implicit_gemm.space()
+>>> records = synthetic_times(space, ALEXNET_CONV2, seed=0)
+>>> ev = ReplayEvaluator(records)
+>>> [o.status for o in ev([implicit_gemm.DEFAULT])]
+['ok']
+>>> ev.calls
+1
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..kernels import implicit_gemm
+from ..kernels.space import Config, Space, config_key
+from .common import Outcome
+
+Record = dict
+"""One recorded configuration: {"config": {...}, "status": str, "time_us": float | None, "spread_us": float}."""
+
+ALEXNET_CONV2: dict[str, int] = {"N": 128, "C": 64, "H": 27, "W": 27, "K": 192, "R": 5, "S": 5, "stride": 1, "pad": 2}
+"""AlexNet's second convolution at batch 128, a convenient default problem for synthetic landscapes."""
+
+
+class ReplayEvaluator:
+    """An ``Evaluate`` that answers from a recording; counts the configurations it was asked about.
+
+    ``recording`` is either a mapping ``config_key(config) -> Outcome`` (spread taken as
+    ``default_spread`` times the time) or a list of record dicts
+    ``{"config": {...}, "status": ..., "time_us": ..., "spread_us": ...}`` (``time_us`` the median).
+    With ``deterministic=True`` an "ok" configuration always returns its median; otherwise the median
+    plus Gaussian noise with the recorded spread as standard deviation (seeded, clipped to stay positive).
+    A configuration missing from the recording is a ``KeyError`` naming it: a replay cannot invent times.
+
+    >>> ev = ReplayEvaluator([{"config": {"a": 1}, "status": "ok", "time_us": 10.0, "spread_us": 1.0}])
+    >>> ev([{"a": 1}])[0].time_us
+    10.0
+    >>> noisy = ReplayEvaluator(ev.records, deterministic=False, seed=1)
+    >>> noisy([{"a": 1}])[0].time_us != 10.0
+    True
+    """
+
+    def __init__(self, recording: Mapping[tuple, Outcome] | Iterable[Record], *, deterministic: bool = True,
+                 seed: int = 0, default_spread: float = 0.01):
+        self._outcomes: dict[tuple, Outcome] = {}
+        self._spread: dict[tuple, float] = {}
+        if isinstance(recording, Mapping):
+            for key, outcome in recording.items():
+                key = config_key(key) if isinstance(key, Mapping) else tuple(key)
+                self._outcomes[key] = outcome
+                self._spread[key] = default_spread * outcome.time_us if outcome.ok else 0.0
+        else:
+            for r in recording:
+                key = config_key(r["config"])
+                status = r["status"]
+                time_us = r.get("time_us") if status == "ok" else None
+                self._outcomes[key] = Outcome(status, time_us, r.get("detail", ""))
+                spread = r.get("spread_us")
+                self._spread[key] = float(spread) if spread is not None else (
+                    default_spread * time_us if time_us is not None else 0.0)
+        self.deterministic = deterministic
+        self._rng = np.random.default_rng(seed)
+        self.calls = 0
+        """How many configurations were evaluated (batch members count one each)."""
+        self.batches = 0
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    @property
+    def records(self) -> list[Record]:
+        """The recording as record dicts (JSON-ready)."""
+        return [{"config": dict(k), "status": o.status, "time_us": o.time_us, "spread_us": self._spread[k],
+                 "detail": o.detail} for k, o in self._outcomes.items()]
+
+    def median(self, config: Mapping[str, int]) -> Outcome:
+        """The recorded outcome (median time) of ``config``, without noise and without counting a call."""
+        key = config_key(config)
+        if key not in self._outcomes:
+            raise KeyError(f"configuration {dict(config)} is not in the recording ({len(self)} configurations); "
+                           "record it on the GPU or replay a space that matches the recording")
+        return self._outcomes[key]
+
+    def best(self) -> tuple[Config, Outcome]:
+        """The fastest recorded configuration and its outcome (the true optimum of the recording)."""
+        key, outcome = min(((k, o) for k, o in self._outcomes.items() if o.ok), key=lambda t: t[1].time_us)
+        return dict(key), outcome
+
+    def __call__(self, configs: Sequence[Config]) -> list[Outcome]:
+        self.batches += 1
+        out = []
+        for c in configs:
+            outcome = self.median(c)
+            self.calls += 1
+            if outcome.ok and not self.deterministic:
+                spread = self._spread[config_key(c)]
+                t = outcome.time_us + spread * self._rng.standard_normal()
+                outcome = Outcome("ok", max(t, 0.05 * outcome.time_us), outcome.detail)
+            out.append(outcome)
+        return out
+
+
+# ---- synthetic landscape --------------------------------------------------------------------------------
+
+# An H200-like device: the numbers a roofline of an fp32 CUDA-core kernel needs.
+_SMS = 132
+_FMA_PER_CLK_PER_SM = 128  # fp32 FMA lanes per SM
+_CLOCK_GHZ = 1.98
+_SMEM_PER_SM = 233472  # 228 KiB
+_MAX_THREADS_PER_SM = 2048
+_MAX_BLOCKS_PER_SM = 32
+_DRAM_GBPS = 4800.0
+_L2_GBPS = 12000.0
+_LAUNCH_US = 3.0
+_ISSUE_EFFICIENCY = 0.8  # a well-tuned fp32 SGEMM on CUDA cores reaches ~75-80% of peak FMA rate
+
+
+def _gemm_dims(dims: Mapping[str, int]) -> tuple[int, int, int]:
+    """(M, N, K) of the implicit GEMM for conv dims {N, C, H, W, K, R, S[, stride, pad]}."""
+    u, pad = dims.get("stride", 1), dims.get("pad", 0)
+    p = (dims["H"] + 2 * pad - dims["R"]) // u + 1
+    q = (dims["W"] + 2 * pad - dims["S"]) // u + 1
+    return dims["K"], dims["N"] * p * q, dims["C"] * dims["R"] * dims["S"]
+
+
+def _implicit_gemm_model(c: Mapping[str, int], m: int, n: int, k: int) -> tuple[float | None, str]:
+    """Modelled time in us of one implicit_gemm configuration, or (None, reason) for a resource failure."""
+    t = implicit_gemm.threads(c)
+    regs = implicit_gemm.estimated_registers(c)
+    # The estimate misses the compiler's own temporaries; a block that is already at the register file's
+    # limit by the estimate fails to launch for real, like a cudaErrorLaunchOutOfResources would.
+    real_regs = int(regs * 1.1) + 4
+    if real_regs > 255 or real_regs * t > implicit_gemm.REGISTERS_PER_SM:
+        return None, f"about {real_regs} registers x {t} threads exceeds the register file"
+    smem = implicit_gemm.smem_bytes(c)
+    per_sm = min(_MAX_THREADS_PER_SM // t, _SMEM_PER_SM // smem, 65536 // (real_regs * t), _MAX_BLOCKS_PER_SM)
+    blocks_m, blocks_n = -(-m // c["BM"]), -(-n // c["BN"])
+    blocks = blocks_m * blocks_n
+    waves = -(-blocks // (_SMS * per_sm))
+    k_steps = -(-k // c["BK"])
+
+    # Compute per block: the padded tile, at a rate limited by shared-memory reads per FMA (a thread reads
+    # TM + TN words per TM*TN FMAs; the SM reads 32 words/clk and issues 128 FMA/clk).
+    fma_per_load = c["TM"] * c["TN"] / (c["TM"] + c["TN"])
+    smem_eff = min(1.0, fma_per_load / 4.0)
+    warps = per_sm * t / 32
+    # Latency hiding: few warps and little ILP leave the pipes idle; double buffering overlaps loads.
+    ilp = min(c["TM"] * c["TN"], 16)
+    hide = min(1.0, (warps * ilp * (1.6 if c["DB"] else 1.0)) / 96.0) ** 0.6
+    sync_overhead = 1.0 + (2.0 if c["DB"] else 3.5) / c["BK"]
+    clk_per_block = (c["BM"] * c["BN"] * k_steps * c["BK"]) / (_FMA_PER_CLK_PER_SM * smem_eff * hide)
+    clk_per_block *= sync_overhead / _ISSUE_EFFICIENCY
+    # Blocks resident on one SM share it: a wave takes as long as per_sm blocks in sequence on one SM
+    # divided by the concurrency the SM actually achieves (already in `hide`).
+    compute_us = waves * per_sm * clk_per_block / (_CLOCK_GHZ * 1e3)
+    # Tail effect: the last wave is partly empty but costs (almost) a full wave.
+    # Memory: every block streams its BM rows of weights and BN columns of im2col input through L2;
+    # unique data comes from DRAM once. Scalar weight loads waste transactions.
+    vec_eff = 1.0 if (c["VEC"] == 4 and k % 4 == 0) else 0.7
+    l2_bytes = blocks * (c["BM"] / vec_eff + c["BN"] * 1.3) * k * 4
+    dram_bytes = (m * k + n * k / 3 + m * n) * 4
+    mem_us = max(l2_bytes / (_L2_GBPS * 1e3), dram_bytes / (_DRAM_GBPS * 1e3))
+    overlap = 0.85 if c["DB"] else 0.5
+    time_us = max(compute_us, mem_us) + (1 - overlap) * min(compute_us, mem_us) + _LAUNCH_US
+    return time_us, ""
+
+
+def synthetic_times(space: Space, problem_dims: Mapping[str, int], seed: int, *, noise: float = 0.05,
+                    spread: float = 0.01) -> list[Record]:
+    """A SYNTHETIC recording for every valid configuration of ``space`` (not a measurement).
+
+    Times come from a roofline-style model of the implicit_gemm kernel on an H200-like GPU (132 SMs,
+    waves of blocks, tile waste at the edges, occupancy from threads / shared memory / registers,
+    shared-memory-bound inner product, latency hiding from warps, ILP and double buffering), multiplied by
+    seeded log-normal noise (``noise`` = sigma) that makes the surface rugged. Configurations whose modelled
+    registers overflow the register file fail with status "resources". ``spread`` is the relative
+    run-to-run spread recorded for each time (used by ``ReplayEvaluator(deterministic=False)``).
+
+    ``problem_dims`` holds the convolution: N, C, H, W, K, R, S and optionally stride and pad.
+    Only the implicit_gemm family is modelled; other spaces raise ``ValueError``.
+
+    >>> from bagf_torch.kernels import implicit_gemm
+    >>> rec = synthetic_times(implicit_gemm.space(), ALEXNET_CONV2, seed=0)
+    >>> len(rec) == len(implicit_gemm.space().valid_configs())
+    True
+    """
+    if space.family != implicit_gemm.FAMILY:
+        raise ValueError(f"synthetic_times models only the {implicit_gemm.FAMILY!r} family, not {space.family!r}; "
+                         "record the space on a GPU instead")
+    missing = {"N", "C", "H", "W", "K", "R", "S"} - set(problem_dims)
+    if missing:
+        raise ValueError(f"problem_dims lacks {sorted(missing)}; give N, C, H, W, K, R, S (and stride, pad)")
+    m, n, k = _gemm_dims(problem_dims)
+    rng = np.random.default_rng(seed)
+    records = []
+    for c in space.valid_configs():
+        time_us, reason = _implicit_gemm_model(c, m, n, k)
+        factor = math.exp(noise * rng.standard_normal())  # drawn for every config: stable across edits
+        if time_us is None:
+            records.append({"config": c, "status": "resources", "time_us": None, "spread_us": 0.0,
+                            "detail": f"synthetic: {reason}"})
+            continue
+        time_us *= factor
+        records.append({"config": c, "status": "ok", "time_us": time_us, "spread_us": spread * time_us,
+                        "detail": "synthetic"})
+    return records

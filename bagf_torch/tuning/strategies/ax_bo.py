@@ -1,0 +1,285 @@
+"""Bayesian optimisation with Ax 1.3 (the default strategy). MEASUREMENTS: see the end of this docstring.
+
+Encoding. Every knob becomes an ordered integer ChoiceParameter: power-of-two knobs as their exponents
+(BM 16..128 -> 4..7, VEC 1|4 -> 0|2, so the GP sees the spacing that matters), other integer knobs as
+their values; single-valued knobs stay out of Ax. No Ax parameter constraints: the search space is all
+choice parameters, so Ax (BoTorch ``optimize_acqf_discrete``) scores every raw combination (implicit_gemm:
+5120) in one pass, which is cheap, and our own ``Space`` rules decide validity.
+
+Loop. ``initial_trials`` valid configurations drawn uniformly (seeded) are attached to the experiment
+first: we know the valid set, so unlike Ax's Sobol points (30% of implicit_gemm's raw space is invalid)
+none of them is wasted. Then each generation asks Ax for ``batch_size`` trials (qLogNEI with pending
+points), hands them to ``objective`` as one batch (compiled in parallel by the real evaluator) and reports
+back: an "ok" time completes the trial; an invalid proposal or a typed failure (compile, resources,
+launch, wrong, timeout) is reported according to ``invalid`` (below) and is never proposed again (Ax
+deduplicates against every arm it has seen). A proposal that repeats an evaluated configuration is
+answered from ``Objective``'s memo (no budget spent) and reported again. If three generations in a row
+spend no evaluation (only invalid proposals or repeats), the next batch is unseen valid configurations
+drawn at random, so the loop always terminates; it also ends when no unseen valid configuration is left.
+
+Invalid proposals and failures (option ``invalid``):
+
+- "penalty": complete the trial with ``time_us`` = 2 x the slowest time seen so far (Ax's automatic
+  winsorisation clips it to the top of the data anyway, so the GP learns "bad here" without its scale
+  exploding). Deferred until a first time exists.
+- "abandon": ``mark_trial_abandoned``; Ax keeps the arm as pending (never re-proposed) but learns nothing.
+- "constraint": an outcome constraint ``excess <= 0.5`` where ``excess`` is the number of validity rules
+  the configuration breaks (0 for valid ones, >= 1 for failures); Ax models feasibility with a second GP.
+
+Acquisition cost (option ``mc_samples``). For a fully discrete space of at most 10 000 raw combinations
+Ax enumerates all of them, so ``num_restarts``/``raw_samples`` do not apply (Ax drops them); the cost per
+generation is one GP fit plus ``batch_size`` sequential qLogNEI passes over 5120 points, each with 512
+quasi-MC samples by default. ``mc_samples=64`` (a seeded Sobol QMC sampler) cuts that pass about 8x.
+
+MEASUREMENTS (this CPU, synthetic implicit_gemm landscape, AlexNet conv2; reproduce with
+``python benchmarks/compare_invalid_handling.py``; table in docs/strategies.md):
+RESULTS_PLACEHOLDER
+
+>>> from bagf_torch.kernels.space import Space
+>>> from bagf_torch.tuning.common import Budget, Objective, Outcome
+>>> space = Space("demo", {"a": (1, 2, 4, 8), "b": (1, 2, 4)})
+>>> obj = Objective(space, lambda cs: [Outcome("ok", float(abs(c["a"] - 4) + c["b"])) for c in cs], Budget(8))
+>>> tune(obj, seed=0, batch_size=2, initial_trials=4)  # doctest: +SKIP
+>>> obj.best()[0]  # doctest: +SKIP
+{'a': 4, 'b': 1}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+
+from ...kernels.space import Config, Space
+from ..common import Objective, Outcome
+
+OPTIONS: dict[str, Any] = {
+    "batch_size": 4,
+    "initial_trials": 8,
+    "initial": "random",
+    "invalid": "penalty",
+    "mc_samples": 64,
+    "log_time": True,
+    "stats": None,
+}
+"""batch_size: trials per Ax generation, evaluated as one batch.
+initial_trials: configurations evaluated before the first model fit.
+initial: "random" (uniform over valid configurations, ours) or "sobol" (Ax's Sobol, may propose invalid).
+invalid: "penalty", "abandon" or "constraint": how invalid proposals and failures are reported to Ax.
+mc_samples: quasi-MC samples of the acquisition function (None: Ax's default, 512).
+stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
+drawn at random after stalls) and gen_seconds (wall time of each Ax generation)."""
+
+INVALID_MODES = ("penalty", "abandon", "constraint")
+INITIAL_MODES = ("random", "sobol")
+METRIC = "time_us"
+EXCESS = "excess"
+PENALTY_FACTOR = 2.0
+MAX_STALLS = 3
+
+
+def _is_power_of_two(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0
+
+
+class _Codec:
+    """Config <-> Ax parameterization: power-of-two knobs as exponents, other knobs as values."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.fixed: dict[str, int] = {}
+        self.log2: set[str] = set()
+        self.ax_values: dict[str, list[int]] = {}
+        for name, values in space.params.items():
+            if len(values) == 1:
+                self.fixed[name] = int(values[0])
+            elif all(_is_power_of_two(int(v)) for v in values):
+                self.log2.add(name)
+                self.ax_values[name] = [int(v).bit_length() - 1 for v in values]
+            else:
+                self.ax_values[name] = [int(v) for v in values]
+
+    def parameters(self) -> list:
+        from ax import ChoiceParameterConfig
+
+        return [ChoiceParameterConfig(name=n, values=v, parameter_type="int", is_ordered=True)
+                for n, v in self.ax_values.items()]
+
+    def encode(self, config: Mapping[str, int]) -> dict[str, int]:
+        return {n: (int(config[n]).bit_length() - 1 if n in self.log2 else int(config[n])) for n in self.ax_values}
+
+    def decode(self, params: Mapping[str, Any]) -> Config:
+        c = dict(self.fixed)
+        for n in self.ax_values:
+            v = int(round(float(params[n])))
+            c[n] = 1 << v if n in self.log2 else v
+        return {n: c[n] for n in self.space.names}
+
+
+@contextlib.contextmanager
+def _quiet_ax():
+    """Silence Ax's console for one tuning run (importing Ax inside it too); the old level is restored.
+
+    Ax logs to its own handler (its "ax" logger does not propagate to the root logger), INFO per trial
+    and WARNING for states this loop expects and handles: "trial completed without time_us" in constraint
+    mode, "fewer trials generated than asked" before a fallback batch. Only ERROR gets through.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ax's and BoTorch's deprecation and numerical warnings
+        from ax.utils.common.logger import ROOT_STREAM_HANDLER, set_stderr_log_level
+
+        old = ROOT_STREAM_HANDLER.level
+        set_stderr_log_level(logging.ERROR)
+        try:
+            yield
+        finally:
+            set_stderr_log_level(old)
+
+
+def _generation_strategy(seed: int, initial_trials: int, own_initial: bool, mc_samples: int | None):
+    """Ax's "fast" Sobol+MBM strategy (MBM alone when we attach the initial trials ourselves), with a
+    seeded, smaller QMC sampler for the acquisition function."""
+    from ax.api.utils.generation_strategy_dispatch import choose_generation_strategy
+    from ax.api.utils.structs import GenerationStrategyDispatchStruct
+
+    gs = choose_generation_strategy(GenerationStrategyDispatchStruct(
+        method="fast",
+        initialization_budget=0 if own_initial else initial_trials,
+        initialization_random_seed=seed,
+        initialize_with_center=False,
+    ))
+    if mc_samples is not None:
+        import torch
+        from botorch.sampling import SobolQMCNormalSampler
+
+        for node in gs._nodes:
+            for spec in node.generator_specs:
+                if spec.generator_enum.name == "BOTORCH_MODULAR":
+                    spec.generator_kwargs["botorch_acqf_options"] = {
+                        "sampler": SobolQMCNormalSampler(torch.Size([mc_samples]), seed=seed)}
+    return gs
+
+
+def _excess(space: Space, config: Mapping[str, int]) -> float:
+    """How many validity rules ``config`` breaks; at least 1 for any configuration that failed."""
+    if any(v not in space.params[n] for n, v in config.items()):
+        return float(len(space.rules) + 1)
+    return float(max(1, sum(rule(config) is not None for rule in space.rules)))
+
+
+def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_size"],
+         initial_trials: int = OPTIONS["initial_trials"], initial: str = OPTIONS["initial"],
+         invalid: str = OPTIONS["invalid"], mc_samples: int | None = OPTIONS["mc_samples"],
+         log_time: bool = OPTIONS["log_time"], stats: dict | None = None) -> None:
+    if batch_size < 1 or initial_trials < 1:
+        raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
+    if invalid not in INVALID_MODES:
+        raise ValueError(f"ax invalid={invalid!r}; expected one of {INVALID_MODES}")
+    if initial not in INITIAL_MODES:
+        raise ValueError(f"ax initial={initial!r}; expected one of {INITIAL_MODES}")
+    if mc_samples is not None and mc_samples < 1:
+        raise ValueError(f"ax mc_samples={mc_samples}; it must be >= 1 or None (Ax's default)")
+
+    space = objective.space
+    codec = _Codec(space)
+    if not codec.ax_values:  # a one-point space: nothing for Ax to choose
+        objective(space.valid_configs()[:1])
+        return
+    valid = space.valid_configs()
+    rng = np.random.default_rng(seed)
+    stats = stats if stats is not None else {}
+    for key in ("generations", "invalid_proposals", "repeats", "fallback"):
+        stats.setdefault(key, 0)
+    stats.setdefault("gen_seconds", [])
+    own_initial = initial == "random"
+
+    def unseen_valid(n: int) -> list[Config]:
+        out = []
+        for i in rng.permutation(len(valid)):
+            if objective.seen(valid[i]) is None:
+                out.append(valid[i])
+                if len(out) == n:
+                    break
+        return out
+
+    with _quiet_ax():
+        from ax import Client
+        from ax.exceptions.core import OptimizationComplete
+
+        client = Client(random_seed=seed)
+        client.configure_experiment(parameters=codec.parameters(), name=f"bagf_{space.family}")
+        client.configure_optimization(objective=f"-{METRIC}",
+                                      outcome_constraints=[f"{EXCESS} <= 0.5"] if invalid == "constraint" else None)
+        client.set_generation_strategy(_generation_strategy(seed, initial_trials, own_initial, mc_samples))
+
+        worst_ok = -math.inf
+        deferred: list[int] = []  # penalty trials waiting for a first time to scale the penalty
+
+        def complete(index: int, time_us: float) -> None:
+            data = {METRIC: math.log(time_us) if log_time else time_us}
+            if invalid == "constraint":
+                data[EXCESS] = 0.0
+            client.complete_trial(index, raw_data=data)
+
+        def report(index: int, config: Config, outcome: Outcome) -> None:
+            nonlocal worst_ok
+            if outcome.ok:
+                worst_ok = max(worst_ok, outcome.time_us)
+                complete(index, outcome.time_us)
+            elif outcome.status == "timeout" or invalid == "penalty":
+                # A timeout is a valid configuration that is slow: a penalty time says exactly that.
+                deferred.append(index)
+            elif invalid == "abandon":
+                client.mark_trial_abandoned(index)
+            else:
+                client.complete_trial(index, raw_data={EXCESS: _excess(space, config)})
+
+        attached = 0
+        stalls = 0
+        while objective.remaining > 0:
+            n = min(batch_size, objective.remaining)
+            from_ax = False
+            if own_initial and attached < initial_trials:
+                configs = unseen_valid(min(n, initial_trials - attached))
+                attached += len(configs)
+            elif stalls >= MAX_STALLS:
+                configs = unseen_valid(n)
+                stats["fallback"] += len(configs)
+                stalls = 0
+            else:
+                start = time.perf_counter()
+                try:
+                    trials = client.get_next_trials(max_trials=n)
+                except OptimizationComplete:  # Ax has proposed every raw combination
+                    trials = {}
+                stats["gen_seconds"].append(time.perf_counter() - start)
+                stats["generations"] += 1
+                if not trials:
+                    stalls = MAX_STALLS
+                    continue
+                indices = list(trials)
+                configs = [codec.decode(trials[i]) for i in indices]
+                from_ax = True
+                stats["invalid_proposals"] += sum(not space.is_valid(c) for c in configs)
+                stats["repeats"] += sum(objective.seen(c) is not None for c in configs)
+            if not configs:
+                break  # every valid configuration has been evaluated
+            if not from_ax:
+                indices = [client.attach_trial(codec.encode(c)) for c in configs]
+            spent = objective.spent
+            outcomes = objective(configs)
+            stalls = stalls + 1 if objective.spent == spent else 0
+            for index, c, o in zip(indices, configs, outcomes):
+                if o is None:  # budget ran out inside the batch
+                    client.mark_trial_abandoned(index)
+                else:
+                    report(index, c, o)
+            if deferred and worst_ok > -math.inf:
+                for index in deferred:
+                    complete(index, PENALTY_FACTOR * worst_ok)
+                deferred.clear()

@@ -1,0 +1,239 @@
+"""Search strategies on a CPU: every strategy against replayed or synthetic timings (no GPU involved)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bagf_torch.kernels import implicit_gemm
+from bagf_torch.kernels.space import Space, config_key
+from bagf_torch.tuning.common import Budget, Objective, Outcome
+from bagf_torch.tuning.replay import ALEXNET_CONV2, ReplayEvaluator, synthetic_times
+from bagf_torch.tuning.strategies import STRATEGIES, check_options, run
+
+# Small options keep Ax's share of this file to a few seconds per run.
+FAST = {"ax": {"batch_size": 4, "initial_trials": 4}, "random": {}, "exhaustive": {}}
+
+
+def small_space() -> Space:
+    """24 raw configurations, 13 valid: enough invalid ones that Ax proposes some."""
+    def product_limit(c):
+        return "a*b too large" if c["a"] * c["b"] > 16 else None
+
+    def parity(c):
+        return "c=1 needs a >= 2" if c["c"] == 1 and c["a"] < 2 else None
+
+    return Space("small", {"a": (1, 2, 4, 8), "b": (1, 2, 4), "c": (0, 1)}, (product_limit, parity))
+
+
+def small_time(c) -> float:
+    # A unique optimum at a=4, b=2, c=1 inside the valid region, with a second basin at a=1.
+    return 10.0 + abs(c["a"] - 4) * 3 + abs(c["b"] - 2) * 2 + (0 if c["c"] else 1.5) - (4.0 if c["a"] == 1 else 0)
+
+
+class StrictEvaluator:
+    """Fails the test if a strategy sends an invalid configuration, or the same one twice."""
+
+    def __init__(self, space: Space, time_of, fail=lambda c: None):
+        self.space, self.time_of, self.fail = space, time_of, fail
+        self.seen: set = set()
+        self.calls = 0
+        self.batches: list[int] = []
+
+    def __call__(self, configs):
+        self.batches.append(len(configs))
+        out = []
+        for c in configs:
+            assert self.space.is_valid(c), f"strategy sent an invalid configuration {c}"
+            key = config_key(c)
+            assert key not in self.seen, f"strategy sent {c} twice"
+            self.seen.add(key)
+            self.calls += 1
+            status = self.fail(c)
+            out.append(Outcome(status, detail="injected") if status else Outcome("ok", self.time_of(c)))
+        return out
+
+
+def true_optimum(space, time_of):
+    return min(space.valid_configs(), key=time_of)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_finds_true_optimum_when_budget_covers_space(name):
+    space = small_space()
+    n_valid = len(space.valid_configs())
+    ev = StrictEvaluator(space, small_time)
+    trials = run(name, space, ev, Budget(n_valid), seed=3, **FAST[name])
+    best = min((t for t in trials if t[1].ok), key=lambda t: t[1].time_us)
+    assert best[0] == true_optimum(space, small_time)
+    assert ev.calls == n_valid
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_terminates_when_budget_exceeds_space(name):
+    # Ax keeps proposing invalid or seen configurations once the valid ones run out: the loop must end.
+    space = small_space()
+    ev = StrictEvaluator(space, small_time)
+    trials = run(name, space, ev, Budget(1000), seed=0, **FAST[name])
+    assert ev.calls == len(space.valid_configs())
+    assert sum(o.status != "invalid" for _, o in trials) == ev.calls
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_never_sends_invalid_and_respects_evaluation_budget(name):
+    space = implicit_gemm.space()
+    replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
+    ev = StrictEvaluator(space, lambda c: replay.median(c).time_us or 1e9,
+                         fail=lambda c: None if replay.median(c).ok else "resources")
+    trials = run(name, space, ev, Budget(14), seed=1, **FAST[name])
+    assert ev.calls == 14
+    assert all(n >= 1 for n in ev.batches)
+    assert len([t for t in trials if t[1].status != "invalid"]) == 14
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_reproducible_for_a_seed(name):
+    space = small_space()
+    sequences = []
+    for _ in range(2):
+        trials = run(name, space, StrictEvaluator(space, small_time), Budget(10), seed=7, **FAST[name])
+        sequences.append([(config_key(c), o) for c, o in trials])
+    assert sequences[0] == sequences[1]
+
+
+def test_random_search_seeds_differ():
+    space = small_space()
+    a = run("random", space, StrictEvaluator(space, small_time), Budget(6), seed=1)
+    b = run("random", space, StrictEvaluator(space, small_time), Budget(6), seed=2)
+    assert [c for c, _ in a] != [c for c, _ in b]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_respects_seconds_budget(name):
+    space = small_space()
+    clock = FakeClock()
+    inner = StrictEvaluator(space, small_time)
+
+    def slow(configs):  # every evaluation takes 1 fake second
+        clock.now += len(configs)
+        return inner(configs)
+
+    run(name, space, slow, Budget(100, seconds=5.0), seed=0, clock=clock, batch_size=2, **{
+        k: v for k, v in FAST[name].items() if k != "batch_size"})
+    # The batch that crosses 5 s finishes; nothing starts after it.
+    assert 5 <= inner.calls <= 6
+
+
+def test_exhaustive_orders():
+    space = small_space()
+    valid = space.valid_configs()
+    fwd = run("exhaustive", space, StrictEvaluator(space, small_time), Budget(len(valid)), seed=0)
+    rev = run("exhaustive", space, StrictEvaluator(space, small_time), Budget(len(valid)), seed=0, order="reverse")
+    rnd = run("exhaustive", space, StrictEvaluator(space, small_time), Budget(len(valid)), seed=0, order="random")
+    assert [c for c, _ in fwd] == valid
+    assert [c for c, _ in rev] == valid[::-1]
+    assert sorted(config_key(c) for c, _ in rnd) == sorted(config_key(c) for c in valid)
+    with pytest.raises(ValueError, match="order='sideways'"):
+        run("exhaustive", space, StrictEvaluator(space, small_time), Budget(3), seed=0, order="sideways")
+
+
+def test_unknown_strategy_rejected_by_name():
+    with pytest.raises(ValueError, match=r"unknown search strategy 'anneal'.*'ax', 'exhaustive', 'random'"):
+        run("anneal", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_unknown_option_rejected_by_name(name):
+    ev = StrictEvaluator(small_space(), small_time)
+    with pytest.raises(ValueError, match=rf"unknown option\(s\) \['populaton_size'\] for search strategy '{name}'"):
+        run(name, small_space(), ev, Budget(3), seed=0, populaton_size=10)
+    assert ev.calls == 0
+
+
+def test_check_options_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="batch_size=4"):
+        check_options("ax", {"bogus": 1})
+
+
+@pytest.mark.parametrize("invalid", ["penalty", "abandon", "constraint"])
+def test_ax_failures_are_reported_and_not_reproposed(invalid):
+    # A third of the valid configurations fail with typed errors; the strict evaluator asserts no repeats.
+    space = small_space()
+    statuses = itertools.cycle([None, "compile", None, "resources", None, "timeout"])
+    failing = {config_key(c): next(statuses) for c in space.valid_configs()}
+    ev = StrictEvaluator(space, small_time, fail=lambda c: failing[config_key(c)])
+    stats = {}
+    trials = run("ax", space, ev, Budget(10), seed=0, invalid=invalid, stats=stats, **FAST["ax"])
+    assert ev.calls == 10
+    assert {o.status for _, o in trials} - {"ok", "invalid"}, "some failures should have been hit"
+    assert stats["generations"] >= 1
+
+
+def test_ax_option_values_checked():
+    with pytest.raises(ValueError, match="invalid='ignore'"):
+        run("ax", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0, invalid="ignore")
+
+
+# ---- replay ---------------------------------------------------------------------------------------------
+
+RECORDS = [
+    {"config": {"a": 1}, "status": "ok", "time_us": 10.0, "spread_us": 1.0},
+    {"config": {"a": 2}, "status": "ok", "time_us": 20.0, "spread_us": 0.0},
+    {"config": {"a": 4}, "status": "compile", "time_us": None, "spread_us": None},
+]
+
+
+def test_replay_deterministic_returns_median_and_counts():
+    ev = ReplayEvaluator(RECORDS)
+    out = ev([{"a": 1}, {"a": 2}, {"a": 4}])
+    assert [o.status for o in out] == ["ok", "ok", "compile"]
+    assert [o.time_us for o in out[:2]] == [10.0, 20.0]
+    assert ev([{"a": 1}])[0].time_us == 10.0
+    assert ev.calls == 4 and ev.batches == 2
+    assert ev.best() == ({"a": 1}, Outcome("ok", 10.0))
+
+
+def test_replay_noisy_uses_spread_and_seed():
+    draws = [ReplayEvaluator(RECORDS, deterministic=False, seed=s)([{"a": 1}] * 200) for s in (5, 5, 6)]
+    times = [[o.time_us for o in d] for d in draws]
+    assert times[0] == times[1]  # same seed, same noise
+    assert times[0] != times[2]
+    mean = sum(times[0]) / len(times[0])
+    sd = (sum((t - mean) ** 2 for t in times[0]) / len(times[0])) ** 0.5
+    assert abs(mean - 10.0) < 0.3 and 0.7 < sd < 1.3
+    # zero spread stays exact, failures stay failures
+    ev = ReplayEvaluator(RECORDS, deterministic=False, seed=0)
+    assert ev([{"a": 2}])[0].time_us == 20.0
+    assert ev([{"a": 4}])[0].status == "compile"
+
+
+def test_replay_from_mapping_and_missing_config():
+    ev = ReplayEvaluator({config_key({"a": 1}): Outcome("ok", 5.0)}, deterministic=False, seed=0)
+    assert abs(ev([{"a": 1}])[0].time_us - 5.0) < 0.5  # default spread 1% of the time
+    with pytest.raises(KeyError, match="not in the recording"):
+        ev([{"a": 3}])
+
+
+def test_synthetic_landscape_is_plausible_and_seeded():
+    space = implicit_gemm.space()
+    a = synthetic_times(space, ALEXNET_CONV2, seed=0)
+    assert a == synthetic_times(space, ALEXNET_CONV2, seed=0)
+    assert a != synthetic_times(space, ALEXNET_CONV2, seed=1)
+    assert len(a) == len(space.valid_configs())
+    ok = [r["time_us"] for r in a if r["status"] == "ok"]
+    failed = [r for r in a if r["status"] != "ok"]
+    assert 0 < len(failed) < 0.1 * len(a) and {r["status"] for r in failed} == {"resources"}
+    assert max(ok) / min(ok) > 10  # rugged: a bad configuration is far slower than the best
+    # AlexNet conv2 at N=128 is 28.7 GFMA: no configuration beats the H200's fp32 peak (33.8 TFMA/s).
+    assert min(ok) > 28.7e9 / 33.8e12 * 1e6
+    with pytest.raises(ValueError, match="lacks"):
+        synthetic_times(space, {"N": 1}, seed=0)
