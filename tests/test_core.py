@@ -200,3 +200,15 @@ def test_cpu_only_torch_build_error_is_clear():
         pytest.skip("this torch has CUDA")
     with pytest.raises(BuildError, match="CPU-only build"):
         load()
+
+
+def test_demo_without_gpu_says_so_and_runs_fallback():
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the demo would tune")
+    res = subprocess.run([sys.executable, "-m", "bagf_torch", "demo", "--batch", "1"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "No CUDA GPU here" in res.stdout and "output (1, 256, 6, 6)" in res.stdout
