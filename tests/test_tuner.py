@@ -157,3 +157,18 @@ def test_winner_handle_kept_losers_unloaded():
     r = tuner.tune(PROBLEM)
     assert r.handle not in comp.unloaded
     assert set(comp.configs) - comp.unloaded == {r.handle}
+
+
+def test_workspace_leaves_global_rng_alone_and_is_fresh():
+    import torch
+
+    from bagf_torch.tuning.measure import Workspace
+
+    p = ConvProblem(n=2, c=3, h=9, w=7, k=5, r=3, s=3, padding=(1, 1))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b = Workspace(p, torch.device("cpu")), Workspace(p, torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not torch.equal(a.x, b.x) and a.x.abs().sum() > 0  # fresh random data, never zeros
+    torch.testing.assert_close(a.ref, torch.nn.functional.conv2d(a.x.double(), a.w.double(), a.b.double(),
+                                                                 1, (1, 1)))

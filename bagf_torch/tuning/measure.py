@@ -8,6 +8,7 @@ by default: in a network the previous layer's output is usually still in L2, as 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -31,7 +32,8 @@ class Workspace:
 
     def __init__(self, problem: ConvProblem, device: torch.device, seed: int | None = None):
         g = torch.Generator(device=device)
-        g.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        # fresh data per workspace without touching the user's global RNG (torch.seed() would reseed it)
+        g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % (2**63))
         p = problem
         self.problem = p
         self.x = torch.randn(p.n, p.c, p.h, p.w, device=device, generator=g)
