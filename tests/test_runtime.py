@@ -1,0 +1,127 @@
+"""The runtime's lookup (memo -> disk cache -> tuning) on a CPU, with the device side faked."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import types
+
+import pytest
+
+from bagf_torch import runtime
+from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.problem import ConvProblem
+from bagf_torch.tuning.common import Budget, Outcome
+from bagf_torch.tuning.measure import ATEN
+from bagf_torch.tuning.tuner import Tuner
+
+P = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+ENV = {"gpu": "Fake GPU", "cc": "9.0", "driver": 1, "runtime": 1, "nvrtc": "13.0", "torch": "x",
+       "bagf_torch": "0.1.0", "kernels": "k", "os": "posix"}
+
+
+class FakeCompiler:
+    """Compiles nothing: every config "loads" as a new handle, counting what was asked."""
+
+    def __init__(self):
+        self.loaded = {}
+        self.unloaded = set()
+        self.limits = {"shared_memory_per_block_optin": ig.SM90_SMEM_LIMIT}
+
+    def compile(self, family, configs):
+        out = []
+        for c in configs:
+            h = 1000 + len(self.loaded)
+            self.loaded[h] = dict(c)
+            out.append(types.SimpleNamespace(handle=h))
+        return out
+
+    def unload(self, handle):
+        self.unloaded.add(handle)
+
+    def digest(self, family, config):
+        return "digest-" + family.name(config)
+
+
+class FakeBench:
+    """cuDNN at 100 us; our kernels get faster with larger BN (so some config beats cuDNN)."""
+
+    def __init__(self, compiler, aten_us=100.0):
+        self.compiler = compiler
+        self.aten_us = aten_us
+
+    def _t(self, h):
+        return self.aten_us if h == ATEN else 400.0 / self.compiler.loaded[h]["BN"] ** 0.5
+
+    def measure(self, ws, handle, cutoff_us=None):
+        return Outcome("ok", time_us=self._t(handle))
+
+    def remeasure(self, ws, handles, rounds=5):
+        return [self._t(h) for h in handles]
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    comp = FakeCompiler()
+    dev = runtime._Device(0, ENV, comp)
+    monkeypatch.setattr(runtime.Runtime, "device", lambda self, index: dev)
+
+    def tuner(self, d, budget=None, strategy=None, seed=None):
+        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp),
+                     lambda p: None, ig, strategy="random", budget=Budget(6), seed=0)
+
+    monkeypatch.setattr(runtime.Runtime, "tuner", tuner)
+    monkeypatch.setattr(runtime.torch.cuda, "device", lambda index: contextlib.nullcontext())
+    return comp
+
+
+def test_first_lookup_tunes_and_stores_then_memo_then_disk(fake_device):
+    rt = runtime.get()
+    h = rt.plan_handle(P, 0)
+    assert h in fake_device.loaded and rt.stats["tuned"] == 1
+    assert rt.plan_handle(P, 0) == h and rt.stats["tuned"] == 1  # memo
+    row = rt.cache().get_plan(rt.key(P, 0))
+    assert row["family"] == "implicit_gemm" and row["config"] == fake_device.loaded[h]
+    assert len(rt.cache().trials(rt.key(P, 0))) >= 6  # every trial kept, cuDNN's included
+    runtime.reset()  # a new process over the same cache
+    rt2 = runtime.get()
+    h2 = rt2.plan_handle(P, 0)
+    assert rt2.stats["tuned"] == 0 and rt2.stats["cache_hits"] == 1
+    assert fake_device.loaded[h2] == row["config"]
+
+
+def test_tune_disabled_serves_aten_without_tuning(fake_device, monkeypatch, caplog):
+    monkeypatch.setenv("BAGF_TUNE", "0")
+    monkeypatch.setenv("BAGF_LOG", "info")  # the untuned-problem line is INFO: serving with BAGF_TUNE=0 is normal
+    rt = runtime.get()
+    with caplog.at_level(logging.INFO, logger="bagf_torch"):
+        assert rt.plan_handle(P, 0) == ATEN
+        assert rt.plan_handle(P, 0) == ATEN
+    assert rt.stats["tuned"] == 0 and not fake_device.loaded
+    assert len([r for r in caplog.records if "BAGF_TUNE=0" in r.getMessage()]) == 1
+    monkeypatch.setenv("BAGF_TUNE", "1")  # turning tuning on later in the process tunes it
+    assert rt.plan_handle(P, 0) != ATEN and rt.stats["tuned"] == 1
+
+
+def test_other_process_winner_is_used(fake_device, monkeypatch):
+    rt = runtime.get()
+    key = rt.key(P, 0)
+    winner = dict(ig.DEFAULT, BN=16)
+    real_put = rt.cache().put_plan
+
+    def racing_put(k, **kw):  # another process stores its winner just before we do
+        real_put(k, **dict(kw, config=winner, time_us=1.0))
+        return real_put(k, **kw)
+
+    monkeypatch.setattr(rt.cache(), "put_plan", racing_put)
+    h = rt.plan_handle(P, 0)
+    assert fake_device.loaded[h] == winner
+    assert rt.cache().get_plan(key)["config"] == winner
+
+
+def test_aten_plan_when_cudnn_wins(fake_device, monkeypatch):
+    monkeypatch.setattr(FakeBench, "_t", lambda self, h: 1.0 if h == ATEN else 50.0)
+    rt = runtime.get()
+    assert rt.plan_handle(P, 0) == ATEN
+    assert rt.cache().get_plan(rt.key(P, 0))["family"] == "aten"
+    assert set(fake_device.loaded) == fake_device.unloaded  # no kernel kept for an ATen plan
