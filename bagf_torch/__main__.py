@@ -1,11 +1,18 @@
-"""``python -m bagf_torch demo``: tune and run AlexNet's conv layers, print a per-layer table.
+"""``python -m bagf_torch``: the command line.
 
-On a machine without a CUDA GPU it says so and runs the same model through the ATen fallback.
+* ``demo [--batch N]``: tune and run AlexNet's conv layers, print a per-layer table. On a machine without
+  a CUDA GPU it says so and runs the same model through the ATen fallback.
+* ``cache list | export FILE | import FILE | clear``: the tuning cache in ``BAGF_CACHE_DIR``. Export and
+  import are how a pre-tuned cache moves to production machines; import keeps only the entries made for
+  this machine's GPU and versions and says why it skipped the others.
+
+Errors are one line saying what to do, with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -66,6 +73,65 @@ def demo(batch: int, budget: int | None) -> int:
     return 0
 
 
+def cache_command(action: str, path: str | None) -> int:
+    from bagf_torch import settings
+    from bagf_torch.cache import Cache
+    from bagf_torch.kernels import FAMILIES
+    from bagf_torch.problem import ConvProblem
+
+    cache = Cache.for_dir(settings.cache_dir())
+    try:
+        if action == "list":
+            plans = cache.plans()
+            print(f"{len(plans)} plans in {cache.path}")
+            print(f"{'key':<16} {'gpu':<20} {'problem':<44} {'plan':<48} {'us':>9} {'cuDNN us':>9} {'evals':>5}")
+            for p in sorted(plans, key=lambda p: p["created"]):
+                fam = FAMILIES.get(p["family"])
+                plan = "aten (cuDNN)" if p["config"] is None or fam is None else fam.name(p["config"])
+                try:
+                    problem = ConvProblem.from_dict(p["problem"]).short()
+                except (TypeError, KeyError, ValueError):
+                    problem = str(p["problem"])[:44]
+                print(f"{p['key'][:16]:<16} {str(p['env'].get('gpu', '?'))[:20]:<20} {problem:<44} {plan:<48} "
+                      f"{p['time_us']:9.1f} {p['aten_us'] or float('nan'):9.1f} {p['evaluations']:5d}")
+        elif action == "export":
+            n = cache.export(path)
+            print(f"exported {n} plans from {cache.path} to {path}")
+        elif action == "import":
+            env = _this_machine_env()
+            if env is None:
+                return 2
+            n, skipped = cache.import_(path, env)
+            print(f"imported {n} plans from {path} into {cache.path}; skipped {len(skipped)}")
+            for line in skipped:
+                print(f"  skipped {line}")
+        elif action == "clear":
+            n = len(cache.plans())
+            cache.clear()
+            print(f"cleared {cache.path} ({n} plans)")
+    finally:
+        cache.close()
+    return 0
+
+
+def _this_machine_env() -> dict | None:
+    """The environment import validates against; None (with the reason printed) when it cannot be known."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bagf_torch: cache import needs this machine's CUDA GPU to check entries against it "
+              "(torch.cuda.is_available() is False); run it on the machine that will use the cache.",
+              file=sys.stderr)
+        return None
+    from bagf_torch.jit.extension import BuildError, environment
+
+    try:
+        return environment(torch.cuda.current_device())
+    except BuildError as e:
+        print(f"bagf_torch: {e}", file=sys.stderr)
+        return None
+
+
 def settings_dir() -> str:
     from bagf_torch import settings
 
@@ -78,7 +144,16 @@ def main(argv=None) -> int:
     d = sub.add_parser("demo", help="tune and run AlexNet's conv layers, print a per-layer table")
     d.add_argument("--batch", type=int, default=32)
     d.add_argument("--budget", type=int, default=None, help="evaluations per layer (default BAGF_BUDGET)")
+    c = sub.add_parser("cache", help="list, export, import or clear the tuning cache (BAGF_CACHE_DIR)")
+    c.add_argument("action", choices=["list", "export", "import", "clear"])
+    c.add_argument("file", nargs="?", help="JSON file for export / import")
     args = ap.parse_args(argv)
+    if args.cmd == "cache":
+        if args.action in ("export", "import") and not args.file:
+            ap.error(f"cache {args.action} needs a FILE")
+        if args.action == "import" and not os.path.isfile(args.file):
+            ap.error(f"no such file: {args.file}")
+        return cache_command(args.action, args.file)
     if args.batch < 1:
         ap.error(f"--batch must be >= 1, got {args.batch}")
     return demo(args.batch, args.budget)

@@ -212,3 +212,33 @@ def test_demo_without_gpu_says_so_and_runs_fallback():
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "No CUDA GPU here" in res.stdout and "output (1, 256, 6, 6)" in res.stdout
+
+
+def test_cli_cache_list_export_clear_and_import_errors(tmp_path, monkeypatch, capsys):
+    from bagf_torch.__main__ import main
+    from bagf_torch.cache import Cache
+
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "c"))
+    with Cache.for_dir(tmp_path / "c") as cache:
+        cache.put_plan("a" * 64, problem=P.as_dict(), env=ENV, family="implicit_gemm", config=ig.DEFAULT,
+                       time_us=10.0, aten_us=20.0, default_us=12.0, evaluations=40, tune_seconds=9.0)
+        cache.put_plan("b" * 64, problem=P.as_dict(), env=ENV, family="aten", config=None,
+                       time_us=5.0, aten_us=5.0, default_us=30.0, evaluations=40, tune_seconds=9.0)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 plans" in out and "implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4_sm90" in out and "aten (cuDNN)" in out
+    assert main(["cache", "export", str(tmp_path / "e.json")]) == 0
+    assert "exported 2 plans" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["cache", "import", str(tmp_path / "missing.json")])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["cache", "export"])
+    assert e.value.code == 2
+    if not torch.cuda.is_available():  # import validates against this machine's GPU: refused, one line
+        assert main(["cache", "import", str(tmp_path / "e.json")]) == 2
+        assert "needs this machine's CUDA GPU" in capsys.readouterr().err
+    assert main(["cache", "clear"]) == 0
+    assert "cleared" in capsys.readouterr().out
+    with Cache.for_dir(tmp_path / "c") as cache:
+        assert cache.plans() == []
