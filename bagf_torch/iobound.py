@@ -1,0 +1,397 @@
+"""I/O lower bounds for convolution and a per-configuration global-memory traffic model (DESIGN.md, "The I/O
+lower bound (seed 2)"; docs/iobound.md has the derivation).
+
+Everything is counted in *words* (one fp32 element = one word) of global-memory traffic:
+
+* :func:`direct_lower_bound` and :func:`winograd_lower_bound` - lower bounds for a fast memory of ``M`` words;
+* :func:`implicit_gemm_traffic` - the words the ``implicit_gemm`` kernel as written requests from global
+  memory, in closed form, plus (on request) the distinct input words each block touches;
+* :func:`brute_force_traffic` - the same quantities counted element by element by replaying the kernel's
+  loop nest in Python (small shapes only), which the tests compare to the closed form exactly;
+* :func:`prune` - bound-guided pruning of a search space (issue 3): drop configurations whose modelled
+  traffic is more than ``factor`` times the best modelled traffic for the problem.
+
+>>> from bagf_torch.problem import ConvProblem
+>>> from bagf_torch.kernels import implicit_gemm as ig
+>>> p = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+>>> t = implicit_gemm_traffic(p, ig.DEFAULT)
+>>> t.total >= direct_lower_bound(p, t.fast_memory_words)
+True
+
+Pure Python + numpy; importing this module imports torch only through ``ConvProblem``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .problem import ConvProblem
+
+__all__ = [
+    "Traffic", "used_input_words", "compulsory_words", "effective_stride", "direct_lower_bound",
+    "direct_tile_reads_per_mac", "winograd_lower_bound", "implicit_gemm_fast_memory_words",
+    "implicit_gemm_traffic", "brute_force_traffic", "prune",
+]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _valid_taps(out: int, stride: int, pad: int, dil: int, taps: int, size: int) -> list[np.ndarray]:
+    """For each tap r, the boolean mask over output positions o whose input index o*stride - pad + r*dil lies
+    in [0, size) (i.e. is not padding)."""
+    o = np.arange(out)
+    return [((o * stride - pad + r * dil) >= 0) & ((o * stride - pad + r * dil) < size) for r in range(taps)]
+
+
+def _used_axis(out: int, stride: int, pad: int, dil: int, taps: int, size: int) -> int:
+    """Distinct in-bounds input indices along one axis that some (output, tap) pair reads."""
+    o = np.arange(out)[:, None]
+    r = np.arange(taps)[None, :]
+    idx = (o * stride - pad + r * dil).ravel()
+    return int(np.unique(idx[(idx >= 0) & (idx < size)]).size)
+
+
+def used_input_words(problem: ConvProblem) -> int:
+    """Input elements read by at least one multiply (padding excluded; rows/columns that a large stride or
+    the output cropping skips are excluded too, since no correct kernel has to load them)."""
+    p, q = problem.out_hw
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows = _used_axis(p, sh, ph, dh, problem.r, problem.h)
+    cols = _used_axis(q, sw, pw, dw, problem.s, problem.w)
+    return problem.n * problem.c * rows * cols
+
+
+def compulsory_words(problem: ConvProblem) -> dict[str, int]:
+    """Words every kernel must move at least once: used input, weights, bias, output."""
+    p, q = problem.out_hw
+    return {
+        "input": used_input_words(problem),
+        "weight": problem.k * (problem.c // problem.groups) * problem.r * problem.s,
+        "bias": problem.k if problem.bias else 0,
+        "output": problem.n * problem.k * p * q,
+    }
+
+
+def effective_stride(stride: int, dil: int, taps: int) -> int:
+    """Distinct input elements per output element along one axis, asymptotically, for a long run of outputs.
+
+    DESIGN.md uses ``u`` (valid when u <= R and dilation is 1). In general the indices o*u + r*d lie in the
+    lattice gcd(u, d)*Z (at most u/gcd(u, d) new ones per output) and there are only ``taps`` of them per
+    output, so the density is at most min(u / gcd(u, d), taps). E.g. u=4, R=3: 3 (not 4: a 3-wide window
+    stepping by 4 skips a column); u=2, d=2: 1 (only even columns are ever read)."""
+    return max(1, min(stride // math.gcd(stride, dil), taps))
+
+
+# ----------------------------------------------------------------------------------------- lower bounds
+def direct_tile_reads_per_mac(x: float, y: float, z: float, r: int, s: int, u: float = 1.0) -> float:
+    """Global reads per MAC of the simple tile model: a tile of x*y output pixels of z output channels, per
+    input channel, reads x*y*u^2 input words and z*R*S weight words for x*y*z*R*S MACs."""
+    return (x * y * u * u + z * r * s) / (x * y * z * r * s)
+
+
+def direct_lower_bound(problem: ConvProblem, fast_memory_words: float) -> float:
+    """Lower bound on global-memory words moved by any direct convolution with ``fast_memory_words`` (M) words
+    of fast memory.
+
+    Exactly what is computed (eh, ew from :func:`effective_stride`; eh = ew = u for DESIGN.md's case u <= R,
+    dilation 1)::
+
+        core  = 2 * MACs / sqrt(R*S*M / (eh*ew))         # reads of input + weights
+        bound = max(core, |I_used| + |W| + |bias|) + |O|  # plus the output written once
+
+    ``core`` is DESIGN.md's ``2*MACs/sqrt(R*S*M/u^2)``: minimising :func:`direct_tile_reads_per_mac` under
+    x*y*z = M gives x*y*u^2 = z*R*S and 2*u/sqrt(R*S*M) reads per MAC. It counts *reads* of input and
+    weights only (the tile's outputs live in fast memory), so the output writes are added, not maxed.
+    The compulsory reads are combined with ``max``, not a sum: the core term already counts every input
+    and weight read, the compulsory ones included, so summing would double count and could exceed what
+    a real kernel moves (the tests check the bound against every configuration's modelled traffic).
+
+    Approximate where: the derivation assumes rectangular output tiles that fill fast memory with
+    accumulators and ignores halos (which only add traffic), so it is a model bound, not a Hong-Kung proof
+    for every schedule; for u > R or dilation > 1 the density ``e`` replaces ``u`` (see
+    :func:`effective_stride`). Groups are handled through MACs (which uses C/groups).
+
+    >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+    >>> round(direct_lower_bound(p, 6160) / 1e6, 3)
+    1.335
+    """
+    if fast_memory_words <= 0:
+        raise ValueError(f"fast_memory_words must be positive, got {fast_memory_words}")
+    eh = effective_stride(problem.stride[0], problem.dilation[0], problem.r)
+    ew = effective_stride(problem.stride[1], problem.dilation[1], problem.s)
+    core = 2.0 * problem.macs / math.sqrt(problem.r * problem.s * fast_memory_words / (eh * ew))
+    comp = compulsory_words(problem)
+    return max(core, comp["input"] + comp["weight"] + comp["bias"]) + comp["output"]
+
+
+def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words: float) -> float:
+    """Lower bound (the seed's composite model) on global words for Winograd F(m x m, r x r)::
+
+        T     = N * ceil(P/m) * ceil(Q/m)                       # tiles
+        core  = 2 * (m+r-1)^2 * K * C * T / sqrt(M)             # (m+r-1)^2 GEMMs, K x C by C x T
+        bound = core + |I_used| + |W| + |bias| + |O|             # + transforms' compulsory traffic
+
+    Here the terms are *summed*: following the seed's composite-algorithm theory the element-wise GEMMs read
+    transformed operands (which the compulsory input/weight reads of the transforms do not cover), so the
+    sub-computations' bounds add. Approximate where: a fully fused kernel that transforms in fast memory
+    never stores the transformed operands, so this is a bound for the unfused (or seed-style) pipeline,
+    not for every schedule; the Hong-Kung constant is taken as in the direct bound.
+    Requires stride 1, dilation 1, groups 1 and an r x r kernel.
+
+    >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+    >>> winograd_lower_bound(p, 4, 3, 8192) > 0
+    True
+    """
+    if problem.stride != (1, 1) or problem.dilation != (1, 1) or problem.groups != 1:
+        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs stride 1, dilation 1 and groups 1; got "
+                         f"stride {problem.stride}, dilation {problem.dilation}, groups {problem.groups}")
+    if (problem.r, problem.s) != (r, r):
+        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs an {r}x{r} kernel; got {problem.r}x{problem.s}")
+    if m < 1 or fast_memory_words <= 0:
+        raise ValueError(f"need m >= 1 and fast_memory_words > 0; got m={m}, M={fast_memory_words}")
+    p, q = problem.out_hw
+    tiles = problem.n * -(-p // m) * -(-q // m)
+    core = 2.0 * (m + r - 1) ** 2 * problem.k * problem.c * tiles / math.sqrt(fast_memory_words)
+    return core + sum(compulsory_words(problem).values())
+
+
+# ---------------------------------------------------------------------- implicit_gemm: traffic model
+@dataclass(frozen=True)
+class Traffic:
+    """Global-memory words one launch of a kernel configuration moves (1 word = 4 bytes for fp32).
+
+    ``words_read_*`` are *requests* as the kernel is written: every load instruction's elements count, so
+    an input element gathered by several im2col columns (overlapping halos) or by several blocks counts
+    each time (no L1/L2 reuse). ``words_read_input_unique`` is the clearly separate variant that models
+    perfect reuse within a block (its distinct input elements, summed over blocks); None unless asked for.
+    ``fast_memory_words`` is per block: shared memory words (both stages if DB) + accumulator registers.
+    """
+
+    words_read_input: int
+    words_read_weight: int
+    words_read_bias: int
+    words_written: int
+    fast_memory_words: int
+    blocks: int
+    grid: tuple[int, int]
+    words_read_input_unique: int | None = None
+    words_read_bias_unique: int = 0
+
+    @property
+    def total(self) -> int:
+        """Requested words: input + weight + bias reads and output writes."""
+        return self.words_read_input + self.words_read_weight + self.words_read_bias + self.words_written
+
+    @property
+    def total_unique(self) -> int:
+        """Words with perfect reuse inside a block: distinct input and weight/bias words per block + writes."""
+        if self.words_read_input_unique is None:
+            raise ValueError("words_read_input_unique was not computed: pass unique=True")
+        # Each block already reads each weight of its panel once; its bias words are read BN/TN times.
+        return (self.words_read_input_unique + self.words_read_weight + self.words_read_bias_unique
+                + self.words_written)
+
+
+def implicit_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
+    """Shared memory words (``STAGES*BK*(BM+1+BN)``) + accumulator registers (``TM*TN*threads = BM*BN``)."""
+    stages = 2 if config["DB"] else 1
+    return stages * config["BK"] * (config["BM"] + 1 + config["BN"]) + config["BM"] * config["BN"]
+
+
+def _geometry(config: Mapping[str, int]) -> dict[str, int]:
+    t = (config["BM"] // config["TM"]) * (config["BN"] // config["TN"])
+    step = t // config["BN"]  # B_ROW_STEP; validity requires t % BN == 0
+    b_loads = -(-config["BK"] // step)
+    a_vecs = config["BM"] * config["BK"] // config["VEC"]
+    return {"T": t, "TX": config["BN"] // config["TN"], "TY": config["BM"] // config["TM"], "STEP": step,
+            "B_LOADS": b_loads, "L": b_loads * step, "A_VECS": a_vecs, "A_LOADS": -(-a_vecs // t)}
+
+
+def _row_load_counts(crs: int, bk: int, rows_loaded: int) -> np.ndarray:
+    """How many times the B-tile loader requests im2col row kk, for kk in [0, CRS).
+
+    K-step t loads rows t*BK + j for j < L = B_LOADS*B_ROW_STEP, not j < BK: when the thread count is
+    larger than BK*BN the extra threads gather rows of the *next* K-step too and only the store is skipped
+    (``row < BK``), so those rows are requested twice. Count = #{t : 0 <= kk - t*BK < L}."""
+    kk = np.arange(crs)
+    hi = kk // bk
+    lo = np.maximum(0, -(-(kk - rows_loaded + 1) // bk))
+    return hi - lo + 1
+
+
+def _check_problem(problem: ConvProblem) -> None:
+    if problem.groups != 1:
+        raise ValueError(f"implicit_gemm handles groups=1 only, got groups={problem.groups}")
+
+
+def implicit_gemm_traffic(problem: ConvProblem, config: Mapping[str, int], unique: bool = False) -> Traffic:
+    """Closed-form global-memory traffic of ``implicit_gemm`` (csrc/kernels/implicit_gemm.cuh) for one problem.
+
+    Grid ceil(NPQ/BN) x ceil(K/BM). Per block, as the kernel is written:
+
+    * weights: the BM x CRS panel, rows clipped at K (bounds-checked loads; the float4 path loads the same
+      elements) -> total ``ceil(NPQ/BN) * K * CRS``;
+    * input: the CRS x BN im2col panel gathered from the input, one load per (row, column) whose tap is not
+      padding and whose pixel exists; rows beyond a K-step that the loader over-fetches count again (see
+      ``_row_load_counts``) -> total ``ceil(K/BM) * N * sum_rs rowloads(r,s) * |P_r| * |Q_s|`` where
+      ``|P_r|`` counts output rows whose tap r lands inside the image;
+    * bias: each of the BN/TN threads along pixels loads its channels' bias -> ``ceil(NPQ/BN) * K * BN/TN``;
+    * writes: the clipped BM x BN output tile -> ``K * N*P*Q`` in total.
+
+    ``unique=True`` also computes ``words_read_input_unique``: per block, the distinct input elements its
+    panel gathers (C times the union of its pixels' in-bounds receptive fields), summed over blocks - the
+    traffic if L1/shared memory caught every re-read inside a block, but nothing across blocks.
+    """
+    _check_problem(problem)
+    g = _geometry(config)
+    p, q = problem.out_hw
+    rs = problem.r * problem.s
+    crs = problem.c * rs
+    npq = problem.n * p * q
+    gx, gy = -(-npq // config["BN"]), -(-problem.k // config["BM"])
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
+    cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
+    loads = _row_load_counts(crs, config["BK"], g["L"]).reshape(problem.c, problem.r, problem.s).sum(axis=0)
+    per_m_block = problem.n * int((loads * rows_ok[:, None] * cols_ok[None, :]).sum())
+    unique_input = _unique_input_words(problem, config["BN"]) * gy if unique else None
+    return Traffic(
+        words_read_input=gy * per_m_block,
+        words_read_weight=gx * problem.k * crs,
+        words_read_bias=gx * problem.k * g["TX"] if problem.bias else 0,
+        words_written=problem.k * npq,
+        fast_memory_words=implicit_gemm_fast_memory_words(config),
+        blocks=gx * gy,
+        grid=(gx, gy),
+        words_read_input_unique=unique_input,
+        words_read_bias_unique=gx * problem.k if problem.bias else 0,
+    )
+
+
+def _unique_input_words(problem: ConvProblem, bn: int) -> int:
+    """Sum over pixel blocks [n0, n0+BN) of C * |distinct in-bounds (image, ih, iw) they read|. A block's
+    pixels split into per-image pq ranges; images are disjoint, so each range's footprint is counted on its
+    own and memoised by (start, stop) (blocks repeat the same few ranges)."""
+    p, q = problem.out_hw
+    pq, npq = p * q, problem.n * p * q
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    hh = np.arange(problem.r) * dh
+    ww = np.arange(problem.s) * dw
+
+    @lru_cache(maxsize=None)
+    def footprint(a: int, b: int) -> int:
+        mask = np.zeros((problem.h, problem.w), dtype=bool)
+        for oh in range(a // q, (b - 1) // q + 1):
+            lo, hi = max(a, oh * q) - oh * q, min(b, (oh + 1) * q) - oh * q  # ow in [lo, hi)
+            ih = oh * sh - ph + hh
+            iw = (np.arange(lo, hi)[:, None] * sw - pw + ww[None, :]).ravel()
+            ih = ih[(ih >= 0) & (ih < problem.h)]
+            iw = np.unique(iw[(iw >= 0) & (iw < problem.w)])
+            mask[np.ix_(ih, iw)] = True
+        return int(mask.sum())
+
+    total = 0
+    for n0 in range(0, npq, bn):
+        n1 = min(n0 + bn, npq)
+        while n0 < n1:
+            img_end = (n0 // pq + 1) * pq
+            stop = min(n1, img_end)
+            total += footprint(n0 - (n0 // pq) * pq, stop - (n0 // pq) * pq)
+            n0 = stop
+    return problem.c * total
+
+
+# ------------------------------------------------------------------------------------- brute force
+def brute_force_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay the kernel's loop nest (every block, K-step, thread and load of implicit_gemm.cuh) in Python and
+    count requested words element by element, plus the distinct input elements per block. Small shapes
+    only: the cost is blocks * K-steps * threads."""
+    _check_problem(problem)
+    g = _geometry(config)
+    bm, bn, bk, vec = config["BM"], config["BN"], config["BK"], config["VEC"]
+    p, q = problem.out_hw
+    rs, pq = problem.r * problem.s, p * q
+    crs, npq = problem.c * rs, problem.n * pq
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    vec_ok = crs % 4 == 0  # the alignment half of the kernel's test holds for torch allocations
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    num_k = -(-crs // bk)
+    n_in = n_w = n_b = n_out = n_unique = 0
+    for by in range(gy):
+        for bx in range(gx):
+            m0, n0 = by * bm, bx * bn
+            seen: set[tuple[int, int, int, int]] = set()
+            for tid in range(g["T"]):
+                b_col, b_row0 = tid % bn, tid // bn
+                pix = n0 + b_col
+                pix_ok = pix < npq
+                if pix_ok:
+                    img, rem = divmod(pix, pq)
+                    oh, ow = divmod(rem, q)
+                    ih0, iw0 = oh * sh - ph, ow * sw - pw
+                for t in range(num_k):
+                    k0 = t * bk
+                    for i in range(g["A_LOADS"]):
+                        e = tid + i * g["T"]
+                        am, ak = e // (bk // vec), (e % (bk // vec)) * vec
+                        gm, gk = m0 + am, k0 + ak
+                        if vec == 4 and vec_ok:
+                            n_w += 4 if (e < g["A_VECS"] and gm < problem.k and gk < crs) else 0
+                        else:
+                            n_w += sum(1 for v in range(vec) if e < g["A_VECS"] and gm < problem.k and gk + v < crs)
+                    for i in range(g["B_LOADS"]):
+                        kk = k0 + b_row0 + i * g["STEP"]
+                        if pix_ok and kk < crs:
+                            c, rr = divmod(kk, rs)
+                            r, s = divmod(rr, problem.s)
+                            ih, iw = ih0 + r * dh, iw0 + s * dw
+                            if 0 <= ih < problem.h and 0 <= iw < problem.w:
+                                n_in += 1
+                                seen.add((img, c, ih, iw))
+                ty, tx = tid // g["TX"], tid % g["TX"]
+                for i in range(config["TM"]):
+                    gm = m0 + ty + i * g["TY"]
+                    if gm < problem.k:
+                        n_b += 1 if problem.bias else 0
+                        n_out += sum(1 for j in range(config["TN"]) if n0 + tx + j * g["TX"] < npq)
+            n_unique += len(seen)
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b, words_written=n_out,
+                   fast_memory_words=implicit_gemm_fast_memory_words(config), blocks=gx * gy, grid=(gx, gy),
+                   words_read_input_unique=n_unique,
+                   words_read_bias_unique=gx * problem.k if problem.bias else 0)
+
+
+# ------------------------------------------------------------------------------------------ pruning
+def prune(space_configs: Iterable[Mapping[str, int]], problem: ConvProblem, factor: float = 4.0,
+          ) -> tuple[list[dict[str, int]], list[tuple[dict[str, int], float]]]:
+    """Bound-guided pruning (issue 3): keep the configurations whose modelled traffic
+    (:func:`implicit_gemm_traffic`, requested words) is within ``factor`` of the best one for ``problem``.
+
+    Returns ``(kept, pruned)``; ``pruned`` lists ``(config, traffic / best_traffic)`` so the caller can log
+    the cut. Order of ``kept`` follows the input. The minimum-traffic configuration is always kept.
+    Traffic is only a proxy for time (it ignores occupancy and latency hiding), hence a generous factor.
+
+    >>> from bagf_torch.kernels import implicit_gemm as ig
+    >>> p = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+    >>> kept, cut = prune(ig.space().valid_configs(), p, factor=4.0)
+    >>> len(kept) > 0 and len(kept) + len(cut) == len(ig.space().valid_configs())
+    True
+    """
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1 (1 keeps only the best), got {factor}")
+    configs = [dict(c) for c in space_configs]
+    if not configs:
+        return [], []
+    totals = [implicit_gemm_traffic(problem, c).total for c in configs]
+    best = min(totals)
+    kept, pruned = [], []
+    for c, t in zip(configs, totals):
+        if t <= factor * best:
+            kept.append(c)
+        else:
+            pruned.append((c, t / best))
+    return kept, pruned

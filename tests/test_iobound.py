@@ -1,0 +1,142 @@
+"""CPU tests of bagf_torch/iobound.py: the closed-form traffic model equals a brute-force replay of the kernel's
+loop nest; the lower bounds never exceed any configuration's modelled traffic; balance; pruning."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from bagf_torch import iobound
+from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.problem import ConvProblem
+
+VALID = ig.space().valid_configs()
+SMALL_T = [c for c in VALID if ig.threads(c) <= 256]
+
+# Small odd shapes: stride 1-4, padding, dilation, partial tiles in both grid dimensions, CRS % 4 != 0 and == 0.
+SMALL = [
+    ConvProblem(n=2, c=3, h=9, w=7, k=5, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=2, h=11, w=10, k=7, r=3, s=2, stride=(2, 3), padding=(1, 0)),
+    ConvProblem(n=3, c=1, h=13, w=13, k=3, r=5, s=5, stride=(4, 4), padding=(2, 2), bias=False),
+    ConvProblem(n=1, c=4, h=10, w=9, k=17, r=3, s=3, padding=(2, 1), dilation=(2, 3)),
+    ConvProblem(n=2, c=5, h=6, w=6, k=9, r=1, s=1, stride=(2, 2)),
+    ConvProblem(n=1, c=2, h=12, w=12, k=4, r=2, s=2, stride=(3, 3), dilation=(2, 2), padding=(1, 1)),
+]
+
+ALEXNET = {  # (c, h, k, r, stride, pad)
+    "conv1": (3, 224, 64, 11, 4, 2),
+    "conv2": (64, 27, 192, 5, 1, 2),
+    "conv3": (192, 13, 384, 3, 1, 1),
+    "conv4": (384, 13, 256, 3, 1, 1),
+    "conv5": (256, 13, 256, 3, 1, 1),
+}
+
+
+def alexnet(n: int) -> list[ConvProblem]:
+    return [ConvProblem(n=n, c=c, h=h, w=h, k=k, r=r, s=r, stride=(u, u), padding=(pd, pd))
+            for c, h, k, r, u, pd in ALEXNET.values()]
+
+
+@pytest.mark.parametrize("problem", SMALL, ids=lambda p: p.short())
+def test_model_equals_brute_force(problem):
+    rng = random.Random(hash(problem.short()) % 1000)
+    configs = [ig.DEFAULT] + rng.sample(SMALL_T, 5)
+    # one that over-fetches rows (threads/BN > BK) and one with many rows per thread
+    configs += [{"BM": 16, "BN": 16, "BK": 4, "TM": 1, "TN": 1, "DB": 0, "VEC": 4},
+                {"BM": 32, "BN": 16, "BK": 32, "TM": 2, "TN": 2, "DB": 1, "VEC": 1}]
+    for config in configs:
+        assert ig.space().is_valid(config), config
+        model = iobound.implicit_gemm_traffic(problem, config, unique=True)
+        brute = iobound.brute_force_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+
+
+def test_over_fetch_is_counted():
+    # 256 threads, BN=16: 16 rows gathered per K-step of BK=4 -> rows are requested up to 4 times.
+    p = SMALL[0]
+    c = {"BM": 64, "BN": 16, "BK": 4, "TM": 4, "TN": 1, "DB": 0, "VEC": 1}
+    t = iobound.implicit_gemm_traffic(p, c, unique=True)
+    assert t.words_read_input > t.words_read_input_unique
+
+
+@pytest.mark.parametrize("n", [1, 128])
+def test_bound_below_every_config(n):
+    rng = random.Random(n)
+    sample = [ig.DEFAULT] + rng.sample(VALID, 150)
+    for problem in alexnet(n) + SMALL:
+        for config in sample:
+            t = iobound.implicit_gemm_traffic(problem, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
+            comp = sum(iobound.compulsory_words(problem).values())
+            assert comp <= t.total
+
+
+def test_bound_below_unique_variant_small():
+    rng = random.Random(3)
+    for problem in SMALL + alexnet(1)[2:]:
+        for config in [ig.DEFAULT] + rng.sample(VALID, 10):
+            t = iobound.implicit_gemm_traffic(problem, config, unique=True)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total_unique <= t.total
+
+
+def test_bound_decreases_with_fast_memory():
+    p = alexnet(1)[2]
+    values = [iobound.direct_lower_bound(p, m) for m in (256, 1024, 4096, 16384)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert values[-1] >= sum(iobound.compulsory_words(p).values())
+
+
+def test_effective_stride():
+    assert iobound.effective_stride(1, 1, 3) == 1
+    assert iobound.effective_stride(4, 1, 11) == 4
+    assert iobound.effective_stride(4, 1, 3) == 3    # a 3-wide window stepping by 4 skips a column
+    assert iobound.effective_stride(2, 2, 3) == 1    # only even columns are ever read
+
+
+@pytest.mark.parametrize("m", [720, 1680, 5040])
+@pytest.mark.parametrize("r,u", [(3, 1), (5, 1), (11, 4), (3, 2)])
+def test_balance_at_integer_optimum(m, r, u):
+    best = min(((x, y, m // (x * y)) for x in range(1, m + 1) if m % x == 0
+                for y in range(1, m // x + 1) if (m // x) % y == 0),
+               key=lambda t: iobound.direct_tile_reads_per_mac(*t, r, r, u))
+    x, y, z = best
+    ratio = (x * y * u * u) / (z * r * r)
+    assert 1 / 3 <= ratio <= 3, (best, ratio)  # x*y*u^2 = z*R*S up to divisor rounding
+    continuous = 2 * u / math.sqrt(r * r * m)
+    assert iobound.direct_tile_reads_per_mac(x, y, z, r, r, u) >= continuous * (1 - 1e-12)
+    assert iobound.direct_tile_reads_per_mac(x, y, z, r, r, u) <= continuous * 1.2
+
+
+def test_winograd_sanity():
+    p = ConvProblem(n=32, c=256, h=56, w=56, k=256, r=3, s=3, padding=(1, 1))
+    ms = (1024, 4096, 16384)
+    for m in (2, 4, 6):
+        vals = [iobound.winograd_lower_bound(p, m, 3, mm) for mm in ms]
+        assert all(v > 0 for v in vals)
+        assert all(a > b for a, b in zip(vals, vals[1:]))
+    direct = iobound.direct_lower_bound(p, 4096)
+    # F(4x4,3x3): (6/4)^2/3 = 0.75 of the direct core; F(2x2,3x3): (4/2)^2/3 = 1.33 of it
+    assert iobound.winograd_lower_bound(p, 4, 3, 4096) < direct < iobound.winograd_lower_bound(p, 2, 3, 4096)
+    with pytest.raises(ValueError, match="stride 1"):
+        iobound.winograd_lower_bound(alexnet(1)[0], 2, 3, 4096)
+
+
+def test_prune_keeps_best_and_reports_cut():
+    p = alexnet(128)[2]
+    kept, pruned = iobound.prune(VALID, p, factor=4.0)
+    totals = {tuple(sorted(c.items())): iobound.implicit_gemm_traffic(p, c).total for c in VALID}
+    best = min(totals, key=totals.get)
+    assert dict(best) in kept
+    assert len(kept) + len(pruned) == len(VALID) and pruned
+    assert all(ratio > 4.0 for _, ratio in pruned)
+    assert all(totals[tuple(sorted(c.items()))] <= 4.0 * totals[best] for c in kept)
+    only, _ = iobound.prune(VALID, p, factor=1.0)
+    assert dict(best) in only
+
+
+def test_groups_refused():
+    p = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, groups=2)
+    with pytest.raises(ValueError, match="groups"):
+        iobound.implicit_gemm_traffic(p, ig.DEFAULT)
