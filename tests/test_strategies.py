@@ -12,8 +12,20 @@ from bagf_torch.tuning.common import Budget, Objective, Outcome
 from bagf_torch.tuning.replay import ALEXNET_CONV2, ReplayEvaluator, synthetic_times
 from bagf_torch.tuning.strategies import STRATEGIES, check_options, run
 
-# Small options keep Ax's share of this file to a few seconds per run.
-FAST = {"ax": {"batch_size": 4, "initial_trials": 4}, "random": {}, "exhaustive": {}}
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Ax's GPs are tiny: on a 2-core CI machine shared with other jobs, torch's second thread only
+    contends (seed 2 of the landscape test: 38.6 s with 1 thread, 86.6 s with 2, under load)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# Ax spends 1-3 s per generation on this CPU (GP fitting), so the small-space tests use few, large batches.
+FAST = {"ax": {"batch_size": 6, "initial_trials": 4}, "random": {}, "exhaustive": {}}
 
 
 def small_space() -> Space:
@@ -59,7 +71,7 @@ def true_optimum(space, time_of):
     return min(space.valid_configs(), key=time_of)
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: the next test, one run for both checks
 def test_finds_true_optimum_when_budget_covers_space(name):
     space = small_space()
     n_valid = len(space.valid_configs())
@@ -71,16 +83,18 @@ def test_finds_true_optimum_when_budget_covers_space(name):
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_terminates_when_budget_exceeds_space(name):
+def test_terminates_and_finds_optimum_when_budget_exceeds_space(name):
     # Ax keeps proposing invalid or seen configurations once the valid ones run out: the loop must end.
     space = small_space()
     ev = StrictEvaluator(space, small_time)
     trials = run(name, space, ev, Budget(1000), seed=0, **FAST[name])
     assert ev.calls == len(space.valid_configs())
     assert sum(o.status != "invalid" for _, o in trials) == ev.calls
+    best = min((t for t in trials if t[1].ok), key=lambda t: t[1].time_us)
+    assert best[0] == true_optimum(space, small_time)
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: test_ax_near_optimum_on_synthetic_landscape
 def test_never_sends_invalid_and_respects_evaluation_budget(name):
     space = implicit_gemm.space()
     replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
@@ -176,6 +190,33 @@ def test_ax_failures_are_reported_and_not_reproposed(invalid):
     assert ev.calls == 10
     assert {o.status for _, o in trials} - {"ok", "invalid"}, "some failures should have been hit"
     assert stats["generations"] >= 1
+
+
+# Measured with benchmarks/compare_invalid_handling.py on this landscape (docs/strategies.md): with the
+# default options Ax was within 95% of the optimum after a median of 16.5 evaluations (10 seeds, worst 27,
+# seeds 0-2 needing 16, 21 and 27) and at the optimum after 40 for all 10; random search needs a median
+# of 576. Runs stop once the target is reached. Only the first two seeds run here: each costs 13 s, and
+# seed 2 alone 35 s (10 generations, two GP fits each), which would put this file past its 60 s.
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ax_near_optimum_on_synthetic_landscape(seed):
+    space = implicit_gemm.space()
+    replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
+    optimum = replay.best()[1].time_us
+    strict = StrictEvaluator(space, lambda c: replay.median(c).time_us,
+                             fail=lambda c: None if replay.median(c).ok else "resources")
+    clock = FakeClock()
+
+    def evaluate(configs):
+        out = strict(configs)
+        if any(o.ok and o.time_us <= optimum / 0.95 for o in out):
+            clock.now = 1e9  # target reached: the seconds budget ends the run
+        return out
+
+    trials = run("ax", space, evaluate, Budget(40, seconds=1e6), seed=seed, clock=clock)
+    best = min(o.time_us for _, o in trials if o.ok)
+    assert optimum / best >= 0.95, f"seed {seed}: best {best:.0f} us vs optimum {optimum:.0f} us"
+    assert strict.calls <= 40
 
 
 def test_ax_option_values_checked():

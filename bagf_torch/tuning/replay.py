@@ -153,7 +153,7 @@ def _implicit_gemm_model(c: Mapping[str, int], m: int, n: int, k: int) -> tuple[
     per_sm = min(_MAX_THREADS_PER_SM // t, _SMEM_PER_SM // smem, 65536 // (real_regs * t), _MAX_BLOCKS_PER_SM)
     blocks_m, blocks_n = -(-m // c["BM"]), -(-n // c["BN"])
     blocks = blocks_m * blocks_n
-    waves = -(-blocks // (_SMS * per_sm))
+    waves = -(-blocks // (_SMS * per_sm))  # the last, partly empty wave costs a full one (tail effect)
     k_steps = -(-k // c["BK"])
 
     # Compute per block: the padded tile, at a rate limited by shared-memory reads per FMA (a thread reads
@@ -170,7 +170,6 @@ def _implicit_gemm_model(c: Mapping[str, int], m: int, n: int, k: int) -> tuple[
     # Blocks resident on one SM share it: a wave takes as long as per_sm blocks in sequence on one SM
     # divided by the concurrency the SM actually achieves (already in `hide`).
     compute_us = waves * per_sm * clk_per_block / (_CLOCK_GHZ * 1e3)
-    # Tail effect: the last wave is partly empty but costs (almost) a full wave.
     # Memory: every block streams its BM rows of weights and BN columns of im2col input through L2;
     # unique data comes from DRAM once. Scalar weight loads waste transactions.
     vec_eff = 1.0 if (c["VEC"] == 4 and k % 4 == 0) else 0.7
