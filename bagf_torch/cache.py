@@ -413,31 +413,26 @@ class Cache:
             yield
 
     def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._locked():
-            conn = self._connection()
-            try:
-                return fn(conn)
-            except sqlite3.DatabaseError as e:
-                if self.in_memory:
-                    raise
-                self._conn = self._fall_back(f"reading {self.path} failed: {_describe(e)}",
-                                             copy_from=None if _is_corruption(e) else conn)
-                conn.close()
-                return fn(self._conn)
+        return self._with_fallback("reading", fn)
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``fn`` in one write transaction; on failure of the file, fall back to memory and redo it."""
+        return self._with_fallback("writing", lambda conn: _transaction(conn, fn))
+
+    def _with_fallback(self, verb: str, call: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``call`` on the file's connection; if the file fails, move to memory (copying what is still
+        readable unless the file is corrupt) and run it there."""
         with self._locked():
             conn = self._connection()
             try:
-                return _transaction(conn, fn)
+                return call(conn)
             except sqlite3.DatabaseError as e:
                 if self.in_memory:
                     raise
-                self._conn = self._fall_back(f"writing {self.path} failed: {_describe(e)}",
+                self._conn = self._fall_back(f"{verb} {self.path} failed: {_describe(e)}",
                                              copy_from=None if _is_corruption(e) else conn)
                 conn.close()
-                return _transaction(self._conn, fn)
+                return call(self._conn)
 
     # ---- plans --------------------------------------------------------------------------------
 
