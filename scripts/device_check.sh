@@ -2,7 +2,7 @@
 # The whole GPU check in one device call: install the carried Ax wheels, build the extension, run
 # `pytest -m cuda`, the compute-sanitizer sweep and the layer benchmark; logs and results under $OUT.
 #
-#   scripts/device_check.sh [build] [tests] [bench] [sanitize] [bench-args...]   (default: all stages)
+#   scripts/device_check.sh [build] [tests] [precision] [bench] [sanitize] [bench-args...]   (default: all stages)
 #   e.g. device run:  bash scripts/device_check.sh tests bench --batch 1,32,128
 # Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image.
 set -uo pipefail
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|sanitize|bench) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
@@ -35,11 +35,15 @@ if has build; then
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
 fi
 if has tests; then
-  python3 -m pytest -m cuda -q -x --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has precision; then
+  timeout 240 python3 benchmarks/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has bench; then
-  python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has sanitize; then
