@@ -35,7 +35,7 @@ def demo(batch: int, budget: int | None) -> int:
 
     import bagf_torch
     from bagf_torch import runtime
-    from bagf_torch.kernels import implicit_gemm
+    from bagf_torch.kernels import family_name
 
     if budget is not None:
         os.environ["BAGF_BUDGET"] = str(budget)
@@ -64,7 +64,7 @@ def demo(batch: int, budget: int | None) -> int:
     rt = runtime.get()
     print(f"\n{'layer':<32} {'cuDNN us':>9} {'tuned us':>9} {'speedup':>8} {'trials':>7} {'tune s':>7}  plan")
     for r in rt.results:
-        plan = "aten (cuDNN)" if r.config is None else implicit_gemm.name(r.config)
+        plan = "aten (cuDNN)" if r.config is None else family_name(r.family, r.config)
         print(f"{r.problem.short():<32} {r.aten_us:9.1f} {r.time_us:9.1f} {r.speedup:7.2f}x "
               f"{r.evaluations:7d} {r.seconds:7.1f}  {plan}")
     if not rt.results:

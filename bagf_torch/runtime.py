@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from . import log, settings
-from .kernels import FAMILIES, implicit_gemm
+from .kernels import FAMILIES, families_for, family_name
 from .problem import ConvProblem, fingerprint
 from .tuning.common import Budget
 from .tuning.measure import ATEN
@@ -115,7 +115,7 @@ class Runtime:
 
         device = torch.device("cuda", dev.index)
         return Tuner(dev.compiler, CudaChecker(dev.compiler.ext), CudaBenchmarker(),
-                     lambda p: Workspace(p, device), implicit_gemm,
+                     lambda p: Workspace(p, device), families_for(torch.cuda.get_device_capability(dev.index)),
                      strategy=strategy or settings.strategy(),
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
@@ -133,13 +133,13 @@ class Runtime:
                                  default_us=result.default_us, evaluations=result.evaluations,
                                  tune_seconds=result.seconds,
                                  cubin_digests=[] if result.config is None else
-                                 [dev.compiler.digest(implicit_gemm, result.config)])
+                                 [dev.compiler.digest(FAMILIES[result.family], result.config)])
         handle = result.handle
         if not written:  # another process stored a winner first: everyone uses that one
             if handle != ATEN:
                 dev.compiler.unload(handle)
             handle = self._load(cache.get_plan(key), dev)
-        line = (f"tuned {problem.short()}: {result.family if result.config is None else implicit_gemm.name(result.config)} "
+        line = (f"tuned {problem.short()}: {family_name(result.family, result.config)} "
                 f"{result.time_us:.1f} us vs cuDNN {result.aten_us:.1f} us ({result.speedup:.2f}x), "
                 f"{result.evaluations} evaluations in {result.seconds:.1f} s")
         log.logger().info(line)

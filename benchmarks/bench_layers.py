@@ -3,7 +3,9 @@
 fp32 with TF32 off, cuDNN in benchmark mode. Each layer is tuned first-call style (the strategy and budget
 given), then cuDNN, the default configuration and the winner are re-timed interleaved in this same run
 (median of rounds of median-of-many CUDA-event timings). Also measures the per-call host overhead of
-TunedConv2d and of the bare op against F.conv2d at N=1. Writes JSON and a Markdown table.
+TunedConv2d and of the bare op against F.conv2d at N=1 (--overhead). "default" is the implicit_gemm
+family's hand-picked configuration (the untuned baseline), "TC default" the tensor-core family's. Writes JSON
+and a Markdown table.
 
     python benchmarks/bench_layers.py --batch 1,32,128 --out benchmarks/results
 """
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime  # noqa: E402
-from bagf_torch.kernels import implicit_gemm as ig  # noqa: E402
+from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_tc as tc  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, Workspace  # noqa: E402
@@ -41,6 +43,12 @@ ALEXNET = [
     ("conv4", 384, 13, 256, 3, 1, 1),
     ("conv5", 256, 13, 256, 3, 1, 1),
 ]
+# non-AlexNet layers (ResNet-style) to show the tuning generalises
+EXTRA = [
+    ("r3x3_256", 256, 56, 256, 3, 1, 1),
+    ("r3x3_128", 128, 28, 128, 3, 1, 1),
+    ("r1x1_1024", 1024, 14, 256, 1, 1, 0),
+]
 
 
 def problem(layer, n: int) -> ConvProblem:
@@ -48,22 +56,25 @@ def problem(layer, n: int) -> ConvProblem:
     return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd))
 
 
-def host_overhead(handle: int, n_calls: int = 2000) -> dict:
-    """Wall microseconds per call in a tight loop at N=1 on conv5 (GPU time ~10-60 us, so this shows the
-    launch path): F.conv2d vs TunedConv2d.forward vs the bare op, all with conv5's tuned plan ``handle``."""
-    layer = ALEXNET[4]
-    conv = torch.nn.Conv2d(layer[1], layer[3], layer[4], padding=layer[6]).cuda()
+def host_overhead(compiler, n_calls: int = 3000) -> dict:
+    """Host cost per call at N=1: wall microseconds per call in a tight loop on a layer so small (16->16
+    channels, 3x3, 8x8 pixels) that the GPU finishes each launch before the CPU issues the next, so the loop
+    is host-bound. F.conv2d vs TunedConv2d.forward vs the bare op, both ours running the tensor-core
+    family's default kernel."""
+    handle = compiler.compile(tc, [tc.DEFAULT])[0].handle
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).cuda()
     tuned = bagf_torch.TunedConv2d.from_conv(conv)
-    x = torch.randn(1, layer[1], layer[2], layer[2], device="cuda")
+    x = torch.randn(1, 16, 8, 8, device="cuda")
     tuned._bagf_handles[(tuple(x.shape), 0)] = (handle, torch.backends.cudnn.allow_tf32)
     with torch.no_grad():
         op = torch.ops.bagf.conv2d.default
+        torch.testing.assert_close(tuned(x), conv(x), rtol=1e-4, atol=1e-4)
         calls = {
             "F.conv2d": lambda: F.conv2d(x, conv.weight, conv.bias, 1, 1),
             "TunedConv2d": lambda: tuned(x),
             "bagf::conv2d op": lambda: op(x, conv.weight, conv.bias, [1, 1], [1, 1], [1, 1], handle),
         }
-        out = {"plan_handle": handle}
+        out = {"plan": tc.name(tc.DEFAULT)}
         for name, fn in calls.items():
             samples = []
             for _ in range(5):
@@ -76,13 +87,16 @@ def host_overhead(handle: int, n_calls: int = 2000) -> dict:
                 torch.cuda.synchronize()
                 samples.append((time.perf_counter() - t0) / n_calls * 1e6)
             out[name] = statistics.median(samples)
+    compiler.unload(handle)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1,32,128", help="comma-separated batch sizes")
-    ap.add_argument("--layers", default="conv1,conv2,conv3,conv4,conv5")
+    ap.add_argument("--layers", default="conv1,conv2,conv3,conv4,conv5",
+                    help="comma-separated; also " + ",".join(e[0] for e in EXTRA))
+    ap.add_argument("--overhead", action="store_true", help="measure the host overhead per call at the end")
     ap.add_argument("--budget", type=int, default=40, help="evaluations per layer")
     ap.add_argument("--seconds", type=float, default=120.0, help="tuning seconds per layer")
     ap.add_argument("--strategy", default="ax")
@@ -99,7 +113,7 @@ def main(argv=None) -> int:
         print("bench_layers: no CUDA GPU here; nothing to measure (the model would run through ATen).")
         return 2
     batches = [int(b) for b in args.batch.split(",")]
-    layers = [lay for lay in ALEXNET if lay[0] in args.layers.split(",")]
+    layers = [lay for lay in ALEXNET + EXTRA if lay[0] in args.layers.split(",")]
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -109,8 +123,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda", 0)
     bench = CudaBenchmarker()
     default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle
+    tc_default_handle = dev.compiler.compile(tc, [tc.DEFAULT])[0].handle
     rows = []
-    overhead_handle = None
 
     def write(overhead):
         gm = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
@@ -135,18 +149,19 @@ def main(argv=None) -> int:
                  f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 off, cudnn.benchmark=True; "
                  f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
                  "Times are medians (us) of interleaved re-timing in one run.", "",
-                 "| layer | N | cuDNN us | default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| layer | N | cuDNN us | default us | TC default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | {r['tuned_us']:.1f} | "
+            lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | "
+                         f"{r['tc_default_us']:.1f} | {r['tuned_us']:.1f} | "
                          f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
                          f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
         lines += ["", f"Geomean speedup vs cuDNN: {summary['geomean_speedup_vs_cudnn']:.2f}x; "
                   f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
         if overhead:
-            lines += ["", "Host overhead per call at N=1 (conv5, tight loop, wall us per call): " + ", ".join(
-                f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan_handle") +
-                (" (plan is ATen: TunedConv2d calls F.conv2d)" if overhead["plan_handle"] == ATEN else "")]
+            lines += ["", "Host overhead per call at N=1 (16->16 3x3 on 8x8, a host-bound tight loop, wall us per "
+                      f"call; ours run `{overhead['plan']}`): " + ", ".join(
+                          f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan")]
         stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
         return lines
 
@@ -159,14 +174,14 @@ def main(argv=None) -> int:
                                                                flush=True))
             wall = time.perf_counter() - t0
             ws = Workspace(p, device)  # fresh data for the final comparison
-            handles = [ATEN, default_handle] + ([result.handle] if result.handle != ATEN else [])
+            handles = [ATEN, default_handle, tc_default_handle] + ([result.handle] if result.handle != ATEN else [])
             times = bench.remeasure(ws, handles, rounds=args.rounds)
-            cudnn_us, default_us = times[0], times[1]
-            tuned_us = times[2] if result.handle != ATEN else cudnn_us
+            cudnn_us, default_us, tc_default_us = times[0], times[1], times[2]
+            tuned_us = times[3] if result.handle != ATEN else cudnn_us
             row = {
                 "layer": layer[0], "n": n, "problem": p.as_dict(), "gflop": p.flops / 1e9,
-                "cudnn_us": cudnn_us, "default_us": default_us, "tuned_us": tuned_us,
-                "plan": result.family if result.config is None else ig.name(result.config),
+                "cudnn_us": cudnn_us, "default_us": default_us, "tc_default_us": tc_default_us, "tuned_us": tuned_us,
+                "plan": family_name(result.family, result.config),
                 "tuned_kernel_us": result.time_us if result.config is not None else None,
                 "speedup_vs_cudnn": cudnn_us / tuned_us, "speedup_vs_default": default_us / tuned_us,
                 "tuned_tflops": p.flops / tuned_us / 1e6, "cudnn_tflops": p.flops / cudnn_us / 1e6,
@@ -174,22 +189,21 @@ def main(argv=None) -> int:
                 "phases": {k: round(v, 3) for k, v in result.phases.items()},
                 "failures": sorted({t.outcome.status for t in result.trials if not t.outcome.ok}),
             }
+            row["family_defaults_us"] = result.defaults
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]
             if ours:  # our fastest kernel even when cuDNN won (first measurement, not re-timed)
                 fastest = min(ours, key=lambda t: t.outcome.time_us)
-                row["best_candidate"] = ig.name(fastest.config)
+                row["best_candidate"] = family_name(fastest.family, fastest.config)
                 row["best_candidate_us"] = fastest.outcome.time_us
             rows.append(row)
             print(f"{layer[0]} N={n:<4} cuDNN {cudnn_us:9.1f} us  default {default_us:9.1f}  tuned {tuned_us:9.1f}"
                   f"  x{row['speedup_vs_cudnn']:.2f} vs cuDNN  x{row['speedup_vs_default']:.2f} vs default"
                   f"  {row['plan']}  {result.evaluations} evals {wall:.1f} s {row['phases']}", flush=True)
-            if (n, layer[0]) == (1, "conv5"):
-                overhead_handle = result.handle
-            elif result.handle != ATEN:
+            if result.handle != ATEN:
                 dev.compiler.unload(result.handle)
             write(None)  # results so far survive a run cut short
 
-    overhead = host_overhead(overhead_handle) if overhead_handle is not None else None
+    overhead = host_overhead(dev.compiler) if args.overhead else None
     print("\n".join(write(overhead)))
     return 0
 

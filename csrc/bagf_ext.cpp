@@ -32,6 +32,7 @@ struct Plan {
   int bn = 0;       // block tile over output pixels
   int threads = 0;  // threads per block
   int smem = 0;     // dynamic shared memory bytes
+  int split = 1;    // split-K slices (grid.z); > 1: the output is zeroed and the slices add atomically
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -147,7 +148,8 @@ py::dict device_limits(int device) {
 // Load a cubin and register it as a plan. Raises (the tuner records a typed "resources" failure) when the
 // kernel cannot be launched with the requested threads / shared memory on this device.
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
-                   int threads, int smem) {
+                   int threads, int smem, int split) {
+  TORCH_CHECK(split >= 1 && split <= 65535, "bagf_torch: split-K of ", split, " slices is out of range");
   std::string cubin = cubin_bytes;
   make_context_current(device);
   std::lock_guard<std::mutex> lock(g_write_mutex);
@@ -160,6 +162,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
   plan.bn = bn;
   plan.threads = threads;
   plan.smem = smem;
+  plan.split = split;
   BAGF_CU_CHECK(cuModuleLoadData(&plan.module, cubin.data()));
   CUresult r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str());
   if (r != CUDA_SUCCESS) {
@@ -264,7 +267,11 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   TORCH_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   void* args[] = {&xp, &wp, &bp, &yp, &p};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, 1, plan.threads, 1, 1, plan.smem, stream, args, nullptr));
+  if (plan.split > 1) {  // split-K slices accumulate atomically into a zeroed output
+    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
+  }
+  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(plan.split), plan.threads, 1, 1, plan.smem,
+                               stream, args, nullptr));
 }
 
 const Plan* plan_for(int64_t handle) {

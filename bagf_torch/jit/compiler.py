@@ -115,10 +115,10 @@ class KernelCompiler:
         return cubin, lowered, seconds
 
     def _load(self, spec: KernelSpec, cubin: bytes, lowered: str, seconds: float) -> Loaded | Outcome:
-        fam, c = spec.family, spec.config
+        geo = spec.family.launch(spec.config)
         try:
-            info = self.ext.load_plan(cubin, lowered, self.device, c["BM"], c["BN"], fam.threads(c),
-                                      fam.smem_bytes(c))
+            info = self.ext.load_plan(cubin, lowered, self.device, geo["bm"], geo["bn"], geo["threads"],
+                                      geo["smem"], geo.get("split", 1))
         except RuntimeError as e:
             return Outcome("resources", detail=f"{spec.name}: {e}")
         STATS.add(loads=1)

@@ -1,8 +1,29 @@
-"""Kernel families: one module each with knobs, validity rules, default configuration and launch geometry."""
+"""Kernel families: one module each with knobs, validity rules, default configuration and launch geometry.
 
-from . import implicit_gemm
+A family module has FAMILY, SOURCE (its .cuh), MIN_ARCH (compute capability as 10*major+minor), PARAMS,
+DEFAULT, space(smem_limit), name(config), name_expression(config), threads(config), smem_bytes(config) and
+launch(config) (the geometry the host's plan needs).
+"""
+
+from . import implicit_gemm, implicit_gemm_tc
 from .space import Config, Space, config_key
 
-FAMILIES = {implicit_gemm.FAMILY: implicit_gemm}
+FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm)}
+"""Every family, in the order the tuner tries them (its budget split is by measured default speed)."""
 
-__all__ = ["Config", "FAMILIES", "Space", "config_key", "implicit_gemm"]
+
+def families_for(capability: tuple[int, int]) -> list:
+    """The families that run on a device of compute capability ``capability`` (e.g. (9, 0))."""
+    cc = 10 * capability[0] + capability[1]
+    return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH]
+
+
+def family_name(family: str, config) -> str:
+    """Readable name of a plan: ``aten`` or the family's instantiation name."""
+    if config is None or family not in FAMILIES:
+        return family
+    return FAMILIES[family].name(config)
+
+
+__all__ = ["Config", "FAMILIES", "Space", "config_key", "families_for", "family_name", "implicit_gemm",
+           "implicit_gemm_tc"]

@@ -34,6 +34,7 @@ FAMILY = "implicit_gemm"
 SOURCE = "implicit_gemm.cuh"
 KERNEL = "bagf::implicit_gemm_conv2d"
 TEMPLATE_ORDER = ("BM", "BN", "BK", "TM", "TN", "DB", "VEC")
+MIN_ARCH = 50
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "BM": (16, 32, 64, 128),
@@ -72,6 +73,11 @@ def estimated_registers(c: Mapping[str, int]) -> int:
     a_loads = -(-(c["BM"] * c["BK"] // c["VEC"]) // t) * c["VEC"]
     b_loads = -(-c["BK"] // max(1, t // c["BN"]))
     return c["TM"] * c["TN"] + c["TM"] + c["TN"] + a_loads + b_loads + 32
+
+
+def launch(c: Mapping[str, int]) -> dict[str, int]:
+    """What the host needs to launch one instantiation: tile sizes for the grid, block size, shared memory."""
+    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": 1}
 
 
 def grid(c: Mapping[str, int], k: int, npq: int) -> tuple[int, int]:

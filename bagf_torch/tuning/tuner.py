@@ -62,11 +62,13 @@ class TuneResult:
     handle: int                 # op plan handle; ATEN (-1) for torch's conv
     time_us: float              # winner's re-measured median
     aten_us: float              # cuDNN's re-measured median
-    default_us: float | None    # the family's default configuration (first measurement)
+    default_us: float | None    # the winning family's default configuration (first measurement); for an
+    #                             "aten" result, the first family's
     evaluations: int            # candidates that reached the GPU
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
     trials: list[Trial] = field(default_factory=list)
+    defaults: dict[str, float | None] = field(default_factory=dict)  # family -> its default's time (None: failed)
 
     @property
     def speedup(self) -> float:
@@ -74,16 +76,25 @@ class TuneResult:
 
 
 class Tuner:
-    """Tunes one problem at a time.
+    """Tunes one problem at a time, over one or several kernel families.
 
     ``compiler.compile(family, configs) -> [Loaded | Outcome]`` and ``compiler.unload(handle)``;
     ``checker.check(workspace, handle) -> Outcome | None``;
     ``benchmarker.measure(workspace, handle, cutoff_us) -> Outcome`` and
     ``benchmarker.remeasure(workspace, handles) -> [us]``;
     ``workspace(problem)`` makes the inputs and reference for a problem.
+
+    Algorithm is a tuning dimension: ``family`` may be a list of families. Each family is searched as its
+    own experiment (one strategy run over its own space), with the budget split by measured speed: every
+    family's default configuration is measured first; families slower than ``cutoff_factor`` x the best
+    default get nothing more; the others share the remaining evaluations and seconds in proportion to their
+    default's speed (1/time), fastest family first, and time a family leaves unused passes on. One experiment
+    per family rather than one Ax experiment with a family choice: the families' knobs differ (a joint space
+    would be conditional, which Ax's GP handles poorly), and a per-family space keeps each search's
+    encoding small and dense.
     """
 
-    def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family: ModuleType,
+    def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 3, cutoff_factor: float = 4.0,
                  space_limit: int | None = None):
@@ -91,18 +102,38 @@ class Tuner:
         self.checker = checker
         self.bench = benchmarker
         self.workspace = workspace
-        self.family = family
+        self.families = list(family) if isinstance(family, (list, tuple)) else [family]
+        self.family = self.families[0]
         self.strategy = strategy
         self.budget = budget
         self.seed = seed
         self.strategy_options = dict(strategy_options or {})
         self.finalists = finalists
         self.cutoff_factor = cutoff_factor
-        self.space = family.space(space_limit) if space_limit else family.space()
+        self.spaces = {f.FAMILY: (f.space(space_limit) if space_limit else f.space()) for f in self.families}
+        self.space = self.spaces[self.family.FAMILY]
+
+    def split_budget(self, defaults: dict[str, float | None], evaluations: int) -> dict[str, int]:
+        """Evaluations per family after the defaults: by default speed, none for hopeless families."""
+        if evaluations <= 0:
+            return {f: 0 for f in defaults}
+        ok = {f: t for f, t in defaults.items() if t is not None}
+        if not ok:  # no default ran (e.g. all failed to compile here): search every family evenly
+            ok = {f: 1.0 for f in defaults}
+        best = min(ok.values())
+        viable = {f: 1.0 / t for f, t in ok.items() if t <= self.cutoff_factor * best}
+        total = sum(viable.values())
+        shares = {f: int(evaluations * v / total) for f, v in viable.items()}
+        # hand out what rounding left, fastest family first
+        for f in sorted(viable, key=lambda f: ok[f]):
+            if sum(shares.values()) >= evaluations:
+                break
+            shares[f] += 1
+        return {f: shares.get(f, 0) for f in defaults}
 
     def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None) -> TuneResult:
         t_start = time.perf_counter()
-        phases = {"compile": 0.0, "check": 0.0, "measure": 0.0}
+        phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
         ws = self.workspace(problem)
         handles: dict[tuple, int] = {}
         trials: list[Trial] = []
@@ -117,56 +148,69 @@ class Tuner:
 
         done: dict[tuple, Outcome] = {}
 
-        def evaluate(configs: Sequence[Config]) -> list[Outcome]:
-            fresh = [c for c in configs if config_key(c) not in done]  # e.g. the default, proposed again
-            t = time.perf_counter()
-            built = self.compiler.compile(self.family, fresh)
-            phases["compile"] += time.perf_counter() - t
-            out: list[Outcome] = []
-            for c, b in zip(fresh, built):
-                if isinstance(b, Outcome):
-                    out.append(b)
-                    continue
+        def evaluator(family: ModuleType):
+            def evaluate(configs: Sequence[Config]) -> list[Outcome]:
+                keys = [(family.FAMILY, config_key(c)) for c in configs]
+                fresh = [c for c, k in zip(configs, keys) if k not in done]  # e.g. the default, proposed again
                 t = time.perf_counter()
-                bad = self.checker.check(ws, b.handle)
-                phases["check"] += time.perf_counter() - t
-                if bad is not None:
-                    self.compiler.unload(b.handle)
-                    out.append(bad)
-                    continue
-                t = time.perf_counter()
-                cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
-                o = self.bench.measure(ws, b.handle, cutoff)
-                phases["measure"] += time.perf_counter() - t
-                if o.ok:
-                    handles[config_key(c)] = b.handle
-                    best[0] = min(best[0], o.time_us)
-                else:
-                    self.compiler.unload(b.handle)
-                out.append(o)
-            for c, o in zip(fresh, out):
-                done[config_key(c)] = o
-                trials.append(Trial(self.family.FAMILY, dict(c), o))
-                if progress is not None:
-                    progress(f"{self.family.name(c)}: {o.status} "
-                             f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
-            return [done[config_key(c)] for c in configs]
+                built = self.compiler.compile(family, fresh) if fresh else []
+                phases["compile"] += time.perf_counter() - t
+                out: list[Outcome] = []
+                for c, b in zip(fresh, built):
+                    if isinstance(b, Outcome):
+                        out.append(b)
+                        continue
+                    t = time.perf_counter()
+                    bad = self.checker.check(ws, b.handle)
+                    phases["check"] += time.perf_counter() - t
+                    if bad is not None:
+                        self.compiler.unload(b.handle)
+                        out.append(bad)
+                        continue
+                    t = time.perf_counter()
+                    cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
+                    o = self.bench.measure(ws, b.handle, cutoff)
+                    phases["measure"] += time.perf_counter() - t
+                    if o.ok:
+                        handles[(family.FAMILY, config_key(c))] = b.handle
+                        best[0] = min(best[0], o.time_us)
+                    else:
+                        self.compiler.unload(b.handle)
+                    out.append(o)
+                for c, o in zip(fresh, out):
+                    done[(family.FAMILY, config_key(c))] = o
+                    trials.append(Trial(family.FAMILY, dict(c), o))
+                    if progress is not None:
+                        progress(f"{family.name(c)}: {o.status} "
+                                 f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
+                return [done[k] for k in keys]
+            return evaluate
 
-        default_outcome = evaluate([self.family.DEFAULT])[0]
-        default_us = default_outcome.time_us
-        remaining = Budget(max(1, self.budget.evaluations - 1),
-                           max(1e-3, self.budget.seconds - (time.perf_counter() - t_start)))
-        t, before = time.perf_counter(), sum(phases.values())
-        with _single_threaded_torch():
-            try:
-                strategies.run(self.strategy, self.space, evaluate, remaining, self.seed, **self.strategy_options)
-            except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
-                log.logger().warning(f"{self.strategy} search failed on {problem.short()} after "
-                                     f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")
-        # the search's own overhead: its wall time minus the compile/check/measure it asked for
-        phases["strategy"] = (time.perf_counter() - t) - (sum(phases.values()) - before)
+        defaults: dict[str, float | None] = {}
+        for fam in self.families:
+            o = evaluator(fam)([fam.DEFAULT])[0]
+            defaults[fam.FAMILY] = o.time_us if o.ok else None
+        shares = self.split_budget(defaults, self.budget.evaluations - len(self.families))
+        order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: defaults[f.FAMILY])
+        for i, fam in enumerate(order):
+            left_s = self.budget.seconds - (time.perf_counter() - t_start)
+            if left_s <= 0:
+                break
+            rest = sum(shares[f.FAMILY] for f in order[i:])
+            remaining = Budget(shares[fam.FAMILY], max(1e-3, left_s * shares[fam.FAMILY] / rest))
+            t, before = time.perf_counter(), sum(v for k, v in phases.items() if k != "strategy")
+            with _single_threaded_torch():
+                try:
+                    strategies.run(self.strategy, self.spaces[fam.FAMILY], evaluator(fam), remaining, self.seed,
+                                   **self.strategy_options)
+                except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
+                    log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
+                                         f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")
+            # the search's own overhead: its wall time minus the compile/check/measure it asked for
+            phases["strategy"] += (time.perf_counter() - t) - (
+                sum(v for k, v in phases.items() if k != "strategy") - before)
 
-        ok = sorted(((tr.outcome.time_us, config_key(tr.config)) for tr in trials
+        ok = sorted(((tr.outcome.time_us, (tr.family, config_key(tr.config))) for tr in trials
                      if tr.config is not None and tr.outcome.ok), key=lambda t: t[0])
         finalists = [k for _, k in ok[: self.finalists]]
         t = time.perf_counter()
@@ -179,9 +223,11 @@ class Tuner:
             if h != fin_handles[win]:
                 self.compiler.unload(h)
         evaluations = sum(1 for tr in trials if tr.config is not None and tr.outcome.status != "invalid")
-        common = dict(problem=problem, aten_us=aten_us, default_us=default_us, evaluations=evaluations,
-                      seconds=time.perf_counter() - t_start, phases=phases, trials=trials)
+        win_family = finalists[win][0] if fin_handles[win] != ATEN else self.family.FAMILY
+        common = dict(problem=problem, aten_us=aten_us, default_us=defaults.get(win_family),
+                      evaluations=evaluations, seconds=time.perf_counter() - t_start, phases=phases,
+                      trials=trials, defaults=defaults)
         if fin_handles[win] == ATEN:
             return TuneResult(family="aten", config=None, handle=ATEN, time_us=aten_us, **common)
-        return TuneResult(family=self.family.FAMILY, config=dict(finalists[win]), handle=fin_handles[win],
+        return TuneResult(family=win_family, config=dict(finalists[win][1]), handle=fin_handles[win],
                           time_us=times[win], **common)

@@ -1,0 +1,132 @@
+"""Kernel family ``implicit_gemm_tc``: fp32 implicit-GEMM convolution on tensor cores, 3xTF32 (csrc/kernels/implicit_gemm_tc.cuh).
+
+Same GEMM view as ``implicit_gemm`` (M = K output channels, N = N*P*Q output pixels, reduction over C*R*S),
+but the block's BM x BN tile is cut into WM x WN warp tiles that issue ``mma.sync.m16n8k8`` TF32 products,
+and tiles stream through a STAGES-deep ``cp.async`` pipeline (the im2col gather included: out-of-range
+elements are zero-filled copies).
+Each operand is split into a TF32 "big" part and a TF32 remainder, and three products are accumulated in
+fp32, so the result has fp32 accuracy (the tuner's check against float64 applies unchanged; single TF32
+fails it). Needs sm_80 or newer.
+
+Knobs (template parameters) and the validity rules enforced before anything is compiled:
+
+========  ===================  =====================================================================
+knob      values               rule
+========  ===================  =====================================================================
+BM        32 64 128            warp tile BM/WM is a multiple of 16 (the mma's M)
+BN        32 64 128            warp tile BN/WN is a multiple of 8 (the mma's N)
+BK        8 16 32              (multiples of the mma's K = 8)
+WM, WN    1 2 4                threads = 32*WM*WN; threads % BN == 0 (input loader: one pixel column
+                               per thread)
+STAGES    2 3 4                cp.async pipeline depth; shared memory 4*STAGES*(BM*(BK+4) + BK*(BN+8))
+                               bytes <= the device's opt-in per-block limit
+SPLIT     1 2 4 8 16           split-K slices (grid.z); the host zeroes the output and slices add
+                               atomically. Estimated registers per thread <= 255 and * threads <= 65536
+========  ===================  =====================================================================
+
+Every configuration is valid for every problem: shapes are run-time arguments and all accesses are bounds
+checked. SPLIT > 1 makes the summation order vary from run to run (atomics): results differ by float
+rounding only, within the same tolerance.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .space import Config, Space
+
+FAMILY = "implicit_gemm_tc"
+SOURCE = "implicit_gemm_tc.cuh"
+KERNEL = "bagf::implicit_gemm_tc_conv2d"
+TEMPLATE_ORDER = ("BM", "BN", "BK", "WM", "WN", "STAGES", "SPLIT")
+MIN_ARCH = 80
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "BM": (32, 64, 128),
+    "BN": (32, 64, 128),
+    "BK": (8, 16, 32),
+    "WM": (1, 2, 4),
+    "WN": (1, 2, 4),
+    "STAGES": (2, 3, 4),
+    "SPLIT": (1, 2, 4, 8, 16),
+}
+
+# Hand-picked start: 64x64 block of four 32x32 warp tiles (128 threads), 16-deep K-steps, 3-stage pipeline.
+DEFAULT: Config = {"BM": 64, "BN": 64, "BK": 16, "WM": 2, "WN": 2, "STAGES": 3, "SPLIT": 1}
+
+SM90_SMEM_LIMIT = 232448
+REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def threads(c: Mapping[str, int]) -> int:
+    return 32 * c["WM"] * c["WN"]
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    return 4 * c["STAGES"] * (c["BM"] * (c["BK"] + 4) + c["BK"] * (c["BN"] + 8))
+
+
+def estimated_registers(c: Mapping[str, int]) -> int:
+    """Accumulators, split fragments (big + small) and the input rows' (c, r, s) counters, plus ~40 for
+    addressing (cp.async needs no staging registers)."""
+    t = threads(c)
+    mi, ni = c["BM"] // c["WM"] // 16, c["BN"] // c["WN"] // 8
+    acc = mi * ni * 4
+    frags = mi * 8 + ni * 4
+    b_loads = -(-c["BK"] // max(1, t // c["BN"]))
+    return acc + frags + 3 * b_loads + 40
+
+
+def launch(c: Mapping[str, int]) -> dict[str, int]:
+    """What the host needs to launch one instantiation: tile sizes for the grid, block size, shared memory."""
+    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"]}
+
+
+def grid(c: Mapping[str, int], k: int, npq: int) -> tuple[int, int, int]:
+    return (-(-npq // c["BN"]), -(-k // c["BM"]), c["SPLIT"])
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``implicit_gemm_tc_bm64_bn64_bk16_wm2_wn2_st3_s1_sm90``."""
+    return (f"{FAMILY}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}"
+            f"_st{c['STAGES']}_s{c['SPLIT']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    return f"{KERNEL}<{', '.join(str(c[k]) for k in TEMPLATE_ORDER)}>"
+
+
+def _rules(smem_limit: int):
+    def warp_tile(c):
+        wtm, wtn = c["BM"] // c["WM"], c["BN"] // c["WN"]
+        if c["BM"] % c["WM"] or wtm % 16:
+            return f"warp tile over M is BM/WM = {c['BM']}/{c['WM']}, not a multiple of 16"
+        if c["BN"] % c["WN"] or wtn % 8:
+            return f"warp tile over N is BN/WN = {c['BN']}/{c['WN']}, not a multiple of 8"
+        return None
+
+    def loader(c):
+        t = threads(c)
+        if t % c["BN"]:
+            return f"{t} threads is not a multiple of BN={c['BN']} (input-tile loader)"
+        return None
+
+    def shared_memory(c):
+        need = smem_bytes(c)
+        if need > smem_limit:
+            return f"needs {need} bytes of shared memory, device limit {smem_limit}"
+        return None
+
+    def registers(c):
+        t, regs = threads(c), estimated_registers(c)
+        if regs * t > REGISTERS_PER_SM or regs > MAX_REGISTERS_PER_THREAD:
+            return (f"needs about {regs} registers per thread x {t} threads (limits: {REGISTERS_PER_SM} per "
+                    f"block, {MAX_REGISTERS_PER_THREAD} per thread): it would spill to local memory")
+        return None
+
+    return (warp_tile, loader, shared_memory, registers)
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    return Space(FAMILY, PARAMS, _rules(smem_limit))
