@@ -15,6 +15,9 @@ How it stays safe:
   (SQLite connections must not cross ``fork``).
 - ``put_plan`` is ``INSERT OR IGNORE``: the first tuner to finish wins, every later one is told (returns
   False) and every process then loads the same plan.
+- ``claim``/``heartbeat``/``release``: a per-key lease that tells other processes "I am tuning this one";
+  the runtime makes them wait for the claimant's plan. A claim of a dead process of this host (``kill -9``)
+  is void at once; one of another host lapses when its lease runs out.
 - Opening is serialised between processes by an ``flock`` on ``<file>.lock`` (POSIX; no lock elsewhere),
   so that two processes that both find a damaged file do not each move the other's fresh file aside.
 - On open, ``PRAGMA quick_check`` detects a truncated, garbage or damaged file; it is moved aside to

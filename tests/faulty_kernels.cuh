@@ -2,6 +2,7 @@
 // NVRTC path and launched through the same op as the real kernels (same signature as implicit_gemm_conv2d).
 // MODE 0: a correct naive direct convolution (the control); 1: writes 2^36 floats past the output (illegal
 // address: poisons the CUDA context that launched it); 2: correct plus one (wrong numbers); 3: spins forever.
+// Any other MODE fails to compile (static_assert), for the compile-error row.
 #pragma once
 #include "conv_params.h"
 
@@ -10,6 +11,7 @@ namespace bagf_test {
 template <int MODE, int BM, int BN>
 __global__ void faulty_conv2d(const float* __restrict__ x, const float* __restrict__ w,
                               const float* __restrict__ bias, float* __restrict__ y, const bagf::Conv2dParams p) {
+  static_assert(MODE >= 0 && MODE <= 3, "faulty_conv2d: MODE must be 0..3");
   const int t = threadIdx.x;
   const int k = blockIdx.y * BM + t / BN;
   const long long pix = static_cast<long long>(blockIdx.x) * BN + t % BN;

@@ -34,10 +34,15 @@ def bagf_log(caplog):
     return lambda: [r for r in caplog.records if r.name == "bagf_torch"]
 
 
-def _cache_path() -> str:
-    from bagf_torch import settings
-
-    return str(default_cache_path(settings.cache_dir()))
+@pytest.fixture
+def counts(record_property):
+    """Records the matrix's counts for benchmarks/faults.py: faults injected, user processes crashed, wrong
+    results cached, entries lost (as test properties; call before the asserts, so a failure still reports)."""
+    def record(faults=0, crashed=0, wrong_cached=0, lost=0):
+        for name, value in (("faults", faults), ("crashed", crashed), ("wrong_cached", wrong_cached),
+                            ("lost", lost)):
+            record_property(name, int(value))
+    return record
 
 
 # ---- cache made for another GPU / torch / bagf / kernel source -----------------------------------------
@@ -45,7 +50,7 @@ def _cache_path() -> str:
 
 @pytest.mark.parametrize("field,value", [("gpu", "NVIDIA A100-SXM4-80GB"), ("cc", "8.0"), ("torch", "2.5.0"),
                                          ("bagf_torch", "0.0.9"), ("kernels", "edited"), ("driver", 2)])
-def test_row_stale_env_is_retuned_and_import_says_why(field, value, tmp_path):
+def test_row_stale_env_is_retuned_and_import_says_why(field, value, tmp_path, counts):
     old_env = dict(fh.ENV)
     old = runtime.install(fh.make_runtime(env=old_env))
     old.plan_handle(fh.P, 0)
@@ -57,6 +62,7 @@ def test_row_stale_env_is_retuned_and_import_says_why(field, value, tmp_path):
     new_env = dict(fh.ENV, **{field: value})
     rt = runtime.install(fh.make_runtime(env=new_env))
     handle = rt.plan_handle(fh.P, 0)
+    counts(faults=1, wrong_cached=rt.stats["cache_hits"])
     assert rt.stats["cache_hits"] == 0 and rt.stats["tuned"] == 1  # not used: re-tuned
     assert handle in rt.fake_compiler.loaded
     assert rt.key(fh.P, 0) != old_key
@@ -71,7 +77,7 @@ def test_row_stale_env_is_retuned_and_import_says_why(field, value, tmp_path):
 # ---- kill -9 in the middle of tuning ---------------------------------------------------------------------
 
 
-def test_row_kill_9_mid_tuning_then_restart(cache_dir, bagf_log):
+def test_row_kill_9_mid_tuning_then_restart(cache_dir, bagf_log, counts):
     ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=fh.tune_until_killed, args=(str(cache_dir), 0.02, 500), daemon=True)
     child.start()
@@ -97,6 +103,7 @@ def test_row_kill_9_mid_tuning_then_restart(cache_dir, bagf_log):
     cache = rt.cache()
     assert not cache.in_memory
     kept = cache.trials(key)
+    counts(faults=1, lost=max(0, seen - len(kept)))
     assert len(kept) >= seen  # completed trials survive the kill
     assert cache.get_plan(key) is None and cache.claimed_by(key) is None  # the dead tuner's claim is void
     t0 = time.monotonic()
@@ -111,7 +118,7 @@ def test_row_kill_9_mid_tuning_then_restart(cache_dir, bagf_log):
 # ---- 8 processes, one cache, one problem -----------------------------------------------------------------
 
 
-def test_row_8_processes_tune_one_problem(cache_dir):
+def test_row_8_processes_tune_one_problem(cache_dir, counts):
     workers = 8
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(workers)
@@ -123,6 +130,8 @@ def test_row_8_processes_tune_one_problem(cache_dir):
     got = [results.get(timeout=120) for _ in children]
     for child in children:
         child.join(timeout=60)
+    counts(faults=workers - 1, crashed=sum(child.exitcode != 0 for child in children))
+    for child in children:
         assert child.exitcode == 0  # no process fails
     assert sum(r["tuned"] for r in got) == 1  # one tuned, the others waited for it
     assert sum(r["waited"] for r in got) == workers - 1
@@ -153,7 +162,7 @@ def test_row_claim_of_a_live_process_is_respected_and_expires(cache_dir):
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 @pytest.mark.parametrize("world", [3])
-def test_row_ddp_ranks_agree_on_one_plan(cache_dir, tmp_path, world):
+def test_row_ddp_ranks_agree_on_one_plan(cache_dir, tmp_path, world, counts):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     init_file = tmp_path / "dist_init"
@@ -164,6 +173,8 @@ def test_row_ddp_ranks_agree_on_one_plan(cache_dir, tmp_path, world):
     everyone = results.get(timeout=120)
     for p in ranks:
         p.join(timeout=60)
+    counts(faults=world - 1, crashed=sum(p.exitcode != 0 for p in ranks))
+    for p in ranks:
         assert p.exitcode == 0
     assert sum(r["tuned"] for r in everyone) == 1
     assert len({tuple(sorted(r["config"].items())) for r in everyone}) == 1
@@ -192,7 +203,7 @@ _REASONS = {"cpu": "not a CUDA tensor", "float16": "dtype torch.float16", "bfloa
 
 
 @pytest.mark.parametrize("case", sorted(_CASES))
-def test_row_unsupported_input_falls_back_with_one_line(case, monkeypatch, bagf_log):
+def test_row_unsupported_input_falls_back_with_one_line(case, monkeypatch, bagf_log, counts):
     """The module's fallback on a CPU: the tensor checks are device-agnostic, so with the device check
     passed (as for a CUDA tensor) each reason is reached; the runtime must never be asked."""
     spec = _CASES[case]
@@ -206,6 +217,7 @@ def test_row_unsupported_input_falls_back_with_one_line(case, monkeypatch, bagf_
         conv, x = conv.to(spec["dtype"]), x.to(spec["dtype"])
     x = spec.get("input", lambda t: t)(x)
     tuned = bagf_torch.TunedConv2d.from_conv(conv)
+    counts(faults=1)
     for _ in range(3):
         torch.testing.assert_close(tuned(x), conv(x))
     lines = [r.getMessage() for r in bagf_log()]
@@ -329,7 +341,7 @@ def test_row_background_failure_falls_back_to_aten_once(monkeypatch, bagf_log):
     assert rt.cache().claimed_by(rt.key(fh.P, 0)) is None  # the failed tuner let go of its claim
 
 
-def test_row_wrong_results_are_never_cached():
+def test_row_wrong_results_are_never_cached(counts):
     """A checker that rejects every kernel: the plan is ATen, no rejected config is ever the plan."""
     from bagf_torch.tuning.common import Outcome
 
@@ -345,8 +357,10 @@ def test_row_wrong_results_are_never_cached():
 
     rt._make_tuner = make
     runtime.install(rt)
-    assert rt.plan_handle(fh.P, 0) == ATEN
+    handle = rt.plan_handle(fh.P, 0)
     key = rt.key(fh.P, 0)
+    counts(faults=len(rt.fake_compiler.loaded), wrong_cached=int(rt.cache().get_plan(key)["family"] != "aten"))
+    assert handle == ATEN
     assert rt.cache().get_plan(key)["family"] == "aten"
     statuses = [t["status"] for t in rt.cache().trials(key)]
     assert statuses.count("wrong") >= 1 and statuses.count("ok") == 1  # only cuDNN's measurement was ok
@@ -355,7 +369,7 @@ def test_row_wrong_results_are_never_cached():
 # ---- candidate isolation (the protocol, on a CPU with a fake worker backend) ----------------------------
 
 
-def test_row_isolated_worker_survives_crash_poison_hang_and_wrong():
+def test_row_isolated_worker_survives_crash_poison_hang_and_wrong(counts):
     from bagf_torch.tuning.isolated import RemoteWorkspace, WorkerPool
 
     pool = WorkerPool(0, timeout_s=2.0, backend="fault_helpers:cpu_backend")
@@ -369,6 +383,7 @@ def test_row_isolated_worker_survives_crash_poison_hang_and_wrong():
         assert isinstance(ws, RemoteWorkspace)
         check = pool.checker().check
         got = {name: check(ws, b.handle) for name, b in built.items()}
+        counts(faults=4)
         assert got["good"] is None and got["good2"] is None
         assert got["crash"].status == "crashed" and "SIGABRT" in got["crash"].detail
         assert got["poison"].status == "crashed" and "illegal memory access" in got["poison"].detail
@@ -407,7 +422,27 @@ def _parent_context_is_usable():
 
 
 @pytest.mark.cuda
-def test_row_gpu_faulty_kernels_isolated(cache_dir, monkeypatch):
+def test_row_gpu_compile_and_resource_failures_are_typed(cache_dir, counts):
+    """Through the real NVRTC path in this process (compiling cannot hurt the context): a compile error is
+    "compile" with the compiler's log; 4096 threads per block is refused at load or launch, typed."""
+    import faulty_family as ff
+    from bagf_torch.jit.compiler import KernelCompiler
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    compiler = KernelCompiler(Cache.for_dir(cache_dir), 0, workers=2)
+    bad_source, too_big = compiler.compile(ff, [ff.config(9), dict(ff.config(ff.CORRECT), BM=64, BN=64)])
+    counts(faults=2)
+    assert bad_source.status == "compile" and "MODE must be 0..3" in bad_source.detail
+    if hasattr(too_big, "handle"):  # loaded: the launch must fail, typed, and leave the context usable
+        out = CudaChecker(compiler.ext).check(Workspace(_gpu_problem(), torch.device("cuda", 0)), too_big.handle)
+        assert out is not None and out.status == "launch", out
+    else:
+        assert too_big.status == "resources", too_big
+    _parent_context_is_usable()
+
+
+@pytest.mark.cuda
+def test_row_gpu_faulty_kernels_isolated(cache_dir, monkeypatch, counts):
     """Out-of-bounds writer -> "crashed", wrong numbers -> "wrong", spin loop -> "timeout", all in the worker;
     this process's CUDA context stays usable, and the correct kernel still checks and times after restarts."""
     import faulty_family as ff
@@ -422,6 +457,7 @@ def test_row_gpu_faulty_kernels_isolated(cache_dir, monkeypatch):
         assert all(hasattr(b, "handle") for b in built), [getattr(b, "detail", "")[:500] for b in built]
         ws = pool.workspace(_gpu_problem())
         got = [pool.checker().check(ws, b.handle) for b in built]
+        counts(faults=3)
         assert got[0] is None
         assert got[1].status == "crashed" and "illegal" in got[1].detail.lower(), got[1]
         assert got[2].status == "wrong", got[2]
@@ -435,7 +471,7 @@ def test_row_gpu_faulty_kernels_isolated(cache_dir, monkeypatch):
 
 
 @pytest.mark.cuda
-def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch):
+def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch, counts):
     """The Tuner, unchanged, over the faulty family with isolation: every fault is a recorded typed failure
     (journaled to the cache as it happens), the winner is the correct kernel or cuDNN, never a wrong one."""
     import faulty_family as ff
@@ -454,6 +490,7 @@ def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch):
             statuses = {t["config"]["MODE"]: t["status"] for t in cache.trials("faulty-key") if t["config"]}
     finally:
         pool.close()
+    counts(faults=3, wrong_cached=int(result.config is not None and result.config["MODE"] != ff.CORRECT))
     assert statuses == {ff.CORRECT: "ok", ff.OUT_OF_BOUNDS: "crashed", ff.WRONG: "wrong", ff.HANG: "timeout"}
     assert result.config is None or result.config["MODE"] == ff.CORRECT
     _parent_context_is_usable()

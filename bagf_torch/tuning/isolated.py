@@ -18,6 +18,10 @@ with ``compiler``, ``checker``, ``benchmarker``, ``workspace(problem)`` and ``he
 when the device is still usable). The default, ``cuda_backend``, is the real NVRTC compiler, CudaChecker and
 CudaBenchmarker; tests run the protocol on a CPU with a fake backend.
 
+The worker is a ``multiprocessing`` "spawn" child, so, as with any spawn start method, a user script run as
+``python script.py`` must keep its work under ``if __name__ == "__main__":`` (the child imports the main
+module to unpickle its arguments).
+
 Cost: the worker's start (spawn, import torch, CUDA context, extension load) takes a few seconds, once per
 device and process (the pool is kept between problems); each candidate costs a pipe round trip (~0.1 ms).
 """
