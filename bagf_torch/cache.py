@@ -15,6 +15,9 @@ How it stays safe:
   (SQLite connections must not cross ``fork``).
 - ``put_plan`` is ``INSERT OR IGNORE``: the first tuner to finish wins, every later one is told (returns
   False) and every process then loads the same plan.
+- ``claim``/``heartbeat``/``release``: a per-key lease that tells other processes "I am tuning this one";
+  the runtime makes them wait for the claimant's plan. A claim of a dead process of this host (``kill -9``)
+  is void at once; one of another host lapses when its lease runs out.
 - Opening is serialised between processes by an ``flock`` on ``<file>.lock`` (POSIX; no lock elsewhere),
   so that two processes that both find a damaged file do not each move the other's fresh file aside.
 - On open, ``PRAGMA quick_check`` detects a truncated, garbage or damaged file; it is moved aside to
@@ -51,6 +54,7 @@ import json
 import logging
 import math
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -62,7 +66,7 @@ try:  # POSIX only; elsewhere opening is not serialised between processes (see _
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["Cache", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "default_cache_path"]
+__all__ = ["Cache", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "default_cache_path", "owner_id"]
 
 logger = logging.getLogger("bagf_torch")
 
@@ -113,6 +117,16 @@ CREATE TABLE cubins (
     sha256        TEXT NOT NULL,
     created       REAL NOT NULL
 );
+"""
+
+# Who is tuning which key right now (see Cache.claim). Not results, so not part of the schema version: it is
+# created on open when missing, and a bagf_torch that does not know it leaves it alone. Rows are transient.
+_CLAIMS = """
+CREATE TABLE IF NOT EXISTS claims (
+    key      TEXT PRIMARY KEY,
+    owner    TEXT NOT NULL,
+    expires  REAL NOT NULL
+)
 """
 
 _PLAN_COLUMNS = ("key", "problem", "env", "family", "config", "time_us", "aten_us", "default_us",
@@ -232,6 +246,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
 def _memory_connection() -> sqlite3.Connection:
     conn = _connect(":memory:")
     _create_schema(conn)
+    conn.execute(_CLAIMS)
     return conn
 
 
@@ -273,6 +288,7 @@ def _open_file(path: Path) -> sqlite3.Connection:
         elif version != SCHEMA_VERSION:
             what = "not a bagf_torch cache" if version == 0 else f"schema version {version}"
             raise _Damaged(f"schema-v{version}", f"{what}, this bagf_torch uses version {SCHEMA_VERSION}")
+        conn.execute(_CLAIMS)
         return conn
     except BaseException:
         conn.close()
@@ -294,6 +310,7 @@ def _read_only_copy(path: Path) -> sqlite3.Connection | None:
             return None
         memory = _connect(":memory:")
         source.backup(memory)
+        memory.execute(_CLAIMS)
         return memory
     except (sqlite3.Error, OSError, ValueError):
         return None
@@ -376,6 +393,7 @@ class Cache:
             try:
                 memory = _connect(":memory:")
                 copy_from.backup(memory)
+                memory.execute(_CLAIMS)
             except sqlite3.Error:
                 memory = None
         elif read_only_copy and self.path is not None:
@@ -534,6 +552,48 @@ class Cache:
             raise TypeError(f"cubin must be bytes, got {type(cubin).__name__}")
         row = (digest, name, lowered_name, bytes(cubin))
         self._write(lambda c: _insert_cubins(c, [row]))
+
+    # ---- who is tuning what -------------------------------------------------------------------
+
+    def claim(self, key: str, owner: str, lease_s: float) -> str | None:
+        """Claim the right to tune ``key`` for ``lease_s`` seconds; None if the claim is now ``owner``'s,
+        else the id of the live process holding it.
+
+        Several processes (DDP ranks, serving workers) meeting a new problem at once: one claims it and
+        tunes, the others wait for its plan (``get_plan``) instead of tuning the same problem on the same
+        GPU, which would waste the time and disturb each other's measurements. A claim is kept alive with
+        ``heartbeat`` and dropped with ``release``; one whose lease ran out, or whose owner is a process
+        of this host that no longer exists (``kill -9``), is taken over. ``owner`` is ``owner_id()``.
+        """
+        now = time.time()
+
+        def take(c: sqlite3.Connection) -> str | None:
+            row = c.execute("SELECT owner, expires FROM claims WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[0] != owner and row[1] > now and _owner_alive(row[0]):
+                return row[0]
+            c.execute("INSERT OR REPLACE INTO claims (key, owner, expires) VALUES (?, ?, ?)",
+                      (key, owner, now + lease_s))
+            return None
+
+        return self._write(take)
+
+    def claimed_by(self, key: str) -> str | None:
+        """The live owner of a claim on ``key``, or None (no claim, expired, or its process is gone)."""
+        row = self._read(lambda c: c.execute("SELECT owner, expires FROM claims WHERE key = ?",
+                                             (key,)).fetchone())
+        if row is None or row[1] <= time.time() or not _owner_alive(row[0]):
+            return None
+        return row[0]
+
+    def heartbeat(self, key: str, owner: str, lease_s: float) -> bool:
+        """Extend ``owner``'s claim on ``key`` by ``lease_s`` from now; False if it is no longer theirs."""
+        expires = time.time() + lease_s
+        return self._write(lambda c: c.execute("UPDATE claims SET expires = ? WHERE key = ? AND owner = ?",
+                                               (expires, key, owner)).rowcount == 1)
+
+    def release(self, key: str, owner: str) -> None:
+        """Drop ``owner``'s claim on ``key`` (no-op if it is not theirs)."""
+        self._write(lambda c: c.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, owner)))
 
     # ---- moving results between machines ------------------------------------------------------
 
@@ -730,6 +790,28 @@ def _trial_row(key: str, index: int, trial: dict, now: float) -> tuple:
     return (key, str(trial["family"]), None if config is None else _dumps(config), str(trial["status"]),
             _number(f"trial {index} time_us", trial.get("time_us"), optional=True, infinite=True),
             str(trial.get("detail") or ""), now)
+
+
+def owner_id() -> str:
+    """This process's claim owner id, ``host:pid:random``: the random part tells a process from a later one
+    that reuses its pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    """False only when ``owner`` names a process of this host that does not exist any more; an owner on
+    another host (a cache on a shared file system) is alive until its lease runs out."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, owned by someone else
+        return True
+    return True
 
 
 def _env_difference(theirs: dict, ours: dict) -> str:

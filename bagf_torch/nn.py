@@ -35,8 +35,8 @@ class TunedConv2d(nn.Conv2d):
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
     (BAGF_TUNE=1), then reuses it. Anything the kernels do not handle (CPU tensors, dtypes other than
     float32, non-contiguous or channels_last input, padding_mode other than 'zeros', groups > 1, asymmetric
-    'same' padding, empty or > 2^31-element tensors) runs through ``nn.Conv2d.forward`` with one log line the
-    first time per reason. Backward always uses ATen's convolution backward.
+    'same' padding, empty batches, input, weight or output of more than 2^31 elements) runs through
+    ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses ATen's convolution backward.
 
     Example::
 
@@ -64,10 +64,16 @@ class TunedConv2d(nn.Conv2d):
         state["_bagf_handles"] = {}
         return state
 
+    @staticmethod
+    def _device_reason(x: torch.Tensor) -> str | None:
+        return None if x.is_cuda else "input is not a CUDA tensor"
+
     def _unsupported(self, x: torch.Tensor) -> str | None:
+        """Why the tuned kernels cannot take ``x`` (a short reason, logged once per reason), or None."""
         w = self.weight
-        if not x.is_cuda:
-            return "input is not a CUDA tensor"
+        reason = self._device_reason(x)
+        if reason is not None:
+            return reason
         if x.dtype != torch.float32 or w.dtype != torch.float32:
             return f"dtype {x.dtype} (kernels are float32 only for now)"
         if self.padding_mode != "zeros":
@@ -87,6 +93,17 @@ class TunedConv2d(nn.Conv2d):
             return "asymmetric 'same' padding (even kernel extent)"
         if x.numel() > _INT32_MAX:
             return "input with more than 2^31 elements"
+        if w.numel() > _INT32_MAX:
+            return "weight with more than 2^31 elements"
+        # The kernels index the output with 32 bits too; a problem whose output is larger must not even be
+        # tuned (the checker would launch a candidate into it).
+        (ph, pw), (sh, sw), (dh, dw) = _numeric_padding(self), self.stride, self.dilation
+        p = (x.shape[2] + 2 * ph - dh * (w.shape[2] - 1) - 1) // sh + 1
+        q = (x.shape[3] + 2 * pw - dw * (w.shape[3] - 1) - 1) // sw + 1
+        if p <= 0 or q <= 0:  # ATen raises its own error for this, as nn.Conv2d would
+            return "kernel larger than the padded input"
+        if x.shape[0] * w.shape[0] * p * q > _INT32_MAX:
+            return "output with more than 2^31 elements"
         return None
 
     def _handle(self, x: torch.Tensor, padding: tuple[int, int]) -> int:
@@ -101,12 +118,13 @@ class TunedConv2d(nn.Conv2d):
             return entry[0]
         problem = ConvProblem.from_call(x, self.weight, self.bias, self.stride, padding, self.dilation, 1)
         try:
-            handle = runtime.get().plan_handle(problem, x.get_device())
+            handle, final = runtime.get().lookup(problem, x.get_device())
         except Exception as e:  # a broken toolchain or tuner must not break the user's forward
             log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} "
                      f"({type(e).__name__}: {e}); using torch's conv2d for it")
-            handle = ATEN
-        self._bagf_handles[key] = (handle, tf32)
+            handle, final = ATEN, True
+        if final:  # ATen standing in (BAGF_TUNE=0, or tuning in the background): ask the runtime again next call
+            self._bagf_handles[key] = (handle, tf32)
         return handle
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

@@ -4,23 +4,42 @@
 plan handle: a loaded kernel, or ``ATEN`` (-1) when torch's own conv is the plan, when tuning is disabled
 (BAGF_TUNE=0) and nothing is cached, or when tuning could not run here (the reason is logged once).
 A warm cache costs no tuning and no NVRTC compile: the winner's cubin is loaded from the cache.
+
+Several processes, one cache (DDP ranks or torchrun workers on one node, serving replicas): before tuning a
+problem a process claims its key in the cache (``Cache.claim``); the others **wait** for the claimant's
+plan and then load it, so every process runs the same kernel and the GPU is never shared by two tuners
+(their timings would disturb each other). The claimant keeps its claim alive with a heartbeat; when it dies
+(``kill -9``) its claim is taken over at once on this host, after ``BAGF_CLAIM_LEASE`` seconds elsewhere,
+and the next process tunes. With ``BAGF_BACKGROUND=1`` the waiting (and the tuning) happens in a background
+thread while the caller runs ATen, so nobody stalls.
+
+Trials are written to the cache as each one completes (not at the end), so a tuning run killed half-way
+keeps what it measured; the next process re-tunes the problem from the start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import sys
 import threading
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
 
 import torch
 
 from . import log, settings
 from .kernels import FAMILIES, families_for, family_name
 from .problem import ConvProblem, fingerprint
-from .tuning.common import Budget
+from .tuning.common import Budget, Outcome
 from .tuning.measure import ATEN
+
+
+def _cuda_device(index: int) -> ContextManager:
+    return torch.cuda.device(index)
 
 
 @dataclass
@@ -28,17 +47,123 @@ class _Device:
     index: int
     env: dict
     compiler: object
+    # Makes the device current on the calling thread (torch.cuda.device by default; a no-op for fakes).
+    context: Callable[[int], ContextManager] = field(default=_cuda_device)
+
+
+Wrap = Callable[[object, object, object], tuple]
+"""``wrap(compiler, checker, benchmarker) -> (compiler, checker, benchmarker)``: what a tuner factory applies
+to the pieces it gives its Tuner so that the runtime sees each trial as it completes (``_Journal``)."""
+
+
+class _Journal:
+    """Writes each trial to the cache the moment its outcome is final, by sitting between the Tuner and its
+    compiler, checker and benchmarker: a compile failure, a check failure, or a measurement is the last
+    word on a configuration (the Tuner memoises configurations, so none is evaluated twice). The finalists'
+    interleaved re-measurement is not a trial and is not journaled."""
+
+    def __init__(self, cache, key: str):
+        self.cache = cache
+        self.key = key
+        self.configs: dict[int, tuple[str, dict]] = {}  # handle -> (family, config)
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def _write(self, family: str, config: dict | None, outcome: Outcome) -> None:
+        self.cache.add_trials(self.key, [{"family": family, "config": config, "status": outcome.status,
+                                          "time_us": outcome.time_us, "detail": outcome.detail}])
+        with self._lock:
+            self.count += 1
+
+    def wrap(self, compiler, checker, bench) -> tuple:
+        journal = self
+
+        class Compiler:
+            def __getattr__(self, name):  # limits, digest, ext...: the wrapped compiler's
+                return getattr(compiler, name)
+
+            def compile(self, family, configs):
+                built = compiler.compile(family, configs)
+                for c, b in zip(configs, built):
+                    if isinstance(b, Outcome):
+                        journal._write(family.FAMILY, dict(c), b)
+                    else:
+                        journal.configs[b.handle] = (family.FAMILY, dict(c))
+                return built
+
+            def unload(self, handle):
+                compiler.unload(handle)
+
+        class Checker:
+            def check(self, ws, handle):
+                bad = checker.check(ws, handle)
+                if bad is not None:
+                    journal._write(*journal.configs.get(handle, ("?", None)), bad)
+                return bad
+
+        class Bench:
+            def __getattr__(self, name):
+                return getattr(bench, name)
+
+            def measure(self, ws, handle, cutoff_us=None):
+                outcome = bench.measure(ws, handle, cutoff_us)
+                family, config = ("aten", None) if handle == ATEN else journal.configs.get(handle, ("?", None))
+                journal._write(family, config, outcome)
+                return outcome
+
+            def remeasure(self, ws, handles, rounds=5):
+                return bench.remeasure(ws, handles, rounds)
+
+        return Compiler(), Checker(), Bench()
+
+
+class _Heartbeat:
+    """Keeps this process's claim on a key alive while it tunes (a daemon thread renewing the lease)."""
+
+    def __init__(self, cache, key: str, owner: str, lease_s: float):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(cache, key, owner, lease_s), daemon=True,
+                                        name="bagf-claim-heartbeat")
+
+    def _run(self, cache, key, owner, lease_s):
+        while not self._stop.wait(lease_s / 3):
+            try:
+                cache.heartbeat(key, owner, lease_s)
+            except Exception:  # a cache that broke under us: the claim lapses, first writer still wins
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 class Runtime:
-    """Plans for this process. Thread-safe; one tuning at a time per problem."""
+    """Plans for this process. Thread-safe; one tuning at a time per process.
 
-    def __init__(self):
+    ``devices(index) -> _Device`` and ``make_tuner(runtime, device, wrap) -> tuner`` replace the CUDA device
+    and the Tuner (CPU tests drive the whole lookup, claims and background tuning with fakes); by default
+    they are ``Runtime.device`` and ``Runtime.tuner``. Install one with ``runtime.install(Runtime(...))``.
+    """
+
+    def __init__(self, devices: Callable[[int], _Device] | None = None,
+                 make_tuner: Callable[["Runtime", _Device, Wrap], object] | None = None):
+        from .cache import owner_id
+
         self._lock = threading.RLock()  # device() creates the cache under it
         self._tune_lock = threading.Lock()
         self._memo: dict[tuple[ConvProblem, int], int] = {}
         self._devices: dict[int, _Device] = {}
+        self._device_factory = devices
+        self._make_tuner = make_tuner
         self._cache = None
+        self._owner = owner_id()
+        self._pending: dict[tuple[ConvProblem, int], threading.Event] = {}
+        self._queue: queue.Queue | None = None
+        self._pools: dict[int, object] = {}  # isolated worker pools, one per device
         self.stats: Counter = Counter()
         self.results: list = []  # TuneResults of this process, for reports
 
@@ -58,12 +183,15 @@ class Runtime:
             with self._lock:
                 dev = self._devices.get(index)
                 if dev is None:
-                    from .jit.compiler import KernelCompiler
-                    from .jit.extension import environment
+                    if self._device_factory is not None:
+                        dev = self._device_factory(index)
+                    else:
+                        from .jit.compiler import KernelCompiler
+                        from .jit.extension import environment
 
-                    with torch.cuda.device(index):
-                        compiler = KernelCompiler(self.cache(), index, settings.compile_workers())
-                        dev = _Device(index, environment(index), compiler)
+                        with torch.cuda.device(index):
+                            compiler = KernelCompiler(self.cache(), index, settings.compile_workers())
+                            dev = _Device(index, environment(index), compiler)
                     self._devices[index] = dev
         return dev
 
@@ -72,28 +200,126 @@ class Runtime:
 
     # ------------------------------------------------------------------ the lookup
     def plan_handle(self, problem: ConvProblem, device: int) -> int:
+        """The plan for ``problem`` on ``device``, tuning it first if needed (see ``lookup``)."""
+        return self.lookup(problem, device)[0]
+
+    def lookup(self, problem: ConvProblem, device: int) -> tuple[int, bool]:
+        """``(handle, final)``. ``final`` is False when ATen stands in for now (BAGF_TUNE=0 with nothing
+        cached, or BAGF_BACKGROUND=1 while the problem is tuned in the background): ask again later."""
         memo = self._memo.get((problem, device))
         if memo is not None:
-            return memo
+            return memo, True
+        if settings.background():
+            return self._lookup_background(problem, device)
         with self._tune_lock:  # one tuning at a time: candidates would disturb each other's timings
             memo = self._memo.get((problem, device))
             if memo is not None:
-                return memo
-            dev = self.device(device)
-            key = fingerprint(problem, dev.env)
-            row = self.cache().get_plan(key)
+                return memo, True
+            handle = self._resolve(problem, device)
+            if handle is None:
+                return ATEN, False  # not memoised: enabling tuning later in this process still tunes it
+            self._memo[(problem, device)] = handle
+            return handle, True
+
+    def _resolve(self, problem: ConvProblem, device: int) -> int | None:
+        """Cached plan, else tune it (or wait for the process that is tuning it); None: BAGF_TUNE=0 and
+        nothing cached. Called with the tune lock held."""
+        dev = self.device(device)
+        key = fingerprint(problem, dev.env)
+        cache = self.cache()
+        if cache.in_memory and _distributed_world() > 1:
+            log.once("ddp-memory-cache", f"bagf_torch cache is in memory ({cache.fallback_reason or 'by request'}): "
+                     "the ranks of this job cannot see each other's claims and plans, so each tunes on its own "
+                     "and they may pick different kernels; give them a writable BAGF_CACHE_DIR on this node")
+        poll, waited = 0.01, False
+        while True:
+            row = cache.get_plan(key)
             if row is not None:
-                handle = self._load(row, dev)
                 self.stats["cache_hits"] += 1
-            elif not settings.tune_enabled():
+                return self._load(row, dev)
+            if not settings.tune_enabled():
                 log.once(f"untuned:{problem}", f"BAGF_TUNE=0 and no cached plan for {problem.short()}: "
                          "using torch's conv2d for it", logging.INFO)
-                return ATEN  # not memoised: enabling tuning later in this process still tunes it
-            else:
-                handle = self._tune_and_store(problem, dev, key)
-            self._memo[(problem, device)] = handle
-            return handle
+                return None
+            lease = settings.claim_lease()
+            holder = cache.claim(key, self._owner, lease)
+            if holder is None:
+                try:
+                    with _Heartbeat(cache, key, self._owner, lease):
+                        return self._tune_and_store(problem, dev, key)
+                finally:
+                    cache.release(key, self._owner)
+            if not waited:
+                waited = True
+                self.stats["waited"] += 1
+                log.logger().info(f"{problem.short()} is being tuned by another process ({holder}); "
+                                  "waiting for its plan")
+            time.sleep(poll)  # until the holder stores its plan, releases, dies or lets its lease lapse
+            poll = min(poll * 1.5, 0.25)
 
+    # ------------------------------------------------------------------ serve while tuning
+    def _lookup_background(self, problem: ConvProblem, device: int) -> tuple[int, bool]:
+        slot = (problem, device)
+        with self._lock:
+            if slot in self._pending:
+                return ATEN, False
+            memo = self._memo.get(slot)
+            if memo is not None:
+                return memo, True
+            if not settings.tune_enabled():
+                # The cache may hold it (a plan from another process): one quick look, no tuning.
+                dev = self.device(device)
+                row = self.cache().get_plan(fingerprint(problem, dev.env))
+                if row is None:
+                    log.once(f"untuned:{problem}", f"BAGF_TUNE=0 and no cached plan for {problem.short()}: "
+                             "using torch's conv2d for it", logging.INFO)
+                    return ATEN, False
+                handle = self._load(row, dev)
+                self.stats["cache_hits"] += 1
+                self._memo[slot] = handle
+                return handle, True
+            self._pending[slot] = threading.Event()
+            if self._queue is None:
+                self._queue = queue.Queue()
+                threading.Thread(target=self._background_worker, args=(self._queue,), daemon=True,
+                                 name="bagf-background-tuner").start()
+            self._queue.put(slot)
+        log.once(f"background:{problem}", f"{problem.short()}: looking up / tuning its plan in the background; "
+                 "torch's conv2d serves it meanwhile", logging.INFO)
+        return ATEN, False
+
+    def _background_worker(self, jobs: queue.Queue) -> None:
+        # A daemon thread: interpreter exit does not wait for a tuning in progress (its trials are already in
+        # the cache, and its claim lapses with the process).
+        while True:
+            slot = jobs.get()
+            problem, device = slot
+            try:
+                with self._tune_lock:
+                    handle = self._resolve(problem, device)
+                handle = ATEN if handle is None else handle
+            except Exception as e:  # never retried in a loop: the problem runs on ATen in this process
+                log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} in the "
+                         f"background ({type(e).__name__}: {e}); using torch's conv2d for it")
+                handle = ATEN
+            with self._lock:
+                self._memo[slot] = handle
+                self._pending.pop(slot).set()
+
+    def wait_background(self, timeout: float | None = None) -> bool:
+        """Wait until every background tuning started so far is done; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                events = list(self._pending.values())
+            if not events:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            events[0].wait(left)
+
+    # ------------------------------------------------------------------ loading and tuning
     def _load(self, row: dict, dev: _Device) -> int:
         if row["family"] == "aten":
             return ATEN
@@ -102,32 +328,57 @@ class Runtime:
             log.once(f"family:{row['family']}", f"cached plan names unknown kernel family {row['family']!r}; "
                      "using torch's conv2d")
             return ATEN
-        built = dev.compiler.compile(family, [row["config"]])[0]
+        with dev.context(dev.index):
+            built = dev.compiler.compile(family, [row["config"]])[0]
         if not hasattr(built, "handle"):
             log.once(f"load:{row['config']}", f"cached plan {family.name(row['config'])} failed to load "
                      f"({built.status}: {built.detail.splitlines()[0] if built.detail else ''}); using ATen")
             return ATEN
         return built.handle
 
-    def tuner(self, dev: _Device, budget: Budget | None = None, strategy: str | None = None, seed: int | None = None):
+    def tuner(self, dev: _Device, budget: Budget | None = None, strategy: str | None = None, seed: int | None = None,
+              wrap: Wrap | None = None, isolate: bool = False):
+        """The Tuner for ``dev``. ``isolate``: compile, check and time candidates in a child process
+        (``tuning.isolated``); the winner's handle is then the child's, and the caller loads it here."""
         from .tuning.measure import CudaBenchmarker, CudaChecker, Workspace
         from .tuning.tuner import Tuner
 
-        device = torch.device("cuda", dev.index)
-        return Tuner(dev.compiler, CudaChecker(dev.compiler.ext), CudaBenchmarker(),
-                     lambda p: Workspace(p, device), families_for(torch.cuda.get_device_capability(dev.index)),
+        if isolate:
+            pool = self._pool(dev)
+            compiler, checker, bench, workspace = pool.compiler(), pool.checker(), pool.benchmarker(), pool.workspace
+        else:
+            device = torch.device("cuda", dev.index)
+            compiler, checker, bench = dev.compiler, CudaChecker(dev.compiler.ext), CudaBenchmarker()
+            workspace = lambda p: Workspace(p, device)  # noqa: E731
+        if wrap is not None:
+            compiler, checker, bench = wrap(compiler, checker, bench)
+        return Tuner(compiler, checker, bench, workspace, families_for(torch.cuda.get_device_capability(dev.index)),
                      strategy=strategy or settings.strategy(),
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
                      space_limit=dev.compiler.limits["shared_memory_per_block_optin"])
 
+    def _pool(self, dev: _Device):
+        with self._lock:
+            pool = self._pools.get(dev.index)
+            if pool is None:
+                from .tuning.isolated import WorkerPool
+
+                pool = self._pools[dev.index] = WorkerPool(dev.index, timeout_s=settings.isolate_timeout())
+            return pool
+
     def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str) -> int:
-        with torch.cuda.device(dev.index):
-            result = self.tuner(dev).tune(problem)
+        cache = self.cache()
+        journal = _Journal(cache, key)
+        isolated = settings.isolate() and self._make_tuner is None
+        with dev.context(dev.index), _tuning_stream(dev):
+            if self._make_tuner is not None:
+                tuner = self._make_tuner(self, dev, journal.wrap)
+            else:
+                tuner = self.tuner(dev, wrap=journal.wrap, isolate=isolated)
+            result = tuner.tune(problem)
         self.stats["tuned"] += 1
         self.results.append(result)
-        cache = self.cache()
-        cache.add_trials(key, [t.as_row() for t in result.trials])
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,
                                  config=result.config, time_us=result.time_us, aten_us=result.aten_us,
                                  default_us=result.default_us, evaluations=result.evaluations,
@@ -135,7 +386,12 @@ class Runtime:
                                  cubin_digests=[] if result.config is None else
                                  [dev.compiler.digest(FAMILIES[result.family], result.config)])
         handle = result.handle
-        if not written:  # another process stored a winner first: everyone uses that one
+        if isolated:
+            # The winner ran only in the child: free it there, load it here (its cubin is in the cache).
+            if handle != ATEN:
+                tuner.compiler.unload(handle)
+            handle = ATEN
+        if isolated or not written:  # (not written: another process stored a winner first; everyone uses it)
             if handle != ATEN:
                 dev.compiler.unload(handle)
             handle = self._load(cache.get_plan(key), dev)
@@ -152,6 +408,34 @@ class Runtime:
         with self._lock:
             self._memo.clear()
 
+    def close(self) -> None:
+        """Stop isolated worker processes and close the cache."""
+        with self._lock:
+            for pool in self._pools.values():
+                pool.close()
+            self._pools.clear()
+            if self._cache is not None:
+                self._cache.close()
+
+
+def _distributed_world() -> int:
+    """World size of an initialised torch.distributed job, else 1."""
+    try:
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    except Exception:
+        return 1
+
+
+def _tuning_stream(dev: _Device) -> ContextManager:
+    """Tune on a stream of its own when not on the main thread (BAGF_BACKGROUND): the legacy default stream
+    would serialise with the user's work on every other stream."""
+    if threading.current_thread() is threading.main_thread() or not isinstance(dev.index, int) \
+            or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(dev.index))
+
 
 _RUNTIME: Runtime | None = None
 _RUNTIME_LOCK = threading.Lock()
@@ -166,10 +450,20 @@ def get() -> Runtime:
     return _RUNTIME
 
 
-def reset() -> None:
-    """Forget the runtime (cache handle, devices, memo); the next use re-reads the settings."""
+def install(rt: Runtime) -> Runtime:
+    """Make ``rt`` the process's runtime (replacing, and closing, the current one); returns it."""
     global _RUNTIME
     with _RUNTIME_LOCK:
-        if _RUNTIME is not None and _RUNTIME._cache is not None:
-            _RUNTIME._cache.close()
+        if _RUNTIME is not None and _RUNTIME is not rt:
+            _RUNTIME.close()
+        _RUNTIME = rt
+    return rt
+
+
+def reset() -> None:
+    """Forget the runtime (cache handle, devices, memo, worker processes); the next use re-reads the settings."""
+    global _RUNTIME
+    with _RUNTIME_LOCK:
+        if _RUNTIME is not None:
+            _RUNTIME.close()
         _RUNTIME = None

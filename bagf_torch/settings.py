@@ -22,6 +22,22 @@ BAGF_LOG                   log level of the "bagf_torch" logger        warning
                            (debug, info, warning, error)
 BAGF_PRINT_TUNING          1: print one line per tuned problem         0
                            (time, evaluations, speedup) to stderr
+BAGF_BACKGROUND            1: a new problem's first calls run ATen     0
+                           while it is tuned in a background thread;
+                           later calls switch to the winner
+BAGF_CLAIM_LEASE           seconds a tuner's claim on a problem lasts  30
+                           without a heartbeat: other processes (DDP
+                           ranks, workers) wait for its winner; a
+                           killed tuner's claim expires after this
+                           (at once for a dead process on this host)
+BAGF_ISOLATE               1: compile, check and time candidates in a  0
+                           child process with its own CUDA context;
+                           a crashing candidate (illegal address,
+                           abort) is recorded as "crashed" and the
+                           child restarted, the user's process is safe
+BAGF_ISOLATE_TIMEOUT       seconds one candidate's check or timing     20
+                           may take in the child before it is killed
+                           (recorded as "timeout"); needs BAGF_ISOLATE
 =========================  ==========================================  ======================================
 """
 
@@ -134,3 +150,19 @@ def log_level() -> int:
 
 def print_tuning() -> bool:
     return get_bool("BAGF_PRINT_TUNING", False)
+
+
+def background() -> bool:
+    return get_bool("BAGF_BACKGROUND", False)
+
+
+def claim_lease() -> float:
+    return get_float("BAGF_CLAIM_LEASE", 30.0, minimum=0.05)
+
+
+def isolate() -> bool:
+    return get_bool("BAGF_ISOLATE", False)
+
+
+def isolate_timeout() -> float:
+    return get_float("BAGF_ISOLATE_TIMEOUT", 20.0, minimum=0.01)

@@ -66,9 +66,10 @@ def fake_device(monkeypatch):
     dev = runtime._Device(0, ENV, comp)
     monkeypatch.setattr(runtime.Runtime, "device", lambda self, index: dev)
 
-    def tuner(self, d, budget=None, strategy=None, seed=None):
-        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp),
-                     lambda p: None, ig, strategy="random", budget=Budget(6), seed=0)
+    def tuner(self, d, budget=None, strategy=None, seed=None, wrap=None, isolate=False):
+        parts = (comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp))
+        return Tuner(*(wrap(*parts) if wrap else parts), lambda p: None, ig, strategy="random", budget=Budget(6),
+                     seed=0)
 
     monkeypatch.setattr(runtime.Runtime, "tuner", tuner)
     monkeypatch.setattr(runtime.torch.cuda, "device", lambda index: contextlib.nullcontext())

@@ -9,8 +9,10 @@ from typing import Callable, Mapping, Sequence
 
 from ..kernels.space import Config, Space, config_key
 
-STATUSES = ("ok", "invalid", "compile", "resources", "launch", "wrong", "timeout")
-"""Outcome kinds. Every one except "ok" is a typed failure that is recorded, never retried blindly."""
+STATUSES = ("ok", "invalid", "compile", "resources", "launch", "wrong", "timeout", "crashed")
+"""Outcome kinds. Every one except "ok" is a typed failure that is recorded, never retried blindly.
+"crashed": the candidate killed the isolated worker process or left its CUDA context unusable
+(``tuning.isolated``, BAGF_ISOLATE=1)."""
 
 
 @dataclass(frozen=True)

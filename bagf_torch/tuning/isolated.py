@@ -1,0 +1,417 @@
+"""Candidate isolation (``BAGF_ISOLATE=1``): compile, check and time candidates in a child process.
+
+A kernel that writes out of bounds poisons the CUDA context of the process that launched it: every later CUDA
+call there fails, so an in-process tuner that meets one takes the user's process down with it (PyTorch issues
+95542 and 170130 on Inductor's autotuning). Here the candidates run in a spawned worker process that owns its
+own CUDA context. When a candidate kills it (illegal address, abort, segfault), the candidate gets the typed
+failure "crashed", the worker is restarted on the next request and tuning goes on; when a candidate does not
+finish within the time limit (a hang, a spin loop), the worker is killed and the candidate gets "timeout".
+The user's process only ever loads the winner, from the cubin the worker stored in the cache.
+
+``WorkerPool(device)`` owns the worker; ``pool.compiler()``, ``pool.checker()``, ``pool.benchmarker()`` and
+``pool.workspace`` are what the Tuner takes (see its docstring) and speak to the worker. Handles the Tuner
+sees are the pool's own numbers; after a restart the worker re-loads the ones still in use from the cubin
+cache before it needs them, so the finalists' re-measurement survives a crash of an unrelated candidate.
+
+What runs in the worker is a *backend* named ``"module:function"``; ``function(device)`` returns an object
+with ``compiler``, ``checker``, ``benchmarker``, ``workspace(problem)`` and ``healthy() -> str | None`` (None
+when the device is still usable). The default, ``cuda_backend``, is the real NVRTC compiler, CudaChecker and
+CudaBenchmarker; tests run the protocol on a CPU with a fake backend.
+
+The worker is a ``multiprocessing`` "spawn" child, so, as with any spawn start method, a user script run as
+``python script.py`` must keep its work under ``if __name__ == "__main__":`` (the child imports the main
+module to unpickle its arguments).
+
+Cost: the worker's start (spawn, import torch, CUDA context, extension load) takes a few seconds, once per
+device and process (the pool is kept between problems); each candidate costs a pipe round trip (~0.1 ms).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..problem import ConvProblem
+from .common import Outcome
+from .measure import ATEN
+
+logger = logging.getLogger("bagf_torch")
+
+DEFAULT_BACKEND = "bagf_torch.tuning.isolated:cuda_backend"
+START_TIMEOUT_S = 300.0
+"""Worker start: spawn, import torch, create the CUDA context, load the (already built) extension."""
+
+
+class WorkerFailed(RuntimeError):
+    """The worker could not start, or died twice on a request that no single candidate explains."""
+
+
+@dataclass
+class Proxy:
+    """A candidate loaded in the worker; ``handle`` is the pool's number for it (what the Tuner holds)."""
+
+    handle: int
+    family: str
+    config: dict
+    registers: int = 0
+    local_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RemoteWorkspace:
+    """The Tuner's workspace for one problem; the tensors live in the worker (made there on first use)."""
+
+    problem: ConvProblem
+
+
+class WorkerPool:
+    """One worker process for one device, restarted after a crash or a time-out.
+
+    ``timeout_s`` bounds one check or one measurement of one candidate; compiling gets
+    ``compile_timeout_s`` per batch. ``crashes``, ``timeouts`` and ``restarts`` count what happened.
+    """
+
+    def __init__(self, device: int, timeout_s: float = 20.0, backend: str = DEFAULT_BACKEND,
+                 compile_timeout_s: float = 600.0, start_timeout_s: float = START_TIMEOUT_S):
+        self.device = device
+        self.timeout_s = timeout_s
+        self.compile_timeout_s = compile_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.backend = backend
+        self.crashes = 0
+        self.timeouts = 0
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")  # never fork a process that holds a CUDA context
+        self._proc = None
+        self._conn = None
+        self._proxies: dict[int, Proxy] = {}
+        self._in_worker: set[int] = set()  # proxies loaded in the current worker
+        self._next = 0
+        self._starts = 0
+
+    # ---- the worker's life ------------------------------------------------------------------------------
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.device, self.backend), daemon=True,
+                                 name=f"bagf-isolated-worker-{self.device}")
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self._in_worker = set()
+        if self._starts:
+            self.restarts += 1
+        self._starts += 1
+        kind, detail = self._receive(self.start_timeout_s, "starting")
+        if kind != "ready":
+            self._stop()
+            raise WorkerFailed(f"the isolated tuning worker for device {self.device} could not start: {detail}")
+
+    def _stop(self) -> int | None:
+        """Kill the worker (if alive) and return its exit code."""
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        self._in_worker = set()
+        if conn is not None:
+            conn.close()
+        if proc is None:
+            return None
+        if proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        return proc.exitcode
+
+    def close(self) -> None:
+        """Stop the worker (idempotent); a later request starts a new one."""
+        if self._conn is not None:
+            try:
+                self._conn.send(("close", None))
+            except (OSError, ValueError):
+                pass
+            if self._proc is not None:
+                self._proc.join(5)
+        self._stop()
+
+    def _receive(self, timeout_s: float, what: str) -> tuple[str, Any]:
+        """("ok", value) | ("outcome", Outcome) from the worker; ("crashed", detail) if it died,
+        ("timeout", detail) if it did not answer in time (then it is killed)."""
+        if self._conn.poll(timeout_s):
+            try:
+                return self._conn.recv()
+            except (EOFError, OSError):
+                pass
+            code = self._stop()
+            self.crashes += 1
+            return "crashed", f"the isolated worker died while {what} ({_exit_text(code)})"
+        if self._proc is not None and not self._proc.is_alive():
+            code = self._stop()
+            self.crashes += 1
+            return "crashed", f"the isolated worker died while {what} ({_exit_text(code)})"
+        self._stop()
+        self.timeouts += 1
+        return "timeout", f"no answer within {timeout_s:g} s while {what}; the worker was killed"
+
+    def _request(self, op: str, args: tuple, timeout_s: float, what: str, uses: Sequence[int] = ()) -> tuple[str, Any]:
+        if self._proc is None:
+            self._start()
+        missing = [h for h in uses if h != ATEN and h not in self._in_worker]
+        if missing:  # after a restart: load the candidates this request needs, from the cubin cache
+            kind, value = self._call("load", ([self._spec(h) for h in missing],), self.compile_timeout_s,
+                                     "re-loading candidates after a restart")
+            if kind != "ok":
+                return kind, value
+            for h, res in zip(missing, value):
+                if isinstance(res, Outcome):
+                    return "outcome", res
+                self._in_worker.add(h)
+        return self._call(op, args, timeout_s, what)
+
+    def _call(self, op: str, args: tuple, timeout_s: float, what: str) -> tuple[str, Any]:
+        try:
+            self._conn.send((op, args))
+        except (OSError, ValueError):
+            code = self._stop()
+            self.crashes += 1
+            return "crashed", f"the isolated worker was gone before {what} ({_exit_text(code)})"
+        kind, value = self._receive(timeout_s, what)
+        if kind == "error":
+            raise WorkerFailed(f"the isolated worker failed while {what}: {value}")
+        if kind == "outcome" and value.status == "crashed":
+            # The candidate left the worker's CUDA context unusable; the worker exits after this answer.
+            self._stop()
+            self.crashes += 1
+        return kind, value
+
+    def _spec(self, handle: int) -> tuple[int, str, dict]:
+        p = self._proxies[handle]
+        return handle, p.family, p.config
+
+    def _failure(self, kind: str, value: Any, name: str) -> Outcome:
+        if kind == "outcome":
+            return value
+        return Outcome("crashed" if kind == "crashed" else "timeout", detail=f"{name}: {value}")
+
+    def _name(self, handle: int) -> str:
+        if handle == ATEN:
+            return "cuDNN"
+        p = self._proxies.get(handle)
+        if p is None:
+            return f"handle {handle}"
+        family = importlib.import_module(p.family)
+        return family.name(p.config) if hasattr(family, "name") else f"{p.family} {p.config}"
+
+    # ---- what the Tuner calls ---------------------------------------------------------------------------
+    def compile(self, family, configs) -> list[Proxy | Outcome]:
+        specs = []
+        for c in configs:
+            self._next += 1
+            specs.append((self._next, family.__name__, dict(c)))
+        kind, value = self._request("load", (specs,), self.compile_timeout_s, f"compiling {len(specs)} candidates")
+        if kind != "ok":
+            return [self._failure(kind, value, family.name(c)) for c in configs]
+        out: list[Proxy | Outcome] = []
+        for (h, fam, c), res in zip(specs, value):
+            if isinstance(res, Outcome):
+                out.append(res)
+            else:
+                self._proxies[h] = Proxy(h, fam, c, *res)
+                self._in_worker.add(h)
+                out.append(self._proxies[h])
+        return out
+
+    def unload(self, handle: int) -> None:
+        self._proxies.pop(handle, None)
+        if handle in self._in_worker:
+            self._in_worker.discard(handle)
+            self._request("unload", ([handle],), self.timeout_s, "unloading")
+
+    def check(self, ws: RemoteWorkspace, handle: int) -> Outcome | None:
+        kind, value = self._request("check", (ws.problem, handle), self.timeout_s,
+                                    f"checking {self._name(handle)}", uses=(handle,))
+        if kind == "ok":
+            return None
+        return self._failure(kind, value, self._name(handle))
+
+    def measure(self, ws: RemoteWorkspace, handle: int, cutoff_us: float | None = None) -> Outcome:
+        kind, value = self._request("measure", (ws.problem, handle, cutoff_us), self.timeout_s,
+                                    f"timing {self._name(handle)}", uses=(handle,))
+        if kind == "ok":
+            return value
+        return self._failure(kind, value, self._name(handle))
+
+    def remeasure(self, ws: RemoteWorkspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
+        # Every finalist already passed its check and timing: a failure here is the machine's, not a
+        # candidate's, so restart once and retry, then give up (the runtime falls back to ATen).
+        limit = self.timeout_s * (len(handles) * rounds + 1)
+        for _ in range(2):
+            kind, value = self._request("remeasure", (ws.problem, list(handles), rounds), limit,
+                                        "re-measuring the finalists", uses=handles)
+            if kind == "ok":
+                return value
+        raise WorkerFailed(f"re-measuring the finalists failed twice: {value}")
+
+    # ---- the Tuner's pieces -----------------------------------------------------------------------------
+    def compiler(self):
+        return _Part(self, ("compile", "unload"))
+
+    def checker(self):
+        return _Part(self, ("check",))
+
+    def benchmarker(self):
+        return _Part(self, ("measure", "remeasure"))
+
+    def workspace(self, problem: ConvProblem) -> RemoteWorkspace:
+        return RemoteWorkspace(problem)
+
+
+class _Part:
+    """A view of the pool with only the methods one of the Tuner's pieces has."""
+
+    def __init__(self, pool: WorkerPool, methods: tuple[str, ...]):
+        for m in methods:
+            setattr(self, m, getattr(pool, m))
+        self.pool = pool
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# ---- the worker process ---------------------------------------------------------------------------------
+
+
+def _resolve(spec: str):
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _worker_main(conn, device: int, backend_spec: str) -> None:
+    try:
+        backend = _resolve(backend_spec)(device)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises WorkerFailed
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+    handles: dict[int, Any] = {}
+    workspaces: dict[ConvProblem, Any] = {}
+
+    def workspace(problem):
+        if problem not in workspaces:
+            workspaces.clear()  # one problem at a time: free the previous one's tensors
+            workspaces[problem] = backend.workspace(problem)
+        return workspaces[problem]
+
+    def after_failure(outcome: Outcome) -> Outcome:
+        """A failed launch may have left the context unusable: then say "crashed" (and exit after)."""
+        broken = backend.healthy()
+        if broken is None:
+            return outcome
+        return Outcome("crashed", detail=f"{outcome.detail}; the CUDA context was unusable afterwards ({broken})")
+
+    while True:
+        try:
+            op, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        if op == "close":
+            return
+        try:
+            if op == "load":
+                (specs,) = args
+                by_family: dict[str, list] = {}
+                for h, fam, config in specs:
+                    by_family.setdefault(fam, []).append((h, config))
+                results = {}
+                for fam, items in by_family.items():
+                    built = backend.compiler.compile(importlib.import_module(fam), [c for _, c in items])
+                    for (h, _), b in zip(items, built):
+                        if isinstance(b, Outcome):
+                            results[h] = b
+                        else:
+                            handles[h] = b.handle
+                            results[h] = (getattr(b, "registers", 0), getattr(b, "local_bytes", 0))
+                reply = ("ok", [results[h] for h, _, _ in specs])
+            elif op == "unload":
+                for h in args[0]:
+                    if h in handles:
+                        backend.compiler.unload(handles.pop(h))
+                reply = ("ok", None)
+            elif op == "check":
+                problem, h = args
+                bad = backend.checker.check(workspace(problem), handles[h])
+                reply = ("ok", None) if bad is None else ("outcome", after_failure(bad))
+            elif op == "measure":
+                problem, h, cutoff = args
+                o = backend.benchmarker.measure(workspace(problem), ATEN if h == ATEN else handles[h], cutoff)
+                if not o.ok and o.status != "timeout":  # "timeout" here is the early cut-off: a clean result
+                    o = after_failure(o)
+                reply = ("outcome", o) if o.status == "crashed" else ("ok", o)
+            elif op == "remeasure":
+                problem, hs, rounds = args
+                reply = ("ok", backend.benchmarker.remeasure(workspace(problem),
+                                                             [ATEN if h == ATEN else handles[h] for h in hs], rounds))
+            else:
+                reply = ("error", f"unknown request {op!r}")
+        except Exception as e:  # noqa: BLE001 - a bug or a broken device: the parent raises WorkerFailed
+            broken = backend.healthy()
+            if broken is not None:
+                reply = ("outcome", Outcome("crashed", detail=f"{type(e).__name__}: {e} ({broken})"))
+            else:
+                reply = ("error", f"{type(e).__name__}: {e}")
+        conn.send(reply)
+        if reply[0] == "outcome" and reply[1].status == "crashed":
+            os._exit(3)  # a poisoned context cannot be repaired: the parent starts a fresh worker
+
+
+# ---- the real backend -----------------------------------------------------------------------------------
+
+
+class _CudaBackend:
+    def __init__(self, device: int):
+        import torch
+
+        from .. import settings
+        from ..cache import Cache
+        from ..jit.compiler import KernelCompiler
+        from .measure import CudaBenchmarker, CudaChecker
+
+        torch.cuda.set_device(device)
+        self.torch = torch
+        self.device = torch.device("cuda", device)
+        # The same cache file as the parent: the cubins compiled here are what the parent loads the winner from.
+        self.compiler = KernelCompiler(Cache.for_dir(settings.cache_dir()), device, settings.compile_workers())
+        self.checker = CudaChecker(self.compiler.ext)
+        self.benchmarker = CudaBenchmarker()
+
+    def workspace(self, problem: ConvProblem):
+        from .measure import Workspace
+
+        return Workspace(problem, self.device)
+
+    def healthy(self) -> str | None:
+        try:
+            self.torch.cuda.synchronize(self.device)
+            t = self.torch.ones(16, device=self.device)
+            if float((t + 1).sum()) != 32.0:
+                return "a probe computation returned a wrong result"
+        except Exception as e:  # noqa: BLE001 - any error means the context is gone
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return None
+
+
+def cuda_backend(device: int) -> _CudaBackend:
+    """The worker's real backend: NVRTC compiler (cubins in the shared cache), CudaChecker, CudaBenchmarker."""
+    return _CudaBackend(device)
+
