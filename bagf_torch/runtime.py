@@ -121,9 +121,9 @@ class Runtime:
                      seed=settings.seed() if seed is None else seed,
                      space_limit=dev.compiler.limits["shared_memory_per_block_optin"])
 
-    def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str) -> int:
+    def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str, tuner=None, progress=None) -> int:
         with torch.cuda.device(dev.index):
-            result = self.tuner(dev).tune(problem)
+            result = (tuner or self.tuner(dev)).tune(problem, progress=progress)
         self.stats["tuned"] += 1
         self.results.append(result)
         cache = self.cache()
@@ -146,6 +146,21 @@ class Runtime:
         if settings.print_tuning():
             print(f"[bagf_torch] {line}", file=sys.stderr)
         return handle
+
+    def pretune(self, problem: ConvProblem, device: int, *, tuner=None, progress=None) -> tuple[str, dict, bool]:
+        """Make sure ``problem`` has a stored plan on ``device``: tune it now (even with BAGF_TUNE=0: pre-tuning
+        is an explicit request) unless the cache already holds one. ``tuner`` replaces the default one (a
+        different budget or strategy); ``progress`` gets one call per trial. Returns ``(key, plan row,
+        tuned_now)``. Used by ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup."""
+        with self._tune_lock:
+            dev = self.device(device)
+            key = fingerprint(problem, dev.env)
+            row = self.cache().get_plan(key)
+            if row is not None:
+                return key, row, False
+            handle = self._tune_and_store(problem, dev, key, tuner=tuner, progress=progress)
+            self._memo[(problem, device)] = handle
+            return key, self.cache().get_plan(key), True
 
     def forget(self) -> None:
         """Drop the in-memory memo (the disk cache stays); tests use it to simulate a new process."""
