@@ -32,7 +32,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["bagf_torch", "bagf_torch.*"]),
-    install_requires=["torch>=2.4", "ninja", "ax-platform>=1.0", "numpy"],
+    # tqdm: tune_model's progress bar (pre-tuning a model takes minutes; DESIGN asks for a bar)
+    install_requires=["torch>=2.4", "ninja", "ax-platform>=1.0", "numpy", "tqdm"],
     extras_require={"test": ["pytest"], "plot": ["matplotlib"]},
+    entry_points={"console_scripts": ["bagf-torch = bagf_torch.cli:main"]},
     cmdclass={"build_py": BuildPyWithSources},
 )

@@ -367,7 +367,11 @@ class Runtime:
                 pool = self._pools[dev.index] = WorkerPool(dev.index, timeout_s=settings.isolate_timeout())
             return pool
 
-    def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str) -> int:
+    def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str, tuner_options: dict | None = None,
+                        configure: Callable | None = None, progress: Callable | None = None) -> int:
+        """Tune ``problem`` and store the winner. ``tuner_options`` (budget, strategy, seed) go to
+        ``self.tuner``; ``configure(tuner)`` may adjust the tuner before it runs; ``progress`` gets one line
+        per trial."""
         cache = self.cache()
         journal = _Journal(cache, key)
         isolated = settings.isolate() and self._make_tuner is None
@@ -375,8 +379,10 @@ class Runtime:
             if self._make_tuner is not None:
                 tuner = self._make_tuner(self, dev, journal.wrap)
             else:
-                tuner = self.tuner(dev, wrap=journal.wrap, isolate=isolated)
-            result = tuner.tune(problem)
+                tuner = self.tuner(dev, wrap=journal.wrap, isolate=isolated, **(tuner_options or {}))
+            if configure is not None:
+                configure(tuner)
+            result = tuner.tune(problem, progress=progress)
         self.stats["tuned"] += 1
         self.results.append(result)
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,
@@ -402,6 +408,23 @@ class Runtime:
         if settings.print_tuning():
             print(f"[bagf_torch] {line}", file=sys.stderr)
         return handle
+
+    def pretune(self, problem: ConvProblem, device: int, *, tuner_options: dict | None = None,
+                configure: Callable | None = None, progress=None) -> tuple[str, dict, bool]:
+        """Make sure ``problem`` has a stored plan on ``device``: tune it now (even with BAGF_TUNE=0: pre-tuning
+        is an explicit request) unless the cache already holds one. ``tuner_options`` (budget, strategy,
+        seed) and ``configure(tuner)`` adjust the tuner; ``progress`` gets one call per trial. Returns ``(key, plan row,
+        tuned_now)``. Used by ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup."""
+        with self._tune_lock:
+            dev = self.device(device)
+            key = fingerprint(problem, dev.env)
+            row = self.cache().get_plan(key)
+            if row is not None:
+                return key, row, False
+            handle = self._tune_and_store(problem, dev, key, tuner_options=tuner_options, configure=configure,
+                                          progress=progress)
+            self._memo[(problem, device)] = handle
+            return key, self.cache().get_plan(key), True
 
     def forget(self) -> None:
         """Drop the in-memory memo (the disk cache stays); tests use it to simulate a new process."""

@@ -1,0 +1,185 @@
+"""End-to-end inference timing of a whole model: stock PyTorch against bagf_torch, eager and CUDA graphs.
+
+Shared by ``python -m bagf_torch bench`` and ``benchmarks/bench_alexnet.py``. Everything is fp32 with TF32
+off for convs and matmuls (our kernels are strict fp32; comparing them with TF32 cuDNN would compare two
+precisions). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
+idle stream (a synchronize between runs), so the launch gaps of eager mode are in the time (at N=1 they are
+most of it) and the synchronize is not. Median and quartiles of many runs, after warm-up.
+
+Variants (each a function from the input to the output):
+
+* ``stock``            the model with nn.Conv2d, default settings (cudnn.benchmark off)
+* ``stock_benchmark``  the same with cudnn.benchmark on
+* ``bagf``             the same weights with TunedConv2d, pre-tuned plans; layers whose plan is ATen run
+                       cuDNN in benchmark mode, the mode the tuner compared them in
+* ``stock_graph`` / ``bagf_graph``  the stock / bagf forward captured once in a CUDA graph and replayed
+* ``compile_max_autotune``  ``torch.compile(stock, mode="max-autotune")`` (benchmarks/bench_alexnet.py only;
+                       its compile time is reported)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def fp32(benchmark: bool):
+    """Strict fp32 for convs and matmuls, cudnn.benchmark as given; restores the previous flags."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=benchmark, deterministic=False, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+@dataclass
+class Timing:
+    median_us: float
+    p25_us: float
+    p75_us: float
+    runs: int
+
+    def as_dict(self) -> dict:
+        return {"median_us": self.median_us, "p25_us": self.p25_us, "p75_us": self.p75_us, "runs": self.runs}
+
+
+def time_forward(fn: Callable[[], object], runs: int = 200, warmup: int = 20) -> Timing:
+    """GPU time of one call of ``fn`` from an idle stream: median and quartiles over ``runs``."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(runs):
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    q = statistics.quantiles(times, n=4) if len(times) >= 4 else [min(times), 0, max(times)]
+    return Timing(statistics.median(times), q[0], q[2], len(times))
+
+
+def graphed(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """``forward(x)`` captured in a CUDA graph: returns (replay, static output). Warm-up runs on a side
+    stream first, as torch.cuda.graphs requires (lazy initialisation, cuDNN's algorithm search)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            forward(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward(x)
+    return graph.replay, out
+
+
+def stock_and_tuned(build: Callable[[], nn.Module], seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(stock, bagf) copies of one model with the same weights, on the GPU, in eval mode."""
+    from .nn import convert
+
+    torch.manual_seed(seed)
+    stock = build().cuda().eval()
+    tuned = convert(copy.deepcopy(stock)).eval()
+    return stock, tuned
+
+
+def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over max |b|: how far one variant's logits are from the stock ones."""
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
+                 compile_max_autotune: bool = False) -> dict:
+    """Time every variant on input ``x``; returns {variant: {median_us, ..., max_rel_diff}} and, with
+    ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
+    (otherwise its first warm-up call tunes)."""
+    out: dict = {}
+    with torch.no_grad():
+        with fp32(benchmark=False):
+            ref = stock(x)
+        variants: list[tuple[str, bool, Callable[[], Callable[[], torch.Tensor]]]] = [
+            ("stock", False, lambda: lambda: stock(x)),
+            ("stock_benchmark", True, lambda: lambda: stock(x)),
+            ("bagf", True, lambda: lambda: tuned(x)),
+        ]
+        if graphs:
+            variants += [("stock_graph", False, lambda: _graph_call(stock, x, out, "stock_graph")),
+                         ("bagf_graph", True, lambda: _graph_call(tuned, x, out, "bagf_graph"))]
+        if compile_max_autotune:
+            variants.append(("compile_max_autotune", False, lambda: _compiled_call(stock, x, out)))
+        for name, benchmark, make in variants:
+            with fp32(benchmark=benchmark):
+                fn = make()
+                result = fn()
+                torch.cuda.synchronize()
+                timing = time_forward(fn, runs=runs)
+            entry = out.setdefault(name, {})
+            entry.update(timing.as_dict())
+            entry["max_rel_diff"] = max_rel_diff(result, ref)
+    return out
+
+
+def _graph_call(model: nn.Module, x: torch.Tensor, out: dict, name: str) -> Callable[[], torch.Tensor]:
+    t0 = time.perf_counter()
+    replay, static = graphed(model, x)
+    out.setdefault(name, {})["capture_seconds"] = time.perf_counter() - t0
+
+    def call():
+        replay()
+        return static
+
+    return call
+
+
+def _compiled_call(model: nn.Module, x: torch.Tensor, out: dict) -> Callable[[], torch.Tensor]:
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="max-autotune")
+    t0 = time.perf_counter()
+    compiled(x)
+    torch.cuda.synchronize()
+    out.setdefault("compile_max_autotune", {})["compile_seconds"] = time.perf_counter() - t0
+    return lambda: compiled(x)
+
+
+def speedups(row: dict) -> dict:
+    """Stock-eager time over each variant's time (>1: faster than stock PyTorch), plus bagf over the
+    best stock eager (benchmark mode included) and bagf graph over stock graph."""
+    base = row["stock"]["median_us"]
+    out = {f"{k}_vs_stock": base / v["median_us"] for k, v in row.items() if k != "stock"}
+    out["bagf_vs_stock_benchmark"] = row["stock_benchmark"]["median_us"] / row["bagf"]["median_us"]
+    if "bagf_graph" in row and "stock_graph" in row:
+        out["bagf_graph_vs_stock_graph"] = row["stock_graph"]["median_us"] / row["bagf_graph"]["median_us"]
+    return out
+
+
+VARIANT_ORDER = ("stock", "stock_benchmark", "bagf", "stock_graph", "bagf_graph", "compile_max_autotune")
+
+
+def table(results: dict[int, dict]) -> list[str]:
+    """Markdown lines: one row per batch size, median us per variant, then the speedups."""
+    present = [v for v in VARIANT_ORDER if any(v in r for r in results.values())]
+    lines = ["| N | " + " | ".join(f"{v} us" for v in present) + " | bagf vs stock | bagf graph vs stock | "
+             "bagf graph vs stock graph | max rel diff |",
+             "|---" * (len(present) + 5) + "|"]
+    for n, row in sorted(results.items()):
+        s = speedups(row)
+        cells = [f"{row[v]['median_us']:.1f}" if v in row else "-" for v in present]
+        diff = max(row[v]["max_rel_diff"] for v in present if v in row)
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {s['bagf_vs_stock']:.2f}x | "
+                     f"{s.get('bagf_graph_vs_stock', float('nan')):.2f}x | "
+                     f"{s.get('bagf_graph_vs_stock_graph', float('nan')):.2f}x | {diff:.1e} |")
+    return lines

@@ -1,0 +1,435 @@
+"""The command line: ``python -m bagf_torch`` (installed as ``bagf-torch`` too).
+
+* ``tune --model alexnet --batch 1,32,128 [--budget N] [--cache DIR]``: pre-tune every conv problem of the
+  model at those batch sizes, with a progress bar, then print the per-layer table. Under
+  ``torchrun --nproc-per-node=K -m bagf_torch tune ...`` the problems are split across K GPUs and rank 0
+  writes every winner into its cache.
+* ``bench --model alexnet --batch 1,32,128``: end-to-end inference, stock PyTorch vs bagf_torch, eager and
+  CUDA graphs (tunes first what the cache lacks).
+* ``report [--plot roofline.png]``: the per-layer table of the cache, and the roofline plot against this
+  GPU's measured ceilings.
+* ``cache list | export FILE | import FILE | clear``: the tuning cache. Export and import are how a
+  pre-tuned cache moves to production machines; import keeps only the entries made for this machine's GPU
+  and versions and says why it skipped the others.
+* ``demo [--batch N]``: tune and run AlexNet's conv layers at one batch size (no GPU: runs the fallback).
+
+``--model`` is ``alexnet`` or ``torchvision:<name>`` (any torchvision classification model, when torchvision
+is installed). Errors are one line saying what to do, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (argparse prints the usage block first) and exits with 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def parse_batches(text: str) -> list[int]:
+    """``"1,32,128"`` -> [1, 32, 128]; duplicates dropped, order kept. ValueError says what is wrong.
+
+    >>> parse_batches("1, 32,128,32")
+    [1, 32, 128]
+    """
+    parts = [t.strip() for t in str(text).split(",")]
+    if not any(parts):
+        raise ValueError("empty; give batch sizes like 1,32,128")
+    out: list[int] = []
+    for t in parts:
+        try:
+            n = int(t)
+        except ValueError:
+            raise ValueError(f"{text!r}: {t!r} is not a whole number; give batch sizes like 1,32,128") from None
+        if n < 1:
+            raise ValueError(f"{text!r}: batch size {n} must be at least 1")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def _batch_type(text: str) -> list[int]:
+    try:
+        return parse_batches(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def gpu_problem(what: str) -> str | None:
+    """None if this process can run bagf_torch's kernels, else one line saying why and what to do (no CUDA
+    build of torch, no visible GPU, no CUDA toolkit / nvcc / NVRTC, a failing extension build)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return (f"{what} needs a CUDA GPU, and this torch ({torch.__version__}) is a CPU-only build; install a "
+                "CUDA build of torch on the GPU machine and run it there")
+    if not torch.cuda.is_available():
+        return (f"{what} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); check the "
+                "driver and CUDA_VISIBLE_DEVICES")
+    from .jit.extension import BuildError, load
+
+    try:
+        load()
+    except BuildError as e:
+        return f"{what}: {str(e).splitlines()[0]}"
+    return None
+
+
+def _require_gpu(what: str) -> None:
+    why = gpu_problem(what)
+    if why is not None:
+        raise UsageError(why)
+
+
+def _build_model(name: str, tuned: bool):
+    from .models import ModelError, build
+
+    try:
+        return build(name, tuned=tuned)
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+
+
+def _inputs(name: str, batches: list[int], device):
+    import torch
+
+    from .models import input_size
+
+    size = input_size(name)
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(n, 3, size, size, generator=g).to(device) for n in batches]
+
+
+# ---- tune ----------------------------------------------------------------------------------------------
+
+def tune_command(args) -> int:
+    import torch
+
+    from . import distributed
+    from .pretune import tune_model
+
+    _build_model(args.model, tuned=True)  # an unknown model is reported before anything else
+    started, local_rank = distributed.init_from_env()
+    try:
+        _require_gpu("tune")
+        torch.cuda.set_device(local_rank)
+        torch.backends.cudnn.allow_tf32 = args.tf32  # part of every problem key: tune the mode you will run
+        model = _build_model(args.model, tuned=True).cuda().eval()
+        xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank))
+        ctx = distributed.Context.current()
+        if ctx.rank == 0:
+            print(f"pre-tuning {args.model} at N={','.join(map(str, args.batch))} on "
+                  f"{torch.cuda.get_device_name()}{f' and {ctx.world_size - 1} more ranks' if ctx.world_size > 1 else ''}"
+                  f" (fp32, TF32 {'on' if args.tf32 else 'off'}); cache {_cache_path()}", flush=True)
+        report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
+                            seed=args.seed, progress=None if args.progress else False)
+        if ctx.rank == 0:
+            print(report)
+            if args.json:
+                report.save(args.json)
+                print(f"report written to {args.json}")
+    finally:
+        if started:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return 0
+
+
+# ---- bench ---------------------------------------------------------------------------------------------
+
+def bench_command(args) -> int:
+    import torch
+
+    from . import bench
+    from .pretune import tune_model
+
+    _build_model(args.model, tuned=False)
+    _require_gpu("bench")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    stock, tuned = bench.stock_and_tuned(lambda: _build_model(args.model, tuned=False))
+    xs = _inputs(args.model, args.batch, torch.device("cuda"))
+    print(f"{args.model} inference on {torch.cuda.get_device_name()}, fp32 (TF32 off); plans from "
+          f"{_cache_path()} (tuning what is missing first)", flush=True)
+    report = tune_model(tuned, xs, budget=args.budget, progress=None)
+    if report.tuned:
+        print(report)
+    results = {}
+    for x in xs:
+        n = x.shape[0]
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs)
+        s = bench.speedups(results[n])
+        print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
+              f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else
+              f"; CUDA graph: stock {results[n]['stock_graph']['median_us']:.1f} us, bagf "
+              f"{results[n]['bagf_graph']['median_us']:.1f} us ({s['bagf_graph_vs_stock_graph']:.2f}x)"), flush=True)
+    print()
+    print("\n".join(bench.table(results)))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "results": results,
+                       "speedups": {n: bench.speedups(r) for n, r in results.items()}}, f, indent=1)
+        print(f"results written to {args.json}")
+    return 0
+
+
+# ---- report --------------------------------------------------------------------------------------------
+
+def report_command(args) -> int:
+    from . import report
+    from .cache import Cache
+
+    ceilings = None
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("report --plot needs matplotlib: pip install matplotlib (or 'bagf_torch[plot]')")
+        given = (args.peak_tflops, args.bandwidth_gbs)
+        if any(v is not None for v in given):
+            if None in given:
+                raise UsageError("give both --peak-tflops and --bandwidth-gbs, or neither (then they are measured)")
+            ceilings = report.Ceilings(args.peak_tflops * 1e12, args.bandwidth_gbs * 1e9, device="",
+                                       how=f"given: {args.peak_tflops} TFLOP/s, {args.bandwidth_gbs} GB/s")
+        else:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("report --plot measures this GPU's ceilings and no CUDA GPU is visible; run it "
+                                 "on the GPU, or give --peak-tflops and --bandwidth-gbs")
+    with Cache.for_dir(_cache_dir()) as cache:
+        plans = cache.plans()
+    if args.gpu:
+        plans = [p for p in plans if str(p["env"].get("gpu")) == args.gpu]
+    print(f"{len(plans)} plans in {_cache_path()}")
+    print(report.plans_table(plans))
+    if args.plot:
+        if not plans:
+            raise UsageError(f"no plans in {_cache_path()} to plot; run python -m bagf_torch tune --model alexnet "
+                             "--batch 1,32,128 first")
+        if ceilings is None:
+            ceilings = report.measure_ceilings()
+            print(f"ceilings on {ceilings.device}: fp32 {ceilings.fp32_flops / 1e12:.1f} TFLOP/s (torch.mm, TF32 off), "
+                  f"copy {ceilings.bandwidth / 1e9:.0f} GB/s")
+        report.plot_roofline(report.points_from_plans(plans), ceilings, args.plot)
+        print(f"roofline written to {args.plot}")
+    return 0
+
+
+# ---- cache ---------------------------------------------------------------------------------------------
+
+def cache_command(action: str, path: str | None) -> int:
+    from .cache import Cache
+    from .kernels import FAMILIES
+    from .problem import ConvProblem
+
+    if action == "import":
+        env = this_machine_env()  # before opening anything: a refused import leaves the cache untouched
+    cache = Cache.for_dir(_cache_dir())
+    try:
+        if action == "list":
+            plans = cache.plans()
+            print(f"{len(plans)} plans in {cache.path}")
+            print(f"{'key':<16} {'gpu':<20} {'problem':<44} {'plan':<48} {'us':>9} {'cuDNN us':>9} {'evals':>5}")
+            for p in sorted(plans, key=lambda p: p["created"]):
+                fam = FAMILIES.get(p["family"])
+                plan = "aten (cuDNN)" if p["config"] is None or fam is None else fam.name(p["config"])
+                try:
+                    problem = ConvProblem.from_dict(p["problem"]).short()
+                except (TypeError, KeyError, ValueError):
+                    problem = str(p["problem"])[:44]
+                print(f"{p['key'][:16]:<16} {str(p['env'].get('gpu', '?'))[:20]:<20} {problem:<44} {plan:<48} "
+                      f"{p['time_us']:9.1f} {p['aten_us'] or float('nan'):9.1f} {p['evaluations']:5d}")
+        elif action == "export":
+            n = cache.export(path)
+            print(f"exported {n} plans from {cache.path} to {path}")
+        elif action == "import":
+            try:
+                n, skipped = cache.import_(path, env)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            print(f"imported {n} plans from {path} into {cache.path}; skipped {len(skipped)}")
+            for line in skipped:
+                print(f"  skipped {line}")
+            if skipped and not n:
+                print("  (a plan is only valid on the GPU, driver, CUDA, torch and bagf_torch versions it was tuned "
+                      "with; pre-tune on a machine like this one, or run python -m bagf_torch tune here)")
+        elif action == "clear":
+            n = len(cache.plans())
+            cache.clear()
+            print(f"cleared {cache.path} ({n} plans)")
+    finally:
+        cache.close()
+    return 0
+
+
+def this_machine_env() -> dict:
+    """The environment import validates against (GPU, versions, kernel hash); UsageError when it cannot be
+    known here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("cache import needs this machine's CUDA GPU to check entries against it "
+                         "(torch.cuda.is_available() is False); run it on the machine that will use the cache")
+    from .jit.extension import BuildError, environment
+
+    try:
+        return environment(torch.cuda.current_device())
+    except BuildError as e:
+        raise UsageError(str(e).splitlines()[0]) from None
+
+
+# ---- demo ----------------------------------------------------------------------------------------------
+
+def demo(batch: int, budget: int | None) -> int:
+    import torch
+
+    import bagf_torch
+    from bagf_torch import runtime
+    from bagf_torch.kernels import family_name
+
+    if budget is not None:
+        os.environ["BAGF_BUDGET"] = str(budget)
+    model = bagf_torch.convert(bagf_torch.models.alexnet(tuned=False).features).eval()
+    if not torch.cuda.is_available():
+        why = "torch is a CPU-only build" if torch.version.cuda is None else "no CUDA device is visible"
+        print(f"No CUDA GPU here ({why}): nothing to tune. Running AlexNet's conv layers through the ATen "
+              "fallback instead.")
+        x = torch.randn(batch, 3, 224, 224)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            y = model(x)
+        print(f"CPU forward of N={batch}: output {tuple(y.shape)} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        return 0
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False  # our kernels are strict fp32: compare like with like
+    model = model.cuda()
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    print(f"Tuning AlexNet's 5 conv layers at N={batch} on {torch.cuda.get_device_name()} "
+          "(first call tunes; later calls and processes reuse the cache)...", flush=True)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model(x)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    rt = runtime.get()
+    print(f"\n{'layer':<32} {'cuDNN us':>9} {'tuned us':>9} {'speedup':>8} {'trials':>7} {'tune s':>7}  plan")
+    for r in rt.results:
+        plan = "aten (cuDNN)" if r.config is None else family_name(r.family, r.config)
+        print(f"{r.problem.short():<32} {r.aten_us:9.1f} {r.time_us:9.1f} {r.speedup:7.2f}x "
+              f"{r.evaluations:7d} {r.seconds:7.1f}  {plan}")
+    if not rt.results:
+        print(f"(all {rt.stats['cache_hits']} layers came from the cache in {_cache_dir()}: no tuning)")
+    print(f"\nfirst forward (tuning included): {first:.1f} s")
+    return 0
+
+
+# ---- the parser ----------------------------------------------------------------------------------------
+
+def _cache_dir():
+    from . import settings
+
+    return settings.cache_dir()
+
+
+def _cache_path():
+    from .cache import default_cache_path
+
+    return default_cache_path(_cache_dir())
+
+
+def settings_dir() -> str:
+    return str(_cache_dir())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m bagf_torch", description="bagf_torch: auto-tuned CUDA convolutions")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache", metavar="DIR", help="cache directory (default: BAGF_CACHE_DIR or ~/.cache/bagf_torch)")
+    models = argparse.ArgumentParser(add_help=False)
+    models.add_argument("--model", default="alexnet", help="alexnet, or torchvision:<name> (default alexnet)")
+    models.add_argument("--batch", type=_batch_type, default=[1, 32, 128], metavar="LIST",
+                        help="comma-separated batch sizes (default 1,32,128)")
+    models.add_argument("--budget", type=int, default=None, help="evaluations per problem (default BAGF_BUDGET)")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("tune", parents=[common, models], help="pre-tune a model's conv layers, print the table")
+    t.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (default BAGF_TIME_BUDGET)")
+    t.add_argument("--strategy", choices=["ax", "random", "exhaustive"], default=None)
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--tf32", action="store_true",
+                   help="tune for callers that allow TF32 in cuDNN (the mode is part of the key; default off)")
+    t.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+    b = sub.add_parser("bench", parents=[common, models], help="end-to-end inference: stock vs bagf_torch")
+    b.add_argument("--runs", type=int, default=200, help="timed runs per variant (median reported)")
+    b.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph variants")
+    b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+    r = sub.add_parser("report", parents=[common], help="per-layer table from the cache, roofline plot")
+    r.add_argument("--plot", metavar="PNG", help="write the roofline plot here (needs matplotlib)")
+    r.add_argument("--gpu", help="only plans tuned on this GPU name")
+    r.add_argument("--peak-tflops", type=float, default=None, help="fp32 ceiling instead of measuring it")
+    r.add_argument("--bandwidth-gbs", type=float, default=None, help="memory ceiling instead of measuring it")
+
+    c = sub.add_parser("cache", parents=[common], help="list, export, import or clear the tuning cache")
+    c.add_argument("action", choices=["list", "export", "import", "clear"])
+    c.add_argument("file", nargs="?", help="JSON file for export / import")
+
+    d = sub.add_parser("demo", parents=[common], help="tune and run AlexNet's conv layers at one batch size")
+    d.add_argument("--batch", type=int, default=32)
+    d.add_argument("--budget", type=int, default=None, help="evaluations per layer (default BAGF_BUDGET)")
+    ap.subcommands = {"tune": t, "bench": b, "report": r, "cache": c, "demo": d}
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    sub = ap.subcommands[args.cmd]  # for errors found after parsing
+    if args.cache:
+        os.environ["BAGF_CACHE_DIR"] = args.cache
+    if getattr(args, "budget", None) is not None and args.budget < 1:
+        sub.error(f"--budget must be at least 1, got {args.budget}")
+    if args.cmd == "cache":
+        if args.action in ("export", "import") and not args.file:
+            sub.error(f"cache {args.action} needs a FILE")
+        if args.action == "import" and not os.path.isfile(args.file):
+            sub.error(f"no such file: {args.file}")
+    if args.cmd == "bench" and args.runs < 1:
+        sub.error(f"--runs must be at least 1, got {args.runs}")
+    if args.cmd == "demo" and args.batch < 1:
+        sub.error(f"--batch must be >= 1, got {args.batch}")
+    try:
+        if args.cmd == "tune":
+            return tune_command(args)
+        if args.cmd == "bench":
+            return bench_command(args)
+        if args.cmd == "report":
+            return report_command(args)
+        if args.cmd == "cache":
+            return cache_command(args.action, args.file)
+        return demo(args.batch, args.budget)
+    except UsageError as e:
+        print(f"bagf_torch: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""Pre-tuning a whole model: ``tune_model(model, example_inputs)``.
+
+It runs the model once per example input with every TunedConv2d's plan lookup intercepted, so it learns
+exactly the problems the layers would ask the runtime for (same checks, same ``ConvProblem``) without tuning
+anything; deduplicates them (AlexNet at N=1, 32, 128 has 15); tunes each one that the cache does not hold
+yet, with a progress bar; and returns a ``ModelReport`` (per problem: layers, plan, time against cuDNN,
+speedup, trials, tuning seconds) that prints as a table and serialises to JSON.
+
+Under ``torchrun`` the unique problems are sharded across ranks and the winners gathered (see
+``bagf_torch.distributed``). The tuning step is a plain function ``step(problem, device, progress) ->
+record`` so that it can be replaced (tests use one that replays recorded timings on a CPU).
+
+>>> import torch, bagf_torch                                              # doctest: +SKIP
+>>> model = bagf_torch.models.alexnet().cuda().eval()                     # doctest: +SKIP
+>>> torch.backends.cudnn.allow_tf32 = False                               # doctest: +SKIP
+>>> xs = [torch.randn(n, 3, 224, 224, device="cuda") for n in (1, 32)]    # doctest: +SKIP
+>>> report = bagf_torch.tune_model(model, xs, budget=20)                  # doctest: +SKIP
+>>> print(report); report.save("alexnet_tuning.json")                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from . import runtime
+from .kernels import FAMILIES
+from .nn import TunedConv2d
+from .problem import ConvProblem
+from .tuning.measure import ATEN
+
+__all__ = ["Discovery", "LayerReport", "ModelReport", "Progress", "RuntimeTuneStep", "discover", "tune_model"]
+
+
+# ---- discovery -------------------------------------------------------------------------------------------
+
+@dataclass
+class Discovery:
+    """What one run of the model asked for: unique problems in first-call order, where each was used."""
+
+    problems: list[ConvProblem] = field(default_factory=list)
+    layers: dict[ConvProblem, list[str]] = field(default_factory=dict)   # names of the layers using it
+    devices: dict[ConvProblem, int] = field(default_factory=dict)        # device of the first call
+    unsupported: list[tuple[str, str]] = field(default_factory=list)     # (layer, reason), run by ATen
+    calls: int = 0                                                       # TunedConv2d calls seen
+
+
+def _call_list(example_inputs) -> list:
+    """One entry per forward: a Tensor, or a list of them, means one call each; a tuple or dict element is
+    one call's positional or keyword arguments."""
+    if isinstance(example_inputs, torch.Tensor):
+        return [example_inputs]
+    if isinstance(example_inputs, dict):
+        return [example_inputs]
+    calls = list(example_inputs)
+    if not calls:
+        raise ValueError("example_inputs is empty; give one input per batch size, e.g. "
+                         "[torch.randn(n, 3, 224, 224, device='cuda') for n in (1, 32)]")
+    return calls
+
+
+def _forward(model: nn.Module, call) -> None:
+    if isinstance(call, dict):
+        model(**call)
+    elif isinstance(call, (tuple, list)):
+        model(*call)
+    else:
+        model(call)
+
+
+def discover(model: nn.Module, example_inputs) -> Discovery:
+    """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
+    layers would look up, without tuning. Layer plan memos, training flags and the runtime are left as they
+    were. Raises ValueError when the model has no TunedConv2d (convert it first)."""
+    names = {m: name for name, m in model.named_modules() if isinstance(m, TunedConv2d)}
+    if not names:
+        plain = sum(1 for m in model.modules() if type(m) is nn.Conv2d)
+        raise ValueError(f"the model has no TunedConv2d layers ({plain} plain nn.Conv2d); call "
+                         "bagf_torch.convert(model) first")
+    found = Discovery()
+    current: list[str] = []
+
+    def pre_hook(module, args):
+        current.append(names[module])
+        found.calls += 1
+        reason = module._unsupported(args[0]) if args and isinstance(args[0], torch.Tensor) else "no tensor input"
+        if reason is not None:
+            found.unsupported.append((names[module], reason))
+
+    def post_hook(module, args, output):
+        current.pop()
+
+    def record(problem: ConvProblem, device: int) -> int:
+        if problem not in found.layers:
+            found.problems.append(problem)
+            found.layers[problem] = []
+            found.devices[problem] = device
+        layer = current[-1] if current else "?"
+        if layer not in found.layers[problem]:
+            found.layers[problem].append(layer)
+        return ATEN  # run the call through torch's conv: nothing is tuned or loaded
+
+    rt = runtime.get()
+    saved_memos = {m: m._bagf_handles for m in names}
+    modes = {m: m.training for m in model.modules()}
+    hooks = []
+    try:
+        for m in names:
+            m._bagf_handles = {}  # so every layer asks the runtime, even one that already has a plan
+            hooks.append(m.register_forward_pre_hook(pre_hook))
+            hooks.append(m.register_forward_hook(post_hook))
+        # instance attributes: shadow the runtime's lookups (TunedConv2d asks ``lookup``) for this runtime only
+        rt.plan_handle = record
+        rt.lookup = lambda problem, device: (record(problem, device), True)
+        model.eval()
+        with torch.no_grad():
+            for call in _call_list(example_inputs):
+                _forward(model, call)
+    finally:
+        for attr in ("plan_handle", "lookup"):
+            with contextlib.suppress(AttributeError):
+                delattr(rt, attr)
+        for h in hooks:
+            h.remove()
+        for m, memo in saved_memos.items():
+            m._bagf_handles = memo  # drop the ATEN entries the recording run left
+        for m, was in modes.items():
+            m.training = was
+    return found
+
+
+# ---- progress ------------------------------------------------------------------------------------------
+
+class Progress(Protocol):
+    """What a tuning step reports while it tunes one problem."""
+
+    def cudnn(self, time_us: float) -> None: ...
+    def trial(self, status: str, time_us: float | None) -> None: ...
+
+
+class _Bar:
+    """A tqdm bar over this rank's problems, counted in trials (each problem is worth its budget of trials,
+    so the ETA follows the tuning work; a problem that stops early or is cached fills its share at once).
+    Shows the problem, trials, best time so far against cuDNN."""
+
+    def __init__(self, problems: int, per_problem: int, enabled: bool | None, label: str, position: int):
+        self.per_problem = max(1, per_problem)
+        self._quiet = enabled is False
+        self._bar = None
+        if enabled is not False:
+            from tqdm.auto import tqdm
+
+            # disable=None: tqdm's own test, no bar when stderr is not a terminal (logs get one line per problem)
+            bar = tqdm(total=problems * self.per_problem, unit="trial", desc=label, position=position,
+                       dynamic_ncols=True, smoothing=0.1, leave=True, disable=None if enabled is None else False)
+            self._bar = None if bar.disable else bar
+        self.start(None)
+
+    def start(self, problem: ConvProblem | None) -> None:
+        self.problem = problem
+        self.trials = 0
+        self.best: float | None = None
+        self.cudnn_us: float | None = None
+        self._show()
+
+    def cudnn(self, time_us: float) -> None:
+        self.cudnn_us = time_us
+        self._show()
+
+    def trial(self, status: str, time_us: float | None) -> None:
+        self.trials += 1
+        if status == "ok" and time_us is not None and (self.best is None or time_us < self.best):
+            self.best = time_us
+        if self._bar is not None and self.trials <= self.per_problem:
+            self._bar.update(1)
+        self._show()
+
+    def finish(self, note: str) -> None:
+        if self._bar is not None:
+            self._bar.update(max(0, self.per_problem - min(self.trials, self.per_problem)))
+            self._bar.write(note)
+        elif not self._quiet:
+            print(note, file=sys.stderr, flush=True)
+
+    def _show(self) -> None:
+        if self._bar is None or self.problem is None:
+            return
+        best = "-" if self.best is None else f"{self.best:.1f}us"
+        ref = "" if self.cudnn_us is None else f" cuDNN {self.cudnn_us:.1f}us"
+        self._bar.set_postfix_str(f"{self.problem.short()} | trials {self.trials} | best {best}{ref}",
+                                  refresh=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# ---- the tuning step -----------------------------------------------------------------------------------
+
+Record = dict
+"""A winner, ready to travel between processes (pickle) and be written to any cache: ``key``, the
+``put_plan`` fields (problem, env, family, config, time_us, aten_us, default_us, evaluations, tune_seconds,
+cubin_digests), ``cubins`` (dicts: digest, name, lowered_name, cubin bytes), ``trials`` (rows),
+``cached`` (True when it came from the cache rather than this run), ``host`` and ``rank``."""
+
+TuneStep = Callable[[ConvProblem, int, Progress], Record]
+
+
+class _ObservedBench:
+    """The tuner's benchmarker, reporting cuDNN's first time to the progress bar (candidate times come through
+    the tuner's own per-trial callback)."""
+
+    def __init__(self, inner, progress: Progress):
+        self._inner = inner
+        self._progress = progress
+
+    def measure(self, ws, handle, cutoff_us=None):
+        outcome = self._inner.measure(ws, handle, cutoff_us)
+        if handle == ATEN and outcome.ok:
+            self._progress.cudnn(outcome.time_us)
+        return outcome
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _parse_trial(message: str) -> tuple[str, float | None]:
+    """Status and time of one line of ``Tuner.tune``'s progress callback: ``"<kernel>: <status> [<t> us]"``.
+    An unexpected shape counts as a trial with no time rather than breaking the tuning."""
+    words = message.rsplit(": ", 1)[-1].split()
+    status = words[0] if words else "?"
+    time_us = None
+    if len(words) >= 3 and words[2] == "us":
+        with contextlib.suppress(ValueError):
+            time_us = float(words[1])
+    return status, time_us
+
+
+class RuntimeTuneStep:
+    """The real tuning step: the process's runtime tunes ``problem`` on CUDA ``device`` (or finds it in the
+    cache) and the stored winner comes back as a Record with its cubins and trials."""
+
+    def __init__(self, budget: int | None = None, seconds: float | None = None, strategy: str | None = None,
+                 seed: int | None = None):
+        self.budget, self.seconds, self.strategy, self.seed = budget, seconds, strategy, seed
+
+    def evaluations(self) -> int:
+        from . import settings
+
+        return self.budget or settings.budget_evaluations()
+
+    def __call__(self, problem: ConvProblem, device: int, progress: Progress) -> Record:
+        from . import settings
+        from .jit.compiler import KernelSpec
+        from .tuning.common import Budget
+
+        rt = runtime.get()
+        dev = rt.device(device)
+        budget = Budget(self.evaluations(), self.seconds or settings.budget_seconds())
+        def observe(tuner):
+            tuner.bench = _ObservedBench(tuner.bench, progress)
+
+        key, row, tuned_now = rt.pretune(problem, device,
+                                         tuner_options=dict(budget=budget, strategy=self.strategy, seed=self.seed),
+                                         configure=observe,
+                                         progress=lambda msg: progress.trial(*_parse_trial(msg)))
+        cache = rt.cache()
+        cubins = []
+        family = FAMILIES.get(row["family"])
+        for digest in row["cubin_digests"]:
+            hit = cache.get_cubin(digest)
+            if hit is not None and family is not None:
+                cubins.append({"digest": digest, "name": KernelSpec(family, row["config"], dev.compiler.arch).name,
+                               "lowered_name": hit[1], "cubin": hit[0]})
+        return make_record(key, row, cubins=cubins, trials=cache.trials(key) if tuned_now else [],
+                           cached=not tuned_now)
+
+
+def make_record(key: str, plan: dict, *, cubins: Sequence[dict] = (), trials: Sequence[dict] = (),
+                cached: bool = False, rank: int = 0) -> Record:
+    """A Record from a plan (a cache row or the same fields)."""
+    fields = ("problem", "env", "family", "config", "time_us", "aten_us", "default_us", "evaluations",
+              "tune_seconds", "cubin_digests")
+    record = {f: plan[f] for f in fields}
+    record["cubin_digests"] = list(record["cubin_digests"])
+    record.update(key=key, cubins=list(cubins), trials=list(trials), cached=bool(cached),
+                  host=socket.gethostname(), rank=rank)
+    return record
+
+
+# ---- the report ----------------------------------------------------------------------------------------
+
+def _plan_name(family: str, config: dict | None) -> str:
+    fam = FAMILIES.get(family)
+    if config is None or fam is None:
+        return "aten (cuDNN)" if family == "aten" else family
+    return fam.name(config)
+
+
+@dataclass
+class LayerReport:
+    """One unique problem: the layers (calls) that use it and its plan."""
+
+    problem: ConvProblem
+    layers: list[str]
+    plan: str
+    family: str
+    config: dict | None
+    time_us: float
+    aten_us: float | None
+    evaluations: int
+    tune_seconds: float
+    cached: bool
+    rank: int = 0
+
+    @property
+    def speedup(self) -> float | None:
+        return None if not self.aten_us or not self.time_us else self.aten_us / self.time_us
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"problem": self.problem.as_dict(), "short": self.problem.short(), "layers": list(self.layers),
+                "plan": self.plan, "family": self.family, "config": self.config, "time_us": self.time_us,
+                "aten_us": self.aten_us, "speedup": self.speedup, "evaluations": self.evaluations,
+                "tune_seconds": self.tune_seconds, "cached": self.cached, "rank": self.rank}
+
+
+@dataclass
+class ModelReport:
+    """The result of ``tune_model``: one row per unique problem, the layers left to ATen and why, totals."""
+
+    rows: list[LayerReport]
+    unsupported: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    world_size: int = 1
+
+    @property
+    def tuned(self) -> int:
+        """Problems tuned in this run (the others came from the cache)."""
+        return sum(1 for r in self.rows if not r.cached)
+
+    def conv_time_by_batch(self) -> dict[int, tuple[float, float]]:
+        """Per batch size: (cuDNN us, planned us) summed over the conv layers of one forward (a layer called
+        twice in one forward with the same shape counts once)."""
+        out: dict[int, list[float]] = {}
+        for r in self.rows:
+            if r.aten_us is None:
+                continue
+            acc = out.setdefault(r.problem.n, [0.0, 0.0])
+            acc[0] += r.aten_us * len(r.layers)
+            acc[1] += r.time_us * len(r.layers)
+        return {n: (a, b) for n, (a, b) in sorted(out.items())}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rows": [r.as_dict() for r in self.rows], "unsupported": [list(u) for u in self.unsupported],
+                "seconds": self.seconds, "world_size": self.world_size, "tuned": self.tuned,
+                "conv_time_by_batch": {str(n): {"cudnn_us": a, "planned_us": b}
+                                       for n, (a, b) in self.conv_time_by_batch().items()}}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=1, sort_keys=True)
+
+    def save(self, path) -> None:
+        from pathlib import Path
+
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelReport":
+        rows = [LayerReport(problem=ConvProblem.from_dict(r["problem"]), layers=list(r["layers"]), plan=r["plan"],
+                            family=r["family"], config=r["config"], time_us=r["time_us"], aten_us=r["aten_us"],
+                            evaluations=r["evaluations"], tune_seconds=r["tune_seconds"], cached=r["cached"],
+                            rank=r.get("rank", 0)) for r in d["rows"]]
+        return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
+                   seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1))
+
+    def __str__(self) -> str:
+        head = (f"{'problem':<46} {'layers':<22} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'trials':>6} "
+                f"{'tune s':>7}  plan")
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            layers = ",".join(r.layers)
+            layers = layers if len(layers) <= 22 else layers[:19] + "..."
+            speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
+            aten = "-" if r.aten_us is None else f"{r.aten_us:.1f}"
+            tune = "cached" if r.cached else f"{r.tune_seconds:.1f}"
+            lines.append(f"{r.problem.short():<46} {layers:<22} {aten:>9} {r.time_us:9.1f} {speed:>8} "
+                         f"{r.evaluations:6d} {tune:>7}  {r.plan}")
+        for n, (a, b) in self.conv_time_by_batch().items():
+            lines.append(f"N={n}: all convs {a:.1f} us with cuDNN -> {b:.1f} us planned ({a / b:.2f}x)")
+        for layer, reason in dict.fromkeys(self.unsupported):
+            lines.append(f"not tuned: {layer}: {reason} (runs through ATen)")
+        lines.append(f"{len(self.rows)} unique problems, {self.tuned} tuned now, "
+                     f"{len(self.rows) - self.tuned} from the cache, in {self.seconds:.1f} s"
+                     + (f" on {self.world_size} ranks" if self.world_size > 1 else ""))
+        return "\n".join(lines)
+
+
+def _layer_report(problem: ConvProblem, layers: list[str], rec: Record) -> LayerReport:
+    return LayerReport(problem=problem, layers=layers, plan=_plan_name(rec["family"], rec["config"]),
+                       family=rec["family"], config=rec["config"], time_us=float(rec["time_us"]),
+                       aten_us=None if rec["aten_us"] is None else float(rec["aten_us"]),
+                       evaluations=int(rec["evaluations"]), tune_seconds=float(rec["tune_seconds"]),
+                       cached=bool(rec["cached"]), rank=int(rec.get("rank", 0)))
+
+
+# ---- the API -------------------------------------------------------------------------------------------
+
+def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, seconds: float | None = None,
+               strategy: str | None = None, seed: int | None = None, progress: bool | None = True,
+               step: TuneStep | None = None, group=None) -> ModelReport:
+    """Pre-tune every TunedConv2d problem of ``model`` for the given example inputs; return a ModelReport.
+
+    ``example_inputs``: a Tensor, or a list with one entry per forward (a Tensor, a tuple of positional
+    arguments or a dict of keyword arguments), e.g. one input per batch size. Inputs must be on the GPU the
+    model will run on, in the dtype, memory format and TF32 mode (``torch.backends.cudnn.allow_tf32``) of
+    production: all of them are part of the problem key. ``budget`` (evaluations) and ``seconds`` bound the
+    search per problem (default BAGF_BUDGET and BAGF_TIME_BUDGET); ``strategy`` and ``seed`` as in
+    BAGF_STRATEGY / BAGF_SEED. Problems already in the cache are not tuned again. ``progress``: True shows a
+    tqdm bar on stderr, None shows it when stderr is a terminal (one line per problem otherwise), False is
+    silent.
+
+    Inside an initialised ``torch.distributed`` process group (``torchrun``; or ``group``), the unique
+    problems are split across ranks, each rank tunes its share on its own GPU, and every rank gets the whole
+    report; rank 0 writes every winner (with its cubins) into its cache. ``step`` replaces the tuning step
+    (``step(problem, device, progress) -> Record``; tests replay recorded timings with it).
+
+    Example::
+
+        >>> report = bagf_torch.tune_model(model, [torch.randn(n, 3, 224, 224, device="cuda")  # doctest: +SKIP
+        ...                                        for n in (1, 32, 128)], budget=20)
+        >>> print(report)                                                                       # doctest: +SKIP
+    """
+    from . import distributed
+
+    t0 = time.perf_counter()
+    found = discover(model, example_inputs)
+    if step is None:
+        off_gpu = [p for p in found.problems if found.devices[p] < 0]
+        if off_gpu or not found.problems and found.unsupported:
+            why = found.unsupported[0][1] if found.unsupported else "inputs are not on a CUDA device"
+            raise ValueError(f"nothing to tune: {why}; move the model and example inputs to the GPU (.cuda()), "
+                             "in float32 and NCHW, as production will run them")
+        step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
+    per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
+    ctx = distributed.Context.current(group)
+    mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)
+    label = "tuning" if ctx.world_size == 1 else f"rank {ctx.rank} tuning"
+    bar = _Bar(len(mine), per_problem, progress, label, position=ctx.rank)
+    records: list[Record] = []
+    try:
+        for problem in mine:
+            bar.start(problem)
+            rec = step(problem, found.devices[problem], bar)
+            rec["rank"] = ctx.rank
+            records.append(rec)
+            speed = "" if not rec["aten_us"] else f" ({rec['aten_us'] / rec['time_us']:.2f}x vs cuDNN)"
+            bar.finish(f"{'cached' if rec['cached'] else 'tuned '} {problem.short()}: "
+                       f"{_plan_name(rec['family'], rec['config'])} {rec['time_us']:.1f} us{speed}")
+    finally:
+        bar.close()
+    everything = ctx.all_gather(records)
+    if ctx.world_size > 1 and ctx.rank == 0:
+        distributed.write_records(runtime.get().cache(), everything)
+    by_key = {ConvProblem.from_dict(r["problem"]): r for r in everything}
+    rows = [_layer_report(p, found.layers[p], by_key[p]) for p in found.problems if p in by_key]
+    missing = [p.short() for p in found.problems if p not in by_key]
+    if missing:
+        raise RuntimeError(f"no winner came back for {len(missing)} problems ({missing[0]}, ...); a rank "
+                           "must have skipped its share")
+    return ModelReport(rows=rows, unsupported=found.unsupported, seconds=time.perf_counter() - t0,
+                       world_size=ctx.world_size)
+

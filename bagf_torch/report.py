@@ -1,0 +1,185 @@
+"""Per-layer tables from the cache and the roofline plot.
+
+The roofline: each cached problem is a point at its arithmetic intensity (direct-convolution FLOPs over the
+compulsory bytes: input + weights + bias + output, fp32, each moved once) and its achieved FLOP/s, once for
+cuDNN and once for the plan, against the device's *measured* ceilings: fp32 FFMA throughput from a large
+``torch.mm`` with TF32 off, memory bandwidth from a large device-to-device tensor copy. FLOPs are counted as
+direct convolution, so an algorithm that does fewer multiplications (Winograd, FFT: cuDNN picks them) can land
+above the compute ceiling; that says "fewer operations", not "faster than the hardware".
+
+matplotlib is an optional extra (``pip install bagf_torch[plot]``); the tables need nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from .kernels import FAMILIES
+from .problem import ConvProblem
+
+__all__ = ["Ceilings", "LayerPoint", "measure_ceilings", "plot_roofline", "points_from_plans", "plans_table"]
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Measured (or given) ceilings of one device."""
+
+    fp32_flops: float        # FLOP/s
+    bandwidth: float         # bytes/s
+    device: str = ""
+    how: str = "measured"
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the two ceilings meet."""
+        return self.fp32_flops / self.bandwidth
+
+    def attainable(self, intensity: float) -> float:
+        return min(self.fp32_flops, self.bandwidth * intensity)
+
+
+def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 << 30, reps: int = 10) -> Ceilings:
+    """fp32 FFMA peak (``torch.mm`` of two ``mm_size``^2 fp32 matrices, TF32 off: 2 n^3 FLOPs per call) and
+    copy bandwidth (``copy_bytes`` read + written per ``Tensor.copy_``), medians of ``reps`` CUDA-event timings.
+    A large SGEMM is the best fp32 throughput torch reaches (cuBLAS, ~80-90% of the FFMA datasheet peak);
+    a copy the best bandwidth (~90% of the HBM datasheet figure)."""
+    import torch
+
+    def median_ms(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    dev = torch.device("cuda", device)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        a = torch.randn(mm_size, mm_size, device=dev)
+        b = torch.randn(mm_size, mm_size, device=dev)
+        c = torch.empty(mm_size, mm_size, device=dev)
+        mm_ms = median_ms(lambda: torch.mm(a, b, out=c))
+        src = torch.empty(copy_bytes // 4, device=dev)
+        dst = torch.empty_like(src)
+        copy_ms = median_ms(lambda: dst.copy_(src))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return Ceilings(fp32_flops=2 * mm_size**3 / (mm_ms / 1e3), bandwidth=2 * copy_bytes / (copy_ms / 1e3),
+                    device=torch.cuda.get_device_name(dev),
+                    how=f"measured: torch.mm {mm_size}^2 fp32 TF32 off, copy of {copy_bytes >> 20} MiB")
+
+
+def compulsory_bytes(p: ConvProblem) -> int:
+    """Bytes every algorithm must move at least once: input, weights, bias and output (4-byte floats)."""
+    ph, pw = p.out_hw
+    elems = p.n * p.c * p.h * p.w + p.k * (p.c // p.groups) * p.r * p.s + (p.k if p.bias else 0) + p.n * p.k * ph * pw
+    return 4 * elems
+
+
+@dataclass
+class LayerPoint:
+    problem: ConvProblem
+    label: str
+    plan: str
+    intensity: float                # FLOP/byte (compulsory)
+    cudnn_flops: float | None       # achieved FLOP/s
+    plan_flops: float
+
+
+def plan_name(plan: dict) -> str:
+    fam = FAMILIES.get(plan["family"])
+    return "aten (cuDNN)" if plan["config"] is None or fam is None else fam.name(plan["config"])
+
+
+def points_from_plans(plans: Sequence[dict]) -> list[LayerPoint]:
+    """One point per cached plan (cache rows: problem, family, config, time_us, aten_us)."""
+    points = []
+    for plan in plans:
+        try:
+            p = ConvProblem.from_dict(plan["problem"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        aten = plan.get("aten_us")
+        points.append(LayerPoint(problem=p, label=f"N{p.n} C{p.c}->K{p.k} {p.r}x{p.s}", plan=plan_name(plan),
+                                 intensity=p.flops / compulsory_bytes(p),
+                                 cudnn_flops=None if not aten else p.flops / (aten * 1e-6),
+                                 plan_flops=p.flops / (plan["time_us"] * 1e-6)))
+    return points
+
+
+def plans_table(plans: Sequence[dict]) -> str:
+    """The per-problem table: cuDNN and plan time, speedup, achieved TFLOP/s, intensity, trials, tuning s."""
+    head = (f"{'gpu':<18} {'problem':<44} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'TFLOP/s':>8} "
+            f"{'FLOP/B':>7} {'trials':>6} {'tune s':>7}  plan")
+    lines = [head, "-" * len(head)]
+    for plan in sorted(plans, key=lambda r: (str(r["env"].get("gpu")), r["problem"].get("n", 0), r["created"])):
+        try:
+            p = ConvProblem.from_dict(plan["problem"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        aten = plan.get("aten_us")
+        speed = f"{aten / plan['time_us']:.2f}x" if aten else "-"
+        lines.append(f"{str(plan['env'].get('gpu', '?'))[:18]:<18} {p.short():<44} "
+                     f"{aten if aten else float('nan'):9.1f} {plan['time_us']:9.1f} {speed:>8} "
+                     f"{p.flops / plan['time_us'] / 1e6:8.2f} {p.flops / compulsory_bytes(p):7.1f} "
+                     f"{plan['evaluations']:6d} {plan['tune_seconds']:7.1f}  {plan_name(plan)}")
+    return "\n".join(lines)
+
+
+def plot_roofline(points: Sequence[LayerPoint], ceilings: Ceilings, path, title: str | None = None) -> None:
+    """Write the roofline PNG: ceilings as lines, cuDNN (circles) and the plan (triangles) per problem,
+    joined by a thin line so each layer's pair reads side by side. Needs matplotlib."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise RuntimeError("the roofline plot needs matplotlib: pip install matplotlib "
+                           "(or pip install 'bagf_torch[plot]')") from e
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    if not points:
+        raise ValueError("no plans to plot; run python -m bagf_torch tune first")
+    xs = [pt.intensity for pt in points]
+    lo, hi = min(xs + [ceilings.ridge]) / 4, max(xs + [ceilings.ridge]) * 4
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [ceilings.attainable(x) / 1e12 for x in grid], color="black", lw=2,
+            label=f"roofline: {ceilings.fp32_flops / 1e12:.1f} TFLOP/s fp32, {ceilings.bandwidth / 1e9:.0f} GB/s")
+    ax.axvline(ceilings.ridge, color="grey", ls=":", lw=1)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    batches = sorted({pt.problem.n for pt in points})
+    for pt in points:
+        colour = colours[batches.index(pt.problem.n) % len(colours)]
+        if pt.cudnn_flops is not None:
+            ax.plot([pt.intensity, pt.intensity], [pt.cudnn_flops / 1e12, pt.plan_flops / 1e12], color=colour,
+                    lw=0.8, alpha=0.6)
+            ax.scatter([pt.intensity], [pt.cudnn_flops / 1e12], marker="o", facecolors="none", edgecolors=colour,
+                       s=45)
+        ax.scatter([pt.intensity], [pt.plan_flops / 1e12], marker="^", color=colour, s=45)
+        ax.annotate(pt.label, (pt.intensity, pt.plan_flops / 1e12), fontsize=6, xytext=(4, 3),
+                    textcoords="offset points")
+    for n in batches:
+        ax.scatter([], [], marker="s", color=colours[batches.index(n) % len(colours)], label=f"N={n}")
+    ax.scatter([], [], marker="o", facecolors="none", edgecolors="black", label="cuDNN")
+    ax.scatter([], [], marker="^", color="black", label="bagf plan (cuDNN when it won)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel("arithmetic intensity (direct-conv FLOPs / compulsory bytes, FLOP/byte)")
+    ax.set_ylabel("achieved TFLOP/s (direct-conv FLOPs / time)")
+    ax.set_title(title or f"Roofline: conv layers on {ceilings.device or 'this GPU'}")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.text(0.01, 0.01, f"ceilings {ceilings.how}", fontsize=6, color="grey")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32 with TF32 off.
+
+Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
+cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
+stock model as the peer a user would try instead (its compile time is reported; DESIGN measured 66 s at N=1
+and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
+cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
+tuning out of this run). Writes JSON and a Markdown table with the GPU, versions and date.
+
+    python benchmarks/bench_alexnet.py --batch 1,32,128 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import bagf_torch  # noqa: E402
+from bagf_torch import bench, cli, runtime  # noqa: E402
+from bagf_torch.jit.compiler import STATS  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=cli.parse_batches, default=[1, 32, 128], help="comma-separated batch sizes")
+    ap.add_argument("--runs", type=int, default=200, help="timed runs per variant")
+    ap.add_argument("--budget", type=int, default=None, help="evaluations per problem for what is not cached yet")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile(mode='max-autotune')")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="h200")
+    args = ap.parse_args(argv)
+    why = cli.gpu_problem("bench_alexnet")
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 2
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
+    xs = [torch.randn(n, 3, 224, 224, device="cuda") for n in args.batch]
+    t0 = time.perf_counter()
+    report = bagf_torch.tune_model(tuned, xs, budget=args.budget, progress=None)
+    tune_seconds = time.perf_counter() - t0
+    print(report, flush=True)
+    tuned_before, compiles_before = runtime.get().stats["tuned"], STATS.nvrtc_compiles
+
+    results: dict[int, dict] = {}
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+        "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": False,
+        "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"bench_alexnet_{args.tag}"
+
+    def write():
+        meta["tuned_during_timing"] = runtime.get().stats["tuned"] - tuned_before
+        meta["nvrtc_compiles_during_timing"] = STATS.nvrtc_compiles - compiles_before
+        doc = {"meta": meta, "plans": report.as_dict(),
+               "results": {str(n): r for n, r in results.items()},
+               "speedups": {str(n): bench.speedups(r) for n, r in results.items()}}
+        stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+        lines = [f"# AlexNet inference: stock PyTorch vs bagf_torch ({meta['gpu']})", "",
+                 f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
+                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; fp32, TF32 off. Median GPU time (us) of one "
+                 f"forward from an idle stream over {args.runs} runs. `bagf` runs its ATen-planned layers with "
+                 "cudnn.benchmark on (the mode the tuner compared them in), so compare it with `stock_benchmark` "
+                 "too. Speedups are over stock eager unless named.", "", *bench.table(results), ""]
+        for n, r in sorted(results.items()):
+            if "compile_max_autotune" in r:
+                lines.append(f"torch.compile(mode='max-autotune') at N={n}: compile {r['compile_max_autotune']['compile_seconds']:.0f} s")
+        lines += ["", "Per-problem plans (from tune_model):", "", "```", str(report), "```"]
+        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        return lines
+
+    for x in xs:
+        n = x.shape[0]
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
+                                        compile_max_autotune=not args.no_compile)
+        s = bench.speedups(results[n])
+        print(f"N={n}: " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in results[n].items())
+              + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager",
+              flush=True)
+        write()  # results so far survive a run cut short
+    print("\n".join(write()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

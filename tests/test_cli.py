@@ -1,0 +1,225 @@
+"""CPU tests of the command line: arguments, one-line errors with exit status 2, cache export/import
+validation with a synthetic cache, and the report's table and roofline plot with given ceilings."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bagf_torch import cli
+from bagf_torch.cache import Cache
+from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.problem import ConvProblem
+
+ENV = {"gpu": "NVIDIA H200", "cc": "9.0", "driver": 13000, "runtime": 13000, "nvrtc": "13.0", "torch": "2.11.0",
+       "bagf_torch": "0.1.0", "kernels": "abc", "os": "posix"}
+CPU_ONLY = torch.version.cuda is None or not torch.cuda.is_available()
+
+
+def _one_line_error(capsys, argv, *needles):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def _returns_2_with_one_line(capsys, argv, *needles):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_parse_batches():
+    assert cli.parse_batches("1,32,128") == [1, 32, 128]
+    assert cli.parse_batches(" 8 ,8, 1") == [8, 1]
+    for bad, needle in [("", "empty"), ("1,,2", "'' is not a whole number"), ("a", "'a' is not"),
+                        ("0", "at least 1"), ("-3", "at least 1"), ("1.5", "not a whole number")]:
+        with pytest.raises(ValueError, match=needle):
+            cli.parse_batches(bad)
+
+
+def test_arguments_parse():
+    args = cli.build_parser().parse_args(["tune", "--model", "alexnet", "--batch", "1,32", "--budget", "12",
+                                          "--cache", "/tmp/x", "--strategy", "random", "--no-progress"])
+    assert (args.cmd, args.model, args.batch, args.budget, args.cache, args.strategy, args.progress) == \
+        ("tune", "alexnet", [1, 32], 12, "/tmp/x", "random", False)
+    args = cli.build_parser().parse_args(["bench"])
+    assert args.batch == [1, 32, 128] and args.model == "alexnet" and args.runs == 200
+    args = cli.build_parser().parse_args(["report", "--plot", "r.png", "--peak-tflops", "60", "--bandwidth-gbs", "4000"])
+    assert (args.plot, args.peak_tflops, args.bandwidth_gbs) == ("r.png", 60.0, 4000.0)
+
+
+def test_usage_errors_are_one_line_exit_2(capsys):
+    _one_line_error(capsys, ["tune", "--batch", "1,x"], "'x' is not a whole number", "--help")
+    _one_line_error(capsys, ["bench", "--batch", "0"], "at least 1")
+    _one_line_error(capsys, ["tune", "--budget", "0"], "--budget must be at least 1")
+    _one_line_error(capsys, ["frobnicate"], "invalid choice")
+    _one_line_error(capsys, ["cache", "export"], "needs a FILE")
+    _one_line_error(capsys, ["cache", "import", "/no/such/file.json"], "no such file")
+    _one_line_error(capsys, ["bench", "--runs", "0"], "--runs must be at least 1")
+
+
+def test_unknown_model_and_missing_torchvision(capsys):
+    _returns_2_with_one_line(capsys, ["tune", "--model", "vgg"], "unknown model 'vgg'", "torchvision:resnet18")
+    _returns_2_with_one_line(capsys, ["bench", "--model", "nope"], "unknown model 'nope'")
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        _returns_2_with_one_line(capsys, ["tune", "--model", "torchvision:resnet18"], "pip install torchvision")
+    else:
+        _returns_2_with_one_line(capsys, ["tune", "--model", "torchvision:nope"], "no classification model")
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="a GPU is visible: the commands would run")
+def test_gpu_commands_without_gpu_say_so(capsys, tmp_path):
+    _returns_2_with_one_line(capsys, ["tune", "--model", "alexnet", "--batch", "1"], "tune needs a CUDA GPU")
+    _returns_2_with_one_line(capsys, ["bench", "--batch", "1"], "bench needs a CUDA GPU")
+    _returns_2_with_one_line(capsys, ["report", "--plot", str(tmp_path / "r.png")], "--peak-tflops")
+    assert not (tmp_path / "r.png").exists()
+
+
+def test_gpu_problem_names_missing_toolkit(monkeypatch):
+    """On a GPU machine without the CUDA toolkit the build error's first line is the message."""
+    from bagf_torch.jit import extension
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def no_toolkit():
+        raise extension.BuildError("the CUDA toolkit was not found (no CUDA_HOME, no nvcc on PATH). Install it.\n"
+                                   "more detail")
+
+    monkeypatch.setattr(extension, "load", no_toolkit)
+    why = cli.gpu_problem("tune")
+    assert why == "tune: the CUDA toolkit was not found (no CUDA_HOME, no nvcc on PATH). Install it."
+
+
+def test_error_in_a_real_process_is_one_line_exit_2():
+    res = subprocess.run([sys.executable, "-m", "bagf_torch", "tune", "--model", "lenet"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "unknown model 'lenet'" in res.stderr
+
+
+# ---- cache export / import --------------------------------------------------------------------------
+
+P1 = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+P2 = ConvProblem(n=32, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+
+
+def _synthetic_cache(directory, env=ENV):
+    cubin = b"\x7fELF fake cubin"
+    with Cache.for_dir(directory) as cache:
+        cache.put_cubin("d1", ig.name(ig.DEFAULT), "_Z1k", cubin)
+        cache.put_plan("a" * 64, problem=P1.as_dict(), env=env, family="implicit_gemm", config=ig.DEFAULT,
+                       time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20, tune_seconds=8.0,
+                       cubin_digests=["d1"])
+        cache.put_plan("b" * 64, problem=P2.as_dict(), env=env, family="aten", config=None, time_us=200.0,
+                       aten_us=200.0, default_us=480.0, evaluations=20, tune_seconds=7.0)
+
+
+def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypatch, capsys):
+    _synthetic_cache(tmp_path / "tuner")
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "tuner"))
+    assert cli.main(["cache", "export", str(tmp_path / "x.json")]) == 0
+    assert "exported 2 plans" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    assert cli.main(["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "prod")]) == 0
+    out = capsys.readouterr().out
+    assert "imported 2 plans" in out and "skipped 0" in out
+    with Cache.for_dir(tmp_path / "prod") as prod:
+        assert prod.get_plan("a" * 64)["config"] == ig.DEFAULT
+        assert prod.get_cubin("d1") == (b"\x7fELF fake cubin", "_Z1k")
+        assert prod.get_plan("b" * 64)["family"] == "aten"
+    # importing again keeps what is there and says so
+    assert cli.main(["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "prod")]) == 0
+    out = capsys.readouterr().out
+    assert "imported 0 plans" in out and out.count("already has a plan for it (kept)") == 2
+
+
+def test_import_says_what_it_skipped_and_why(tmp_path, monkeypatch, capsys):
+    _synthetic_cache(tmp_path / "a100", env=dict(ENV, gpu="NVIDIA A100", cc="8.0"))
+    _synthetic_cache(tmp_path / "h200")
+    with Cache.for_dir(tmp_path / "a100") as a, Cache.for_dir(tmp_path / "h200") as h:
+        a.export(tmp_path / "a.json")
+        h.export(tmp_path / "h.json")
+    doc = json.loads((tmp_path / "h.json").read_text())
+    other = json.loads((tmp_path / "a.json").read_text())
+    doc["plans"][0]["key"] = "c" * 64
+    doc["plans"][1]["env"]["torch"] = "2.9.0"                      # another torch version
+    doc["plans"].append(dict(other["plans"][0], key="d" * 64))      # another GPU
+    doc["plans"].append({"key": "e" * 64, "family": "implicit_gemm"})  # malformed
+    broken = dict(doc["plans"][0], key="f" * 64, cubin_digests=["missing"])
+    doc["plans"].append(broken)                                    # cubin not in the file
+    doc["cubins"][0]["cubin"] = base64.b64encode(b"\x7fELF fake cubin").decode()
+    (tmp_path / "mixed.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "prod"))
+    assert cli.main(["cache", "import", str(tmp_path / "mixed.json")]) == 0
+    out = capsys.readouterr().out
+    assert "imported 1 plans" in out and "skipped 4" in out
+    assert "torch '2.9.0' != '2.11.0'" in out
+    assert "gpu 'NVIDIA A100' != 'NVIDIA H200'" in out and "cc '8.0' != '9.0'" in out
+    assert "malformed entry" in out and "cubin missing is not in the file" in out
+    # nothing importable: the hint says how to get plans for this machine
+    assert cli.main(["cache", "import", str(tmp_path / "a.json"), "--cache", str(tmp_path / "prod2")]) == 0
+    out = capsys.readouterr().out
+    assert "imported 0 plans" in out and "run python -m bagf_torch tune here" in out
+
+
+def test_import_of_a_file_that_is_not_an_export_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    (tmp_path / "junk.json").write_text('{"hello": 1}')
+    _returns_2_with_one_line(capsys, ["cache", "import", str(tmp_path / "junk.json")], "not a bagf_torch cache export")
+    (tmp_path / "old.json").write_text('{"format": "bagf_torch.cache", "schema": 0}')
+    _returns_2_with_one_line(capsys, ["cache", "import", str(tmp_path / "old.json")], "schema version 0")
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="a GPU is visible: import would validate against it")
+def test_import_without_gpu_refuses_and_leaves_cache_alone(tmp_path, capsys):
+    _synthetic_cache(tmp_path / "tuner")
+    with Cache.for_dir(tmp_path / "tuner") as c:
+        c.export(tmp_path / "x.json")
+    _returns_2_with_one_line(capsys, ["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "p")],
+                             "needs this machine's CUDA GPU")
+    assert not (tmp_path / "p").exists()
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+def test_report_table_and_plot_with_given_ceilings(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    _synthetic_cache(tmp_path / "c")
+    png = tmp_path / "roofline.png"
+    assert cli.main(["report", "--cache", str(tmp_path / "c"), "--plot", str(png), "--peak-tflops", "60",
+                     "--bandwidth-gbs", "4000"]) == 0
+    out = capsys.readouterr().out
+    assert "2 plans" in out and P1.short() in out and "1.50x" in out and "aten (cuDNN)" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    _returns_2_with_one_line(capsys, ["report", "--plot", str(png), "--peak-tflops", "60"], "give both")
+    _returns_2_with_one_line(capsys, ["report", "--cache", str(tmp_path / "empty"), "--plot", str(png),
+                                      "--peak-tflops", "60", "--bandwidth-gbs", "4000"], "no plans")
+
+
+def test_roofline_points_and_ceilings():
+    from bagf_torch import report
+
+    c = report.Ceilings(fp32_flops=60e12, bandwidth=4e12)
+    assert c.ridge == 15.0 and c.attainable(1.0) == 4e12 and c.attainable(100.0) == 60e12
+    p = ConvProblem(n=1, c=1, h=3, w=3, k=1, r=3, s=3, bias=False)  # one output: 9 MACs
+    assert report.compulsory_bytes(p) == 4 * (9 + 9 + 1)
+    plan = {"problem": p.as_dict(), "family": "aten", "config": None, "time_us": 2.0, "aten_us": 2.0}
+    (pt,) = report.points_from_plans([plan])
+    assert pt.intensity == 18 / 76 and pt.plan_flops == 18 / 2e-6 and pt.plan == "aten (cuDNN)"

@@ -1,0 +1,217 @@
+"""CPU tests: the shipped AlexNet (torchvision's names and shapes), model names, and tune_model's discovery,
+deduplication and report with a fake tuning step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import bagf_torch
+from bagf_torch import models, pretune
+from bagf_torch.nn import TunedConv2d
+from bagf_torch.problem import ConvProblem
+
+# torchvision.models.alexnet().state_dict(): names and shapes (torchvision 0.2x, unchanged since 0.13)
+TORCHVISION_ALEXNET = {
+    "features.0.weight": (64, 3, 11, 11), "features.0.bias": (64,),
+    "features.3.weight": (192, 64, 5, 5), "features.3.bias": (192,),
+    "features.6.weight": (384, 192, 3, 3), "features.6.bias": (384,),
+    "features.8.weight": (256, 384, 3, 3), "features.8.bias": (256,),
+    "features.10.weight": (256, 256, 3, 3), "features.10.bias": (256,),
+    "classifier.1.weight": (4096, 9216), "classifier.1.bias": (4096,),
+    "classifier.4.weight": (4096, 4096), "classifier.4.bias": (4096,),
+    "classifier.6.weight": (1000, 4096), "classifier.6.bias": (1000,),
+}
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA, so TunedConv2d's real support checks pass on a CPU and it asks
+    the runtime for a plan exactly as on a GPU (get_device() is -1)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def fake_cuda(*shape):
+    return torch.randn(*shape).as_subclass(FakeCuda)
+
+
+def test_alexnet_has_torchvision_names_and_shapes():
+    sd = models.alexnet(tuned=False).state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == TORCHVISION_ALEXNET
+    assert list(sd) == list(TORCHVISION_ALEXNET)  # same order, so strict loading in either direction works
+
+
+def test_alexnet_convs_and_geometry():
+    net = models.alexnet()
+    convs = {name: m for name, m in net.named_modules() if isinstance(m, nn.Conv2d)}
+    assert list(convs) == ["features.0", "features.3", "features.6", "features.8", "features.10"]
+    assert all(type(m) is TunedConv2d for m in convs.values())
+    geometry = [(m.kernel_size, m.stride, m.padding) for m in convs.values()]
+    assert geometry == [((11, 11), (4, 4), (2, 2)), ((5, 5), (1, 1), (2, 2)), ((3, 3), (1, 1), (1, 1)),
+                        ((3, 3), (1, 1), (1, 1)), ((3, 3), (1, 1), (1, 1))]
+    assert [type(m).__name__ for m in net.features if not isinstance(m, nn.Conv2d)].count("MaxPool2d") == 3
+    assert isinstance(net.avgpool, nn.AdaptiveAvgPool2d) and net.avgpool.output_size == (6, 6)
+    assert type(models.alexnet(tuned=False).features[0]) is nn.Conv2d
+
+
+def test_alexnet_state_dict_round_trip_and_cpu_forward_equals_plain_convs():
+    torch.manual_seed(0)
+    plain = models.alexnet(tuned=False).eval()
+    tuned = models.alexnet(tuned=True).eval()
+    tuned.load_state_dict(plain.state_dict(), strict=True)
+    plain.load_state_dict(tuned.state_dict(), strict=True)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(x), plain(x), rtol=0, atol=0)  # CPU: the fallback is nn.Conv2d itself
+    assert tuned(x).shape == (2, 1000)
+
+
+def test_build_names():
+    assert isinstance(models.build("alexnet"), models.AlexNet)
+    assert isinstance(models.build(" AlexNet ", tuned=False).features[0], nn.Conv2d)
+    with pytest.raises(models.ModelError, match="unknown model 'resnet'.*torchvision:resnet18"):
+        models.build("resnet")
+    assert models.input_size("torchvision:inception_v3") == 299 and models.input_size("alexnet") == 224
+
+
+def test_torchvision_models():
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        with pytest.raises(models.ModelError, match="torchvision is not installed.*pip install torchvision"):
+            models.build("torchvision:resnet18")
+        pytest.skip("torchvision is not installed: checked the error; the model itself needs torchvision")
+    net = models.build("torchvision:resnet18")
+    assert any(isinstance(m, TunedConv2d) for m in net.modules())
+    with pytest.raises(models.ModelError, match="no classification model"):
+        models.build("torchvision:not_a_model")
+
+
+# ---- discovery and tune_model ------------------------------------------------------------------------
+
+def _record(problem: ConvProblem, time_us: float, aten_us: float, family="implicit_gemm", cached=False):
+    from bagf_torch.kernels import implicit_gemm as ig
+
+    plan = dict(problem=problem.as_dict(), env={"gpu": "Fake"}, family=family,
+                config=None if family == "aten" else dict(ig.DEFAULT), time_us=time_us, aten_us=aten_us,
+                default_us=None, evaluations=7, tune_seconds=1.5, cubin_digests=[])
+    return pretune.make_record("key-" + problem.short(), plan, cached=cached)
+
+
+class FakeStep:
+    """Tunes nothing: reports two trials and returns a winner 2x faster than "cuDNN"; counts its calls."""
+
+    def __init__(self):
+        self.calls: list[ConvProblem] = []
+
+    def __call__(self, problem, device, progress):
+        self.calls.append(problem)
+        progress.cudnn(100.0)
+        progress.trial("ok", 50.0)
+        progress.trial("wrong", None)
+        return _record(problem, 50.0, 100.0)
+
+
+def _two_branch_model():
+    """Two layers with the same problem (dedup), one unsupported layer (groups=2) and a plain nn.Conv2d."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, padding=1)
+            self.b = nn.Conv2d(3, 8, 3, padding=1)
+            self.g = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+            self.c = nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            return self.c(self.g(self.a(x) + self.b(x)))
+
+    return bagf_torch.convert(Net())
+
+
+def test_discover_records_what_the_layers_would_ask_and_restores_state(monkeypatch):
+    model = _two_branch_model().train()
+    model.a._bagf_handles[((9, 9, 9, 9), 0)] = (123, False)  # a plan this layer already had
+    found = pretune.discover(model, [fake_cuda(2, 3, 16, 16), fake_cuda(5, 3, 16, 16), fake_cuda(2, 3, 16, 16)])
+    tf32 = torch.backends.cudnn.allow_tf32  # part of the problem, as in nn.py
+    pa = ConvProblem(n=2, c=3, h=16, w=16, k=8, r=3, s=3, padding=(1, 1), tf32=tf32)
+    pc = ConvProblem(n=2, c=8, h=16, w=16, k=4, r=1, s=1, tf32=tf32)
+    assert found.problems[:2] == [pa, pc]
+    assert [p.n for p in found.problems] == [2, 2, 5, 5]  # a and b share one problem; N=2 twice is one
+    assert found.layers[pa] == ["a", "b"] and found.layers[pc] == ["c"]
+    assert found.devices[pa] == -1
+    assert set(found.unsupported) == {("g", "groups > 1 (grouped and depthwise convs are not tuned yet)")}
+    assert found.calls == 12
+    # nothing left behind: the layer's own plans, the training flag, the runtime's lookup
+    assert model.a._bagf_handles == {((9, 9, 9, 9), 0): (123, False)} and model.b._bagf_handles == {}
+    assert model.training and model.a.training
+    from bagf_torch import runtime
+
+    assert "plan_handle" not in vars(runtime.get())
+
+
+def test_discover_needs_tuned_layers():
+    with pytest.raises(ValueError, match="no TunedConv2d layers .1 plain nn.Conv2d.; call bagf_torch.convert"):
+        pretune.discover(nn.Sequential(nn.Conv2d(3, 4, 3)), torch.randn(1, 3, 8, 8))
+
+
+def test_tune_model_tunes_each_unique_problem_once_and_reports(capsys):
+    model = _two_branch_model()
+    step = FakeStep()
+    report = bagf_torch.tune_model(model, [fake_cuda(2, 3, 16, 16), fake_cuda(5, 3, 16, 16)], step=step,
+                                   progress=False)
+    assert len(step.calls) == len(set(step.calls)) == 4
+    assert [r.problem.n for r in report.rows] == [2, 2, 5, 5]
+    row = report.rows[0]
+    assert row.layers == ["a", "b"] and row.speedup == 2.0 and row.evaluations == 7 and not row.cached
+    assert row.plan == "implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4_sm90"
+    # one forward at N=2: a, b (same problem) and c -> 3 calls of cuDNN 100 us vs planned 50 us
+    assert report.conv_time_by_batch() == {2: (300.0, 150.0), 5: (300.0, 150.0)}
+    text = str(report)
+    assert "N2 C3 16x16 -> K8 16x16 k3x3 s1 p1" in text and "a,b" in text and "2.00x" in text
+    assert "not tuned: g: groups > 1" in text and "4 unique problems, 4 tuned now" in text
+    assert capsys.readouterr().err == ""  # progress=False is silent
+    again = pretune.ModelReport.from_dict(json.loads(report.to_json()))
+    assert str(again) == text
+    assert json.loads(report.to_json())["conv_time_by_batch"]["2"] == {"cudnn_us": 300.0, "planned_us": 150.0}
+
+
+def test_tune_model_progress_lines_without_a_terminal(capsys):
+    bagf_torch.tune_model(_two_branch_model(), fake_cuda(1, 3, 8, 8), step=FakeStep(), progress=None)
+    err = capsys.readouterr().err  # pytest's stderr is not a terminal: one line per problem, no bar
+    assert err.count("tuned  N1") == 2 and "2.00x vs cuDNN" in err and "\r" not in err
+
+
+def test_tune_model_progress_bar_shows_problem_trials_best():
+    import io
+
+    from tqdm import tqdm
+
+    bar = pretune._Bar(2, 4, True, "tuning", 0)
+    bar._bar.fp = io.StringIO()  # capture what it draws
+    bar.start(ConvProblem(n=1, c=3, h=8, w=8, k=4, r=3, s=3))
+    bar.cudnn(20.0)
+    bar.trial("ok", 30.0)
+    bar.trial("ok", 25.0)
+    bar.trial("compile", None)
+    assert isinstance(bar._bar, tqdm) and bar._bar.n == 3
+    assert "N1 C3 8x8 -> K4 6x6 k3x3 s1 p0 | trials 3 | best 25.0us cuDNN 20.0us" in bar._bar.postfix
+    bar.finish("done")
+    assert bar._bar.n == 4  # the problem's share of the bar is filled when it ends early
+    bar.close()
+
+
+def test_tune_model_on_cpu_inputs_says_move_to_gpu():
+    with pytest.raises(ValueError, match="input is not a CUDA tensor; move the model and example inputs to the GPU"):
+        bagf_torch.tune_model(_two_branch_model(), torch.randn(1, 3, 8, 8), progress=False)
+
+
+def test_parse_trial_reads_the_tuner_progress_line():
+    assert pretune._parse_trial("implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4: ok 12.5 us") == ("ok", 12.5)
+    assert pretune._parse_trial("implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4: compile ") == ("compile", None)
+    assert pretune._parse_trial("") == ("?", None)
