@@ -20,7 +20,7 @@ WM, WN    1 2 4                threads = 32*WM*WN; threads % BN == 0 (input load
                                per thread)
 STAGES    2 3 4                cp.async pipeline depth; shared memory 4*STAGES*(BM*(BK+4) + BK*(BN+8))
                                bytes <= the device's opt-in per-block limit
-SPLIT     1 2 4 8 16           split-K slices (grid.z); the host zeroes the output and slices add
+SPLIT     1 2 4 8 16 32        split-K slices (grid.z); the host zeroes the output and slices add
                                atomically. Estimated registers per thread <= 255 and * threads <= 65536
 ========  ===================  =====================================================================
 
@@ -48,7 +48,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "WM": (1, 2, 4),
     "WN": (1, 2, 4),
     "STAGES": (2, 3, 4),
-    "SPLIT": (1, 2, 4, 8, 16),
+    "SPLIT": (1, 2, 4, 8, 16, 32),
 }
 
 # Hand-picked start: 64x64 block of four 32x32 warp tiles (128 threads), 16-deep K-steps, 3-stage pipeline.
