@@ -25,7 +25,7 @@ def one_torch_thread():
 
 
 # Ax spends 1-3 s per generation on this CPU (GP fitting), so the small-space tests use few, large batches.
-FAST = {"ax": {"batch_size": 6, "initial_trials": 4}, "random": {}, "exhaustive": {}}
+FAST = {"ax": {"batch_size": 6, "initial_trials": 4}, "random": {}, "exhaustive": {}, "anneal": {}, "genetic": {}}
 
 
 def small_space() -> Space:
@@ -71,7 +71,7 @@ def true_optimum(space, time_of):
     return min(space.valid_configs(), key=time_of)
 
 
-@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: the next test, one run for both checks
+@pytest.mark.parametrize("name", ["exhaustive", "random", "anneal", "genetic"])  # ax: the next test
 def test_finds_true_optimum_when_budget_covers_space(name):
     space = small_space()
     n_valid = len(space.valid_configs())
@@ -94,7 +94,7 @@ def test_terminates_and_finds_optimum_when_budget_exceeds_space(name):
     assert best[0] == true_optimum(space, small_time)
 
 
-@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: test_ax_near_optimum_on_synthetic_landscape
+@pytest.mark.parametrize("name", ["exhaustive", "random", "anneal", "genetic"])  # ax: see the slow test
 def test_never_sends_invalid_and_respects_evaluation_budget(name):
     space = implicit_gemm.space()
     replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
@@ -161,8 +161,8 @@ def test_exhaustive_orders():
 
 
 def test_unknown_strategy_rejected_by_name():
-    with pytest.raises(ValueError, match=r"unknown search strategy 'anneal'.*'ax', 'exhaustive', 'random'"):
-        run("anneal", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0)
+    with pytest.raises(ValueError, match=r"unknown search strategy 'tabu'.*'anneal', 'ax', 'exhaustive', 'genetic'"):
+        run("tabu", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
