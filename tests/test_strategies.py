@@ -25,7 +25,7 @@ def one_torch_thread():
 
 
 # Ax spends 1-3 s per generation on this CPU (GP fitting), so the small-space tests use few, large batches.
-FAST = {"ax": {"batch_size": 6, "initial_trials": 4}, "random": {}, "exhaustive": {}}
+FAST = {"ax": {"batch_size": 6, "initial_trials": 4}, "random": {}, "exhaustive": {}, "anneal": {}, "genetic": {}}
 
 
 def small_space() -> Space:
@@ -71,7 +71,7 @@ def true_optimum(space, time_of):
     return min(space.valid_configs(), key=time_of)
 
 
-@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: the next test, one run for both checks
+@pytest.mark.parametrize("name", ["exhaustive", "random", "anneal", "genetic"])  # ax: the next test
 def test_finds_true_optimum_when_budget_covers_space(name):
     space = small_space()
     n_valid = len(space.valid_configs())
@@ -94,7 +94,7 @@ def test_terminates_and_finds_optimum_when_budget_exceeds_space(name):
     assert best[0] == true_optimum(space, small_time)
 
 
-@pytest.mark.parametrize("name", ["exhaustive", "random"])  # ax: test_ax_near_optimum_on_synthetic_landscape
+@pytest.mark.parametrize("name", ["exhaustive", "random", "anneal", "genetic"])  # ax: see the slow test
 def test_never_sends_invalid_and_respects_evaluation_budget(name):
     space = implicit_gemm.space()
     replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
@@ -161,8 +161,8 @@ def test_exhaustive_orders():
 
 
 def test_unknown_strategy_rejected_by_name():
-    with pytest.raises(ValueError, match=r"unknown search strategy 'anneal'.*'ax', 'exhaustive', 'random'"):
-        run("anneal", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0)
+    with pytest.raises(ValueError, match=r"unknown search strategy 'tabu'.*'anneal', 'ax', 'exhaustive', 'genetic'"):
+        run("tabu", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
@@ -278,3 +278,123 @@ def test_synthetic_landscape_is_plausible_and_seeded():
     assert min(ok) > 28.7e9 / 33.8e12 * 1e6
     with pytest.raises(ValueError, match="lacks"):
         synthetic_times(space, {"N": 1}, seed=0)
+
+
+# ---- recorded-space files and the benchmark scripts ------------------------------------------------------
+
+def test_recording_round_trips(tmp_path):
+    from bagf_torch.tuning.replay import FORMAT, load_recording, write_recording
+
+    rows = [{"config": [1, 2], "status": "ok", "median_us": 10.0, "p20_us": 9.0, "p80_us": 11.0, "reps": 50},
+            {"config": [2, 2], "status": "cutoff", "median_us": 99.0, "reps": 1, "detail": "first sample"},
+            {"config": [4, 1], "status": "wrong", "detail": "relative error 1e-1"}]
+    problems = [{"name": "p", "conv": {"n": 1}, "cudnn": {"median_us": 8.0},
+                 "families": {"fam": {"knobs": ["a", "b"], "default": [1, 2], "complete": False, "records": rows}}}]
+    path = tmp_path / "r.json.gz"
+    write_recording(path, {"gpu": "test"}, problems)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    rec = load_recording(path)
+    assert rec.meta == {"gpu": "test"} and not rec.synthetic
+    (rp,) = rec.problems
+    assert (rp.name, rp.family, rp.knobs, rp.default, rp.complete, rp.cudnn) == (
+        "p", "fam", ["a", "b"], {"a": 1, "b": 2}, False, {"median_us": 8.0})
+    assert rp.rows == rows
+    recs = rp.records()
+    assert recs[0]["config"] == {"a": 1, "b": 2} and recs[0]["time_us"] == 10.0
+    assert abs(recs[0]["spread_us"] - 2.0 / 1.6832) < 1e-9
+    assert recs[1]["status"] == "ok" and recs[1]["time_us"] == 99.0  # a cut-off replays as its one sample
+    assert rp.records(cutoff="timeout")[1]["status"] == "timeout"
+    assert [o.status for o in rp.evaluator()([{"a": 4, "b": 1}])] == ["wrong"]
+    # an unchanged document writes the same bytes (no timestamp in the gzip header)
+    first = path.read_bytes()
+    write_recording(path, {"gpu": "test"}, problems)
+    assert path.read_bytes() == first
+    plain = tmp_path / "r.json"
+    plain.write_text('{"format": "something-else/9", "problems": []}')
+    with pytest.raises(ValueError, match=f"'something-else/9' is not '{FORMAT}'"):
+        load_recording(plain)
+
+
+def _tiny_recording(tmp_path):
+    """A SYNTHETIC recording of implicit_gemm cut down to the configurations with BM=BN=32, BK=8 (60 valid)."""
+    import gzip
+    import json
+
+    from bagf_torch.tuning.replay import load_recording, synthetic_recording, write_recording
+
+    conv = {"n": 1, "c": 64, "h": 27, "w": 27, "k": 192, "r": 5, "s": 5, "stride": [1, 1], "padding": [2, 2]}
+    path = tmp_path / "SYNTHETIC-tiny.json.gz"
+    synthetic_recording(path, {"tiny_a": conv, "tiny_b": dict(conv, n=8)}, seed=3)
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    for p in doc["problems"]:
+        fam = p["families"]["implicit_gemm"]
+        fam["records"] = [r for r in fam["records"] if r["config"][:3] == [32, 32, 8]]
+    write_recording(path, doc["meta"], doc["problems"])
+    return path, load_recording(path)
+
+
+def _benchmark_module(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", ["anneal", "genetic", "random", "ax"])
+def test_every_strategy_finds_optimum_of_a_recorded_space_with_full_budget(tmp_path, name):
+    bench = _benchmark_module("strategies")
+    _, rec = _tiny_recording(tmp_path)
+    rp = rec.problems[0]
+    space = bench.space_for(rp)
+    replay = rp.evaluator()
+    n_valid = len(space.valid_configs())
+    assert 30 < n_valid < 100
+    ev = StrictEvaluator(space, lambda c: replay.median(c).time_us,
+                         fail=lambda c: None if replay.median(c).ok else replay.median(c).status)
+    trials = run(name, space, ev, Budget(n_valid), seed=4, **FAST[name])
+    assert ev.calls == n_valid
+    best = min((t for t in trials if t[1].ok), key=lambda t: t[1].time_us)
+    assert best[0] == replay.best()[0]
+
+
+def test_strategies_benchmark_end_to_end(tmp_path):
+    import json
+
+    bench = _benchmark_module("strategies")
+    path, _ = _tiny_recording(tmp_path)
+    out = tmp_path / "out.json"
+    md = tmp_path / "out.md"
+    rc = bench.main(["--data", str(path), "--strategies", "random,anneal,genetic,ax", "--seeds", "2",
+                     "--budget", "12", "--workers", "1", "--json", str(out), "--md", str(md)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["synthetic"] is True and "SYNTHETIC" in md.read_text()
+    assert set(doc["per_strategy"]) == {"random", "anneal", "genetic", "ax"}
+    assert len(doc["runs"]) == 2 * 4 * 2
+    for s, v in doc["per_strategy"].items():
+        assert set(v["fraction_at"]) == {"10"}
+        assert 0 < v["fraction_at"]["10"] <= 1
+    for r in doc["runs"]:
+        curve = r["curve"]
+        assert len(curve) == 12 and all(a <= b + 1e-12 for a, b in zip(curve, curve[1:]))  # best-so-far
+        assert r["evals_to_95"] is None or curve[r["evals_to_95"] - 1] >= 0.95
+    assert set(doc["issue_bar"]) >= {"ax_95_within_30", "ax_2x_fewer_than_random"}
+
+
+def test_param_analysis_end_to_end(tmp_path):
+    bench = _benchmark_module("param_analysis")
+    _, rec = _tiny_recording(tmp_path)
+    r = bench.analyse(rec.problems[0])
+    ok = [row for row in rec.problems[0].rows if row["status"] == "ok"]
+    optimum = min(row["median_us"] for row in ok)
+    assert r["optimum_us"] == optimum
+    for knob, per in r["knobs"].items():
+        ratios = [v for v in per.values() if v is not None]
+        assert min(ratios) == 1.0 and all(v >= 1.0 for v in ratios)  # the optimum's own value costs nothing
+    assert r["knobs"]["BM"] == {"32": 1.0}  # only BM=32 was kept
+    assert r["default_us"] is None  # the default (BM=64) is not in the cut-down recording
+    assert "SYNTHETIC" in bench.markdown([r], synthetic=True)

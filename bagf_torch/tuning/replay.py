@@ -11,6 +11,10 @@ tile waste, occupancy cliffs, a rugged surface, a few resource failures) but the
 must never be reported as kernel performance; they exist so that strategies can be tested and compared
 before GPU recordings exist.
 
+``load_recording`` / ``write_recording`` read and write the recorded-space file format
+``bagf-recorded-space/1`` (gzip-compressed JSON, written by benchmarks/record_space.py on a GPU and
+documented in benchmarks/data/README.md); ``RecordedProblem.evaluator`` replays one problem of one family.
+
 >>> from bagf_torch.kernels import implicit_gemm
 >>> space = implicit_gemm.space()
 >>> records = synthetic_times(space, ALEXNET_CONV2, seed=0)
@@ -23,8 +27,13 @@ before GPU recordings exist.
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
-from typing import Iterable, Mapping, Sequence
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -220,3 +229,148 @@ def synthetic_times(space: Space, problem_dims: Mapping[str, int], seed: int, *,
         records.append({"config": c, "status": "ok", "time_us": time_us, "spread_us": spread * time_us,
                         "detail": "synthetic"})
     return records
+
+
+# ---- recorded-space files (benchmarks/data/README.md) ---------------------------------------------------
+
+FORMAT = "bagf-recorded-space/1"
+"""The ``format`` field of a recorded-space file; another value is refused with a message."""
+
+IQR_TO_SIGMA = 1.0 / 1.6832
+"""p80 - p20 of a normal distribution is 1.6832 sigma: the recorded p20/p80 spread as a standard deviation."""
+
+CUTOFF_MODES = ("time", "timeout")
+
+
+@dataclass
+class RecordedProblem:
+    """One problem and one kernel family of a recording: every configuration's outcome, plus cuDNN."""
+
+    name: str
+    conv: dict[str, Any]
+    family: str
+    knobs: list[str]
+    rows: list[dict[str, Any]]
+    cudnn: dict[str, Any] | None = None
+    default: dict[str, int] | None = None
+    complete: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def records(self, cutoff: str = "time") -> list[Record]:
+        """The rows as ``ReplayEvaluator`` records. A "cutoff" row (one sample, already slower than the
+        recorder's cut-off) replays as an "ok" time of that one sample with ``cutoff="time"``, or as the
+        tuner's "timeout" failure with ``cutoff="timeout"``."""
+        if cutoff not in CUTOFF_MODES:
+            raise ValueError(f"cutoff={cutoff!r}; expected one of {CUTOFF_MODES}")
+        out = []
+        for row in self.rows:
+            config = dict(zip(self.knobs, (int(v) for v in row["config"])))
+            status = row["status"]
+            if status == "cutoff":
+                status = "ok" if cutoff == "time" else "timeout"
+            if status == "ok":
+                t = float(row["median_us"])
+                p20, p80 = row.get("p20_us"), row.get("p80_us")
+                spread = (float(p80) - float(p20)) * IQR_TO_SIGMA if p20 is not None and p80 is not None else 0.0
+                out.append({"config": config, "status": "ok", "time_us": t, "spread_us": spread,
+                            "detail": row.get("detail", "")})
+            else:
+                out.append({"config": config, "status": status, "time_us": None, "spread_us": 0.0,
+                            "detail": row.get("detail", "")})
+        return out
+
+    def evaluator(self, *, deterministic: bool = True, seed: int = 0, cutoff: str = "time") -> ReplayEvaluator:
+        return ReplayEvaluator(self.records(cutoff), deterministic=deterministic, seed=seed)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.family}"
+
+
+@dataclass
+class Recording:
+    meta: dict[str, Any]
+    problems: list[RecordedProblem]
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.meta.get("synthetic"))
+
+
+def write_recording(path: str | os.PathLike, meta: Mapping[str, Any], problems: Sequence[Mapping[str, Any]]) -> None:
+    """Write a recorded-space file atomically (temp file, then ``os.replace``); gzip when ``path`` ends in .gz.
+
+    ``problems`` are dicts in the file's layout: {"name", "conv", "cudnn", "families": {family: {"knobs",
+    "default", "complete", "records": [...]}}}.
+    """
+    path = Path(path)
+    doc = {"format": FORMAT, "meta": dict(meta), "problems": list(problems)}
+    data = json.dumps(doc, separators=(",", ":"), sort_keys=False).encode()
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as f:
+        if path.suffix == ".gz":
+            # mtime=0: the same content gives the same bytes, so an unchanged file is not a git change
+            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as g:
+                g.write(data)
+        else:
+            f.write(data)
+    os.replace(tmp, path)
+
+
+def load_recording(path: str | os.PathLike) -> Recording:
+    """Read a recorded-space file (gzip or plain JSON) written by ``write_recording``."""
+    path = Path(path)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    doc = json.loads(raw)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{path}: format {got!r} is not {FORMAT!r}; re-record it with benchmarks/record_space.py "
+                         "or convert it (benchmarks/data/README.md describes the format)")
+    problems = []
+    for p in doc["problems"]:
+        for family, fam in p["families"].items():
+            knobs = list(fam["knobs"])
+            default = fam.get("default")
+            problems.append(RecordedProblem(
+                name=p["name"], conv=dict(p["conv"]), family=family, knobs=knobs, rows=list(fam["records"]),
+                cudnn=p.get("cudnn"), default=dict(zip(knobs, default)) if default is not None else None,
+                complete=bool(fam.get("complete", True)),
+                extra={k: v for k, v in fam.items() if k not in ("knobs", "default", "complete", "records")}))
+    return Recording(dict(doc.get("meta", {})), problems)
+
+
+def conv_dims(conv: Mapping[str, Any]) -> dict[str, int]:
+    """``synthetic_times``'s problem_dims from a recorded ``conv`` (``ConvProblem.as_dict`` layout)."""
+    return {"N": conv["n"], "C": conv["c"], "H": conv["h"], "W": conv["w"], "K": conv["k"], "R": conv["r"],
+            "S": conv["s"], "stride": conv["stride"][0], "pad": conv["padding"][0]}
+
+
+def synthetic_recording(path: str | os.PathLike, problems: Mapping[str, Mapping[str, Any]], seed: int = 0,
+                        meta: Mapping[str, Any] | None = None) -> Recording:
+    """Write a SYNTHETIC recorded-space file (``synthetic_times`` for implicit_gemm, one landscape seed per
+    problem, ``seed + index``) and return it loaded. ``problems`` maps a name to a ``conv`` dict
+    (``ConvProblem.as_dict`` layout). The file's meta says ``"synthetic": true``; never name it as if it
+    were measured. The spread is 1% of each time, as ``synthetic_times`` makes it (p20/p80 = t -+ 0.84%)."""
+    space = implicit_gemm.space()
+    out = []
+    for i, (name, conv) in enumerate(problems.items()):
+        rows = []
+        for r in synthetic_times(space, conv_dims(conv), seed=seed + i):
+            values = [r["config"][k] for k in space.names]
+            if r["status"] == "ok":
+                half = 0.5 * r["spread_us"] / IQR_TO_SIGMA
+                rows.append({"config": values, "status": "ok", "median_us": r["time_us"],
+                             "p20_us": r["time_us"] - half, "p80_us": r["time_us"] + half})
+            else:
+                rows.append({"config": values, "status": r["status"], "detail": r["detail"]})
+        out.append({"name": name, "conv": dict(conv), "cudnn": None, "families": {implicit_gemm.FAMILY: {
+            "knobs": list(space.names), "default": [implicit_gemm.DEFAULT[k] for k in space.names],
+            "raw_size": space.size, "valid": len(space.valid_configs()), "complete": True, "records": rows}}})
+    info = {"synthetic": True, "generator": "bagf_torch.tuning.replay.synthetic_recording", "seed": seed,
+            "note": "SYNTHETIC: a roofline-style model plus seeded noise, not GPU measurements"}
+    info.update(meta or {})
+    write_recording(path, info, out)
+    return load_recording(path)

@@ -23,9 +23,10 @@ from typing import Any, Callable
 
 from ...kernels.space import Config, Space
 from ..common import Budget, Evaluate, Objective, Outcome
-from . import ax_bo, exhaustive, random_search
+from . import anneal, ax_bo, exhaustive, genetic, random_search
 
-STRATEGIES: dict[str, ModuleType] = {"ax": ax_bo, "random": random_search, "exhaustive": exhaustive}
+STRATEGIES: dict[str, ModuleType] = {"ax": ax_bo, "random": random_search, "anneal": anneal, "genetic": genetic,
+                                     "exhaustive": exhaustive}
 """Strategy name -> module with ``OPTIONS`` and ``tune``. "ax" is the default."""
 
 DEFAULT = "ax"

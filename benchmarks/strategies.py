@@ -1,0 +1,321 @@
+"""Compare search strategies on recorded spaces, on a CPU (replay, no GPU).
+
+For every recorded problem (benchmarks/data/*.json.gz by default, format bagf-recorded-space/1), every
+strategy and every seed, the strategy tunes the replayed space with a budget of --budget evaluations. After
+each evaluation we note the fraction of the optimum reached: best recorded median / recorded median of the
+best configuration evaluated so far (the tuner re-measures its finalists, so the median is what it would
+keep). From the curves: evaluations to reach 95% of the optimum (median over seeds; "never" when a run
+does not get there within the budget), the fraction at 10/20/30/50 evaluations, and the wall time spent
+in the strategy itself (its run minus the replay's time). A run stops once it has evaluated the optimum
+(the fraction is 1 from then on), which saves Ax time and changes no number.
+
+With --noise the strategies see times drawn from the recorded spread (seeded per run); the fractions are
+still computed from recorded medians.
+
+    python benchmarks/strategies.py --json out.json                     # every file under benchmarks/data/
+    python benchmarks/strategies.py --data benchmarks/data/synthetic/SYNTHETIC-implicit_gemm-model.json.gz \\
+        --seeds 20 --json /tmp/synthetic.json --png /tmp/synthetic.png
+    python benchmarks/strategies.py --strategies random,anneal --seeds 5 --budget 50
+
+Prints a Markdown table (also --md PATH); --png PATH draws one panel per problem (mean with a 25-75%
+band) when matplotlib is installed (pip install bagf_torch[plot]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bagf_torch.kernels import FAMILIES  # noqa: E402
+from bagf_torch.kernels.space import Space, config_key  # noqa: E402
+from bagf_torch.tuning.common import Budget  # noqa: E402
+from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
+from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+TARGET = 0.95
+CHECKPOINTS = (10, 20, 30, 50, 100)
+DEFAULT_STRATEGIES = ("ax", "random", "anneal", "genetic")
+
+
+def space_for(rp: RecordedProblem) -> Space:
+    """The family's space restricted to what was recorded (an incomplete recording leaves configurations
+    out: they count as invalid here, so no strategy can ask for a time the replay does not have)."""
+    base = FAMILIES[rp.family].space()
+    recorded = {config_key(dict(zip(rp.knobs, r["config"]))) for r in rp.rows}
+
+    def recorded_rule(c):
+        return None if config_key(c) in recorded else "not in the recording"
+
+    return Space(base.family, base.params, tuple(base.rules) + (recorded_rule,))
+
+
+class _Tracker:
+    """Evaluator wrapper: replays, records the recorded median of every evaluated configuration, and stops
+    the run (through the fake clock) once the optimum has been evaluated."""
+
+    def __init__(self, replay, optimum_key, median_of):
+        self.replay, self.optimum_key, self.median_of = replay, optimum_key, median_of
+        self.medians: list[float] = []
+        self.found = False
+        self.seconds = 0.0
+
+    def __call__(self, configs):
+        t = time.perf_counter()
+        out = self.replay(configs)
+        for c in configs:
+            self.medians.append(self.median_of.get(config_key(c), math.inf))
+            self.found = self.found or config_key(c) == self.optimum_key
+        self.seconds += time.perf_counter() - t
+        return out
+
+    def clock(self) -> float:
+        return 1e18 if self.found else 0.0
+
+
+_LOADED: dict[tuple, tuple] = {}
+
+
+def _problem(path: str, index: int) -> tuple:
+    """(recorded problem, its space, recorded medians by config key), loaded once per process: parsing
+    the file and enumerating the space cost more than a random-search run."""
+    if (path, index) not in _LOADED:
+        rp = load_recording(path).problems[index]
+        median_of = {config_key(r["config"]): r["time_us"] for r in rp.records() if r["status"] == "ok"}
+        space = space_for(rp)
+        space.valid_configs()
+        _LOADED[(path, index)] = (rp, space, median_of)
+    return _LOADED[(path, index)]
+
+
+def one_run(job: tuple) -> dict:
+    path, index, strategy, seed, budget, noise = job
+    import torch
+
+    torch.set_num_threads(1)
+    rp, space, median_of = _problem(path, index)
+    optimum_key = min(median_of, key=median_of.get)
+    optimum = median_of[optimum_key]
+    replay = rp.evaluator(deterministic=not noise, seed=seed)
+    tracker = _Tracker(replay, optimum_key, median_of)
+    stats: dict = {}
+    options = {"stats": stats} if strategy == "ax" else {}
+    t = time.perf_counter()
+    run(strategy, space, tracker, Budget(budget, seconds=1e12), seed, clock=tracker.clock, **options)
+    wall = time.perf_counter() - t
+    best, curve = math.inf, []
+    for m in tracker.medians[:budget]:
+        best = min(best, m)
+        curve.append(optimum / best if best < math.inf else 0.0)
+    curve += [1.0 if tracker.found else (curve[-1] if curve else 0.0)] * (budget - len(curve))
+    reach = next((i + 1 for i, f in enumerate(curve) if f >= TARGET), None)
+    return {"problem": rp.key, "strategy": strategy, "seed": seed, "curve": curve, "evals_to_95": reach,
+            "evaluated": len(tracker.medians), "strategy_seconds": wall - tracker.seconds,
+            "generations": stats.get("generations"), "invalid_proposals": stats.get("invalid_proposals")}
+
+
+def _median_evals(values: list, budget: int) -> float | None:
+    """Median with "never" as +inf; None when the median itself is "never"."""
+    m = float(np.median([v if v is not None else math.inf for v in values]))
+    return None if math.isinf(m) else m
+
+
+def summarise(runs: list[dict], budget: int) -> dict:
+    by: dict[tuple, list] = {}
+    for r in runs:
+        by.setdefault((r["strategy"], r["problem"]), []).append(r)
+    strategies = sorted({s for s, _ in by}, key=lambda s: (s not in DEFAULT_STRATEGIES, DEFAULT_STRATEGIES.index(s)
+                                                           if s in DEFAULT_STRATEGIES else 0, s))
+    problems = sorted({p for _, p in by})
+    checkpoints = [c for c in CHECKPOINTS if c <= budget]
+    out: dict = {"per_strategy": {}, "per_problem": {}}
+    for s in strategies:
+        rs = [r for r in runs if r["strategy"] == s]
+        curves = np.array([r["curve"] for r in rs])
+        per_problem_medians = [_median_evals([r["evals_to_95"] for r in by[(s, p)]], budget) for p in problems
+                               if (s, p) in by]
+        out["per_strategy"][s] = {
+            "runs": len(rs),
+            "median_evals_to_95": _median_evals([r["evals_to_95"] for r in rs], budget),
+            "median_over_problems_of_median_evals_to_95": _median_evals(per_problem_medians, budget),
+            "never_95": sum(r["evals_to_95"] is None for r in rs) / len(rs),
+            "fraction_at": {str(c): float(curves[:, c - 1].mean()) for c in checkpoints},
+            "median_fraction_at": {str(c): float(np.median(curves[:, c - 1])) for c in checkpoints},
+            "mean_curve": [float(v) for v in curves.mean(axis=0)],
+            "strategy_seconds_per_run": float(np.mean([r["strategy_seconds"] for r in rs])),
+        }
+        for p in problems:
+            if (s, p) not in by:
+                continue
+            pr = by[(s, p)]
+            c = np.array([r["curve"] for r in pr])
+            out["per_problem"].setdefault(p, {})[s] = {
+                "median_evals_to_95": _median_evals([r["evals_to_95"] for r in pr], budget),
+                "never_95": sum(r["evals_to_95"] is None for r in pr) / len(pr),
+                "fraction_at": {str(k): float(c[:, k - 1].mean()) for k in checkpoints},
+                "mean": [float(v) for v in c.mean(axis=0)],
+                "p25": [float(v) for v in np.percentile(c, 25, axis=0)],
+                "p75": [float(v) for v in np.percentile(c, 75, axis=0)],
+                "strategy_seconds_per_run": float(np.mean([r["strategy_seconds"] for r in pr])),
+            }
+    out["issue_bar"] = issue_bar(out["per_strategy"], min(50, budget))
+    return out
+
+
+def issue_bar(per: dict, upto: int) -> dict:
+    """Issue 4's "done when" for BO, checked on these runs (None where a strategy was not run)."""
+    if "ax" not in per:
+        return {}
+    ax = per["ax"]
+    bar = {"ax_95_within_30": ax["median_evals_to_95"] is not None and ax["median_evals_to_95"] <= 30}
+    if "random" in per:
+        r = per["random"]["median_evals_to_95"]
+        a = ax["median_evals_to_95"]
+        bar["ax_2x_fewer_than_random"] = a is not None and (r is None or 2 * a <= r)
+    for other in ("anneal", "genetic"):
+        if other in per:
+            worse = [i + 1 for i in range(upto) if ax["mean_curve"][i] < per[other]["mean_curve"][i] - 1e-12]
+            bar[f"ax_at_least_{other}_up_to_{upto}"] = not worse
+            bar[f"budgets_where_ax_below_{other}"] = worse
+    return bar
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    per = summary["per_strategy"]
+    cps = list(next(iter(per.values()))["fraction_at"]) if per else []
+    synthetic = " **SYNTHETIC data (not GPU measurements)**" if meta.get("synthetic") else ""
+    lines = [f"# Strategies on recorded spaces{synthetic}", "",
+             f"{meta['problems']} problems x {meta['seeds']} seeds, budget {meta['budget']} evaluations, "
+             f"{'noisy' if meta['noise'] else 'median'} replay; data: {', '.join(meta['data'])}; "
+             f"{meta['date']}, {meta['cpu']}.", "",
+             "| strategy | median evals to 95% | never 95% | " + " | ".join(f"fraction @{c}" for c in cps)
+             + " | strategy s / run |",
+             "|---|---|---|" + "---|" * len(cps) + "---|"]
+    for s, v in per.items():
+        m = v["median_evals_to_95"]
+        lines.append(f"| {s} | {'never' if m is None else f'{m:g}'} | {100 * v['never_95']:.0f}% | "
+                     + " | ".join(f"{v['fraction_at'][c]:.3f}" for c in cps)
+                     + f" | {v['strategy_seconds_per_run']:.2f} |")
+    lines += ["", "Per problem, median evaluations to 95% (never = not within the budget):", "",
+              "| problem | " + " | ".join(per) + " |", "|---|" + "---|" * len(per)]
+    for p, v in summary["per_problem"].items():
+        cells = []
+        for s in per:
+            m = v.get(s, {}).get("median_evals_to_95")
+            cells.append("never" if m is None else f"{m:g}")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    if summary.get("issue_bar"):
+        lines += ["", "Issue 4's bar for BO on these runs: "
+                  + ", ".join(f"{k}: {v}" for k, v in summary["issue_bar"].items()), ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: str, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install bagf_torch[plot]): no plot", file=sys.stderr)
+        return False
+    probs = list(summary["per_problem"])
+    cols = min(4, len(probs))
+    rows = -(-len(probs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False, sharey=True)
+    for ax, p in zip(axes.flat, probs):
+        for s, v in summary["per_problem"][p].items():
+            x = np.arange(1, len(v["mean"]) + 1)
+            ax.plot(x, v["mean"], label=s)
+            ax.fill_between(x, v["p25"], v["p75"], alpha=0.2)
+        ax.axhline(TARGET, color="grey", lw=0.5, ls="--")
+        ax.set_title(p, fontsize=8)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("evaluations")
+    for ax in list(axes.flat)[len(probs):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("fraction of optimum")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", nargs="*", help="recorded-space files (default: benchmarks/data/*.json.gz)")
+    ap.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"of {sorted(STRATEGIES)}")
+    ap.add_argument("--problems", default="", help="comma-separated problem names (default: all)")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=100)
+    ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (one torch thread each)")
+    ap.add_argument("--json", help="write the summary and every run here")
+    ap.add_argument("--md", help="write the Markdown table here")
+    ap.add_argument("--png", help="write the convergence plot here (needs matplotlib)")
+    args = ap.parse_args(argv)
+
+    files = [Path(p) for p in args.data] if args.data else sorted(DATA.glob("*.json.gz"))
+    if not files:
+        print(f"no recorded spaces under {DATA}; record them on a GPU (benchmarks/record_space.py) or make a "
+              "SYNTHETIC one for development (benchmarks/make_synthetic_space.py) and pass it with --data",
+              file=sys.stderr)
+        return 2
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        ap.error(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
+    wanted = {p for p in args.problems.split(",") if p}
+    jobs, synthetic, n_problems = [], False, 0
+    for f in files:
+        rec = load_recording(f)
+        synthetic = synthetic or rec.synthetic
+        for i, rp in enumerate(rec.problems):
+            if wanted and rp.name not in wanted:
+                continue
+            n_problems += 1
+            # Ax first: its runs are the long ones, so the pool ends with short jobs
+            jobs += [(str(f), i, s, seed, args.budget, args.noise) for s in strategies for seed in range(args.seeds)]
+    # Ax first (its runs are the long ones, so the pool ends with short jobs), then by problem so that a
+    # worker's loaded problem is reused
+    jobs.sort(key=lambda j: (j[2] != "ax", j[0], j[1]))
+    t = time.perf_counter()
+    if args.workers > 1:
+        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+            runs = list(pool.map(one_run, jobs, chunksize=1 if "ax" in strategies else 20))
+    else:
+        runs = [one_run(j) for j in jobs]
+    wall = time.perf_counter() - t
+    summary = summarise(runs, args.budget)
+    meta = {"data": [str(f) for f in files], "synthetic": synthetic, "problems": n_problems, "seeds": args.seeds,
+            "budget": args.budget, "noise": args.noise, "strategies": strategies, "workers": args.workers,
+            "wall_seconds": round(wall, 1), "cpu": f"{platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cores", "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    md = markdown(summary, meta) + f"\nWall time {wall:.0f} s with {args.workers} worker processes.\n"
+    print(md)
+    if args.md:
+        Path(args.md).write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, **summary, "runs": runs}, indent=1))
+    if args.png:
+        plot(summary, args.png, ("SYNTHETIC data: " if synthetic else "") + f"fraction of optimum, {args.seeds} seeds")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
