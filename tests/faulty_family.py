@@ -1,7 +1,6 @@
 """A kernel "family" of deliberately faulty kernels (tests/faulty_kernels.cuh) for the fault-matrix GPU tests.
 
-It has what KernelCompiler and the Tuner ask of a family (FAMILY, SOURCE, name, name_expression, threads,
-smem_bytes, DEFAULT, space) and is importable by module name, as the isolated worker needs.
+It has what KernelCompiler and the Tuner ask of a family (``bagf_torch.kernels.REQUIRED``) and is importable by module name, as the isolated worker needs.
 MODE 0 is correct, 1 writes out of bounds (illegal address), 2 returns wrong numbers, 3 hangs.
 """
 
@@ -15,6 +14,7 @@ from bagf_torch.kernels.space import Config, Space
 FAMILY = "faulty_test"
 SOURCE = str(Path(__file__).resolve().with_name("faulty_kernels.cuh"))  # absolute: not in the kernels folder
 KERNEL = "bagf_test::faulty_conv2d"
+MIN_ARCH = 50
 CORRECT, OUT_OF_BOUNDS, WRONG, HANG = 0, 1, 2, 3
 PARAMS = {"MODE": (CORRECT, OUT_OF_BOUNDS, WRONG, HANG), "BM": (16,), "BN": (16,)}
 DEFAULT: Config = {"MODE": CORRECT, "BM": 16, "BN": 16}
@@ -30,6 +30,10 @@ def threads(c: Mapping[str, int]) -> int:
 
 def smem_bytes(c: Mapping[str, int]) -> int:
     return 0
+
+
+def launch(c: Mapping[str, int]) -> dict[str, int]:
+    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": 1}
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

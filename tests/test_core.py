@@ -121,6 +121,55 @@ def test_names_are_readable_and_unique():
     assert ig.name_expression(ig.DEFAULT) == "bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>"
 
 
+def test_tc_family_valid_configs_obey_the_documented_rules():
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+
+    s = tc.space()
+    assert s.invalid_reason(tc.DEFAULT) is None
+    valid = s.valid_configs()
+    assert len(valid) > 1000
+    for c in valid:
+        t = tc.threads(c)
+        assert t == 32 * c["WM"] * c["WN"] and t % c["BN"] == 0
+        assert (c["BM"] // c["WM"]) % 16 == 0 and (c["BN"] // c["WN"]) % 8 == 0 and c["BK"] % 8 == 0
+        assert tc.smem_bytes(c) <= tc.SM90_SMEM_LIMIT
+        assert tc.estimated_registers(c) <= 255 and tc.estimated_registers(c) * t <= 65536
+    assert "multiple of 16" in s.invalid_reason(dict(tc.DEFAULT, BM=32, WM=4))
+    assert "shared memory" in tc.space(smem_limit=16 * 1024).invalid_reason(dict(tc.DEFAULT, BK=32, STAGES=4))
+    assert tc.name(tc.DEFAULT) == "implicit_gemm_tc_bm64_bn64_bk16_wm2_wn2_st3_s1_sm90"
+    assert tc.name_expression(tc.DEFAULT) == "bagf::implicit_gemm_tc_conv2d<64, 64, 16, 2, 2, 3, 1>"
+    assert tc.launch(dict(tc.DEFAULT, SPLIT=8))["split"] == 8
+
+
+def _family_modules():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from bagf_torch.kernels import FAMILIES
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        faulty = importlib.import_module("faulty_family")  # the fault matrix's test family must keep up too
+    finally:
+        sys.path.pop(0)
+    return [*FAMILIES.values(), faulty]
+
+
+@pytest.mark.parametrize("fam", _family_modules(), ids=lambda f: f.FAMILY)
+def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
+    """A family missing a function fails here on CPU, not in a GPU run (the fault matrix's test family once
+    lacked ``launch`` and three GPU rows failed on the device for it)."""
+    from bagf_torch.kernels import REQUIRED
+
+    missing = [a for a in REQUIRED if not hasattr(fam, a)]
+    assert not missing, missing
+    geo = fam.launch(fam.DEFAULT)
+    assert set(geo) == {"bm", "bn", "threads", "smem", "split"}
+    assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
+    assert fam.space().invalid_reason(fam.DEFAULT) is None
+
+
 # ------------------------------------------------------------------------------------------- module
 def _pair(**kw):
     torch.manual_seed(0)

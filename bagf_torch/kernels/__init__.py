@@ -8,6 +8,10 @@ launch(config) (the geometry the host's plan needs).
 from . import implicit_gemm, implicit_gemm_tc
 from .space import Config, Space, config_key
 
+REQUIRED = ("FAMILY", "SOURCE", "KERNEL", "MIN_ARCH", "PARAMS", "DEFAULT", "space", "name", "name_expression",
+            "threads", "smem_bytes", "launch")
+"""What a family module must define (the compiler, the tuner, the isolated worker and the cache use these)."""
+
 FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed)."""
 
@@ -25,5 +29,5 @@ def family_name(family: str, config) -> str:
     return FAMILIES[family].name(config)
 
 
-__all__ = ["Config", "FAMILIES", "Space", "config_key", "families_for", "family_name", "implicit_gemm",
+__all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "config_key", "families_for", "family_name", "implicit_gemm",
            "implicit_gemm_tc"]
