@@ -15,7 +15,7 @@ BAGF_TUNE                  1: tune a new problem on its first call;    1
 BAGF_BUDGET                evaluations (candidates that reach the      40
                            GPU) per tuned problem
 BAGF_TIME_BUDGET           seconds per tuned problem                   120
-BAGF_STRATEGY              ax | random | exhaustive                    ax
+BAGF_STRATEGY              ax | random | anneal | genetic | exhaustive ax
 BAGF_SEED                  seed of the search strategy                 0
 BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(8, CPU count)
 BAGF_LOG                   log level of the "bagf_torch" logger        warning
@@ -132,7 +132,7 @@ def budget_seconds() -> float:
 
 
 def strategy() -> str:
-    return get_choice("BAGF_STRATEGY", "ax", ("ax", "random", "exhaustive"))
+    return get_choice("BAGF_STRATEGY", "ax", ("ax", "random", "anneal", "genetic", "exhaustive"))
 
 
 def seed() -> int:

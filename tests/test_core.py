@@ -291,3 +291,11 @@ def test_cli_cache_list_export_clear_and_import_errors(tmp_path, monkeypatch, ca
     assert "cleared" in capsys.readouterr().out
     with Cache.for_dir(tmp_path / "c") as cache:
         assert cache.plans() == []
+
+
+def test_strategy_setting_accepts_every_registered_strategy(monkeypatch):
+    from bagf_torch.tuning.strategies import STRATEGIES
+
+    for name in STRATEGIES:
+        monkeypatch.setenv("BAGF_STRATEGY", name)
+        assert settings.strategy() == name
