@@ -358,6 +358,8 @@ def settings_dir() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import settings
+
     ap = _Parser(prog="python -m bagf_torch", description="bagf_torch: auto-tuned CUDA convolutions")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache", metavar="DIR", help="cache directory (default: BAGF_CACHE_DIR or ~/.cache/bagf_torch)")
@@ -370,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", parents=[common, models], help="pre-tune a model's conv layers, print the table")
     t.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (default BAGF_TIME_BUDGET)")
-    t.add_argument("--strategy", choices=["ax", "random", "exhaustive"], default=None)
+    t.add_argument("--strategy", choices=list(settings.STRATEGY_NAMES), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--tf32", action="store_true",
                    help="tune for callers that allow TF32 in cuDNN (the mode is part of the key; default off)")

@@ -131,8 +131,12 @@ def budget_seconds() -> float:
     return get_float("BAGF_TIME_BUDGET", 120.0, minimum=1e-3)
 
 
+STRATEGY_NAMES = ("ax", "random", "anneal", "genetic", "exhaustive")
+"""The search strategies (``tuning.strategies.STRATEGIES``; named here so reading a setting imports no Ax)."""
+
+
 def strategy() -> str:
-    return get_choice("BAGF_STRATEGY", "ax", ("ax", "random", "anneal", "genetic", "exhaustive"))
+    return get_choice("BAGF_STRATEGY", "ax", STRATEGY_NAMES)
 
 
 def seed() -> int:

@@ -2,9 +2,15 @@
 # The whole GPU check in one device call: install the carried Ax wheels, build the extension, run
 # `pytest -m cuda`, the compute-sanitizer sweep and the layer benchmark; logs and results under $OUT.
 #
-#   scripts/device_check.sh [build] [tests] [precision] [bench] [sanitize] [bench-args...]   (default: all stages)
+#   scripts/device_check.sh [build] [tests] [precision] [bench] [faults] [alexnet] [sanitize] [bench-args...]
+#   (default: build tests bench sanitize)
 #   e.g. device run:  bash scripts/device_check.sh tests bench --batch 1,32,128
-# Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image.
+#   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
+#   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
+#   (no max-autotune) and the roofline report; sanitize = compute-sanitizer over a sample of the space.
+#   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
+# Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image, plus tqdm for the
+# alexnet stage: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl tqdm
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bagf_out}
@@ -12,7 +18,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
@@ -46,8 +52,22 @@ if has bench; then
   timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
+if has faults; then
+  timeout ${FAULTS_TIMEOUT:-240} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
+    > "$OUT/faults.log" 2>&1 || rc=1
+  tail -n 22 "$OUT/faults.log"
+fi
+if has alexnet; then
+  t=${ALEXNET_TIMEOUT:-300}
+  { timeout $t python3 -m bagf_torch tune --model alexnet --batch 1,32,128 --budget 24 --seconds 8 --no-progress \
+      --json "$OUT/tune_alexnet_h200.json" \
+    && timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --no-compile --out "$OUT" \
+    && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png"; } > "$OUT/alexnet.log" 2>&1 || rc=1
+  tail -n 40 "$OUT/alexnet.log"
+fi
 if has sanitize; then
   python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
+( cd "$OUT" && ls *.log env.txt >/dev/null 2>&1 && tar czf logs.tgz *.log env.txt && rm -f *.log env.txt )
 exit $rc

@@ -296,6 +296,7 @@ def test_cli_cache_list_export_clear_and_import_errors(tmp_path, monkeypatch, ca
 def test_strategy_setting_accepts_every_registered_strategy(monkeypatch):
     from bagf_torch.tuning.strategies import STRATEGIES
 
+    assert sorted(settings.STRATEGY_NAMES) == sorted(STRATEGIES)
     for name in STRATEGIES:
         monkeypatch.setenv("BAGF_STRATEGY", name)
         assert settings.strategy() == name
