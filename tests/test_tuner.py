@@ -172,3 +172,36 @@ def test_workspace_leaves_global_rng_alone_and_is_fresh():
     assert not torch.equal(a.x, b.x) and a.x.abs().sum() > 0  # fresh random data, never zeros
     torch.testing.assert_close(a.ref, torch.nn.functional.conv2d(a.x.double(), a.w.double(), a.b.double(),
                                                                  1, (1, 1)))
+
+
+def test_search_starts_at_the_problem_sized_default_when_the_family_has_one():
+    fam = _family()
+    seen = []
+
+    def default_for(problem, sms=132):
+        seen.append((problem, sms))
+        return {"A": 2, "B": 2, "C": 1}
+
+    fam.default_for = default_for
+    comp = FakeCompiler()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="random",
+                  budget=Budget(5), sms=96)
+    r = tuner.tune(PROBLEM)
+    assert comp.compiled[0] == {"A": 2, "B": 2, "C": 1} and seen == [(PROBLEM, 96)]
+    assert r.default_us == _time({"A": 2, "B": 2, "C": 1})
+
+
+def test_two_families_share_the_budget_by_start_speed():
+    fast, slow = _family(), _family()
+    fast.FAMILY, slow.FAMILY = "fast", "slow"
+    slow.DEFAULT = {"A": 8, "B": 4, "C": 0}  # 10 + 12 + 4 + 1.5 = 27.5 us against fast's 17.5 us
+    comp = FakeCompiler()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, [fast, slow],
+                  strategy="random", budget=Budget(22))
+    shares = tuner.split_budget({"fast": 17.5, "slow": 27.5}, 20)
+    assert sum(shares.values()) == 20 and shares["fast"] > shares["slow"] > 0
+    assert tuner.split_budget({"fast": 10.0, "slow": 41.0}, 20) == {"fast": 20, "slow": 0}  # > 4x: nothing more
+    assert tuner.split_budget({"fast": None, "slow": None}, 20) == {"fast": 10, "slow": 10}
+    r = tuner.tune(PROBLEM)
+    assert r.evaluations <= 22
+    assert {t.family for t in r.trials if t.config is not None} == {"fast", "slow"}

@@ -62,13 +62,13 @@ class TuneResult:
     handle: int                 # op plan handle; ATEN (-1) for torch's conv
     time_us: float              # winner's re-measured median
     aten_us: float              # cuDNN's re-measured median
-    default_us: float | None    # the winning family's default configuration (first measurement); for an
-    #                             "aten" result, the first family's
+    default_us: float | None    # the winning family's start configuration (first measurement; the
+    #                             problem-sized default, see Tuner.start_config); for "aten", the first family's
     evaluations: int            # candidates that reached the GPU
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
     trials: list[Trial] = field(default_factory=list)
-    defaults: dict[str, float | None] = field(default_factory=dict)  # family -> its default's time (None: failed)
+    defaults: dict[str, float | None] = field(default_factory=dict)  # family -> its start's time (None: failed)
 
     @property
     def speedup(self) -> float:
@@ -86,7 +86,8 @@ class Tuner:
 
     Algorithm is a tuning dimension: ``family`` may be a list of families. Each family is searched as its
     own experiment (one strategy run over its own space), with the budget split by measured speed: every
-    family's default configuration is measured first; families slower than ``cutoff_factor`` x the best
+    family's start configuration (``start_config``: its default, sized to the problem where the family
+    knows how) is measured first; families slower than ``cutoff_factor`` x the best
     default get nothing more; the others share the remaining evaluations and seconds in proportion to their
     default's speed (1/time), fastest family first, and time a family leaves unused passes on. One experiment
     per family rather than one Ax experiment with a family choice: the families' knobs differ (a joint space
@@ -97,7 +98,7 @@ class Tuner:
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 3, cutoff_factor: float = 4.0,
-                 space_limit: int | None = None):
+                 space_limit: int | None = None, sms: int | None = None):
         self.compiler = compiler
         self.checker = checker
         self.bench = benchmarker
@@ -112,6 +113,16 @@ class Tuner:
         self.cutoff_factor = cutoff_factor
         self.spaces = {f.FAMILY: (f.space(space_limit) if space_limit else f.space()) for f in self.families}
         self.space = self.spaces[self.family.FAMILY]
+        self.sms = sms  # the device's SM count, for families whose start point depends on it
+
+    def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
+        """Where a family's search starts: ``default_for(problem, sms)`` when the family sizes its default to
+        the problem (implicit_gemm_tc's split-K), else its DEFAULT."""
+        if hasattr(family, "default_for"):
+            start = family.default_for(problem, self.sms) if self.sms else family.default_for(problem)
+            if self.spaces[family.FAMILY].is_valid(start):
+                return start
+        return family.DEFAULT
 
     def split_budget(self, defaults: dict[str, float | None], evaluations: int) -> dict[str, int]:
         """Evaluations per family after the defaults: by default speed, none for hopeless families."""
@@ -188,7 +199,7 @@ class Tuner:
 
         defaults: dict[str, float | None] = {}
         for fam in self.families:
-            o = evaluator(fam)([fam.DEFAULT])[0]
+            o = evaluator(fam)([self.start_config(fam, problem)])[0]
             defaults[fam.FAMILY] = o.time_us if o.ok else None
         shares = self.split_budget(defaults, self.budget.evaluations - len(self.families))
         order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: defaults[f.FAMILY])
