@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .space import Config, Space
+from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
+                    shared_memory_rule, template_expression)
 
 FAMILY = "implicit_gemm"
 SOURCE = "implicit_gemm.cuh"
@@ -52,8 +53,6 @@ DEFAULT: Config = {"BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 4, "DB": 1, "VEC"
 
 # sm_90's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin on H100/H200).
 SM90_SMEM_LIMIT = 232448
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
 
 
 def threads(c: Mapping[str, int]) -> int:
@@ -93,7 +92,7 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
 
 def name_expression(c: Mapping[str, int]) -> str:
     """The C++ name NVRTC instantiates, e.g. ``bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>``."""
-    return f"{KERNEL}<{', '.join(str(c[k]) for k in TEMPLATE_ORDER)}>"
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
 def _rules(smem_limit: int):
@@ -108,28 +107,13 @@ def _rules(smem_limit: int):
             return f"{t} threads per block; must be a multiple of 32 in [32, 1024]"
         return None
 
-    def loader(c):
-        t = threads(c)
-        if t % c["BN"]:
-            return f"{t} threads is not a multiple of BN={c['BN']} (input-tile loader)"
+    def vector(c):
         if c["BK"] % c["VEC"]:
             return f"BK={c['BK']} is not a multiple of VEC={c['VEC']}"
         return None
 
-    def shared_memory(c):
-        need = smem_bytes(c)
-        if need > smem_limit:
-            return f"needs {need} bytes of shared memory, device limit {smem_limit}"
-        return None
-
-    def registers(c):
-        t, regs = threads(c), estimated_registers(c)
-        if regs * t > REGISTERS_PER_SM or regs > MAX_REGISTERS_PER_THREAD:
-            return (f"needs about {regs} registers per thread x {t} threads (limits: {REGISTERS_PER_SM} per "
-                    f"block, {MAX_REGISTERS_PER_THREAD} per thread): it would spill to local memory")
-        return None
-
-    return (tile, thread_count, loader, shared_memory, registers)
+    return (tile, thread_count, loader_rule(threads), vector, shared_memory_rule(smem_bytes, smem_limit),
+            register_rule(threads, estimated_registers))
 
 
 def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .space import Config, Space
+from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
+                    shared_memory_rule, template_expression)
 
 FAMILY = "implicit_gemm_tc"
 SOURCE = "implicit_gemm_tc.cuh"
@@ -80,8 +81,6 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
 
 
 SM90_SMEM_LIMIT = 232448
-REGISTERS_PER_SM = 65536
-MAX_REGISTERS_PER_THREAD = 255
 
 
 def threads(c: Mapping[str, int]) -> int:
@@ -119,7 +118,7 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    return f"{KERNEL}<{', '.join(str(c[k]) for k in TEMPLATE_ORDER)}>"
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
 def _rules(smem_limit: int):
@@ -131,26 +130,8 @@ def _rules(smem_limit: int):
             return f"warp tile over N is BN/WN = {c['BN']}/{c['WN']}, not a multiple of 8"
         return None
 
-    def loader(c):
-        t = threads(c)
-        if t % c["BN"]:
-            return f"{t} threads is not a multiple of BN={c['BN']} (input-tile loader)"
-        return None
-
-    def shared_memory(c):
-        need = smem_bytes(c)
-        if need > smem_limit:
-            return f"needs {need} bytes of shared memory, device limit {smem_limit}"
-        return None
-
-    def registers(c):
-        t, regs = threads(c), estimated_registers(c)
-        if regs * t > REGISTERS_PER_SM or regs > MAX_REGISTERS_PER_THREAD:
-            return (f"needs about {regs} registers per thread x {t} threads (limits: {REGISTERS_PER_SM} per "
-                    f"block, {MAX_REGISTERS_PER_THREAD} per thread): it would spill to local memory")
-        return None
-
-    return (warp_tile, loader, shared_memory, registers)
+    return (warp_tile, loader_rule(threads), shared_memory_rule(smem_bytes, smem_limit),
+            register_rule(threads, estimated_registers))
 
 
 def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:

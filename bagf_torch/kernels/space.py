@@ -73,3 +73,45 @@ class Space:
 def config_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     """A hashable, order-independent form of a configuration."""
     return tuple(sorted(config.items()))
+
+
+# ------------------------------------------------------------------ rules every family shares
+REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def shared_memory_rule(smem_bytes: Callable[[Mapping[str, int]], int], limit: int) -> Rule:
+    """A configuration's shared memory fits the device's opt-in per-block limit."""
+    def shared_memory(c):
+        need = smem_bytes(c)
+        if need > limit:
+            return f"needs {need} bytes of shared memory, device limit {limit}"
+        return None
+    return shared_memory
+
+
+def register_rule(threads: Callable[[Mapping[str, int]], int],
+                  estimated_registers: Callable[[Mapping[str, int]], int]) -> Rule:
+    """The estimated registers per thread fit the per-thread and per-block limits (else it would spill)."""
+    def registers(c):
+        t, regs = threads(c), estimated_registers(c)
+        if regs * t > REGISTERS_PER_SM or regs > MAX_REGISTERS_PER_THREAD:
+            return (f"needs about {regs} registers per thread x {t} threads (limits: {REGISTERS_PER_SM} per "
+                    f"block, {MAX_REGISTERS_PER_THREAD} per thread): it would spill to local memory")
+        return None
+    return registers
+
+
+def loader_rule(threads: Callable[[Mapping[str, int]], int]) -> Rule:
+    """The input-tile loaders give each thread one fixed pixel column: threads must be a multiple of BN."""
+    def loader(c):
+        t = threads(c)
+        if t % c["BN"]:
+            return f"{t} threads is not a multiple of BN={c['BN']} (input-tile loader)"
+        return None
+    return loader
+
+
+def template_expression(kernel: str, order: tuple[str, ...], c: Mapping[str, int]) -> str:
+    """The C++ name NVRTC instantiates, e.g. ``bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>``."""
+    return f"{kernel}<{', '.join(str(c[k]) for k in order)}>"
