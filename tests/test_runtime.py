@@ -14,33 +14,11 @@ from bagf_torch.problem import ConvProblem
 from bagf_torch.tuning.common import Budget, Outcome
 from bagf_torch.tuning.measure import ATEN
 from bagf_torch.tuning.tuner import Tuner
+from fault_helpers import FakeCompiler  # tests/ is on sys.path (pytest's default prepend import mode)
 
 P = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
 ENV = {"gpu": "Fake GPU", "cc": "9.0", "driver": 1, "runtime": 1, "nvrtc": "13.0", "torch": "x",
        "bagf_torch": "0.1.0", "kernels": "k", "os": "posix"}
-
-
-class FakeCompiler:
-    """Compiles nothing: every config "loads" as a new handle, counting what was asked."""
-
-    def __init__(self):
-        self.loaded = {}
-        self.unloaded = set()
-        self.limits = {"shared_memory_per_block_optin": ig.SM90_SMEM_LIMIT}
-
-    def compile(self, family, configs):
-        out = []
-        for c in configs:
-            h = 1000 + len(self.loaded)
-            self.loaded[h] = dict(c)
-            out.append(types.SimpleNamespace(handle=h))
-        return out
-
-    def unload(self, handle):
-        self.unloaded.add(handle)
-
-    def digest(self, family, config):
-        return "digest-" + family.name(config)
 
 
 class FakeBench:
