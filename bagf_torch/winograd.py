@@ -1,0 +1,117 @@
+"""Winograd F(m x m, 3 x 3) convolution in plain torch: the transforms, a reference implementation, its error.
+
+This is the numerical design of the Winograd families of issue 3, kept apart from the GPU kernels so that
+its accuracy can be measured anywhere (CPU included) and the kernels can be checked against it:
+
+    Y = A^T [ (G g G^T) . (B^T d B) ] A        per (m+2) x (m+2) input tile d, 3x3 filter g, m x m output tile
+
+with Lavin and Gray's matrices for F(2, 3) (interpolation points 0, 1, -1, infinity) and F(4, 3) (0, 1, -1,
+2, -2, infinity). F(2x2, 3x3) needs 16 multiplies per 4 outputs (2.25x fewer than direct), F(4x4, 3x3) 36
+per 16 (4x fewer), at the price of larger transform constants and so a larger fp32 error, which
+:func:`fp32_error` measures against a float64 direct convolution.
+
+Only stride 1, dilation 1, 3x3 filters and groups=1 qualify (:func:`applies`).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction as Fr
+
+import torch
+import torch.nn.functional as F
+
+from .problem import ConvProblem
+
+# (B^T, G, A^T) as exact fractions; converted to the working dtype on use.
+_MATRICES = {
+    2: (
+        [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 0, 0], [Fr(1, 2), Fr(1, 2), Fr(1, 2)], [Fr(1, 2), Fr(-1, 2), Fr(1, 2)], [0, 0, 1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]],
+    ),
+    4: (
+        [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+         [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[Fr(1, 4), 0, 0], [Fr(-1, 6), Fr(-1, 6), Fr(-1, 6)], [Fr(-1, 6), Fr(1, 6), Fr(-1, 6)],
+         [Fr(1, 24), Fr(1, 12), Fr(1, 6)], [Fr(1, 24), Fr(-1, 12), Fr(1, 6)], [0, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+    ),
+}
+
+TILES = tuple(_MATRICES)
+"""The output tile sizes m implemented: F(2x2, 3x3) and F(4x4, 3x3)."""
+
+
+def matrices(m: int, dtype: torch.dtype = torch.float64, device=None) -> tuple[torch.Tensor, ...]:
+    """``(BT, G, AT)`` of F(m x m, 3 x 3) as tensors: BT (a x a), G (a x 3), AT (m x a), a = m + 2."""
+    if m not in _MATRICES:
+        raise ValueError(f"F({m}x{m}, 3x3) is not implemented; m must be one of {TILES}")
+    return tuple(torch.tensor([[float(v) for v in row] for row in mat], dtype=dtype, device=device)
+                 for mat in _MATRICES[m])
+
+
+def applies(problem: ConvProblem) -> str | None:
+    """None when Winograd F(m, 3) computes ``problem``; else why not."""
+    if (problem.r, problem.s) != (3, 3):
+        return f"filter {problem.r}x{problem.s} is not 3x3"
+    if tuple(problem.stride) != (1, 1) or tuple(problem.dilation) != (1, 1):
+        return "stride and dilation must be 1"
+    if problem.groups != 1:
+        return "groups must be 1"
+    return None
+
+
+def multiplies(problem: ConvProblem, m: int) -> int:
+    """Elementwise products of the Winograd domain: (m+2)^2 per (output tile, K, C)."""
+    p, q = problem.out_hw
+    tiles = problem.n * -(-p // m) * -(-q // m)
+    return (m + 2) ** 2 * tiles * problem.k * problem.c
+
+
+def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int
+           ) -> torch.Tensor:
+    """Stride-1 3x3 convolution by Winograd F(m x m, 3 x 3), computed in ``x``'s dtype (all transforms and
+    the elementwise products included), NCHW in, NKPQ out. The reference the GPU kernels are checked
+    against, and what :func:`fp32_error` measures."""
+    bt, g, at = matrices(m, x.dtype, x.device)
+    a = m + 2
+    n, c, h, wd = x.shape
+    k = w.shape[0]
+    p, q = h + 2 * padding[0] - 2, wd + 2 * padding[1] - 2
+    th, tw = -(-p // m), -(-q // m)
+    # pad so that th x tw overlapping a x a tiles (stride m) fit: rows beyond the output read zeros
+    xp = F.pad(x, (padding[1], tw * m + 2 - wd - padding[1], padding[0], th * m + 2 - h - padding[0]))
+    d = xp.unfold(2, a, m).unfold(3, a, m)                       # N, C, th, tw, a, a
+    v = torch.einsum("ij,nctujl,lk->nctuik", bt, d, bt.T)          # B^T d B
+    u = torch.einsum("ij,kcjl,lm->kcim", g, w, g.T)                # G g G^T: K, C, a, a
+    mm = torch.einsum("kcij,nctuij->nktuij", u, v)                 # sum over C, per Winograd point
+    y = torch.einsum("ij,nktujl,lm->nktuim", at, mm, at.T)         # A^T M A: N, K, th, tw, m, m
+    y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, k, th * m, tw * m)[:, :, :p, :q]
+    if bias is not None:
+        y = y + bias.view(1, -1, 1, 1)
+    return y.contiguous()
+
+
+def fp32_error(problem: ConvProblem, m: int, seed: int = 0) -> dict[str, float]:
+    """Error of F(m x m, 3 x 3) computed in float32 against a float64 direct convolution, on realistic data
+    (unit-normal input, weights scaled by 1/sqrt(fan-in), as the tuner's check uses), with the error of a
+    float32 direct convolution (``F.conv2d``) on the same data beside it. Errors are relative to the
+    reference: ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref|| (the tuner's check)."""
+    why = applies(problem)
+    if why is not None:
+        raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g)
+    w = torch.randn(problem.k, problem.c, 3, 3, generator=g) / (9 * problem.c) ** 0.5
+    b = torch.randn(problem.k, generator=g) if problem.bias else None
+    pad = tuple(problem.padding)
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), 1, pad)
+
+    def err(y: torch.Tensor) -> tuple[float, float]:
+        e = y.double() - ref
+        return float(e.abs().max() / ref.abs().max()), float(e.norm() / ref.norm())
+
+    wino_max, wino_norm = err(conv2d(x, w, b, pad, m))
+    direct_max, direct_norm = err(F.conv2d(x, w, b, 1, pad))
+    return {"winograd_max": wino_max, "winograd_norm": wino_norm, "direct_max": direct_max,
+            "direct_norm": direct_norm}
