@@ -356,7 +356,8 @@ class Runtime:
                      strategy=strategy or settings.strategy(),
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
-                     space_limit=dev.compiler.limits["shared_memory_per_block_optin"])
+                     space_limit=dev.compiler.limits["shared_memory_per_block_optin"],
+                     prune_factor=settings.prune_factor())
 
     def _pool(self, dev: _Device):
         with self._lock:
