@@ -8,8 +8,13 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   memory, in closed form, plus (on request) the distinct input words each block touches;
 * :func:`brute_force_traffic` - the same quantities counted element by element by replaying the kernel's
   loop nest in Python (small shapes only), which the tests compare to the closed form exactly;
-* :func:`prune` - bound-guided pruning of a search space (issue 3): drop configurations whose modelled
-  traffic is more than ``factor`` times the best modelled traffic for the problem.
+* :func:`implicit_gemm_tc_traffic` / :func:`brute_force_tc_traffic` - the same pair for ``implicit_gemm_tc``
+  (cp.async tiles, split-K memset and atomics);
+* :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
+* :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
+  modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
+  H200 tc recording it is a weak predictor (split-K wins while adding traffic), so the tuner's
+  ``BAGF_PRUNE_FACTOR`` is off by default (docs/iobound.md).
 
 >>> from bagf_torch.problem import ConvProblem
 >>> from bagf_torch.kernels import implicit_gemm as ig
