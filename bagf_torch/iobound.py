@@ -8,8 +8,13 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   memory, in closed form, plus (on request) the distinct input words each block touches;
 * :func:`brute_force_traffic` - the same quantities counted element by element by replaying the kernel's
   loop nest in Python (small shapes only), which the tests compare to the closed form exactly;
-* :func:`prune` - bound-guided pruning of a search space (issue 3): drop configurations whose modelled
-  traffic is more than ``factor`` times the best modelled traffic for the problem.
+* :func:`implicit_gemm_tc_traffic` / :func:`brute_force_tc_traffic` - the same pair for ``implicit_gemm_tc``
+  (cp.async tiles, split-K memset and atomics);
+* :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
+* :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
+  modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
+  H200 tc recording it is a weak predictor (split-K wins while adding traffic), so the tuner's
+  ``BAGF_PRUNE_FACTOR`` is off by default (docs/iobound.md).
 
 >>> from bagf_torch.problem import ConvProblem
 >>> from bagf_torch.kernels import implicit_gemm as ig
@@ -26,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -35,7 +41,8 @@ from .problem import ConvProblem
 __all__ = [
     "Traffic", "used_input_words", "compulsory_words", "effective_stride", "direct_lower_bound",
     "direct_tile_reads_per_mac", "winograd_lower_bound", "implicit_gemm_fast_memory_words",
-    "implicit_gemm_traffic", "brute_force_traffic", "prune",
+    "implicit_gemm_traffic", "brute_force_traffic", "implicit_gemm_tc_fast_memory_words",
+    "implicit_gemm_tc_traffic", "brute_force_tc_traffic", "traffic", "fast_memory_words", "has_model", "prune",
 ]
 
 
@@ -180,11 +187,16 @@ class Traffic:
     grid: tuple[int, int]
     words_read_input_unique: int | None = None
     words_read_bias_unique: int = 0
+    words_read_output: int = 0
+    """Split-K: the read half of the atomic read-modify-writes (one per atomicAdd); 0 without split-K."""
+    words_memset: int = 0
+    """Split-K: the zeroing of the output before the launch (also included in ``words_written``)."""
 
     @property
     def total(self) -> int:
-        """Requested words: input + weight + bias reads and output writes."""
-        return self.words_read_input + self.words_read_weight + self.words_read_bias + self.words_written
+        """Requested words: input + weight + bias reads, output writes, and split-K's read-modify-write reads."""
+        return (self.words_read_input + self.words_read_weight + self.words_read_bias + self.words_written
+                + self.words_read_output)
 
     @property
     def total_unique(self) -> int:
@@ -193,7 +205,7 @@ class Traffic:
             raise ValueError("words_read_input_unique was not computed: pass unique=True")
         # Each block already reads each weight of its panel once; its bias words are read BN/TN times.
         return (self.words_read_input_unique + self.words_read_weight + self.words_read_bias_unique
-                + self.words_written)
+                + self.words_written + self.words_read_output)
 
 
 def implicit_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
@@ -365,32 +377,229 @@ def brute_force_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traf
                    words_read_bias_unique=gx * problem.k if problem.bias else 0)
 
 
+# ------------------------------------------------------------------- implicit_gemm_tc: traffic model
+def implicit_gemm_tc_fast_memory_words(config: Mapping[str, int]) -> int:
+    """Shared memory words as allocated, padding included (``STAGES*(BM*(BK+4) + BK*(BN+8))``) + the
+    accumulator registers (``MI*NI*4`` per thread x threads = ``BM*BN``). Fragments and addressing registers
+    are not counted; counting the padding makes ``M`` larger, so the bound at ``M`` is lower (conservative)."""
+    return (config["STAGES"] * (config["BM"] * (config["BK"] + 4) + config["BK"] * (config["BN"] + 8))
+            + config["BM"] * config["BN"])
+
+
+def _tc_geometry(config: Mapping[str, int]) -> dict[str, int]:
+    t = 32 * config["WM"] * config["WN"]
+    step = t // config["BN"]  # B_ROW_STEP; validity requires t % BN == 0
+    a_vecs = config["BM"] * config["BK"] // 4
+    return {"T": t, "STEP": step, "B_LOADS": -(-config["BK"] // step), "A_VECS": a_vecs,
+            "A_LOADS": -(-a_vecs // t), "WTM": config["BM"] // config["WM"], "WTN": config["BN"] // config["WN"]}
+
+
+def implicit_gemm_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of ``implicit_gemm_tc`` (csrc/kernels/implicit_gemm_tc.cuh).
+
+    Grid ceil(NPQ/BN) x ceil(K/BM) x SPLIT; slice z reduces K-tiles [z*ceil(T/SPLIT), ...) of the
+    T = ceil(CRS/BK) tiles (trailing slices may be empty). Counted as the kernel is written, every request
+    once, no cache reuse:
+
+    * weights: each K-tile copies the BM x BK panel, bounds-checked (float4 copies when CRS % 4 == 0, else
+      scalar ones; out-of-range copies have src-size 0 and read nothing); over the slices of one block column
+      every k in [0, CRS) is covered once -> ``ceil(NPQ/BN) * K * CRS`` whatever SPLIT is;
+    * input: the B tile gathers only rows < BK (the loader skips the over-fetched rows, unlike
+      ``implicit_gemm``), one word per (im2col row, pixel) whose tap is inside the image; padding and
+      tails are zero-filled copies with src-size 0 and are *not* counted (they read nothing) ->
+      ``ceil(K/BM) * N * C * sum_rs |P_r| * |Q_s|``;
+    * bias: one ``__ldg`` per output element in slice 0 (no per-thread reuse) -> ``K * NPQ``;
+    * output: SPLIT = 1: ``K * NPQ`` stores. SPLIT > 1: the host zeroes the output (``K * NPQ`` writes,
+      ``words_memset``) and every slice, empty ones too, atomically adds its partial sum to every element
+      of its tile: ``SPLIT * K * NPQ`` read-modify-writes, counted as one read (``words_read_output``) and
+      one write each. (The SM sends one word per ``RED``; the read-modify-write happens in L2. Counting it
+      twice is the memory-side view; the SM-side view would count ``SPLIT * K * NPQ`` words.)
+    """
+    _check_problem(problem)
+    p, q = problem.out_hw
+    crs = problem.c * problem.r * problem.s
+    npq = problem.n * p * q
+    split = config["SPLIT"]
+    gx, gy = -(-npq // config["BN"]), -(-problem.k // config["BM"])
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
+    cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
+    out = problem.k * npq
+    memset = out if split > 1 else 0
+    atomics = split * out if split > 1 else 0
+    return Traffic(
+        words_read_input=gy * problem.n * problem.c * int(rows_ok.sum() * cols_ok.sum()),
+        words_read_weight=gx * problem.k * crs,
+        words_read_bias=out if problem.bias else 0,
+        words_written=out if split == 1 else memset + atomics,
+        fast_memory_words=implicit_gemm_tc_fast_memory_words(config),
+        blocks=gx * gy * split,
+        grid=(gx, gy, split),
+        words_read_output=atomics,
+        words_memset=memset,
+    )
+
+
+def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay implicit_gemm_tc.cuh's loop nest in Python - every block (x, y, z), the cp.async pipeline's
+    ``load_tile`` calls in issue order with the loader's incremental (c, r, s) counters, and the epilogue's
+    fragment mapping - and count the words requested element by element. Small shapes only."""
+    _check_problem(problem)
+    g = _tc_geometry(config)
+    bm, bn, bk, stages, split = config["BM"], config["BN"], config["BK"], config["STAGES"], config["SPLIT"]
+    p, q = problem.out_hw
+    rs, pq = problem.r * problem.s, p * q
+    crs, npq = problem.c * rs, problem.n * pq
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    vec_ok = crs % 4 == 0  # torch allocations are 16-byte aligned
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    num_k = -(-crs // bk)
+    per_split = -(-num_k // split)
+    mi, ni = g["WTM"] // 16, g["WTN"] // 8
+    d_c, d_rs = bk // rs, bk % rs
+    d_r, d_s = d_rs // problem.s, d_rs % problem.s
+    n_in = n_w = n_b = n_out = 0
+    for bz in range(split):
+        t_begin = bz * per_split if split > 1 else 0
+        t_end = min(num_k, t_begin + per_split) if split > 1 else num_k
+        for by in range(gy):
+            for bx in range(gx):
+                m0, n0 = by * bm, bx * bn
+                for tid in range(g["T"]):
+                    b_col, b_row0 = tid % bn, tid // bn
+                    pix = n0 + b_col
+                    pix_ok = pix < npq
+                    ih0 = iw0 = 0
+                    if pix_ok:
+                        rem = pix % pq
+                        ih0, iw0 = (rem // q) * sh - ph, (rem % q) * sw - pw
+                    cur = []
+                    for i in range(g["B_LOADS"]):
+                        kk = t_begin * bk + b_row0 + i * g["STEP"]
+                        cur.append([kk // rs, (kk % rs) // problem.s, (kk % rs) % problem.s])
+
+                    def load_tile(t: int) -> None:
+                        nonlocal n_in, n_w
+                        k0 = t * bk
+                        for i in range(g["A_LOADS"]):
+                            e = tid + i * g["T"]
+                            if e < g["A_VECS"]:
+                                gm, gk = m0 + e // (bk // 4), k0 + (e % (bk // 4)) * 4
+                                if vec_ok:
+                                    n_w += 4 if gm < problem.k and gk < crs else 0
+                                else:
+                                    n_w += sum(1 for v in range(4) if gm < problem.k and gk + v < crs)
+                        for i in range(g["B_LOADS"]):
+                            row = b_row0 + i * g["STEP"]
+                            c, r, s = cur[i]
+                            if row < bk:
+                                ih, iw = ih0 + r * dh, iw0 + s * dw
+                                if pix_ok and k0 + row < crs and 0 <= ih < problem.h and 0 <= iw < problem.w:
+                                    n_in += 1
+                            s, r, c = s + d_s, r + d_r, c + d_c
+                            if s >= problem.s:
+                                s, r = s - problem.s, r + 1
+                            if r >= problem.r:
+                                r, c = r - problem.r, c + 1
+                            cur[i] = [c, r, s]
+
+                    for st in range(stages - 1):  # prologue
+                        if t_begin + st < t_end:
+                            load_tile(t_begin + st)
+                    for t in range(t_begin, t_end):
+                        if t + stages - 1 < t_end:
+                            load_tile(t + stages - 1)
+                    warp, lane = tid >> 5, tid & 31
+                    wm, wn = warp // config["WN"], warp % config["WN"]
+                    gid, tig = lane >> 2, lane & 3
+                    add_bias = problem.bias and (split == 1 or bz == 0)
+                    for j in range(ni):
+                        for h in range(2):
+                            gn = n0 + wn * g["WTN"] + j * 8 + 2 * tig + h
+                            if gn >= npq:
+                                continue
+                            for i in range(mi):
+                                for hi in range(2):
+                                    if m0 + wm * g["WTM"] + i * 16 + gid + 8 * hi < problem.k:
+                                        n_b += 1 if add_bias else 0
+                                        n_out += 1  # a store, or one atomic read-modify-write
+    out = problem.k * npq
+    memset = out if split > 1 else 0
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
+                   words_written=n_out + memset, fast_memory_words=implicit_gemm_tc_fast_memory_words(config),
+                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
+                   words_memset=memset)
+
+
+# ------------------------------------------------------------------------------------ any family
+_MODELS = {
+    "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
+    "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
+}
+
+
+def _family_name(family: "str | ModuleType") -> str:
+    name = family if isinstance(family, str) else getattr(family, "FAMILY", None)
+    if name not in _MODELS:
+        raise ValueError(f"no traffic model for kernel family {name!r}; modelled families: {sorted(_MODELS)}. "
+                         "Add one to bagf_torch/iobound.py (_MODELS) with a brute-force test, or leave "
+                         "pruning off for it")
+    return name
+
+
+def has_model(family: "str | ModuleType") -> bool:
+    """Whether :func:`traffic` can model ``family`` (a family module or its ``FAMILY`` name)."""
+    name = family if isinstance(family, str) else getattr(family, "FAMILY", None)
+    return name in _MODELS
+
+
+def traffic(family: "str | ModuleType", problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """The traffic model of ``family`` (a family module or its ``FAMILY`` name) for one configuration.
+
+    >>> from bagf_torch.kernels import implicit_gemm_tc as tc
+    >>> p = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+    >>> traffic(tc, p, tc.DEFAULT) == traffic("implicit_gemm_tc", p, tc.DEFAULT)
+    True
+    """
+    return _MODELS[_family_name(family)][0](problem, config)
+
+
+def fast_memory_words(family: "str | ModuleType", config: Mapping[str, int]) -> int:
+    """Fast memory (shared memory + accumulator registers, words) one block of ``family`` uses."""
+    return _MODELS[_family_name(family)][1](config)
+
+
 # ------------------------------------------------------------------------------------------ pruning
-def prune(space_configs: Iterable[Mapping[str, int]], problem: ConvProblem, factor: float = 4.0,
+def prune(family: "str | ModuleType", configs: Iterable[Mapping[str, int]], problem: ConvProblem,
+          factor: float = 4.0, always: Iterable[Mapping[str, int]] = (),
           ) -> tuple[list[dict[str, int]], list[tuple[dict[str, int], float]]]:
-    """Bound-guided pruning (issue 3): keep the configurations whose modelled traffic
-    (:func:`implicit_gemm_traffic`, requested words) is within ``factor`` of the best one for ``problem``.
+    """Bound-guided pruning (issue 3): keep the configurations of ``family`` whose modelled traffic
+    (:func:`traffic`, requested words) is within ``factor`` of the best one for ``problem``.
 
     Returns ``(kept, pruned)``; ``pruned`` lists ``(config, traffic / best_traffic)`` so the caller can log
-    the cut. Order of ``kept`` follows the input. The minimum-traffic configuration is always kept.
-    Traffic is only a proxy for time (it ignores occupancy and latency hiding), hence a generous factor.
+    the cut. Order of ``kept`` follows the input. The minimum-traffic configuration is always kept, and so is
+    every configuration in ``always`` that is among ``configs`` (the tuner passes the family's DEFAULT).
+    Traffic is only a proxy for time (it ignores occupancy, latency hiding and, for split-K, the parallelism
+    it buys), hence a generous factor; docs/iobound.md has how well it predicts on a real recording.
 
     >>> from bagf_torch.kernels import implicit_gemm as ig
     >>> p = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
-    >>> kept, cut = prune(ig.space().valid_configs(), p, factor=4.0)
+    >>> kept, cut = prune(ig, ig.space().valid_configs(), p, factor=4.0)
     >>> len(kept) > 0 and len(kept) + len(cut) == len(ig.space().valid_configs())
     True
     """
     if factor < 1:
         raise ValueError(f"factor must be >= 1 (1 keeps only the best), got {factor}")
-    configs = [dict(c) for c in space_configs]
+    model = _MODELS[_family_name(family)][0]
+    configs = [dict(c) for c in configs]
     if not configs:
         return [], []
-    totals = [implicit_gemm_traffic(problem, c).total for c in configs]
+    keep = {tuple(sorted(c.items())) for c in always}
+    totals = [model(problem, c).total for c in configs]
     best = min(totals)
     kept, pruned = [], []
     for c, t in zip(configs, totals):
-        if t <= factor * best:
+        if t <= factor * best or tuple(sorted(c.items())) in keep:
             kept.append(c)
         else:
             pruned.append((c, t / best))

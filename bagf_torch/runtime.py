@@ -357,7 +357,8 @@ class Runtime:
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
                      space_limit=dev.compiler.limits["shared_memory_per_block_optin"],
-                     sms=dev.compiler.limits.get("multiprocessors"))
+                     sms=dev.compiler.limits.get("multiprocessors"),
+                     prune_factor=settings.prune_factor())
 
     def _pool(self, dev: _Device):
         with self._lock:

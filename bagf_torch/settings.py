@@ -38,6 +38,14 @@ BAGF_ISOLATE               1: compile, check and time candidates in a  0
 BAGF_ISOLATE_TIMEOUT       seconds one candidate's check or timing     20
                            may take in the child before it is killed
                            (recorded as "timeout"); needs BAGF_ISOLATE
+BAGF_PRUNE_FACTOR          bound-guided pruning: before a family's     0 (off)
+                           search, drop configurations whose modelled
+                           global-memory traffic is more than this
+                           factor above the best one (iobound.prune;
+                           the DEFAULT is kept). 0 = off, else >= 1.
+                           Off by default: on the H200 tc recording
+                           only >= 4 kept every optimum, and that cut
+                           15% (benchmarks/results/prune_h200_tc.md)
 =========================  ==========================================  ======================================
 """
 
@@ -170,3 +178,12 @@ def isolate() -> bool:
 
 def isolate_timeout() -> float:
     return get_float("BAGF_ISOLATE_TIMEOUT", 20.0, minimum=0.01)
+
+
+def prune_factor() -> float:
+    """``BAGF_PRUNE_FACTOR``: 0 (off) or a factor >= 1 for :func:`bagf_torch.iobound.prune`."""
+    value = get_float("BAGF_PRUNE_FACTOR", 0.0, minimum=0.0)
+    if 0 < value < 1:
+        raise SettingError(f"BAGF_PRUNE_FACTOR={value} would prune every configuration, the best one too; use 0 "
+                           "(off) or a factor >= 1 (4 kept every recorded optimum on the H200 tc recording)")
+    return value

@@ -10,6 +10,7 @@ import pytest
 
 from bagf_torch import iobound
 from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.kernels import implicit_gemm_tc as tc
 from bagf_torch.problem import ConvProblem
 
 VALID = ig.space().valid_configs()
@@ -125,14 +126,14 @@ def test_winograd_sanity():
 
 def test_prune_keeps_best_and_reports_cut():
     p = alexnet(128)[2]
-    kept, pruned = iobound.prune(VALID, p, factor=4.0)
+    kept, pruned = iobound.prune(ig, VALID, p, factor=4.0)
     totals = {tuple(sorted(c.items())): iobound.implicit_gemm_traffic(p, c).total for c in VALID}
     best = min(totals, key=totals.get)
     assert dict(best) in kept
     assert len(kept) + len(pruned) == len(VALID) and pruned
     assert all(ratio > 4.0 for _, ratio in pruned)
     assert all(totals[tuple(sorted(c.items()))] <= 4.0 * totals[best] for c in kept)
-    only, _ = iobound.prune(VALID, p, factor=1.0)
+    only, _ = iobound.prune("implicit_gemm", VALID, p, factor=1.0)
     assert dict(best) in only
 
 
@@ -140,3 +141,96 @@ def test_groups_refused():
     p = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, groups=2)
     with pytest.raises(ValueError, match="groups"):
         iobound.implicit_gemm_traffic(p, ig.DEFAULT)
+
+
+# ----------------------------------------------------------------------------------- implicit_gemm_tc
+TC_VALID = tc.space().valid_configs()
+# Multi-block shapes for the tc kernel: K and NPQ past one tile, CRS over many K-tiles (so split-K slices,
+# empty trailing slices included, and the loader's carrying (c, r, s) counters are exercised), CRS % 4 both ways.
+TC_SMALL = SMALL[:4] + [
+    ConvProblem(n=2, c=5, h=10, w=9, k=70, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=16, h=12, w=12, k=40, r=3, s=3, stride=(2, 2), padding=(1, 1), bias=False),
+]
+
+
+@pytest.mark.parametrize("problem", TC_SMALL, ids=lambda p: p.short())
+def test_tc_model_equals_brute_force(problem):
+    rng = random.Random(hash(problem.short()) % 1000)
+    configs = [tc.DEFAULT] + rng.sample(TC_VALID, 4)
+    # many empty split-K slices, one K-tile per slice, 32 threads (8 B rows per thread per tile); 512 threads
+    # over BN=32 (16 rows per pass > BK=8: the loader's `row < BK` guard must skip the extra rows)
+    configs += [{"BM": 32, "BN": 32, "BK": 8, "WM": 1, "WN": 1, "STAGES": 4, "SPLIT": 32},
+                {"BM": 64, "BN": 32, "BK": 8, "WM": 4, "WN": 4, "STAGES": 3, "SPLIT": 4},
+                {"BM": 128, "BN": 32, "BK": 32, "WM": 4, "WN": 2, "STAGES": 2, "SPLIT": 2}]
+    for config in configs:
+        assert tc.space().is_valid(config), config
+        model = iobound.implicit_gemm_tc_traffic(problem, config)
+        brute = iobound.brute_force_tc_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+
+
+def test_tc_split_k_terms():
+    p = TC_SMALL[4]
+    one = iobound.traffic(tc, p, dict(tc.DEFAULT, SPLIT=1))
+    four = iobound.traffic(tc, p, dict(tc.DEFAULT, SPLIT=4))
+    out = p.k * p.n * p.out_hw[0] * p.out_hw[1]
+    # split-K moves the same operands and adds the memset and 4 read-modify-writes per output element
+    assert (four.words_read_input, four.words_read_weight) == (one.words_read_input, one.words_read_weight)
+    assert one.words_written == out and one.words_read_output == 0 and one.words_memset == 0
+    assert four.words_memset == out and four.words_read_output == 4 * out and four.words_written == 5 * out
+    assert four.total - one.total == 8 * out
+
+
+@pytest.mark.parametrize("n", [1, 128])
+def test_tc_bound_below_every_config(n):
+    for problem in alexnet(n) + TC_SMALL:
+        for config in TC_VALID[::3] + [tc.DEFAULT]:
+            t = iobound.traffic("implicit_gemm_tc", problem, config)
+            assert t.fast_memory_words == iobound.fast_memory_words(tc, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
+
+
+@pytest.mark.parametrize("problem", [
+    ConvProblem(n=2, c=8, h=18, w=18, k=256, r=3, s=3),   # no padding: every im2col element is read
+    ConvProblem(n=2, c=16, h=16, w=16, k=128, r=1, s=1),
+], ids=lambda p: p.short())
+def test_tc_balance(problem):
+    """Implicit GEMM reads R*S input words per (pixel, channel) (no halo reuse), so DESIGN.md's balance
+    x*y*e^2 = z*R*S with e^2 = R*S reads x*y = z: BN (pixels) = BM (channels). Among SPLIT=1 tiles of the
+    same accumulator size BM*BN, the minimum-traffic tile is square up to the factor-2 grid of the space."""
+    p, q = problem.out_hw
+    assert (problem.n * p * q) % 128 == 0 and problem.k % 128 == 0  # no partial tiles: rounding stays out
+    by_area: dict[int, list] = {}
+    for c in TC_VALID:
+        if c["SPLIT"] == 1:
+            by_area.setdefault(c["BM"] * c["BN"], []).append(c)
+    checked = 0
+    for area, configs in by_area.items():
+        best = min(configs, key=lambda c: iobound.traffic(tc, problem, c).total)
+        x_y, z = best["BN"], best["BM"]
+        ratio = x_y * problem.r * problem.s / (z * problem.r * problem.s)
+        if math.isqrt(area) ** 2 == area and math.isqrt(area) in tc.PARAMS["BM"]:
+            assert ratio == 1, (area, best)
+            checked += 1
+        else:
+            assert 0.5 <= ratio <= 2, (area, best)
+    assert checked >= 2
+
+
+def test_tc_prune_keeps_best_and_always():
+    p = alexnet(1)[3]
+    totals = {tuple(sorted(c.items())): iobound.traffic(tc, p, c).total for c in TC_VALID}
+    best = min(totals, key=totals.get)
+    worst = max(totals, key=totals.get)
+    kept, pruned = iobound.prune(tc, TC_VALID, p, factor=1.5, always=[dict(worst)])
+    assert dict(best) in kept and dict(worst) in kept
+    assert len(kept) + len(pruned) == len(TC_VALID) and pruned
+    assert all(ratio > 1.5 for _, ratio in pruned)
+    kept_all, none = iobound.prune(tc, TC_VALID, p, factor=totals[worst] / totals[best])
+    assert not none and len(kept_all) == len(TC_VALID)
+
+
+def test_unknown_family_refused():
+    with pytest.raises(ValueError, match="no traffic model"):
+        iobound.traffic("winograd_f4", alexnet(1)[2], {})
+    assert iobound.has_model(tc) and iobound.has_model("implicit_gemm") and not iobound.has_model("toy")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,86 @@ def test_two_families_share_the_budget_by_start_speed():
     r = tuner.tune(PROBLEM)
     assert r.evaluations <= 22
     assert {t.family for t in r.trials if t.config is not None} == {"fast", "slow"}
+
+
+# ------------------------------------------------------------------------- bound-guided pruning (issue 3)
+RECORDING = Path(__file__).resolve().parent.parent / "benchmarks/data/implicit_gemm_tc_h200.json.gz"
+
+
+class RecordedBench(FakeBench):
+    """Times from the H200 recording of implicit_gemm_tc (medians; a cut-off row's one sample)."""
+
+    def __init__(self, compiler, aten_us, evaluator):
+        super().__init__(compiler, aten_us)
+        self.evaluator = evaluator
+
+    def _t(self, h):
+        return self.aten_us if h == ATEN else self.evaluator.median(self.compiler.configs[h]).time_us
+
+
+def _recorded_tuner(prune_factor, name="alexnet_conv3_n1"):
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+    from bagf_torch.tuning.replay import load_recording
+
+    rp = next(p for p in load_recording(RECORDING).problems if p.name == name)
+    assert rp.complete and rp.family == tc.FAMILY
+    comp = FakeCompiler()
+    ev = rp.evaluator()
+    tuner = Tuner(comp, FakeChecker(comp), RecordedBench(comp, 1e6, ev), lambda p: None, tc,
+                  strategy="exhaustive", budget=Budget(5000, 600), prune_factor=prune_factor)
+    return tuner, comp, ConvProblem.from_dict(rp.conv), ev, tc
+
+
+def test_pruning_cuts_the_evaluated_set_and_keeps_the_default_and_the_start():
+    from bagf_torch import iobound
+
+    tuner, comp, problem, _, tc = _recorded_tuner(1.5)
+    valid = tc.space().valid_configs()
+    totals = {config_key(c): iobound.traffic(tc, problem, c).total for c in valid}
+    best = min(totals.values())
+    assert totals[config_key(tc.DEFAULT)] > 1.5 * best  # so keeping it is the tuner's doing, not the model's
+    space, _ = tuner.search_space(tc, problem)
+    assert space.is_valid(tc.DEFAULT) and space.invalid_reason(min(valid, key=lambda c: -totals[config_key(c)]))
+    r = tuner.tune(problem)
+    evaluated = {config_key(c) for c in comp.compiled}
+    start = config_key(tuner.start_config(tc, problem))  # the problem-sized default: always kept too
+    kept = {k for k, t in totals.items() if t <= 1.5 * best} | {config_key(tc.DEFAULT), start}
+    assert evaluated == kept  # exhaustive over the pruned space: exactly what prune kept, nothing else
+    assert len(evaluated) < len(valid) / 2
+    assert r.pruned == {tc.FAMILY: (len(kept), len(valid))}
+    assert r.evaluations == len(kept)
+
+
+def test_pruning_at_4_keeps_the_recorded_optimum():
+    tuner, comp, problem, ev, tc = _recorded_tuner(4.0)
+    r = tuner.tune(problem)
+    optimum, outcome = ev.best()
+    assert len(comp.compiled) < len(tc.space().valid_configs())
+    assert r.config == optimum and r.time_us == outcome.time_us
+
+
+def test_pruning_off_or_without_a_model_searches_the_whole_space():
+    tuner, _, problem, _, tc = _recorded_tuner(0.0)
+    space, cut = tuner.search_space(tc, problem)
+    assert space is tuner.spaces[tc.FAMILY] and cut is None
+    toy = _family()
+    comp = FakeCompiler()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, toy, strategy="exhaustive",
+                  budget=Budget(100), prune_factor=2.0)  # the toy family has no traffic model
+    r = tuner.tune(PROBLEM)
+    assert r.pruned == {} and len(comp.compiled) == len(toy.space().valid_configs())
+    with pytest.raises(ValueError, match="prune_factor"):
+        Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, toy, prune_factor=0.5)
+
+
+def test_prune_factor_setting(monkeypatch):
+    from bagf_torch import settings
+
+    monkeypatch.delenv("BAGF_PRUNE_FACTOR", raising=False)
+    assert settings.prune_factor() == 0.0
+    monkeypatch.setenv("BAGF_PRUNE_FACTOR", "4")
+    assert settings.prune_factor() == 4.0
+    for bad in ("0.5", "-1", "four"):
+        monkeypatch.setenv("BAGF_PRUNE_FACTOR", bad)
+        with pytest.raises(settings.SettingError, match="BAGF_PRUNE_FACTOR"):
+            settings.prune_factor()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 Config = dict[str, int]
 """One point of a space: knob name -> value."""
@@ -68,6 +68,22 @@ class Space:
         if not self._valid:
             self._valid.extend(c for c in self.all_configs() if self.is_valid(c))
         return list(self._valid)
+
+    def restrict(self, configs: "Iterable[Mapping[str, int]]", reason: str) -> "Space":
+        """The same knobs and rules plus one more: a configuration must be one of ``configs`` (e.g. those
+        bound-guided pruning kept); any other is invalid with ``reason``. Strategies see an ordinary Space.
+
+        >>> s = Space("demo", {"a": (1, 2, 4)})
+        >>> r = s.restrict([{"a": 2}, {"a": 4}], "pruned")
+        >>> r.valid_configs(), r.invalid_reason({"a": 1})
+        ([{'a': 2}, {'a': 4}], 'pruned')
+        """
+        allowed = frozenset(config_key(c) for c in configs)
+
+        def member(c: Mapping[str, int]) -> str | None:
+            return None if config_key(c) in allowed else reason
+
+        return Space(self.family, self.params, tuple(self.rules) + (member,))
 
 
 def config_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import log
-from ..kernels.space import Config, config_key
+from .. import iobound, log
+from ..kernels.space import Config, Space, config_key
 from ..problem import ConvProblem
 from . import strategies
 from .common import Budget, Outcome
@@ -69,6 +69,7 @@ class TuneResult:
     phases: dict[str, float] = field(default_factory=dict)
     trials: list[Trial] = field(default_factory=list)
     defaults: dict[str, float | None] = field(default_factory=dict)  # family -> its start's time (None: failed)
+    pruned: dict[str, tuple[int, int]] = field(default_factory=dict)  # family -> (kept, valid) when pruning ran
 
     @property
     def speedup(self) -> float:
@@ -93,12 +94,16 @@ class Tuner:
     per family rather than one Ax experiment with a family choice: the families' knobs differ (a joint space
     would be conditional, which Ax's GP handles poorly), and a per-family space keeps each search's
     encoding small and dense.
+
+    ``prune_factor`` (0 = off): before a family's search, its space is restricted to the configurations whose
+    modelled global-memory traffic (``iobound.prune``) is within that factor of the best for the problem; the
+    family's DEFAULT is always kept. Families without a traffic model are searched whole.
     """
 
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 3, cutoff_factor: float = 4.0,
-                 space_limit: int | None = None, sms: int | None = None):
+                 space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0):
         self.compiler = compiler
         self.checker = checker
         self.bench = benchmarker
@@ -113,7 +118,25 @@ class Tuner:
         self.cutoff_factor = cutoff_factor
         self.spaces = {f.FAMILY: (f.space(space_limit) if space_limit else f.space()) for f in self.families}
         self.space = self.spaces[self.family.FAMILY]
+        if prune_factor and prune_factor < 1:
+            raise ValueError(f"prune_factor must be 0 (off) or >= 1, got {prune_factor}")
+        self.prune_factor = prune_factor
         self.sms = sms  # the device's SM count, for families whose start point depends on it
+
+    def search_space(self, family: ModuleType, problem: ConvProblem) -> tuple[Space, tuple[int, int] | None]:
+        """The space the strategy searches for ``family`` on ``problem``: the whole space, or with
+        ``prune_factor`` set and a traffic model for the family, the part ``iobound.prune`` keeps (DEFAULT
+        and the start configuration included). Also returns (kept, valid) when it pruned."""
+        space = self.spaces[family.FAMILY]
+        if not self.prune_factor or not iobound.has_model(family):
+            return space, None
+        valid = space.valid_configs()
+        default = [c for c in (family.DEFAULT, self.start_config(family, problem)) if space.is_valid(c)]
+        kept, pruned = iobound.prune(family, valid, problem, self.prune_factor, always=default)
+        reason = f"pruned: modelled traffic more than {self.prune_factor:g}x the best for {problem.short()}"
+        log.logger().info(f"{family.FAMILY} on {problem.short()}: bound-guided pruning (x{self.prune_factor:g}) "
+                          f"kept {len(kept)} of {len(valid)} configurations")
+        return space.restrict(kept, reason), (len(kept), len(valid))
 
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
         """Where a family's search starts: ``default_for(problem, sms)`` when the family sizes its default to
@@ -201,6 +224,12 @@ class Tuner:
         for fam in self.families:
             o = evaluator(fam)([self.start_config(fam, problem)])[0]
             defaults[fam.FAMILY] = o.time_us if o.ok else None
+        searched: dict[str, Space] = {}
+        pruned: dict[str, tuple[int, int]] = {}
+        for fam in self.families:
+            searched[fam.FAMILY], cut = self.search_space(fam, problem)
+            if cut is not None:
+                pruned[fam.FAMILY] = cut
         shares = self.split_budget(defaults, self.budget.evaluations - len(self.families))
         order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: defaults[f.FAMILY])
         for i, fam in enumerate(order):
@@ -212,7 +241,7 @@ class Tuner:
             t, before = time.perf_counter(), sum(v for k, v in phases.items() if k != "strategy")
             with _single_threaded_torch():
                 try:
-                    strategies.run(self.strategy, self.spaces[fam.FAMILY], evaluator(fam), remaining, self.seed,
+                    strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
                                    **self.strategy_options)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
@@ -237,7 +266,7 @@ class Tuner:
         win_family = finalists[win][0] if fin_handles[win] != ATEN else self.family.FAMILY
         common = dict(problem=problem, aten_us=aten_us, default_us=defaults.get(win_family),
                       evaluations=evaluations, seconds=time.perf_counter() - t_start, phases=phases,
-                      trials=trials, defaults=defaults)
+                      trials=trials, defaults=defaults, pruned=pruned)
         if fin_handles[win] == ATEN:
             return TuneResult(family="aten", config=None, handle=ATEN, time_us=aten_us, **common)
         return TuneResult(family=win_family, config=dict(finalists[win][1]), handle=fin_handles[win],
