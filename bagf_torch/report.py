@@ -19,7 +19,8 @@ from typing import Sequence
 from .kernels import FAMILIES
 from .problem import ConvProblem
 
-__all__ = ["Ceilings", "LayerPoint", "measure_ceilings", "plot_roofline", "points_from_plans", "plans_table"]
+__all__ = ["Ceilings", "LayerPoint", "layer_analysis", "measure_ceilings", "plot_roofline", "points_from_plans",
+           "plans_table"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,37 @@ def compulsory_bytes(p: ConvProblem) -> int:
     ph, pw = p.out_hw
     elems = p.n * p.c * p.h * p.w + p.k * (p.c // p.groups) * p.r * p.s + (p.k if p.bias else 0) + p.n * p.k * ph * pw
     return 4 * elems
+
+
+def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | None = None, family: str | None = None,
+                   config: dict | None = None) -> dict:
+    """Where one layer's time stands (issue 3's report): achieved FLOP/s (direct-convolution FLOPs over the
+    time) against the roofline at the layer's compulsory arithmetic intensity with the device's measured
+    ceilings, and, for our kernels, the modelled global-memory traffic of the configuration against the
+    I/O lower bound of direct convolution with that configuration's fast memory.
+
+    >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    >>> from bagf_torch.kernels import implicit_gemm_tc as tc
+    >>> a = layer_analysis(p, 25.0, Ceilings(50e12, 4e12), "implicit_gemm_tc", tc.DEFAULT)
+    >>> round(a["tflops"], 2), a["traffic_over_bound"] >= 1.0
+    (7.97, True)
+    """
+    from . import iobound
+
+    flops = 2.0 * problem.macs
+    out = {"tflops": flops / time_us / 1e6, "intensity": flops / compulsory_bytes(problem)}
+    if ceilings is not None:
+        attainable = ceilings.attainable(out["intensity"])
+        out["roofline_tflops"] = attainable / 1e12
+        out["fraction_of_roofline"] = out["tflops"] * 1e12 / attainable
+        out["fraction_of_fp32_peak"] = out["tflops"] * 1e12 / ceilings.fp32_flops
+    if family is not None and config is not None and iobound.has_model(family):
+        words = iobound.traffic(family, problem, config).total
+        fast = iobound.fast_memory_words(family, config)
+        bound = iobound.direct_lower_bound(problem, fast)
+        out.update(traffic_words=words, fast_memory_words=fast, lower_bound_words=bound,
+                   traffic_over_bound=words / bound)
+    return out
 
 
 @dataclass

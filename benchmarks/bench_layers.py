@@ -32,6 +32,7 @@ import bagf_torch  # noqa: E402
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_tc as tc  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
+from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, Workspace  # noqa: E402
 
@@ -124,6 +125,8 @@ def main(argv=None) -> int:
     bench = CudaBenchmarker()
     default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle
     tc_default_handle = dev.compiler.compile(tc, [tc.DEFAULT])[0].handle
+    ceilings = measure_ceilings(0)  # fp32 SGEMM (TF32 off) and copy bandwidth, this run, this GPU
+    print(f"ceilings: fp32 {ceilings.fp32_flops / 1e12:.1f} TFLOP/s, copy {ceilings.bandwidth / 1e9:.0f} GB/s", flush=True)
     rows = []
 
     def write(overhead):
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
             "tf32": False, "cudnn_benchmark": True,
+            "ceilings": {"fp32_tflops": ceilings.fp32_flops / 1e12, "copy_gbs": ceilings.bandwidth / 1e9,
+                         "how": ceilings.how},
         }
         summary = {
             "geomean_speedup_vs_cudnn": gm([r["speedup_vs_cudnn"] for r in rows]),
@@ -158,6 +163,19 @@ def main(argv=None) -> int:
                          f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
         lines += ["", f"Geomean speedup vs cuDNN: {summary['geomean_speedup_vs_cudnn']:.2f}x; "
                   f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
+        lines += ["", f"Roofline and I/O bound (ceilings measured in this run: fp32 "
+                  f"{meta['ceilings']['fp32_tflops']:.1f} TFLOP/s from an SGEMM with TF32 off, copy "
+                  f"{meta['ceilings']['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
+                  "cuDNN's Winograd/FFT can exceed the fp32 roof. Traffic is the iobound model of our best "
+                  "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
+                  "lower bound with that configuration's fast memory.", "",
+                  "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
+            lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
+                         + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
+                            f"{o.get('traffic_over_bound', float('nan')):.2f} |" if o else "- | - | - |"))
         if overhead:
             lines += ["", "Host overhead per call at N=1 (16->16 3x3 on 8x8, a host-bound tight loop, wall us per "
                       f"call; ours run `{overhead['plan']}`): " + ", ".join(
@@ -190,11 +208,16 @@ def main(argv=None) -> int:
                 "failures": sorted({t.outcome.status for t in result.trials if not t.outcome.ok}),
             }
             row["family_defaults_us"] = result.defaults
+            row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings)
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]
             if ours:  # our fastest kernel even when cuDNN won (first measurement, not re-timed)
                 fastest = min(ours, key=lambda t: t.outcome.time_us)
                 row["best_candidate"] = family_name(fastest.family, fastest.config)
                 row["best_candidate_us"] = fastest.outcome.time_us
+                fam, cfg, us = ((result.family, result.config, tuned_us) if result.config is not None
+                                else (fastest.family, fastest.config, fastest.outcome.time_us))
+                row["analysis_ours"] = dict(layer_analysis(p, us, ceilings, fam, cfg),
+                                            config_name=family_name(fam, cfg))
             rows.append(row)
             print(f"{layer[0]} N={n:<4} cuDNN {cudnn_us:9.1f} us  default {default_us:9.1f}  tuned {tuned_us:9.1f}"
                   f"  x{row['speedup_vs_cudnn']:.2f} vs cuDNN  x{row['speedup_vs_default']:.2f} vs default"

@@ -234,3 +234,17 @@ def test_unknown_family_refused():
     with pytest.raises(ValueError, match="no traffic model"):
         iobound.traffic("winograd_f4", alexnet(1)[2], {})
     assert iobound.has_model(tc) and iobound.has_model("implicit_gemm") and not iobound.has_model("toy")
+
+
+def test_layer_analysis_reports_roofline_and_traffic_against_the_bound():
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+    from bagf_torch.report import Ceilings, layer_analysis
+
+    p = ConvProblem(n=1, c=384, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    ceil = Ceilings(fp32_flops=50e12, bandwidth=4e12)
+    a = layer_analysis(p, 30.0, ceil, tc.FAMILY, tc.default_for(p))
+    assert a["tflops"] == pytest.approx(2 * p.macs / 30e-6 / 1e12)
+    assert a["roofline_tflops"] <= 50 and 0 < a["fraction_of_roofline"] and a["fraction_of_fp32_peak"] <= 1
+    assert a["traffic_over_bound"] >= 1.0 and a["lower_bound_words"] > 0
+    cudnn = layer_analysis(p, 86.8, ceil)  # no family: no traffic columns
+    assert "traffic_words" not in cudnn and cudnn["fraction_of_roofline"] < a["fraction_of_roofline"]
