@@ -36,6 +36,7 @@ from .kernels import FAMILIES, families_for, family_name
 from .problem import ConvProblem, fingerprint
 from .tuning.common import Budget, Outcome
 from .tuning.measure import ATEN
+from .tuning.warmstart import neighbour_seeds
 
 
 def _cuda_device(index: int) -> ContextManager:
@@ -384,7 +385,8 @@ class Runtime:
                 tuner = self.tuner(dev, wrap=journal.wrap, isolate=isolated, **(tuner_options or {}))
             if configure is not None:
                 configure(tuner)
-            result = tuner.tune(problem, progress=progress)
+            seeds = neighbour_seeds(problem, cache.plans(), dev.env)  # warm start from stored neighbours
+            result = tuner.tune(problem, progress=progress, seeds=seeds)
         self.stats["tuned"] += 1
         self.results.append(result)
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,

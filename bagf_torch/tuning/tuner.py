@@ -165,7 +165,11 @@ class Tuner:
             shares[f] += 1
         return {f: shares.get(f, 0) for f in defaults}
 
-    def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None) -> TuneResult:
+    def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None,
+             seeds: Sequence[tuple[str, Config]] = ()) -> TuneResult:
+        """Tune ``problem``. ``seeds`` are ``(family, config)`` pairs measured right after the families' start
+        points (warm start: winners of neighbouring problems, ``tuning.warmstart``); a seed of a family this
+        tuner does not search, or invalid in its space, is skipped. They count against the budget."""
         t_start = time.perf_counter()
         phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
         ws = self.workspace(problem)
@@ -224,14 +228,27 @@ class Tuner:
         for fam in self.families:
             o = evaluator(fam)([self.start_config(fam, problem)])[0]
             defaults[fam.FAMILY] = o.time_us if o.ok else None
+        by_name = {f.FAMILY: f for f in self.families}
+        known = dict(defaults)  # each family's best time so far: what its budget share follows
+        seeded = 0
+        for fam_name, config in seeds:
+            fam = by_name.get(fam_name)
+            if fam is None or not self.spaces[fam_name].is_valid(config):
+                continue
+            if seeded >= max(0, self.budget.evaluations - len(self.families) - 1):
+                break
+            o = evaluator(fam)([dict(config)])[0]
+            seeded += 1
+            if o.ok and (known[fam_name] is None or o.time_us < known[fam_name]):
+                known[fam_name] = o.time_us
         searched: dict[str, Space] = {}
         pruned: dict[str, tuple[int, int]] = {}
         for fam in self.families:
             searched[fam.FAMILY], cut = self.search_space(fam, problem)
             if cut is not None:
                 pruned[fam.FAMILY] = cut
-        shares = self.split_budget(defaults, self.budget.evaluations - len(self.families))
-        order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: defaults[f.FAMILY])
+        shares = self.split_budget(known, self.budget.evaluations - len(self.families) - seeded)
+        order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: known[f.FAMILY] or 0.0)
         for i, fam in enumerate(order):
             left_s = self.budget.seconds - (time.perf_counter() - t_start)
             if left_s <= 0:
