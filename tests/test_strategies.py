@@ -174,7 +174,7 @@ def test_unknown_option_rejected_by_name(name):
 
 
 def test_check_options_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="batch_size=4"):
+    with pytest.raises(ValueError, match="batch_size=8"):
         check_options("ax", {"bogus": 1})
 
 
