@@ -7,6 +7,12 @@ that knob alone costs when every other knob is tuned. Also the tuned-vs-default 
 (the family's default configuration's recorded time over the optimum) and the optimum against cuDNN
 when the recording has cuDNN's time.
 
+Only problems whose family record is complete are analysed by default (a partial recording's optimum is
+unknown, so every ratio would be against the best of a subset); the excluded ones are listed with the
+reason. --partial adds them, labelled PARTIAL, with ratios against the recorded subset's best.
+A "cutoff" row (one sample, > 3x the recorder's best so far) counts with that sample, an upper bound of its
+time; it can never be a problem's optimum nor a knob value's best unless every row with that value was cut.
+
     python benchmarks/param_analysis.py                                   # benchmarks/data/*.json.gz
     python benchmarks/param_analysis.py --data FILE.json.gz --md out.md --json out.json --png knobs.png
 """
@@ -28,7 +34,8 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def analyse(rp: RecordedProblem) -> dict:
     """Per-knob best-time ratios and the default/cuDNN comparison of one recorded problem."""
-    ok = [(dict(zip(rp.knobs, r["config"])), float(r["median_us"])) for r in rp.rows if r["status"] == "ok"]
+    ok = [(dict(zip(rp.knobs, r["config"])), float(r["median_us"])) for r in rp.rows
+          if r["status"] in ("ok", "cutoff")]
     if not ok:
         return {"problem": rp.key, "error": "no configuration ran"}
     best_config, optimum = min(ok, key=lambda t: t[1])
@@ -47,15 +54,22 @@ def analyse(rp: RecordedProblem) -> dict:
         if row is not None and row["status"] in ("ok", "cutoff"):
             default_us = float(row["median_us"])
     cudnn_us = float(rp.cudnn["median_us"]) if rp.cudnn else None
-    return {"problem": rp.key, "optimum_us": optimum, "best_config": best_config, "knobs": knobs,
+    return {"problem": rp.key if rp.complete else f"{rp.key} PARTIAL {len(rp.rows)}/{rp.valid}",
+            "complete": rp.complete, "optimum_us": optimum, "best_config": best_config, "knobs": knobs,
             "default_us": default_us, "tuned_vs_default": default_us / optimum if default_us else None,
             "cudnn_us": cudnn_us, "tuned_vs_cudnn": cudnn_us / optimum if cudnn_us else None,
             "ok": len(ok), "rows": len(rp.rows)}
 
 
-def markdown(results: list[dict], synthetic: bool) -> str:
+def markdown(results: list[dict], synthetic: bool, excluded: dict | None = None, source: str = "") -> str:
     tag = " **SYNTHETIC data (not GPU measurements)**" if synthetic else ""
-    lines = [f"# Per-knob analysis of recorded spaces{tag}", "",
+    lines = [f"# Per-knob analysis of recorded spaces{tag}", ""]
+    if source:
+        lines += [source, ""]
+    if excluded:
+        lines += ["Excluded (--partial adds them, against the best of the recorded subset):", ""]
+        lines += [f"- {k}: {why}" for k, why in excluded.items()] + [""]
+    lines += [
              "Tuned vs default: the default configuration's time over the optimum (> 1: tuning pays). "
              "vs cuDNN: cuDNN's time over the optimum (> 1: our best beats cuDNN).", "",
              "| problem | optimum us | best configuration | default us | tuned vs default | cuDNN us | vs cuDNN |",
@@ -122,25 +136,38 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--png")
+    ap.add_argument("--partial", action="store_true", help="also analyse partial recordings (labelled PARTIAL)")
     args = ap.parse_args(argv)
     files = [Path(p) for p in args.data] if args.data else sorted(DATA.glob("*.json.gz"))
     if not files:
         print(f"no recorded spaces under {DATA}; pass --data FILE", file=sys.stderr)
         return 2
-    results, synthetic = [], False
+    results, synthetic, excluded, sources = [], False, {}, []
     for f in files:
         rec = load_recording(f)
         synthetic = synthetic or rec.synthetic
-        results += [analyse(rp) for rp in rec.problems]
-    md = markdown(results, synthetic)
+        sources.append(f"{Path(f).name}: {rec.meta.get('gpu')}, recorded {rec.meta.get('date')}")
+        for rp in rec.problems:
+            if rp.complete or args.partial:
+                results.append(analyse(rp))
+            else:
+                excluded[rp.key] = rp.partial_reason
+    for k, why in excluded.items():
+        print(f"excluded {k}: {why} (--partial analyses its recorded subset)", file=sys.stderr)
+    if not results:
+        print("no problem left to analyse", file=sys.stderr)
+        return 2
+    source = "From " + "; ".join(sources) + " (no GPU used here: an analysis of the recorded times)."
+    md = markdown(results, synthetic, excluded, source)
     print(md)
     if args.md:
         Path(args.md).write_text(md)
     if args.json:
         Path(args.json).write_text(json.dumps({"synthetic": synthetic, "data": [str(f) for f in files],
-                                               "problems": results}, indent=1))
+                                               "sources": sources, "excluded": excluded, "problems": results},
+                                              indent=1))
     if args.png:
-        plot(results, args.png, ("SYNTHETIC data: " if synthetic else "") + "per-knob cost")
+        plot(results, args.png, ("SYNTHETIC data: " if synthetic else "") + "per-knob cost; " + "; ".join(sources))
     return 0
 
 

@@ -9,8 +9,21 @@ does not get there within the budget), the fraction at 10/20/30/50 evaluations, 
 in the strategy itself (its run minus the replay's time). A run stops once it has evaluated the optimum
 (the fraction is 1 from then on), which saves Ax time and changes no number.
 
+Ax runs with --ax-budget (default 50) and is compared up to that budget: the issue's bar looks at
+budgets up to 50, and Ax's generations (1-2 s each on a 2-core CPU) dominate the run time.
+
 With --noise the strategies see times drawn from the recorded spread (seeded per run); the fractions are
 still computed from recorded medians.
+
+Only problems whose family record is complete (every valid configuration recorded) are used by default:
+a partial recording's optimum is unknown, so "fraction of the optimum" would be measured against the best
+of a subset. The excluded ones are listed with the reason. --partial adds them, each restricted to its
+recorded subset and labelled "PARTIAL" (and their optimum is the subset's best).
+
+Cut-off: the replay cuts like the real tuner (Tuner.tune): a time above --cutoff-factor (the Tuner's
+default, 4.0) x the best time of the run so far is answered "timeout". A row the recorder cut ("cutoff":
+one sample > 3x the recorder's best so far, so never within 95% of the optimum) replays as that one
+sample when it is not cut by this rule (benchmarks/data/README.md).
 
     python benchmarks/strategies.py --json out.json                     # every file under benchmarks/data/
     python benchmarks/strategies.py --data benchmarks/data/synthetic/SYNTHETIC-implicit_gemm-model.json.gz \\
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import math
 import os
@@ -44,11 +58,14 @@ from bagf_torch.kernels.space import Space, config_key  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
+from bagf_torch.tuning.tuner import Tuner  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = 0.95
 CHECKPOINTS = (10, 20, 30, 50, 100)
 DEFAULT_STRATEGIES = ("ax", "random", "anneal", "genetic")
+TUNER_CUTOFF = inspect.signature(Tuner.__init__).parameters["cutoff_factor"].default
+"""The real tuner's early cut-off factor; the replay uses the same by default."""
 
 
 def space_for(rp: RecordedProblem) -> Space:
@@ -102,17 +119,19 @@ def _problem(path: str, index: int) -> tuple:
 
 
 def one_run(job: tuple) -> dict:
-    path, index, strategy, seed, budget, noise = job
+    path, index, strategy, seed, budget, noise, cutoff_factor, options = job
     import torch
 
     torch.set_num_threads(1)
     rp, space, median_of = _problem(path, index)
     optimum_key = min(median_of, key=median_of.get)
     optimum = median_of[optimum_key]
-    replay = rp.evaluator(deterministic=not noise, seed=seed)
+    replay = rp.evaluator(deterministic=not noise, seed=seed, cutoff_factor=cutoff_factor or None)
     tracker = _Tracker(replay, optimum_key, median_of)
     stats: dict = {}
-    options = {"stats": stats} if strategy == "ax" else {}
+    options = dict(options)
+    if strategy == "ax":
+        options["stats"] = stats
     t = time.perf_counter()
     run(strategy, space, tracker, Budget(budget, seconds=1e12), seed, clock=tracker.clock, **options)
     wall = time.perf_counter() - t
@@ -122,9 +141,14 @@ def one_run(job: tuple) -> dict:
         curve.append(optimum / best if best < math.inf else 0.0)
     curve += [1.0 if tracker.found else (curve[-1] if curve else 0.0)] * (budget - len(curve))
     reach = next((i + 1 for i, f in enumerate(curve) if f >= TARGET), None)
-    return {"problem": rp.key, "strategy": strategy, "seed": seed, "curve": curve, "evals_to_95": reach,
+    return {"problem": label(rp), "strategy": strategy, "seed": seed, "budget": budget, "curve": curve,
+            "evals_to_95": reach, "gen_seconds": float(np.mean(stats["gen_seconds"])) if stats.get("gen_seconds") else None,
             "evaluated": len(tracker.medians), "strategy_seconds": wall - tracker.seconds,
             "generations": stats.get("generations"), "invalid_proposals": stats.get("invalid_proposals")}
+
+
+def label(rp: RecordedProblem) -> str:
+    return rp.key if rp.complete else f"{rp.key} PARTIAL {len(rp.rows)}/{rp.valid}"
 
 
 def _median_evals(values: list, budget: int) -> float | None:
@@ -140,15 +164,18 @@ def summarise(runs: list[dict], budget: int) -> dict:
     strategies = sorted({s for s, _ in by}, key=lambda s: (s not in DEFAULT_STRATEGIES, DEFAULT_STRATEGIES.index(s)
                                                            if s in DEFAULT_STRATEGIES else 0, s))
     problems = sorted({p for _, p in by})
-    checkpoints = [c for c in CHECKPOINTS if c <= budget]
     out: dict = {"per_strategy": {}, "per_problem": {}}
     for s in strategies:
         rs = [r for r in runs if r["strategy"] == s]
+        s_budget = min(r.get("budget", budget) for r in rs)
+        checkpoints = [c for c in CHECKPOINTS if c <= s_budget]
+        for r in rs:  # a strategy run with a smaller budget (--ax-budget) is compared up to that budget
+            r["curve"] = r["curve"][:s_budget]
         curves = np.array([r["curve"] for r in rs])
         per_problem_medians = [_median_evals([r["evals_to_95"] for r in by[(s, p)]], budget) for p in problems
                                if (s, p) in by]
         out["per_strategy"][s] = {
-            "runs": len(rs),
+            "runs": len(rs), "budget": s_budget,
             "median_evals_to_95": _median_evals([r["evals_to_95"] for r in rs], budget),
             "median_over_problems_of_median_evals_to_95": _median_evals(per_problem_medians, budget),
             "never_95": sum(r["evals_to_95"] is None for r in rs) / len(rs),
@@ -156,6 +183,8 @@ def summarise(runs: list[dict], budget: int) -> dict:
             "median_fraction_at": {str(c): float(np.median(curves[:, c - 1])) for c in checkpoints},
             "mean_curve": [float(v) for v in curves.mean(axis=0)],
             "strategy_seconds_per_run": float(np.mean([r["strategy_seconds"] for r in rs])),
+            "seconds_per_generation": (float(np.mean(g)) if (g := [r["gen_seconds"] for r in rs
+                                                                    if r.get("gen_seconds") is not None]) else None),
         }
         for p in problems:
             if (s, p) not in by:
@@ -171,7 +200,8 @@ def summarise(runs: list[dict], budget: int) -> dict:
                 "p75": [float(v) for v in np.percentile(c, 75, axis=0)],
                 "strategy_seconds_per_run": float(np.mean([r["strategy_seconds"] for r in pr])),
             }
-    out["issue_bar"] = issue_bar(out["per_strategy"], min(50, budget))
+    upto = min([50, budget] + [v["budget"] for v in out["per_strategy"].values()])
+    out["issue_bar"] = issue_bar(out["per_strategy"], upto)
     return out
 
 
@@ -184,7 +214,8 @@ def issue_bar(per: dict, upto: int) -> dict:
     if "random" in per:
         r = per["random"]["median_evals_to_95"]
         a = ax["median_evals_to_95"]
-        bar["ax_2x_fewer_than_random"] = a is not None and (r is None or 2 * a <= r)
+        # random's "never" means more than its budget: 2x is shown only if 2 * ax's median fits in that budget
+        bar["ax_2x_fewer_than_random"] = a is not None and 2 * a <= (per["random"]["budget"] if r is None else r)
     for other in ("anneal", "genetic"):
         if other in per:
             worse = [i + 1 for i in range(upto) if ax["mean_curve"][i] < per[other]["mean_curve"][i] - 1e-12]
@@ -195,20 +226,31 @@ def issue_bar(per: dict, upto: int) -> dict:
 
 def markdown(summary: dict, meta: dict) -> str:
     per = summary["per_strategy"]
-    cps = list(next(iter(per.values()))["fraction_at"]) if per else []
+    cps = [str(c) for c in CHECKPOINTS if any(str(c) in v["fraction_at"] for v in per.values())]
     synthetic = " **SYNTHETIC data (not GPU measurements)**" if meta.get("synthetic") else ""
+    recs = "; ".join(f"{r['file']}: {r['gpu']}, recorded {r['date']}" for r in meta.get("recording", []))
     lines = [f"# Strategies on recorded spaces{synthetic}", "",
-             f"{meta['problems']} problems x {meta['seeds']} seeds, budget {meta['budget']} evaluations, "
-             f"{'noisy' if meta['noise'] else 'median'} replay; data: {', '.join(meta['data'])}; "
-             f"{meta['date']}, {meta['cpu']}.", "",
+             f"Replays of GPU recordings on a CPU ({recs}). "
+             f"{meta['problems']} problems x {meta['seeds']} seeds, budget {meta['budget']} evaluations"
+             + (f" (ax: {meta['ax_budget']})" if meta.get("ax_budget", meta["budget"]) != meta["budget"] else "")
+             + f", {'noisy' if meta['noise'] else 'median'} replay, tuner cut-off "
+             f"{meta.get('cutoff_factor') or 'off'}x; ax options {json.dumps(meta.get('ax_options') or {})}; "
+             f"run {meta['date']}, {meta['cpu']}.", ""]
+    if meta.get("excluded"):
+        lines += ["Excluded (use --partial to add them, restricted to what was recorded):", ""]
+        lines += [f"- {k}: {why}" for k, why in meta["excluded"].items()] + [""]
+    if meta.get("partial_included"):
+        lines += ["PARTIAL problems are included: their optimum is the best of the recorded subset only.", ""]
+    lines += [
              "| strategy | median evals to 95% | never 95% | " + " | ".join(f"fraction @{c}" for c in cps)
-             + " | strategy s / run |",
-             "|---|---|---|" + "---|" * len(cps) + "---|"]
+             + " | strategy s / run | s / generation |",
+             "|---|---|---|" + "---|" * len(cps) + "---|---|"]
     for s, v in per.items():
         m = v["median_evals_to_95"]
         lines.append(f"| {s} | {'never' if m is None else f'{m:g}'} | {100 * v['never_95']:.0f}% | "
-                     + " | ".join(f"{v['fraction_at'][c]:.3f}" for c in cps)
-                     + f" | {v['strategy_seconds_per_run']:.2f} |")
+                     + " | ".join(f"{v['fraction_at'][c]:.3f}" if c in v["fraction_at"] else "-" for c in cps)
+                     + f" | {v['strategy_seconds_per_run']:.2f} | "
+                     + (f"{v['seconds_per_generation']:.2f} |" if v.get("seconds_per_generation") else "- |"))
     lines += ["", "Per problem, median evaluations to 95% (never = not within the budget):", "",
               "| problem | " + " | ".join(per) + " |", "|---|" + "---|" * len(per)]
     for p, v in summary["per_problem"].items():
@@ -255,6 +297,15 @@ def plot(summary: dict, path: str, title: str) -> bool:
     return True
 
 
+def _recording_meta(files) -> list[dict]:
+    """GPU and date of each recording, for the report's label."""
+    out = []
+    for f in files:
+        m = load_recording(f).meta
+        out.append({"file": Path(f).name, "gpu": m.get("gpu"), "date": m.get("date"), "synthetic": bool(m.get("synthetic"))})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", nargs="*", help="recorded-space files (default: benchmarks/data/*.json.gz)")
@@ -262,7 +313,16 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", default="", help="comma-separated problem names (default: all)")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--budget", type=int, default=100)
+    ap.add_argument("--ax-budget", type=int, default=50,
+                    help="budget for ax only, default 50 (the issue's bar compares up to 50; Ax costs ~1-2 s per "
+                         "generation on a CPU, so 100 would double the run); ax is compared up to that budget")
+    ap.add_argument("--ax-options", default="{}", help="JSON dict of ax options (see ax_bo.OPTIONS)")
     ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
+    ap.add_argument("--partial", action="store_true",
+                    help="also use problems whose recording is partial, restricted to the recorded subset (labelled)")
+    ap.add_argument("--cutoff-factor", type=float, default=TUNER_CUTOFF,
+                    help=f"replay the tuner's early cut at this x the run's best (default: the Tuner's {TUNER_CUTOFF}; "
+                         "0: off)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (one torch thread each)")
     ap.add_argument("--json", help="write the summary and every run here")
     ap.add_argument("--md", help="write the Markdown table here")
@@ -280,16 +340,26 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
     wanted = {p for p in args.problems.split(",") if p}
-    jobs, synthetic, n_problems = [], False, 0
+    ax_options = json.loads(args.ax_options)
+    jobs, synthetic, used, excluded = [], False, [], {}
     for f in files:
         rec = load_recording(f)
         synthetic = synthetic or rec.synthetic
         for i, rp in enumerate(rec.problems):
             if wanted and rp.name not in wanted:
                 continue
-            n_problems += 1
-            # Ax first: its runs are the long ones, so the pool ends with short jobs
-            jobs += [(str(f), i, s, seed, args.budget, args.noise) for s in strategies for seed in range(args.seeds)]
+            if not rp.complete and not args.partial:
+                excluded[rp.key] = rp.partial_reason
+                continue
+            used.append(label(rp))
+            jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,
+                      args.noise, args.cutoff_factor, ax_options if s == "ax" else {})
+                     for s in strategies for seed in range(args.seeds)]
+    for k, why in excluded.items():
+        print(f"excluded {k}: {why} (--partial uses its recorded subset)", file=sys.stderr)
+    if not jobs:
+        print("no problem left to run", file=sys.stderr)
+        return 2
     # Ax first (its runs are the long ones, so the pool ends with short jobs), then by problem so that a
     # worker's loaded problem is reused
     jobs.sort(key=lambda j: (j[2] != "ax", j[0], j[1]))
@@ -301,8 +371,11 @@ def main(argv=None) -> int:
         runs = [one_run(j) for j in jobs]
     wall = time.perf_counter() - t
     summary = summarise(runs, args.budget)
-    meta = {"data": [str(f) for f in files], "synthetic": synthetic, "problems": n_problems, "seeds": args.seeds,
-            "budget": args.budget, "noise": args.noise, "strategies": strategies, "workers": args.workers,
+    meta = {"data": [str(f) for f in files], "synthetic": synthetic, "problems": len(used), "used": used,
+            "excluded": excluded, "partial_included": args.partial, "seeds": args.seeds,
+            "budget": args.budget, "ax_budget": min(args.ax_budget, args.budget), "ax_options": ax_options,
+            "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files),
+            "noise": args.noise, "strategies": strategies, "workers": args.workers,
             "wall_seconds": round(wall, 1), "cpu": f"{platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cores", "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -313,7 +386,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, **summary, "runs": runs}, indent=1))
     if args.png:
-        plot(summary, args.png, ("SYNTHETIC data: " if synthetic else "") + f"fraction of optimum, {args.seeds} seeds")
+        gpus = ", ".join(sorted({str(r["gpu"]) for r in meta["recording"]}))
+        plot(summary, args.png, ("SYNTHETIC data: " if synthetic else f"replay of {gpus} recordings: ")
+             + f"fraction of optimum, {args.seeds} seeds, run {meta['date'][:10]}")
     return 0
 
 

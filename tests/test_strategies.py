@@ -174,7 +174,7 @@ def test_unknown_option_rejected_by_name(name):
 
 
 def test_check_options_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="batch_size=4"):
+    with pytest.raises(ValueError, match="batch_size=8"):
         check_options("ax", {"bogus": 1})
 
 
@@ -315,8 +315,9 @@ def test_recording_round_trips(tmp_path):
         load_recording(plain)
 
 
-def _tiny_recording(tmp_path):
-    """A SYNTHETIC recording of implicit_gemm cut down to the configurations with BM=BN=32, BK=8 (60 valid)."""
+def _tiny_recording(tmp_path, keep_whole: tuple = ()):
+    """A SYNTHETIC recording of implicit_gemm cut down to the configurations with BM=BN=32, BK=8 (60 valid),
+    so PARTIAL, except the problems named in ``keep_whole``."""
     import gzip
     import json
 
@@ -327,8 +328,11 @@ def _tiny_recording(tmp_path):
     synthetic_recording(path, {"tiny_a": conv, "tiny_b": dict(conv, n=8)}, seed=3)
     doc = json.loads(gzip.decompress(path.read_bytes()))
     for p in doc["problems"]:
+        if p["name"] in keep_whole:
+            continue
         fam = p["families"]["implicit_gemm"]
         fam["records"] = [r for r in fam["records"] if r["config"][:3] == [32, 32, 8]]
+        fam["complete"] = False
     write_recording(path, doc["meta"], doc["problems"])
     return path, load_recording(path)
 
@@ -369,10 +373,11 @@ def test_strategies_benchmark_end_to_end(tmp_path):
     out = tmp_path / "out.json"
     md = tmp_path / "out.md"
     rc = bench.main(["--data", str(path), "--strategies", "random,anneal,genetic,ax", "--seeds", "2",
-                     "--budget", "12", "--workers", "1", "--json", str(out), "--md", str(md)])
+                     "--budget", "12", "--workers", "1", "--json", str(out), "--md", str(md), "--partial"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["meta"]["synthetic"] is True and "SYNTHETIC" in md.read_text()
+    assert all("PARTIAL 60/3568" in p for p in doc["per_problem"]) and "PARTIAL problems are included" in md.read_text()
     assert set(doc["per_strategy"]) == {"random", "anneal", "genetic", "ax"}
     assert len(doc["runs"]) == 2 * 4 * 2
     for s, v in doc["per_strategy"].items():
@@ -398,3 +403,64 @@ def test_param_analysis_end_to_end(tmp_path):
     assert r["knobs"]["BM"] == {"32": 1.0}  # only BM=32 was kept
     assert r["default_us"] is None  # the default (BM=64) is not in the cut-down recording
     assert "SYNTHETIC" in bench.markdown([r], synthetic=True)
+
+
+def test_loader_flags_partial_problems(tmp_path):
+    from bagf_torch.tuning.replay import load_recording, write_recording
+
+    rows = [{"config": [a, 1], "status": "ok", "median_us": 10.0 + a} for a in (1, 2, 4)]
+
+    def fam(complete, valid, n):
+        return {"knobs": ["a", "b"], "default": [1, 1], "complete": complete, "valid": valid, "seconds": 18.2,
+                "records": rows[:n]}
+
+    problems = [{"name": "whole", "conv": {}, "families": {"f": fam(True, 3, 3)}},
+                {"name": "stopped", "conv": {}, "families": {"f": fam(False, 3, 2)}},
+                # the flag says complete but rows are missing: the loader must not believe the flag
+                {"name": "lying", "conv": {}, "families": {"f": fam(True, 3, 2)}}]
+    path = tmp_path / "r.json.gz"
+    write_recording(path, {"gpu": "test"}, problems)
+    whole, stopped, lying = load_recording(path).problems
+    assert whole.complete and whole.partial_reason is None and whole.valid == 3
+    for rp in (stopped, lying):
+        assert not rp.complete
+        assert "2 of 3 valid configurations" in rp.partial_reason and "18 s" in rp.partial_reason
+
+
+def test_benchmarks_exclude_partial_problems_by_default(tmp_path):
+    import json
+
+    path, rec = _tiny_recording(tmp_path, keep_whole=("tiny_a",))
+    assert [rp.complete for rp in rec.problems] == [True, False]
+    bench = _benchmark_module("strategies")
+    out = tmp_path / "s.json"
+    args = ["--data", str(path), "--strategies", "random", "--seeds", "2", "--budget", "5", "--workers", "1",
+            "--json", str(out)]
+    assert bench.main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["used"] == ["tiny_a/implicit_gemm"]
+    assert list(doc["meta"]["excluded"]) == ["tiny_b/implicit_gemm"]
+    assert "60 of 3568" in doc["meta"]["excluded"]["tiny_b/implicit_gemm"]
+    assert {r["problem"] for r in doc["runs"]} == {"tiny_a/implicit_gemm"}
+    assert bench.main(args + ["--partial"]) == 0
+    doc = json.loads(out.read_text())
+    assert {r["problem"] for r in doc["runs"]} == {"tiny_a/implicit_gemm", "tiny_b/implicit_gemm PARTIAL 60/3568"}
+
+    analysis = _benchmark_module("param_analysis")
+    out = tmp_path / "p.json"
+    assert analysis.main(["--data", str(path), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["problem"] for r in doc["problems"]] == ["tiny_a/implicit_gemm"]
+    assert list(doc["excluded"]) == ["tiny_b/implicit_gemm"]
+
+
+def test_replay_cuts_like_the_tuner():
+    bench = _benchmark_module("strategies")
+    ev = ReplayEvaluator([{"config": {"a": a}, "status": "ok", "time_us": t, "spread_us": 0.0}
+                          for a, t in ((1, 50.0), (2, 10.0), (3, 41.0), (4, 39.0), (5, 1000.0))], cutoff_factor=4.0)
+    # the first time is never cut (no best yet); then anything above 4 x the best so far is a timeout
+    assert [o.status for o in ev([{"a": 5}, {"a": 2}, {"a": 3}, {"a": 4}, {"a": 1}])] == [
+        "ok", "ok", "timeout", "ok", "timeout"]
+    assert ReplayEvaluator(ev.records)([{"a": 3}])[0].status == "ok"  # no cut-off unless asked
+    # the benchmark replays the real tuner's cut-off; docs/strategies.md quotes 4.0
+    assert bench.TUNER_CUTOFF == 4.0

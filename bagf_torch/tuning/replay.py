@@ -56,6 +56,8 @@ class ReplayEvaluator:
     ``{"config": {...}, "status": ..., "time_us": ..., "spread_us": ...}`` (``time_us`` the median).
     With ``deterministic=True`` an "ok" configuration always returns its median; otherwise the median
     plus Gaussian noise with the recorded spread as standard deviation (seeded, clipped to stay positive).
+    With ``cutoff_factor`` the replay cuts like the real tuner does: a time above ``cutoff_factor`` x the
+    best time this evaluator has answered so far comes back as a "timeout" failure.
     A configuration missing from the recording is a ``KeyError`` naming it: a replay cannot invent times.
 
     >>> ev = ReplayEvaluator([{"config": {"a": 1}, "status": "ok", "time_us": 10.0, "spread_us": 1.0}])
@@ -67,7 +69,7 @@ class ReplayEvaluator:
     """
 
     def __init__(self, recording: Mapping[tuple, Outcome] | Iterable[Record], *, deterministic: bool = True,
-                 seed: int = 0, default_spread: float = 0.01):
+                 seed: int = 0, default_spread: float = 0.01, cutoff_factor: float | None = None):
         self._outcomes: dict[tuple, Outcome] = {}
         self._spread: dict[tuple, float] = {}
         if isinstance(recording, Mapping):
@@ -85,6 +87,8 @@ class ReplayEvaluator:
                 self._spread[key] = float(spread) if spread is not None else (
                     default_spread * time_us if time_us is not None else 0.0)
         self.deterministic = deterministic
+        self.cutoff_factor = cutoff_factor
+        self._best = math.inf
         self._rng = np.random.default_rng(seed)
         self.calls = 0
         """How many configurations were evaluated (batch members count one each)."""
@@ -122,6 +126,14 @@ class ReplayEvaluator:
                 spread = self._spread[config_key(c)]
                 t = outcome.time_us + spread * self._rng.standard_normal()
                 outcome = Outcome("ok", max(t, 0.05 * outcome.time_us), outcome.detail)
+            if outcome.ok and self.cutoff_factor is not None:
+                # The tuner's early cut (Tuner.tune: cutoff = cutoff_factor x the best time so far): a
+                # candidate that slow is answered "timeout" and never becomes the best.
+                if outcome.time_us > self.cutoff_factor * self._best:
+                    outcome = Outcome("timeout", detail=f"replayed {outcome.time_us:.1f} us > cut-off "
+                                                        f"{self.cutoff_factor * self._best:.1f} us")
+                else:
+                    self._best = min(self._best, outcome.time_us)
             out.append(outcome)
         return out
 
@@ -254,7 +266,20 @@ class RecordedProblem:
     cudnn: dict[str, Any] | None = None
     default: dict[str, int] | None = None
     complete: bool = True
+    """Every valid configuration of the family has a row: the file says ``"complete": true`` AND the rows
+    cover its ``"valid"`` count (``load_recording`` checks both). A partial problem's optimum is unknown."""
+    valid: int | None = None
+    """How many valid configurations the family's space had when recorded (None: the file does not say)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def partial_reason(self) -> str | None:
+        """None for a complete problem; otherwise why it is partial, with the counts."""
+        if self.complete:
+            return None
+        of = f" of {self.valid}" if self.valid is not None else ""
+        why = f" (recording stopped after {self.extra['seconds']:.0f} s)" if "seconds" in self.extra else ""
+        return (f"partial: {len(self.rows)}{of} valid configurations recorded{why}, so its optimum is unknown")
 
     def records(self, cutoff: str = "time") -> list[Record]:
         """The rows as ``ReplayEvaluator`` records. A "cutoff" row (one sample, already slower than the
@@ -279,8 +304,11 @@ class RecordedProblem:
                             "detail": row.get("detail", "")})
         return out
 
-    def evaluator(self, *, deterministic: bool = True, seed: int = 0, cutoff: str = "time") -> ReplayEvaluator:
-        return ReplayEvaluator(self.records(cutoff), deterministic=deterministic, seed=seed)
+    def evaluator(self, *, deterministic: bool = True, seed: int = 0, cutoff: str = "time",
+                  cutoff_factor: float | None = None) -> ReplayEvaluator:
+        """A replay of this problem; ``cutoff_factor`` (e.g. the tuner's 4.0) cuts like the tuner does."""
+        return ReplayEvaluator(self.records(cutoff), deterministic=deterministic, seed=seed,
+                               cutoff_factor=cutoff_factor)
 
     @property
     def key(self) -> str:
@@ -334,11 +362,17 @@ def load_recording(path: str | os.PathLike) -> Recording:
         for family, fam in p["families"].items():
             knobs = list(fam["knobs"])
             default = fam.get("default")
+            rows = list(fam["records"])
+            valid = fam.get("valid")
+            # Complete only if the file says so and the rows cover every valid configuration: a file whose
+            # flag was left true by an interrupted writer must not pass as complete.
+            distinct = len({tuple(r["config"]) for r in rows})
+            complete = bool(fam.get("complete", True)) and (valid is None or distinct >= int(valid))
             problems.append(RecordedProblem(
-                name=p["name"], conv=dict(p["conv"]), family=family, knobs=knobs, rows=list(fam["records"]),
+                name=p["name"], conv=dict(p["conv"]), family=family, knobs=knobs, rows=rows,
                 cudnn=p.get("cudnn"), default=dict(zip(knobs, default)) if default is not None else None,
-                complete=bool(fam.get("complete", True)),
-                extra={k: v for k, v in fam.items() if k not in ("knobs", "default", "complete", "records")}))
+                complete=complete, valid=int(valid) if valid is not None else None,
+                extra={k: v for k, v in fam.items() if k not in ("knobs", "default", "complete", "records", "valid")}))
     return Recording(dict(doc.get("meta", {})), problems)
 
 
