@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bagf_torch.kernels import FAMILIES  # noqa: E402
 from bagf_torch.kernels.space import Space, config_key  # noqa: E402
+from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
@@ -118,8 +119,20 @@ def _problem(path: str, index: int) -> tuple:
     return _LOADED[(path, index)]
 
 
+def start_config(rp: RecordedProblem) -> dict | None:
+    """The configuration the real tuner measures before any strategy runs (``Tuner.start_config``: the
+    family's default sized to the problem), or None when the family has no problem-sized default."""
+    family = FAMILIES.get(rp.family)
+    if family is None or not hasattr(family, "default_for"):
+        return None
+    c = rp.conv
+    problem = ConvProblem(n=c["n"], c=c["c"], h=c["h"], w=c["w"], k=c["k"], r=c["r"], s=c["s"],
+                          stride=tuple(c["stride"]), padding=tuple(c["padding"]), dilation=tuple(c["dilation"]))
+    return family.default_for(problem)
+
+
 def one_run(job: tuple) -> dict:
-    path, index, strategy, seed, budget, noise, cutoff_factor, options = job
+    path, index, strategy, seed, budget, noise, cutoff_factor, options, start = job
     import torch
 
     torch.set_num_threads(1)
@@ -133,7 +146,14 @@ def one_run(job: tuple) -> dict:
     if strategy == "ax":
         options["stats"] = stats
     t = time.perf_counter()
-    run(strategy, space, tracker, Budget(budget, seconds=1e12), seed, clock=tracker.clock, **options)
+    prior = []
+    first = start_config(rp) if start else None
+    if first is not None and space.is_valid(first):
+        # as the real tuner does: the problem-sized default is measured first (evaluation 1 of the curve)
+        # and every strategy gets it as prior knowledge
+        prior = [(first, tracker([first])[0])]
+    run(strategy, space, tracker, Budget(budget - len(prior), seconds=1e12), seed, clock=tracker.clock,
+        prior=prior, **options)
     wall = time.perf_counter() - t
     best, curve = math.inf, []
     for m in tracker.medians[:budget]:
@@ -318,6 +338,9 @@ def main(argv=None) -> int:
                          "generation on a CPU, so 100 would double the run); ax is compared up to that budget")
     ap.add_argument("--ax-options", default="{}", help="JSON dict of ax options (see ax_bo.OPTIONS)")
     ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
+    ap.add_argument("--no-start", action="store_true",
+                    help="strategies start from nothing (default: as the tuner, the problem-sized default is "
+                         "measured first and given to every strategy)")
     ap.add_argument("--partial", action="store_true",
                     help="also use problems whose recording is partial, restricted to the recorded subset (labelled)")
     ap.add_argument("--cutoff-factor", type=float, default=TUNER_CUTOFF,
@@ -353,7 +376,7 @@ def main(argv=None) -> int:
                 continue
             used.append(label(rp))
             jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,
-                      args.noise, args.cutoff_factor, ax_options if s == "ax" else {})
+                      args.noise, args.cutoff_factor, ax_options if s == "ax" else {}, not args.no_start)
                      for s in strategies for seed in range(args.seeds)]
     for k, why in excluded.items():
         print(f"excluded {k}: {why} (--partial uses its recorded subset)", file=sys.stderr)

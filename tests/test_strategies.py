@@ -464,3 +464,28 @@ def test_replay_cuts_like_the_tuner():
     assert ReplayEvaluator(ev.records)([{"a": 3}])[0].status == "ok"  # no cut-off unless asked
     # the benchmark replays the real tuner's cut-off; docs/strategies.md quotes 4.0
     assert bench.TUNER_CUTOFF == 4.0
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_prior_knowledge_is_used_and_never_re_evaluated(name):
+    """The tuner hands every strategy what it measured before the search (start point, warm-start seeds):
+    none of it is sent again, the budget counts only new configurations, and the best prior is kept."""
+    space = small_space()
+    prior_configs = [{"a": 4, "b": 1, "c": 1}, {"a": 1, "b": 1, "c": 0}]
+    prior = [(c, Outcome("ok", small_time(c))) for c in prior_configs]
+    ev = StrictEvaluator(space, small_time)
+    ev.seen.update(config_key(c) for c in prior_configs)  # sending a prior again fails the test
+    trials = run(name, space, ev, Budget(5), seed=0, prior=prior, **FAST[name])
+    assert 0 < ev.calls <= 5
+    assert all(config_key(c) not in {config_key(p) for p in prior_configs} for c, o in trials if o.status != "invalid")
+
+
+def test_anneal_walks_from_the_best_prior():
+    space = small_space()
+    best = {"a": 4, "b": 1, "c": 1}  # one step from the optimum (b=2)
+    prior = [(best, Outcome("ok", small_time(best))), ({"a": 8, "b": 2, "c": 0}, Outcome("ok", 30.0))]
+    ev = StrictEvaluator(space, small_time)
+    run("anneal", space, ev, Budget(4), seed=1, prior=prior, batch_size=4)
+    first = [c for c in space.valid_configs() if config_key(c) in ev.seen]
+    # its first batch is made of the prior best's one-knob neighbours (a random start would not be)
+    assert first and all(sum(c[k] != best[k] for k in best) == 1 for c in first), first

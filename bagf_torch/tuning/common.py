@@ -64,6 +64,8 @@ class Objective:
     evaluate: Evaluate
     budget: Budget
     clock: Callable[[], float] = time.monotonic
+    prior: Sequence[tuple[Config, Outcome]] = ()  # measured before the search (the tuner's start point, warm
+    #                                              start): known to the strategy, never re-evaluated, not counted
     trials: list[tuple[Config, Outcome]] = field(default_factory=list)
     _seen: dict = field(default_factory=dict)
     _spent: int = 0
@@ -71,6 +73,9 @@ class Objective:
 
     def __post_init__(self):
         self._start = self.clock()
+        self.prior = [(dict(c), o) for c, o in self.prior]
+        for c, o in self.prior:
+            self._seen[config_key(c)] = o
 
     @property
     def spent(self) -> int:

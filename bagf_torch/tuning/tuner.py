@@ -258,8 +258,10 @@ class Tuner:
             t, before = time.perf_counter(), sum(v for k, v in phases.items() if k != "strategy")
             with _single_threaded_torch():
                 try:
+                    # what this family has measured so far (start point, warm-start seeds): the search's prior
+                    prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
                     strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
-                                   **self.strategy_options)
+                                   prior=prior, **self.strategy_options)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
                                          f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ...kernels.space import Config, Space
 from ..common import Budget, Evaluate, Objective, Outcome
@@ -46,15 +46,19 @@ def check_options(name: str, options: dict[str, Any]) -> ModuleType:
 
 
 def run(name: str, space: Space, evaluate: Evaluate, budget: Budget, seed: int, *,
-        clock: Callable[[], float] = time.monotonic, **options: Any) -> list[tuple[Config, Outcome]]:
+        clock: Callable[[], float] = time.monotonic, prior: Sequence[tuple[Config, Outcome]] = (),
+        **options: Any) -> list[tuple[Config, Outcome]]:
     """Tune ``space`` with strategy ``name``; returns every trial in order (config, outcome), invalid
     proposals and memoised repeats excluded from the budget but invalid ones kept in the list.
 
     ``options`` are the strategy's own (see its ``OPTIONS``); ``clock`` is what the seconds budget is
-    measured with (tests inject a fake one).
+    measured with (tests inject a fake one). ``prior`` are configurations measured before the search (the
+    tuner's start point and warm-start seeds): every strategy knows them and never evaluates them again;
+    Ax attaches them as completed trials, annealing starts from the best, the genetic algorithm puts them
+    in its first population.
     """
     module = check_options(name, options)
-    objective = Objective(space, evaluate, budget, clock=clock)
+    objective = Objective(space, evaluate, budget, clock=clock, prior=prior)
     module.tune(objective, seed, **options)
     return objective.trials
 

@@ -76,6 +76,9 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
 
     current: Config | None = None
     best: Config | None = None
+    known_ok = [c for c, o in objective.prior if o.ok and space.is_valid(c)]
+    if known_ok:  # start the walk at the best configuration measured before the search
+        current = best = min(known_ok, key=log_time)
     stale = 0
     while objective.remaining > 0 and objective.spent < len(valid):
         n = min(batch_size, objective.remaining)

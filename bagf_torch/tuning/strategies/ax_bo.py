@@ -387,6 +387,11 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         attached = 0
         stalls = 0
         known: set = set()  # configurations Ax holds as trials; it never proposes them again
+        for c, o in objective.prior:  # measured before the search: Ax's first data, part of its initial design
+            if space.is_valid(c) and config_key(c) not in known:
+                report(client.attach_trial(codec.encode(c)), c, o)
+                known.add(config_key(c))
+                attached += 1
         # spent counts distinct valid configurations (Objective memoises): at len(valid), all are done.
         while objective.remaining > 0 and objective.spent < len(valid):
             n = min(batch_size, objective.remaining)

@@ -69,7 +69,7 @@ def tune(objective: Objective, seed: int, *, population: int = OPTIONS["populati
                 return child
         return None
 
-    pop: list[Config] = []
+    pop: list[Config] = [c for c, o in objective.prior if o.ok and space.is_valid(c)][:population]
     while objective.remaining > 0 and objective.spent < len(valid):
         # the first population is drawn in batches too, so a seconds budget stops it like any other
         n = min(batch_size if len(pop) >= population else min(batch_size, population - len(pop)),
