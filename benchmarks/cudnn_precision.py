@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bagf_torch.bench import time_forward  # noqa: E402
 from benchmarks.bench_layers import ALEXNET  # noqa: E402
 
 
@@ -46,17 +46,7 @@ def reset() -> None:
 
 
 def time_us(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    samples = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(samples)
+    return time_forward(fn, runs=reps, warmup=5).median_us
 
 
 def main(argv=None) -> int:

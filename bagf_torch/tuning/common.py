@@ -118,3 +118,15 @@ class Objective:
     def best(self) -> tuple[Config, Outcome] | None:
         ok = [(c, o) for c, o in self.trials if o.ok]
         return min(ok, key=lambda t: t[1].time_us) if ok else None
+
+
+def unseen_random(objective: Objective, valid: list[Config], rng, n: int) -> list[Config]:
+    """Up to ``n`` valid configurations the objective has not seen, in ``rng``'s random order (``rng``: a
+    numpy Generator; one permutation of ``valid`` per call, so runs with one seed repeat exactly)."""
+    out = []
+    for i in rng.permutation(len(valid)):
+        if objective.seen(valid[i]) is None:
+            out.append(valid[i])
+            if len(out) == n:
+                break
+    return out

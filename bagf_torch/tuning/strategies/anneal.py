@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ...kernels.space import Config, Space
-from ..common import Objective
+from ..common import Objective, unseen_random
 
 OPTIONS = {"batch_size": 4, "t_start": 0.2, "t_end": 0.005, "jump": 0.1, "restart_after": 8}
 """batch_size: neighbours evaluated per step (compiled in parallel by the real evaluator).
@@ -45,14 +45,6 @@ def neighbours(space: Space, config: Config, rng: np.random.Generator, jump: flo
     return [out[i] for i in rng.permutation(len(out))]
 
 
-def unseen_random(objective: Objective, valid: list[Config], rng: np.random.Generator, n: int) -> list[Config]:
-    out = []
-    for i in rng.permutation(len(valid)):
-        if objective.seen(valid[i]) is None:
-            out.append(valid[i])
-            if len(out) == n:
-                break
-    return out
 
 
 def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_size"],

@@ -106,7 +106,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ...kernels.space import Config, Space, config_key
-from ..common import Objective, Outcome
+from ..common import Objective, Outcome, unseen_random
 
 OPTIONS: dict[str, Any] = {
     "batch_size": 8,
@@ -341,13 +341,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     own_initial = initial == "random"
 
     def unseen_valid(n: int) -> list[Config]:
-        out = []
-        for i in rng.permutation(len(valid)):
-            if objective.seen(valid[i]) is None:
-                out.append(valid[i])
-                if len(out) == n:
-                    break
-        return out
+        return unseen_random(objective, valid, rng, n)
 
     with _quiet_ax():
         from ax import Client

@@ -18,8 +18,7 @@ import math
 import numpy as np
 
 from ...kernels.space import Config, config_key
-from ..common import Objective
-from .anneal import unseen_random
+from ..common import Objective, unseen_random
 
 OPTIONS = {"population": 12, "batch_size": 8, "tournament": 3, "mutation": 0.3, "jump": 0.2}
 """population: configurations kept between generations (also the size of the random first one).
