@@ -118,3 +118,17 @@ def test_neighbour_winners_on_the_h200_recording():
         seeded = min(t[tuple(c[k] for k in knobs)] for _, c in seeds)
         start = t[tuple(tc.default_for(problem(p))[k] for k in knobs)]
         assert seeded <= 1.15 * optimum and seeded <= start, (name, seeded, start, optimum)
+
+
+def test_a_seed_equal_to_the_start_point_costs_nothing():
+    from test_tuner import PROBLEM, FakeBench, FakeChecker, FakeCompiler, _family
+
+    from bagf_torch.tuning.common import Budget
+    from bagf_torch.tuning.tuner import Tuner
+
+    fam = _family()
+    comp = FakeCompiler()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="random",
+                  budget=Budget(5))
+    r = tuner.tune(PROBLEM, seeds=[("toy", dict(fam.DEFAULT))])
+    assert len(comp.compiled) == 5 == r.evaluations  # the duplicate seed did not eat an evaluation

@@ -233,8 +233,8 @@ class Tuner:
         seeded = 0
         for fam_name, config in seeds:
             fam = by_name.get(fam_name)
-            if fam is None or not self.spaces[fam_name].is_valid(config):
-                continue
+            if fam is None or not self.spaces[fam_name].is_valid(config) or (fam_name, config_key(config)) in done:
+                continue  # another family's, invalid here, or already measured (e.g. equal to the start point)
             if seeded >= max(0, self.budget.evaluations - len(self.families) - 1):
                 break
             o = evaluator(fam)([dict(config)])[0]
