@@ -117,17 +117,15 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
             m._bagf_handles = {}  # so every layer asks the runtime, even one that already has a plan
             hooks.append(m.register_forward_pre_hook(pre_hook))
             hooks.append(m.register_forward_hook(post_hook))
-        # instance attributes: shadow the runtime's lookups (TunedConv2d asks ``lookup``) for this runtime only
-        rt.plan_handle = record
+        # an instance attribute: shadows Runtime.lookup (which TunedConv2d and plan_handle ask) for this runtime
         rt.lookup = lambda problem, device: (record(problem, device), True)
         model.eval()
         with torch.no_grad():
             for call in _call_list(example_inputs):
                 _forward(model, call)
     finally:
-        for attr in ("plan_handle", "lookup"):
-            with contextlib.suppress(AttributeError):
-                delattr(rt, attr)
+        with contextlib.suppress(AttributeError):
+            del rt.lookup
         for h in hooks:
             h.remove()
         for m, memo in saved_memos.items():

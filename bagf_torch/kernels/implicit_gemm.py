@@ -79,11 +79,6 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
     return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": 1}
 
 
-def grid(c: Mapping[str, int], k: int, npq: int) -> tuple[int, int]:
-    """Launch grid (x over output pixels, y over output channels) for K channels and N*P*Q pixels."""
-    return (-(-npq // c["BN"]), -(-k // c["BM"]))
-
-
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """Readable, filename-safe name of one instantiation, e.g. ``implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4_sm90``."""
     return (f"{FAMILY}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}_tm{c['TM']}_tn{c['TN']}"

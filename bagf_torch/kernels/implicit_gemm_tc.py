@@ -107,10 +107,6 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
     return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"]}
 
 
-def grid(c: Mapping[str, int], k: int, npq: int) -> tuple[int, int, int]:
-    return (-(-npq // c["BN"]), -(-k // c["BM"]), c["SPLIT"])
-
-
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tc_bm64_bn64_bk16_wm2_wn2_st3_s1_sm90``."""
     return (f"{FAMILY}_bm{c['BM']}_bn{c['BN']}_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}"
