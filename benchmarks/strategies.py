@@ -125,10 +125,7 @@ def start_config(rp: RecordedProblem) -> dict | None:
     family = FAMILIES.get(rp.family)
     if family is None or not hasattr(family, "default_for"):
         return None
-    c = rp.conv
-    problem = ConvProblem(n=c["n"], c=c["c"], h=c["h"], w=c["w"], k=c["k"], r=c["r"], s=c["s"],
-                          stride=tuple(c["stride"]), padding=tuple(c["padding"]), dilation=tuple(c["dilation"]))
-    return family.default_for(problem)
+    return family.default_for(ConvProblem.from_dict(rp.conv))
 
 
 def one_run(job: tuple) -> dict:

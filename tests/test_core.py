@@ -328,9 +328,7 @@ def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
     for p in rec.problems:
         if p.family != tc.FAMILY or not p.complete:
             continue
-        conv = {k: tuple(v) if isinstance(v, list) else v for k, v in p.conv.items()}
-        problem = ConvProblem(**{k: conv[k] for k in ("n", "c", "h", "w", "k", "r", "s", "stride", "padding",
-                                                      "dilation")})
+        problem = ConvProblem.from_dict(p.conv)
         times = {tuple(r["config"]): r["median_us"] for r in p.rows if r["status"] in ("ok", "cutoff")}
         start = times[tuple(tc.default_for(problem)[k] for k in p.knobs)]
         default = times[tuple(tc.DEFAULT[k] for k in p.knobs)]

@@ -100,23 +100,18 @@ def test_neighbour_winners_on_the_h200_recording():
               ("alexnet_conv3_n1", "alexnet_conv4_n1", "alexnet_conv5_n1")}
     assert len(layers) == 3
 
-    def problem(p):
-        c = p.conv
-        return ConvProblem(n=c["n"], c=c["c"], h=c["h"], w=c["w"], k=c["k"], r=c["r"], s=c["s"],
-                           stride=tuple(c["stride"]), padding=tuple(c["padding"]))
-
     times = {n: {tuple(r["config"]): r["median_us"] for r in p.rows if r["status"] in ("ok", "cutoff")}
              for n, p in layers.items()}
     knobs = next(iter(layers.values())).knobs
     winners = {n: dict(zip(knobs, min(t, key=t.get))) for n, t in times.items()}
     for name, p in layers.items():
-        plans = [plan(problem(q), winners[other]) for other, q in layers.items() if other != name]
-        seeds = neighbour_seeds(problem(p), plans, ENV)
+        plans = [plan(ConvProblem.from_dict(q.conv), winners[other]) for other, q in layers.items() if other != name]
+        seeds = neighbour_seeds(ConvProblem.from_dict(p.conv), plans, ENV)
         assert seeds, name
         t = times[name]
         optimum = min(t.values())
         seeded = min(t[tuple(c[k] for k in knobs)] for _, c in seeds)
-        start = t[tuple(tc.default_for(problem(p))[k] for k in knobs)]
+        start = t[tuple(tc.default_for(ConvProblem.from_dict(p.conv))[k] for k in knobs)]
         assert seeded <= 1.15 * optimum and seeded <= start, (name, seeded, start, optimum)
 
 
