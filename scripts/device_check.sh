@@ -2,12 +2,16 @@
 # The whole GPU check in one device call: install the carried Ax wheels, build the extension, run
 # `pytest -m cuda`, the compute-sanitizer sweep and the layer benchmark; logs and results under $OUT.
 #
-#   scripts/device_check.sh [build] [tests] [precision] [bench] [faults] [alexnet] [sanitize] [bench-args...]
+#   scripts/device_check.sh [build] [tests] [precision] [bench] [faults] [alexnet] [profile] [sanitize] [bench-args...]
 #   (default: build tests bench sanitize)
 #   e.g. device run:  bash scripts/device_check.sh tests bench --batch 1,32,128
 #   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
-#   (no max-autotune) and the roofline report; sanitize = compute-sanitizer over a sample of the space.
+#   (no max-autotune), the roofline report and a cache export -> import into a fresh cache; profile =
+#   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; sanitize =
+#   compute-sanitizer over a sample of the space.
+#   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
+#   pre-tuning of issue 6), and the faults stage runs on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
 # Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image, plus tqdm for the
 # alexnet stage: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl tqdm
@@ -18,7 +22,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
@@ -28,6 +32,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || { echo "wheel install failed"; exit 1; }
 fi
 export BAGF_CACHE_DIR=${BAGF_CACHE_DIR:-/tmp/bagf_cache} BAGF_BUILD_DIR=${BAGF_BUILD_DIR:-$PWD/.bagf_build}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 1)
 rc=0
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
@@ -39,6 +45,42 @@ if has build; then
   t0=$(date +%s)
   python3 -c "from bagf_torch import jit; print('extension', jit.load().__file__)" 2>&1 | tee "$OUT/build.log" || rc=1
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
+fi
+if has alexnet; then
+  t=${ALEXNET_TIMEOUT:-300}
+  t0=$(date +%s)
+  if [ "$NGPU" -ge 2 ]; then
+    tune=(torchrun --standalone --nproc-per-node="$NGPU" -m bagf_torch)
+  else
+    tune=(python3 -m bagf_torch)
+  fi
+  echo "alexnet tune: ${tune[*]}" > "$OUT/alexnet.log"
+  timeout $t "${tune[@]}" tune --model alexnet --batch 1,32,128 --budget 24 --seconds 8 --no-progress \
+    --json "$OUT/tune_alexnet_h200.json" >> "$OUT/alexnet.log" 2>&1 || rc=1
+  echo "alexnet tune: $(( $(date +%s) - t0 )) s on $NGPU GPU(s)" | tee -a "$OUT/alexnet.log"
+fi
+faults_pid=""
+if has faults; then
+  run_faults() {
+    timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
+      > "$OUT/faults.log" 2>&1
+  }
+  if [ "$NGPU" -ge 2 ]; then  # on the last GPU, alongside the GPU-0 stages below
+    ( export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults ) &
+    faults_pid=$!
+  else
+    run_faults || rc=1
+    tail -n 22 "$OUT/faults.log"
+  fi
+fi
+if has alexnet; then
+  export CUDA_VISIBLE_DEVICES=0
+  { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --no-compile --out "$OUT" \
+    && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png" \
+    && python3 -m bagf_torch cache export /tmp/bagf_export.json \
+    && python3 -m bagf_torch cache import /tmp/bagf_export.json --cache /tmp/bagf_cache_imported \
+    && python3 -m bagf_torch cache list --cache /tmp/bagf_cache_imported; } >> "$OUT/alexnet.log" 2>&1 || rc=1
+  tail -n 60 "$OUT/alexnet.log"
 fi
 if has tests; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
@@ -52,18 +94,17 @@ if has bench; then
   timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has faults; then
-  timeout ${FAULTS_TIMEOUT:-240} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
-    > "$OUT/faults.log" 2>&1 || rc=1
-  tail -n 22 "$OUT/faults.log"
+if has profile; then
+  { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_tc.py --out "$OUT"
+    timeout 150 ncu --clock-control none --kernel-name regex:implicit_gemm_tc --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      python3 benchmarks/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
+  grep -E "passes=|cuDNN" "$OUT/profile.log" | head -80
 fi
-if has alexnet; then
-  t=${ALEXNET_TIMEOUT:-300}
-  { timeout $t python3 -m bagf_torch tune --model alexnet --batch 1,32,128 --budget 24 --seconds 8 --no-progress \
-      --json "$OUT/tune_alexnet_h200.json" \
-    && timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --no-compile --out "$OUT" \
-    && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png"; } > "$OUT/alexnet.log" 2>&1 || rc=1
-  tail -n 40 "$OUT/alexnet.log"
+if [ -n "$faults_pid" ]; then
+  wait "$faults_pid" || rc=1
+  tail -n 22 "$OUT/faults.log"
 fi
 if has sanitize; then
   python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"

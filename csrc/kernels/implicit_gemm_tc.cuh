@@ -25,6 +25,14 @@
 #pragma once
 #include "conv_params.h"
 
+// Order of the three TF32 products per K-step (an A/B switch for benchmarks/profile_tc.py; the tuner always
+// compiles the default). 0: each tile's three products back to back on its accumulator (a dependent chain
+// of three mma.sync). 1: three passes over the MI x NI tiles, so consecutive products go to different
+// accumulators.
+#ifndef BAGF_TC_MMA_PASSES
+#define BAGF_TC_MMA_PASSES 0
+#endif
+
 namespace bagf {
 namespace tc {
 
@@ -218,14 +226,29 @@ implicit_gemm_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w
         tc::split_tf32(b[0], b_big[j][0], b_small[j][0]);
         tc::split_tf32(b[4 * LDB], b_big[j][1], b_small[j][1]);
       }
+      if constexpr (BAGF_TC_MMA_PASSES) {
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < NI; ++j) {
-          tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
-          tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
-          tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
-        }
+          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) {
+            tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
+            tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
+            tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
+          }
+      }
     }
   };
 
