@@ -15,6 +15,7 @@
 #include <atomic>
 #include <climits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -145,55 +146,69 @@ py::dict device_limits(int device) {
 
 // ------------------------------------------------------------------------------------------- loading
 
-// Load a cubin and register it as a plan. Raises (the tuner records a typed "resources" failure) when the
-// kernel cannot be launched with the requested threads / shared memory on this device.
+// Load a cubin and register it as a plan. A candidate that cannot be loaded (too many threads for its
+// registers, too much shared memory, a bad cubin, the plan table full) is not an exception: the result has
+// "error" set and no "handle", and the caller records a typed "resources" failure. (A C++ exception thrown
+// from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
+// the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
                    int threads, int smem, int split) {
-  TORCH_CHECK(split >= 1 && split <= 65535, "bagf_torch: split-K of ", split, " slices is out of range");
   std::string cubin = cubin_bytes;
-  make_context_current(device);
-  std::lock_guard<std::mutex> lock(g_write_mutex);
-  int idx = g_count.load(std::memory_order_relaxed);
-  TORCH_CHECK(idx < kMaxPlans, "bagf_torch: more than ", kMaxPlans,
-              " kernels loaded in one process; set a smaller tuning budget or restart the process");
-  Plan plan;
-  plan.device = device;
-  plan.bm = bm;
-  plan.bn = bn;
-  plan.threads = threads;
-  plan.smem = smem;
-  plan.split = split;
-  BAGF_CU_CHECK(cuModuleLoadData(&plan.module, cubin.data()));
-  CUresult r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str());
-  if (r != CUDA_SUCCESS) {
-    cuModuleUnload(plan.module);
-    TORCH_CHECK(false, "bagf_torch: kernel ", lowered_name, " not found in its cubin: ", cu_error(r));
-  }
-  int max_threads = 0, regs = 0, local = 0, static_smem = 0;
-  cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
-  cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
-  cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, plan.fn);
-  cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, plan.fn);
-  if (max_threads < threads) {
-    cuModuleUnload(plan.module);
-    TORCH_CHECK(false, "bagf_torch: out of resources: ", lowered_name, " needs ", threads,
-                " threads per block but uses ", regs, " registers per thread, so at most ", max_threads,
-                " threads fit. Smaller register tiles (TM, TN) or fewer threads may help.");
-  }
-  r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-  if (r != CUDA_SUCCESS) {
-    cuModuleUnload(plan.module);
-    TORCH_CHECK(false, "bagf_torch: out of resources: ", lowered_name, " asks for ", smem,
-                " bytes of dynamic shared memory: ", cu_error(r), ". Smaller BM/BN/BK may help.");
-  }
-  g_plans[idx] = plan;
-  g_count.store(idx + 1, std::memory_order_release);
   py::dict d;
-  d["handle"] = idx;
-  d["registers"] = regs;
-  d["local_bytes"] = local;
-  d["max_threads"] = max_threads;
-  d["static_smem"] = static_smem;
+  std::ostringstream err;
+  {
+    make_context_current(device);
+    std::lock_guard<std::mutex> lock(g_write_mutex);
+    const int idx = g_count.load(std::memory_order_relaxed);
+    Plan plan;
+    plan.device = device;
+    plan.bm = bm;
+    plan.bn = bn;
+    plan.threads = threads;
+    plan.smem = smem;
+    plan.split = split;
+    int max_threads = 0, regs = 0, local = 0, static_smem = 0;
+    CUresult r = CUDA_SUCCESS;
+    if (split < 1 || split > 65535) {
+      err << "split-K of " << split << " slices is out of range";
+    } else if (idx >= kMaxPlans) {
+      err << "more than " << kMaxPlans
+          << " kernels loaded in one process; set a smaller tuning budget or restart the process";
+    } else if ((r = cuModuleLoadData(&plan.module, cubin.data())) != CUDA_SUCCESS) {
+      plan.module = nullptr;
+      err << "cuModuleLoadData failed for " << lowered_name << ": " << cu_error(r);
+    } else if ((r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str())) != CUDA_SUCCESS) {
+      err << "kernel " << lowered_name << " not found in its cubin: " << cu_error(r);
+    } else {
+      cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
+      cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
+      cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, plan.fn);
+      cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, plan.fn);
+      if (max_threads < threads) {
+        err << "out of resources: " << lowered_name << " needs " << threads << " threads per block but uses "
+            << regs << " registers per thread, so at most " << max_threads
+            << " threads fit. Smaller register tiles or fewer threads may help.";
+      } else if ((r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)) !=
+                 CUDA_SUCCESS) {
+        err << "out of resources: " << lowered_name << " asks for " << smem
+            << " bytes of dynamic shared memory: " << cu_error(r) << ". Smaller BM/BN/BK may help.";
+      }
+    }
+    if (err.tellp() > 0) {
+      if (plan.module != nullptr) cuModuleUnload(plan.module);
+    } else {
+      g_plans[idx] = plan;
+      g_count.store(idx + 1, std::memory_order_release);
+    }
+    if (err.tellp() == 0) d["handle"] = idx;
+    if (max_threads > 0) {
+      d["registers"] = regs;
+      d["local_bytes"] = local;
+      d["max_threads"] = max_threads;
+      d["static_smem"] = static_smem;
+    }
+  }
+  if (err.tellp() > 0) d["error"] = "bagf_torch: " + err.str();
   return d;
 }
 

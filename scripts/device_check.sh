@@ -8,7 +8,8 @@
 #   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
 #   (no max-autotune), the roofline report and a cache export -> import into a fresh cache; profile =
-#   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; sanitize =
+#   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; contexts =
+#   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of the space.
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
 #   pre-tuning of issue 6), and the faults stage runs on the last GPU alongside the GPU-0 stages.
@@ -22,9 +23,10 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile|contexts) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
+[ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -68,6 +70,7 @@ if has faults; then
   if [ "$NGPU" -ge 2 ]; then  # on the last GPU, alongside the GPU-0 stages below
     ( export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults ) &
     faults_pid=$!
+    export CUDA_VISIBLE_DEVICES=0  # everything else on GPU 0
   else
     run_faults || rc=1
     tail -n 22 "$OUT/faults.log"
@@ -101,6 +104,11 @@ if has profile; then
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       python3 benchmarks/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
   grep -E "passes=|cuDNN" "$OUT/profile.log" | head -80
+fi
+if has contexts; then
+  timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
+    2>&1 | tee "$OUT/contexts.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if [ -n "$faults_pid" ]; then
   wait "$faults_pid" || rc=1

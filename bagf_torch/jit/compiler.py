@@ -116,11 +116,15 @@ class KernelCompiler:
 
     def _load(self, spec: KernelSpec, cubin: bytes, lowered: str, seconds: float) -> Loaded | Outcome:
         geo = spec.family.launch(spec.config)
+        # load_plan reports a kernel that cannot run here (threads, shared memory, bad cubin) in "error" rather
+        # than raising; a RuntimeError is still caught (device initialisation failures raise).
         try:
             info = self.ext.load_plan(cubin, lowered, self.device, geo["bm"], geo["bn"], geo["threads"],
                                       geo["smem"], geo.get("split", 1))
         except RuntimeError as e:
             return Outcome("resources", detail=f"{spec.name}: {e}")
+        if "error" in info:
+            return Outcome("resources", detail=f"{spec.name}: {info['error']}")
         STATS.add(loads=1)
         return Loaded(spec, info["handle"], seconds, info["registers"], info["local_bytes"])
 
