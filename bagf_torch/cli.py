@@ -172,7 +172,8 @@ def bench_command(args) -> int:
     results = {}
     for x in xs:
         n = x.shape[0]
-        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs)
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
+                                        stock_model=args.model)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else

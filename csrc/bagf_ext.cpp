@@ -15,7 +15,8 @@
 #include <atomic>
 #include <climits>
 #include <mutex>
-#include <sstream>
+#include <stdexcept>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,29 @@ std::array<Plan, kMaxPlans> g_plans;
 std::atomic<int> g_count{0};
 std::mutex g_write_mutex;
 
+// Error messages are built by string concatenation, never with iostreams: on the H200 image (torch 2.11,
+// 2026-11-30) any std::ostream formatting inside this extension -- including TORCH_CHECK's and TORCH_WARN's
+// multi-argument messages, which go through c10::str -> std::ostringstream -- segfaulted in
+// std::basic_ostream::_M_insert<long> (cuda-gdb backtrace, scripts/debug_load.py). So a failed check took
+// the whole process down instead of raising. BAGF_CHECK throws std::runtime_error (RuntimeError in Python).
+inline void str_append(std::string& s, const std::string& v) { s += v; }
+inline void str_append(std::string& s, const char* v) { s += (v ? v : "(null)"); }
+inline void str_append(std::string& s, char v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+inline void str_append(std::string& s, T v) { s += std::to_string(v); }
+
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::string s;
+  (str_append(s, args), ...);
+  return s;
+}
+
+#define BAGF_CHECK(cond, ...)                                  \
+  do {                                                         \
+    if (!(cond)) throw std::runtime_error(cat(__VA_ARGS__));   \
+  } while (0)
+
 std::string cu_error(CUresult r) {
   const char* name = nullptr;
   const char* msg = nullptr;
@@ -53,7 +77,7 @@ std::string cu_error(CUresult r) {
 #define BAGF_CU_CHECK(expr)                                                              \
   do {                                                                                   \
     CUresult _r = (expr);                                                                \
-    TORCH_CHECK(_r == CUDA_SUCCESS, "bagf_torch: ", #expr, " failed with ", cu_error(_r)); \
+    BAGF_CHECK(_r == CUDA_SUCCESS, "bagf_torch: ", #expr, " failed with ", cu_error(_r)); \
   } while (0)
 
 // Make the device's primary context current on this thread: cuModuleLoadData fails with "invalid device
@@ -61,7 +85,7 @@ std::string cu_error(CUresult r) {
 void make_context_current(int device) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaError_t e = cudaFree(nullptr);
-  TORCH_CHECK(e == cudaSuccess, "bagf_torch: cannot initialise CUDA on device ", device, ": ",
+  BAGF_CHECK(e == cudaSuccess, "bagf_torch: cannot initialise CUDA on device ", device, ": ",
               cudaGetErrorString(e));
 }
 
@@ -155,7 +179,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                    int threads, int smem, int split) {
   std::string cubin = cubin_bytes;
   py::dict d;
-  std::ostringstream err;
+  std::string err;
   {
     make_context_current(device);
     std::lock_guard<std::mutex> lock(g_write_mutex);
@@ -170,37 +194,37 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
     if (split < 1 || split > 65535) {
-      err << "split-K of " << split << " slices is out of range";
+      err = cat("split-K of ", split, " slices is out of range");
     } else if (idx >= kMaxPlans) {
-      err << "more than " << kMaxPlans
-          << " kernels loaded in one process; set a smaller tuning budget or restart the process";
+      err = cat("more than ", kMaxPlans,
+                " kernels loaded in one process; set a smaller tuning budget or restart the process");
     } else if ((r = cuModuleLoadData(&plan.module, cubin.data())) != CUDA_SUCCESS) {
       plan.module = nullptr;
-      err << "cuModuleLoadData failed for " << lowered_name << ": " << cu_error(r);
+      err = cat("cuModuleLoadData failed for ", lowered_name, ": ", cu_error(r));
     } else if ((r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str())) != CUDA_SUCCESS) {
-      err << "kernel " << lowered_name << " not found in its cubin: " << cu_error(r);
+      err = cat("kernel ", lowered_name, " not found in its cubin: ", cu_error(r));
     } else {
       cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
       cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
       cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, plan.fn);
       cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, plan.fn);
       if (max_threads < threads) {
-        err << "out of resources: " << lowered_name << " needs " << threads << " threads per block but uses "
-            << regs << " registers per thread, so at most " << max_threads
-            << " threads fit. Smaller register tiles or fewer threads may help.";
+        err = cat("out of resources: ", lowered_name, " needs ", threads, " threads per block but uses ", regs,
+                  " registers per thread, so at most ", max_threads,
+                  " threads fit. Smaller register tiles or fewer threads may help.");
       } else if ((r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)) !=
                  CUDA_SUCCESS) {
-        err << "out of resources: " << lowered_name << " asks for " << smem
-            << " bytes of dynamic shared memory: " << cu_error(r) << ". Smaller BM/BN/BK may help.";
+        err = cat("out of resources: ", lowered_name, " asks for ", smem, " bytes of dynamic shared memory: ",
+                  cu_error(r), ". Smaller BM/BN/BK may help.");
       }
     }
-    if (err.tellp() > 0) {
+    if (!err.empty()) {
       if (plan.module != nullptr) cuModuleUnload(plan.module);
     } else {
       g_plans[idx] = plan;
       g_count.store(idx + 1, std::memory_order_release);
     }
-    if (err.tellp() == 0) d["handle"] = idx;
+    if (err.empty()) d["handle"] = idx;
     if (max_threads > 0) {
       d["registers"] = regs;
       d["local_bytes"] = local;
@@ -208,13 +232,13 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       d["static_smem"] = static_smem;
     }
   }
-  if (err.tellp() > 0) d["error"] = "bagf_torch: " + err.str();
+  if (!err.empty()) d["error"] = "bagf_torch: " + err;
   return d;
 }
 
 void unload_plan(int64_t handle) {
   std::lock_guard<std::mutex> lock(g_write_mutex);
-  TORCH_CHECK(handle >= 0 && handle < g_count.load(), "bagf_torch: no plan with handle ", handle);
+  BAGF_CHECK(handle >= 0 && handle < g_count.load(), "bagf_torch: no plan with handle ", handle);
   Plan& p = g_plans[handle];
   if (p.module != nullptr) {
     make_context_current(p.device);
@@ -279,7 +303,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const int64_t npq = static_cast<int64_t>(p.N) * p.P * p.Q;
   const unsigned gx = static_cast<unsigned>((npq + plan.bn - 1) / plan.bn);
   const unsigned gy = static_cast<unsigned>((p.K + plan.bm - 1) / plan.bm);
-  TORCH_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
+  BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   void* args[] = {&xp, &wp, &bp, &yp, &p};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   if (plan.split > 1) {  // split-K slices accumulate atomically into a zeroed output
@@ -298,18 +322,18 @@ const Plan* plan_for(int64_t handle) {
 at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                        int64_t plan_handle) {
-  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+  BAGF_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "bagf::conv2d: stride, padding and dilation must have 2 elements each");
   const Plan* plan = plan_for(plan_handle);
   if (plan == nullptr) return aten_conv(x, w, b, stride, padding, dilation);
   if (const char* why = unsupported_reason(x, w, b, *plan)) {
-    TORCH_WARN_ONCE("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead");
+    TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
   const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-  TORCH_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
+  BAGF_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
               ": the kernel is larger than the padded input");
   at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options());
   if (y.numel() == 0) return y;
@@ -329,10 +353,10 @@ void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor y, std::vector<int64_t> stride,
                  std::vector<int64_t> padding, std::vector<int64_t> dilation) {
   const Plan* plan = plan_for(plan_handle);
-  TORCH_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", plan_handle);
+  BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", plan_handle);
   const char* why = unsupported_reason(x, w, b, *plan);
-  TORCH_CHECK(why == nullptr, "bagf_torch: cannot launch plan ", plan_handle, ": ", why);
-  TORCH_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
+  BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch plan ", plan_handle, ": ", why);
+  BAGF_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
                   y.size(0) == x.size(0) && y.size(1) == w.size(0),
               "bagf_torch: output must be a contiguous float32 NKPQ tensor");
   c10::cuda::CUDAGuard guard(x.device());

@@ -17,8 +17,11 @@ __global__ void faulty_conv2d(const float* __restrict__ x, const float* __restri
   const long long pix = static_cast<long long>(blockIdx.x) * BN + t % BN;
   const long long npq = static_cast<long long>(p.N) * p.P * p.Q;
   if (MODE == 3) {
-    volatile int spin = 1;
-    while (spin) {
+    // Spin until the process gives up on us. The sleep is an asm volatile side effect, so the compiler cannot
+    // drop the loop (a `volatile int` flag in a register was optimised away on the H200: the kernel finished
+    // and the row saw a correct result instead of a hang). p.N is never negative, but the compiler cannot know.
+    while (p.N >= 0) {
+      asm volatile("nanosleep.u32 1000;");
     }
   }
   if (k >= p.K || pix >= npq) return;
