@@ -7,7 +7,7 @@
 #   e.g. device run:  bash scripts/device_check.sh tests bench --batch 1,32,128
 #   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
-#   (no max-autotune), the roofline report and a cache export -> import into a fresh cache; profile =
+#   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
 #   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; contexts =
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of the space.
@@ -78,7 +78,7 @@ if has faults; then
 fi
 if has alexnet; then
   export CUDA_VISIBLE_DEVICES=0
-  { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --no-compile --out "$OUT" \
+  { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --compile-batch ${ALEXNET_COMPILE_BATCH:-1} --out "$OUT" \
     && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png" \
     && python3 -m bagf_torch cache export /tmp/bagf_export.json \
     && python3 -m bagf_torch cache import /tmp/bagf_export.json --cache /tmp/bagf_cache_imported \
