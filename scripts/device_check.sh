@@ -12,7 +12,7 @@
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of the space.
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
-#   pre-tuning of issue 6), and the faults stage runs on the last GPU alongside the GPU-0 stages.
+#   pre-tuning of issue 6), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
 # Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image, plus tqdm for the
 # alexnet stage: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl tqdm
@@ -61,20 +61,25 @@ if has alexnet; then
     --json "$OUT/tune_alexnet_h200.json" >> "$OUT/alexnet.log" 2>&1 || rc=1
   echo "alexnet tune: $(( $(date +%s) - t0 )) s on $NGPU GPU(s)" | tee -a "$OUT/alexnet.log"
 fi
-faults_pid=""
-if has faults; then
-  run_faults() {
-    timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
-      > "$OUT/faults.log" 2>&1
-  }
-  if [ "$NGPU" -ge 2 ]; then  # on the last GPU, alongside the GPU-0 stages below
-    ( export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults ) &
-    faults_pid=$!
-    export CUDA_VISIBLE_DEVICES=0  # everything else on GPU 0
-  else
-    run_faults || rc=1
-    tail -n 22 "$OUT/faults.log"
-  fi
+run_faults() {
+  timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
+    > "$OUT/faults.log" 2>&1
+}
+run_bench() {
+  timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" > "$OUT/bench.log" 2>&1
+}
+bg_pid=""
+if [ "$NGPU" -ge 2 ] && { has faults || has bench; }; then
+  # faults, then the layer benchmark, on the last GPU, alongside the GPU-0 stages below
+  ( export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); bad=0
+    if has faults; then BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults || bad=1; fi
+    if has bench; then BAGF_CACHE_DIR=/tmp/bagf_cache_bench run_bench || bad=1; fi
+    exit $bad ) &
+  bg_pid=$!
+  export CUDA_VISIBLE_DEVICES=0  # everything else on GPU 0
+elif has faults; then
+  run_faults || rc=1
+  tail -n 22 "$OUT/faults.log"
 fi
 if has alexnet; then
   export CUDA_VISIBLE_DEVICES=0
@@ -93,9 +98,9 @@ if has precision; then
   timeout 240 python3 benchmarks/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has bench; then
-  timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" 2>&1 | tee "$OUT/bench.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+if has bench && [ -z "$bg_pid" ]; then
+  run_bench || rc=1
+  tail -n 40 "$OUT/bench.log"
 fi
 if has profile; then
   { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_tc.py --out "$OUT"
@@ -110,9 +115,10 @@ if has contexts; then
     2>&1 | tee "$OUT/contexts.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if [ -n "$faults_pid" ]; then
-  wait "$faults_pid" || rc=1
-  tail -n 22 "$OUT/faults.log"
+if [ -n "$bg_pid" ]; then
+  wait "$bg_pid" || rc=1
+  if has faults; then tail -n 22 "$OUT/faults.log"; fi
+  if has bench; then tail -n 40 "$OUT/bench.log"; fi
 fi
 if has sanitize; then
   python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
