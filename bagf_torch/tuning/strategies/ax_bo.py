@@ -121,7 +121,7 @@ OPTIONS: dict[str, Any] = {
     "acquisition": "qLogEI",
     "fit_maxiter": 20,
     "candidates": "valid",
-    "trust_region": 0,
+    "trust_region": 3,
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
