@@ -129,6 +129,11 @@ def start_config(rp: RecordedProblem) -> dict | None:
     return family.default_for(ConvProblem.from_dict(rp.conv))
 
 
+def conv_problem(rp: RecordedProblem) -> ConvProblem:
+    """The recorded problem as a ConvProblem (a conv dict without dilation, e.g. a synthetic one, has 1)."""
+    return ConvProblem.from_dict({"dilation": [1, 1], **rp.conv})
+
+
 REPLAY_ENV = {"replay": True}
 """The environment of every plan in the replay's synthetic cache (one recording file = one GPU set-up)."""
 
@@ -147,7 +152,7 @@ def recorded_optima(files) -> list[dict]:
             if not ok:
                 continue
             best = min(ok, key=lambda r: r["time_us"])
-            plans.append({"key": rp.key, "problem": ConvProblem.from_dict(rp.conv).as_dict(), "env": REPLAY_ENV,
+            plans.append({"key": rp.key, "problem": conv_problem(rp).as_dict(), "env": REPLAY_ENV,
                           "family": rp.family, "config": dict(best["config"])})
     return plans
 
@@ -157,7 +162,7 @@ def warm_seeds(rp: RecordedProblem, plans: list[dict]) -> list[dict]:
     ``warmstart.neighbour_seeds``) from a cache holding every OTHER recorded problem's optimum
     (leave-one-out: the problem's own plan is never a source), restricted to ``rp``'s family."""
     others = [p for p in plans if p["key"] != rp.key]
-    seeds = neighbour_seeds(ConvProblem.from_dict(rp.conv), others, REPLAY_ENV)
+    seeds = neighbour_seeds(conv_problem(rp), others, REPLAY_ENV)
     return [dict(c) for family, c in seeds if family == rp.family]
 
 

@@ -323,8 +323,17 @@ def _candidate_acquisition(codec: _Codec, candidates: list):
         full = torch.zeros(len(rows), len(ssd.feature_names), dtype=self.dtype, device=self.device)
         for j, name in enumerate(names):
             full[:, ssd.feature_names.index(name)] = x[:, j]
+        # Ax asks for a batch one arm at a time: the arms already generated in this batch are pending, and
+        # must not be scored again (Ax's own enumeration avoids them through X_avoid)
+        taken = [t for t in (self.X_observed, self.X_pending) if t is not None and len(t)]
+        if taken:
+            taken = torch.cat(taken).to(full)
+            keep = ~(full[:, None, :] == taken[None, :, :]).all(-1).any(-1)
+            full = full[keep]
+        if not len(full):
+            return Acquisition.optimize(self, n, search_space_digest, *args, **kwargs)
         kwargs["candidate_set"] = full
-        return Acquisition.optimize(self, min(n, len(rows)), search_space_digest, *args, **kwargs)
+        return Acquisition.optimize(self, min(n, len(full)), search_space_digest, *args, **kwargs)
 
     return type("CandidateSetAcquisition", (Acquisition,), {"optimize": optimize})
 
@@ -535,8 +544,15 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                 if not trials:
                     stalls = MAX_STALLS
                     continue
-                indices = list(trials)
-                configs = [codec.decode(trials[i]) for i in indices]
+                indices, configs, keys = [], [], set()
+                for i in trials:  # a repeat inside one batch is dropped (never sent twice in a batch)
+                    c = codec.decode(trials[i])
+                    if config_key(c) in keys:
+                        client.mark_trial_abandoned(i)
+                        continue
+                    keys.add(config_key(c))
+                    indices.append(i)
+                    configs.append(c)
                 stats["invalid_proposals"] += sum(not space.is_valid(c) for c in configs)
                 stats["repeats"] += sum(objective.seen(c) is not None for c in configs)
             if not configs:
