@@ -60,6 +60,7 @@ from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
 from bagf_torch.tuning.tuner import Tuner  # noqa: E402
+from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = 0.95
@@ -128,8 +129,45 @@ def start_config(rp: RecordedProblem) -> dict | None:
     return family.default_for(ConvProblem.from_dict(rp.conv))
 
 
+def conv_problem(rp: RecordedProblem) -> ConvProblem:
+    """The recorded problem as a ConvProblem (a conv dict without dilation, e.g. a synthetic one, has 1)."""
+    return ConvProblem.from_dict({"dilation": [1, 1], **rp.conv})
+
+
+REPLAY_ENV = {"replay": True}
+"""The environment of every plan in the replay's synthetic cache (one recording file = one GPU set-up)."""
+
+
+def recorded_optima(files) -> list[dict]:
+    """The synthetic cache the warm start reads: one plan per COMPLETE recorded problem of ``files``, its
+    recorded optimum as the winner (the cache row a tuner would have stored after tuning it). A partial
+    problem's optimum is unknown, so it has no plan. Each plan also carries "key" (the problem's label)
+    so that a problem's own plan can be left out."""
+    plans = []
+    for f in files:
+        for rp in load_recording(f).problems:
+            if not rp.complete:
+                continue
+            ok = [r for r in rp.records() if r["status"] == "ok"]
+            if not ok:
+                continue
+            best = min(ok, key=lambda r: r["time_us"])
+            plans.append({"key": rp.key, "problem": conv_problem(rp).as_dict(), "env": REPLAY_ENV,
+                          "family": rp.family, "config": dict(best["config"])})
+    return plans
+
+
+def warm_seeds(rp: RecordedProblem, plans: list[dict]) -> list[dict]:
+    """The warm-start seeds the real tuner would measure for ``rp`` (``runtime._tune_and_store`` ->
+    ``warmstart.neighbour_seeds``) from a cache holding every OTHER recorded problem's optimum
+    (leave-one-out: the problem's own plan is never a source), restricted to ``rp``'s family."""
+    others = [p for p in plans if p["key"] != rp.key]
+    seeds = neighbour_seeds(conv_problem(rp), others, REPLAY_ENV)
+    return [dict(c) for family, c in seeds if family == rp.family]
+
+
 def one_run(job: tuple) -> dict:
-    path, index, strategy, seed, budget, noise, cutoff_factor, options, start = job
+    path, index, strategy, seed, budget, noise, cutoff_factor, options, start, seeds = job
     import torch
 
     torch.set_num_threads(1)
@@ -149,6 +187,14 @@ def one_run(job: tuple) -> dict:
         # as the real tuner does: the problem-sized default is measured first (evaluation 1 of the curve)
         # and every strategy gets it as prior knowledge
         prior = [(first, tracker([first])[0])]
+    done = {config_key(c) for c, _ in prior}
+    for c in seeds:
+        # then the warm-start seeds, as Tuner.tune measures them: skipped when invalid here or already
+        # measured (e.g. equal to the start point); they count against the budget
+        if not space.is_valid(c) or config_key(c) in done or len(prior) >= budget - 1:
+            continue
+        prior.append((c, tracker([c])[0]))
+        done.add(config_key(c))
     run(strategy, space, tracker, Budget(budget - len(prior), seconds=1e12), seed, clock=tracker.clock,
         prior=prior, **options)
     wall = time.perf_counter() - t
@@ -160,7 +206,7 @@ def one_run(job: tuple) -> dict:
     reach = next((i + 1 for i, f in enumerate(curve) if f >= TARGET), None)
     return {"problem": label(rp), "strategy": strategy, "seed": seed, "budget": budget, "curve": curve,
             "evals_to_95": reach, "gen_seconds": float(np.mean(stats["gen_seconds"])) if stats.get("gen_seconds") else None,
-            "evaluated": len(tracker.medians), "strategy_seconds": wall - tracker.seconds,
+            "evaluated": len(tracker.medians), "prior": len(prior), "strategy_seconds": wall - tracker.seconds,
             "generations": stats.get("generations"), "invalid_proposals": stats.get("invalid_proposals")}
 
 
@@ -337,7 +383,12 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
     ap.add_argument("--no-start", action="store_true",
                     help="strategies start from nothing (default: as the tuner, the problem-sized default is "
-                         "measured first and given to every strategy)")
+                         "measured first, then the warm-start seeds, and all of them are given to every strategy)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="no warm-start seeds (cold start from neighbours; the start point is still measured "
+                         "unless --no-start). Default: as the tuner, up to 3 winners of neighbouring problems "
+                         "(warmstart.neighbour_seeds) from a cache holding every OTHER complete recorded "
+                         "problem's optimum (leave-one-out) are measured after the start point")
     ap.add_argument("--partial", action="store_true",
                     help="also use problems whose recording is partial, restricted to the recorded subset (labelled)")
     ap.add_argument("--cutoff-factor", type=float, default=TUNER_CUTOFF,
@@ -362,6 +413,9 @@ def main(argv=None) -> int:
     wanted = {p for p in args.problems.split(",") if p}
     ax_options = json.loads(args.ax_options)
     jobs, synthetic, used, excluded = [], False, [], {}
+    warm = not (args.no_warm or args.no_start)
+    plans = recorded_optima(files) if warm else []
+    seeds_of: dict[str, list[dict]] = {}
     for f in files:
         rec = load_recording(f)
         synthetic = synthetic or rec.synthetic
@@ -372,8 +426,10 @@ def main(argv=None) -> int:
                 excluded[rp.key] = rp.partial_reason
                 continue
             used.append(label(rp))
+            seeds = warm_seeds(rp, plans) if warm else []
+            seeds_of[label(rp)] = seeds
             jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,
-                      args.noise, args.cutoff_factor, ax_options if s == "ax" else {}, not args.no_start)
+                      args.noise, args.cutoff_factor, ax_options if s == "ax" else {}, not args.no_start, seeds)
                      for s in strategies for seed in range(args.seeds)]
     for k, why in excluded.items():
         print(f"excluded {k}: {why} (--partial uses its recorded subset)", file=sys.stderr)
@@ -395,7 +451,8 @@ def main(argv=None) -> int:
             "excluded": excluded, "partial_included": args.partial, "seeds": args.seeds,
             "budget": args.budget, "ax_budget": min(args.ax_budget, args.budget), "ax_options": ax_options,
             "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files),
-            "noise": args.noise, "strategies": strategies, "workers": args.workers,
+            "noise": args.noise, "start": not args.no_start, "warm_start": warm, "warm_seeds": seeds_of,
+            "strategies": strategies, "workers": args.workers,
             "wall_seconds": round(wall, 1), "cpu": f"{platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cores", "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

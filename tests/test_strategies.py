@@ -489,3 +489,102 @@ def test_anneal_walks_from_the_best_prior():
     first = [c for c in space.valid_configs() if config_key(c) in ev.seen]
     # its first batch is made of the prior best's one-knob neighbours (a random start would not be)
     assert first and all(sum(c[k] != best[k] for k in best) == 1 for c in first), first
+
+
+def test_warm_start_seeds_are_leave_one_out():
+    """The replay's warm start mirrors the tuner's (warmstart.neighbour_seeds over a cache) with a cache of
+    every OTHER recorded problem's optimum: a problem's own optimum must never be a source of its seeds."""
+    from bagf_torch.tuning.replay import load_recording
+
+    bench = _benchmark_module("strategies")
+    path = bench.DATA / "implicit_gemm_tc_h200.json.gz"
+    rec = load_recording(path)
+    plans = bench.recorded_optima([path])
+    complete = [rp for rp in rec.problems if rp.complete]
+    assert sorted(p["key"] for p in plans) == sorted(rp.key for rp in complete)  # partial ones have no optimum
+    by_key = {p["key"]: p for p in plans}
+    for rp in complete:
+        seeds = bench.warm_seeds(rp, plans)
+        others = {config_key(p["config"]) for p in plans if p["key"] != rp.key}
+        assert len(seeds) <= 3 and all(config_key(c) in others for c in seeds), rp.key
+        own = by_key[rp.key]
+        # its own plan alone gives nothing, even disguised as a neighbour's problem
+        assert bench.warm_seeds(rp, [own]) == []
+        near = dict(own, problem=dict(own["problem"], n=own["problem"]["n"] * 2))
+        assert bench.warm_seeds(rp, [near]) == []
+    seeds_of = {rp.name: bench.warm_seeds(rp, plans) for rp in complete}
+    # the N=1 AlexNet conv3-5 share their winners (conv3's optimum is conv5's); conv1 (11x11, stride 4) has
+    # no neighbour within warmstart.MAX_DISTANCE
+    assert seeds_of["alexnet_conv4_n1"] and seeds_of["alexnet_conv3_n1"] and not seeds_of["alexnet_conv1_n1"]
+    assert config_key(by_key["alexnet_conv4_n1/implicit_gemm_tc"]["config"]) not in {
+        config_key(c) for c in seeds_of["alexnet_conv4_n1"]}
+
+
+def test_strategies_benchmark_warm_start_mirrors_the_tuner(tmp_path):
+    import json
+
+    bench = _benchmark_module("strategies")
+    path, rec = _tiny_recording(tmp_path, keep_whole=("tiny_a", "tiny_b"))
+    runs = {}
+    for mode, extra in (("warm", []), ("cold", ["--no-warm"]), ("none", ["--no-start"])):
+        out = tmp_path / f"{mode}.json"
+        assert bench.main(["--data", str(path), "--strategies", "random,anneal", "--seeds", "1", "--budget", "6",
+                           "--workers", "1", "--json", str(out)] + extra) == 0
+        runs[mode] = json.loads(out.read_text())
+    warm = runs["warm"]
+    assert warm["meta"]["warm_start"] is True and runs["cold"]["meta"]["warm_start"] is False
+    optima = {p["key"]: config_key(p["config"]) for p in bench.recorded_optima([path])}
+    for rp in rec.problems:
+        seeds = warm["meta"]["warm_seeds"][rp.key]
+        # tiny_a (N=1) and tiny_b (N=8) are neighbours: each gets the other's optimum, never its own
+        assert [config_key(c) for c in seeds] == [optima[k] for k in optima if k != rp.key]
+    # the seed is measured after the start point (this synthetic family has no problem-sized start)
+    starts = {rp.key: bench.start_config(rp) for rp in rec.problems}
+    expect = {k: (v is not None) + (v not in warm["meta"]["warm_seeds"][k]) for k, v in starts.items()}
+    assert all(r["prior"] == expect[r["problem"]] >= 1 for r in warm["runs"])
+    assert all(r["prior"] == (starts[r["problem"]] is not None) for r in runs["cold"]["runs"])
+    assert all(r["prior"] == 0 for r in runs["none"]["runs"])
+
+
+@pytest.mark.parametrize("options", [{"trust_region": 2}, {"candidates": "raw"}, {"initial": "random"},
+                                     {"initial_batch": 2, "trust_region": 1}])
+def test_ax_set_ups_never_send_invalid_and_find_the_optimum(options):
+    space = small_space()
+    n_valid = len(space.valid_configs())
+    ev = StrictEvaluator(space, small_time)
+    stats: dict = {}
+    trials = run("ax", space, ev, Budget(n_valid), seed=0, stats=stats, **dict(FAST["ax"], **options))
+    assert ev.calls == n_valid
+    assert min((t for t in trials if t[1].ok), key=lambda t: t[1].time_us)[0] == true_optimum(space, small_time)
+    if options.get("candidates", "valid") == "valid":
+        assert stats["invalid_proposals"] == 0  # Ax only ever scores valid configurations
+    again = StrictEvaluator(space, small_time)
+    run("ax", space, again, Budget(8), seed=0, **dict(FAST["ax"], **options))
+    first = StrictEvaluator(space, small_time)
+    run("ax", space, first, Budget(8), seed=0, **dict(FAST["ax"], **options))
+    assert again.seen == first.seen  # reproducible for a seed
+
+
+def test_ax_local_initial_design_walks_from_the_best_prior():
+    space = small_space()
+    best = {"a": 4, "b": 1, "c": 1}
+    prior = [(best, Outcome("ok", small_time(best))), ({"a": 8, "b": 2, "c": 0}, Outcome("ok", 30.0))]
+    ev = StrictEvaluator(space, small_time)
+    run("ax", space, ev, Budget(3), seed=1, prior=prior, batch_size=3, initial_trials=5)
+    first = [c for c in space.valid_configs() if config_key(c) in ev.seen]
+    assert len(first) == 3 and all(sum(c[k] != best[k] for k in best) == 1 for c in first), first
+
+
+def test_ax_trust_region_candidates():
+    from bagf_torch.tuning.strategies.ax_bo import _Codec, _trust_region
+
+    space = small_space()
+    codec = _Codec(space)
+    valid = space.valid_configs()
+    ranks = {config_key(c): __import__("numpy").array(codec.ranks(c)) for c in valid}
+    centre = {"a": 4, "b": 1, "c": 1}
+    inside, r = _trust_region(ranks, centre, {config_key(centre)}, 1, 1, valid)
+    assert r == 1 and inside and all(sum(c[k] != centre[k] for k in centre) == 1 for c in inside)
+    assert config_key(centre) not in {config_key(c) for c in inside}
+    grown, r = _trust_region(ranks, centre, {config_key(centre)}, len(valid) - 1, 1, valid)
+    assert len(grown) == len(valid) - 1 and r > 1  # grown until a batch fits
