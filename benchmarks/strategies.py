@@ -20,6 +20,12 @@ a partial recording's optimum is unknown, so "fraction of the optimum" would be 
 of a subset. The excluded ones are listed with the reason. --partial adds them, each restricted to its
 recorded subset and labelled "PARTIAL" (and their optimum is the subset's best).
 
+Start as the tuner starts (default): the problem-sized start point (``default_for``) is evaluated first,
+then the warm-start seeds the tuner would measure (``warmstart.neighbour_seeds``, up to 3) from a cache
+holding the recorded optimum of every OTHER complete recorded problem (leave-one-out: never the problem's
+own), all through the replay (they count against the budget) and all handed to every strategy as prior.
+--no-warm leaves the seeds out, --no-start both.
+
 Cut-off: the replay cuts like the real tuner (Tuner.tune): a time above --cutoff-factor (the Tuner's
 default, 4.0) x the best time of the run so far is answered "timeout". A row the recorder cut ("cutoff":
 one sample > 3x the recorder's best so far, so never within 95% of the optimum) replays as that one
