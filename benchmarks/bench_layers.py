@@ -70,14 +70,11 @@ def recorded_optima(paths) -> dict:
         if "synthetic" in str(path).lower():
             continue
         for rp in load_recording(path).problems:
-            if not rp.complete or rp.family not in FAMILIES:
+            if not rp.complete or rp.family not in FAMILIES or not any(r["status"] == "ok" for r in rp.rows):
                 continue
-            ok = [r for r in rp.rows if r["status"] == "ok"]
-            if not ok:
-                continue
-            row = min(ok, key=lambda r: float(r["median_us"]))
+            config, outcome = rp.evaluator().best()
             prob = ConvProblem.from_dict(rp.conv)
-            cand = (rp.family, dict(zip(rp.knobs, (int(v) for v in row["config"]))), float(row["median_us"]))
+            cand = (rp.family, config, outcome.time_us)
             if prob not in best or cand[2] < best[prob][2]:
                 best[prob] = cand
     return best

@@ -23,14 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bagf_torch.problem import ConvProblem  # noqa: E402
-
-_ALEXNET = {"conv1": (3, 224, 64, 11, 4, 2), "conv2": (64, 27, 192, 5, 1, 2), "conv3": (192, 13, 384, 3, 1, 1),
-            "conv4": (384, 13, 256, 3, 1, 1), "conv5": (256, 13, 256, 3, 1, 1)}
-
-
-def _conv(n, c, hw, k, ks, stride, pad) -> ConvProblem:
-    return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(stride, stride), padding=(pad, pad))
+from record_space import _ALEXNET, _conv  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 PROBLEMS = {
