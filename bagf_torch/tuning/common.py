@@ -115,8 +115,9 @@ class Objective:
                 self.trials.append((c, o))
         return [self._seen.get(config_key(c)) for c in configs]
 
-    def best(self) -> tuple[Config, Outcome] | None:
-        ok = [(c, o) for c, o in self.trials if o.ok]
+    def best(self, include_prior: bool = False) -> tuple[Config, Outcome] | None:
+        """The fastest successful trial; with ``include_prior`` the prior (measured before the search) too."""
+        ok = [(c, o) for c, o in (self.prior if include_prior else []) + self.trials if o.ok]
         return min(ok, key=lambda t: t[1].time_us) if ok else None
 
 

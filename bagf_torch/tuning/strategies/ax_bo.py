@@ -441,12 +441,8 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region else {}
     chosen: list = []  # the configurations Ax's next generation scores (own_candidates)
 
-    def best_known() -> tuple[Config, Outcome] | None:
-        ok = [(c, o) for c, o in list(objective.prior) + objective.trials if o.ok]
-        return min(ok, key=lambda t: t[1].time_us) if ok else None
-
     def incumbent() -> Config | None:
-        best = best_known()
+        best = objective.best(include_prior=True)
         return best[0] if best is not None else None
 
     def local_initial(n: int) -> list[Config]:
@@ -529,7 +525,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                 if own_candidates and not trust_region:
                     chosen[:] = [c for c in valid if config_key(c) not in known]
                 elif trust_region:
-                    best = best_known()
+                    best = objective.best(include_prior=True)
                     best_t = best[1].time_us if best is not None else math.inf
                     radius = trust_region if best_t < last_best else radius + 1
                     last_best = min(last_best, best_t)
