@@ -152,14 +152,11 @@ def recorded_optima(files) -> list[dict]:
     plans = []
     for f in files:
         for rp in load_recording(f).problems:
-            if not rp.complete:
+            if not rp.complete or not any(r["status"] in ("ok", "cutoff") for r in rp.rows):
                 continue
-            ok = [r for r in rp.records() if r["status"] == "ok"]
-            if not ok:
-                continue
-            best = min(ok, key=lambda r: r["time_us"])
+            config, _ = rp.evaluator().best()
             plans.append({"key": rp.key, "problem": conv_problem(rp).as_dict(), "env": REPLAY_ENV,
-                          "family": rp.family, "config": dict(best["config"])})
+                          "family": rp.family, "config": config})
     return plans
 
 
