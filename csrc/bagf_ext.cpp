@@ -35,6 +35,8 @@ struct Plan {
   int threads = 0;  // threads per block
   int smem = 0;     // dynamic shared memory bytes
   int split = 1;    // split-K slices (grid.z); > 1: the output is zeroed and the slices add atomically
+  int tile = 1;     // 1: bn counts output pixels (N*P*Q); m > 1: Winograd F(m x m, 3x3), bn counts m x m output
+                    // tiles (N * ceil(P/m) * ceil(Q/m)) and the plan only takes 3x3 stride-1 dilation-1 calls
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -176,7 +178,7 @@ py::dict device_limits(int device) {
 // from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
 // the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
-                   int threads, int smem, int split) {
+                   int threads, int smem, int split, int tile) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -191,10 +193,13 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.threads = threads;
     plan.smem = smem;
     plan.split = split;
+    plan.tile = tile;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
     if (split < 1 || split > 65535) {
       err = cat("split-K of ", split, " slices is out of range");
+    } else if (tile < 1 || tile > 8) {
+      err = cat("output tile of ", tile, " is out of range");
     } else if (idx >= kMaxPlans) {
       err = cat("more than ", kMaxPlans,
                 " kernels loaded in one process; set a smaller tuning budget or restart the process");
@@ -261,13 +266,16 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
 const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                               const Plan& plan) {
+                               at::IntArrayRef stride, at::IntArrayRef dilation, const Plan& plan) {
   if (!x.is_cuda() || !w.is_cuda() || x.device() != w.device()) return "tensors not on one CUDA device";
   if (x.get_device() != plan.device) return "plan compiled for another device";
   if (x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return "dtype is not float32";
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
   if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
+  if (plan.tile > 1 && (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 ||
+                        dilation[0] != 1 || dilation[1] != 1))
+    return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != at::kFloat || !b->is_contiguous() || b->numel() != w.size(0))
       return "bias is not a contiguous float32 vector of K elements on the device";
@@ -300,8 +308,11 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const float* wp = w.data_ptr<float>();
   const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  const int64_t npq = static_cast<int64_t>(p.N) * p.P * p.Q;
-  const unsigned gx = static_cast<unsigned>((npq + plan.bn - 1) / plan.bn);
+  // columns of the block grid: output pixels, or for a Winograd plan its m x m output tiles
+  const int64_t cols = plan.tile > 1 ? static_cast<int64_t>(p.N) * ((p.P + plan.tile - 1) / plan.tile) *
+                                           ((p.Q + plan.tile - 1) / plan.tile)
+                                     : static_cast<int64_t>(p.N) * p.P * p.Q;
+  const unsigned gx = static_cast<unsigned>((cols + plan.bn - 1) / plan.bn);
   const unsigned gy = static_cast<unsigned>((p.K + plan.bm - 1) / plan.bm);
   BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   void* args[] = {&xp, &wp, &bp, &yp, &p};
@@ -326,7 +337,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
               "bagf::conv2d: stride, padding and dilation must have 2 elements each");
   const Plan* plan = plan_for(plan_handle);
   if (plan == nullptr) return aten_conv(x, w, b, stride, padding, dilation);
-  if (const char* why = unsupported_reason(x, w, b, *plan)) {
+  if (const char* why = unsupported_reason(x, w, b, stride, dilation, *plan)) {
     TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
@@ -354,7 +365,9 @@ void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
                  std::vector<int64_t> padding, std::vector<int64_t> dilation) {
   const Plan* plan = plan_for(plan_handle);
   BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", plan_handle);
-  const char* why = unsupported_reason(x, w, b, *plan);
+  BAGF_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+             "bagf_torch: stride, padding and dilation must have 2 elements each");
+  const char* why = unsupported_reason(x, w, b, stride, dilation, *plan);
   BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch plan ", plan_handle, ": ", why);
   BAGF_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
                   y.size(0) == x.size(0) && y.size(1) == w.size(0),
@@ -425,7 +438,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nvrtc_compile", &nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
   m.def("versions", &versions, "NVRTC, driver and runtime versions");
   m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
-  m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan");
+  m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan", py::arg("cubin"),
+        py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
+        py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
 }

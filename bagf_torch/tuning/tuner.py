@@ -98,6 +98,9 @@ class Tuner:
     ``prune_factor`` (0 = off): before a family's search, its space is restricted to the configurations whose
     modelled global-memory traffic (``iobound.prune``) is within that factor of the best for the problem; the
     family's DEFAULT is always kept. Families without a traffic model are searched whole.
+
+    A family that defines ``applies(problem)`` (Winograd: 3x3 stride 1 only) is left out of a problem it does
+    not apply to; when none applies the winner is cuDNN.
     """
 
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
@@ -138,6 +141,10 @@ class Tuner:
                           f"kept {len(kept)} of {len(valid)} configurations")
         return space.restrict(kept, reason), (len(kept), len(valid))
 
+    def families_for(self, problem: ConvProblem) -> list[ModuleType]:
+        """The tuner's families that compute ``problem`` (those without ``applies`` take every problem)."""
+        return [f for f in self.families if getattr(f, "applies", None) is None or f.applies(problem) is None]
+
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
         """Where a family's search starts: ``default_for(problem, sms)`` when the family sizes its default to
         the problem (implicit_gemm_tc's split-K), else its DEFAULT."""
@@ -149,7 +156,7 @@ class Tuner:
 
     def split_budget(self, defaults: dict[str, float | None], evaluations: int) -> dict[str, int]:
         """Evaluations per family after the defaults: by default speed, none for hopeless families."""
-        if evaluations <= 0:
+        if evaluations <= 0 or not defaults:
             return {f: 0 for f in defaults}
         ok = {f: t for f, t in defaults.items() if t is not None}
         if not ok:  # no default ran (e.g. all failed to compile here): search every family evenly
@@ -171,6 +178,7 @@ class Tuner:
         points (warm start: winners of neighbouring problems, ``tuning.warmstart``); a seed of a family this
         tuner does not search, or invalid in its space, is skipped. They count against the budget."""
         t_start = time.perf_counter()
+        families = self.families_for(problem)
         phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
         ws = self.workspace(problem)
         handles: dict[tuple, int] = {}
@@ -225,17 +233,17 @@ class Tuner:
             return evaluate
 
         defaults: dict[str, float | None] = {}
-        for fam in self.families:
+        for fam in families:
             o = evaluator(fam)([self.start_config(fam, problem)])[0]
             defaults[fam.FAMILY] = o.time_us if o.ok else None
-        by_name = {f.FAMILY: f for f in self.families}
+        by_name = {f.FAMILY: f for f in families}
         known = dict(defaults)  # each family's best time so far: what its budget share follows
         seeded = 0
         for fam_name, config in seeds:
             fam = by_name.get(fam_name)
             if fam is None or not self.spaces[fam_name].is_valid(config) or (fam_name, config_key(config)) in done:
                 continue  # another family's, invalid here, or already measured (e.g. equal to the start point)
-            if seeded >= max(0, self.budget.evaluations - len(self.families) - 1):
+            if seeded >= max(0, self.budget.evaluations - len(families) - 1):
                 break
             o = evaluator(fam)([dict(config)])[0]
             seeded += 1
@@ -243,12 +251,12 @@ class Tuner:
                 known[fam_name] = o.time_us
         searched: dict[str, Space] = {}
         pruned: dict[str, tuple[int, int]] = {}
-        for fam in self.families:
+        for fam in families:
             searched[fam.FAMILY], cut = self.search_space(fam, problem)
             if cut is not None:
                 pruned[fam.FAMILY] = cut
-        shares = self.split_budget(known, self.budget.evaluations - len(self.families) - seeded)
-        order = sorted((f for f in self.families if shares[f.FAMILY] > 0), key=lambda f: known[f.FAMILY] or 0.0)
+        shares = self.split_budget(known, self.budget.evaluations - len(families) - seeded)
+        order = sorted((f for f in families if shares[f.FAMILY] > 0), key=lambda f: known[f.FAMILY] or 0.0)
         for i, fam in enumerate(order):
             left_s = self.budget.seconds - (time.perf_counter() - t_start)
             if left_s <= 0:

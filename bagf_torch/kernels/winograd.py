@@ -1,0 +1,160 @@
+"""Kernel family ``winograd``: fused fp32 Winograd F(2x2,3x3) / F(4x4,3x3) convolution (csrc/kernels/winograd.cuh).
+
+One kernel per configuration, no workspace: each block transforms its input tiles and filters in shared
+memory, accumulates the (m+2)^2 Winograd-domain products over input channels in registers and applies the
+inverse transform and bias before it writes the output. The output tile m is a knob (``MT``), so F(2x2) and
+F(4x4) are one family and the tuner's budget split between them is the strategy's business, not a fixed share.
+Only 3x3, stride-1, dilation-1 convolutions qualify (:func:`applies`); the tuner skips the family elsewhere
+and the host op refuses such a plan for any other problem (ATen answers).
+
+Accuracy: F(4x4) transforms have constants up to 8 (A^T) and 1/24 (G), so its fp32 error is several times
+direct convolution's (benchmarks/results/winograd_error_cpu.md: norm 1.5e-6 to 1.9e-6, max 6e-6 to 9e-6 on
+the AlexNet and ResNet-like 3x3 layers). The tuner's correctness check (``tuning.measure.CudaChecker``:
+relative norm error < 1e-4, max < 1e-3 against float64) is the enforced tolerance: a candidate above it on a
+layer is rejected like any wrong kernel.
+
+Knobs (template parameters) and the validity rules enforced before anything is compiled:
+
+========  =====================  =================================================================
+knob      values                 rule
+========  =====================  =================================================================
+MT        2 4                    output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd points
+BK        16 32 64               output channels per block
+BT        16 32 64               output tiles per block
+BC        4 8 16                 input channels per chunk (shared memory 4*E*BC*(BK+BT+8) bytes)
+TK, TT    2 4                    register tile per thread over channels x tiles, per Winograd point
+EG        1 2 3 4 6 8 9 12 ...   thread groups over the E points: E % EG == 0; threads
+                                 EG*(BK/TK)*(BT/TT) in [64, 1024], a multiple of 32
+SPLIT     1 2 4 8 16             input-channel slices (grid.z), added atomically into a zeroed output
+========  =====================  =================================================================
+
+Shared memory is the larger of the loop's buffers and the output stage's E*BK*(BT/ROUNDS+1) floats
+(ROUNDS as in the kernel's ``out_rounds``); it must fit the device's opt-in limit, and the estimated
+registers must not spill.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .. import winograd as _transforms
+from .space import Config, Space, register_rule, shared_memory_rule, template_expression
+
+FAMILY = "winograd"
+SOURCE = "winograd.cuh"
+KERNEL = "bagf::winograd_conv2d"
+TEMPLATE_ORDER = ("MT", "BK", "BT", "BC", "TK", "TT", "EG", "SPLIT")
+MIN_ARCH = 70
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "MT": (2, 4),
+    "BK": (16, 32, 64),
+    "BT": (16, 32, 64),
+    "BC": (4, 8, 16),
+    "TK": (2, 4),
+    "TT": (2, 4),
+    "EG": (1, 2, 3, 4, 6, 8, 9, 12, 16, 18),
+    "SPLIT": (1, 2, 4, 8, 16),
+}
+
+# Hand-picked start: F(2x2), 32 channels x 32 tiles per block, 8-channel chunks, 4x4 register tiles, the 16
+# Winograd points over 4 thread groups (256 threads, 64 accumulators each).
+DEFAULT: Config = {"MT": 2, "BK": 32, "BT": 32, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "SPLIT": 1}
+
+H200_SMS = 132
+SM90_SMEM_LIMIT = 232448
+
+
+def applies(problem) -> str | None:
+    """None when the family computes ``problem`` (3x3, stride 1, dilation 1, groups 1), else why not."""
+    return _transforms.applies(problem)
+
+
+def points(c: Mapping[str, int]) -> int:
+    """E = (MT+2)^2, the Winograd-domain points per tile."""
+    return (c["MT"] + 2) ** 2
+
+
+def threads(c: Mapping[str, int]) -> int:
+    return c["EG"] * (c["BK"] // c["TK"]) * (c["BT"] // c["TT"])
+
+
+def out_rounds(c: Mapping[str, int]) -> int:
+    """Passes of the output stage over the tiles (the kernel's ``wino::out_rounds``)."""
+    e, bk, bt = points(c), c["BK"], c["BT"]
+    ttn = bt // c["TT"]
+    loop = e * c["BC"] * (bk + 4 + bt + 4)
+    r = 1
+    while r < ttn and ttn % (2 * r) == 0 and e * bk * (bt // r + 1) > loop:
+        r *= 2
+    return r
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    e, bk, bt = points(c), c["BK"], c["BT"]
+    loop = e * c["BC"] * (bk + 4 + bt + 4)
+    out = e * bk * (bt // out_rounds(c) + 1)
+    return 4 * max(loop, out)
+
+
+def estimated_registers(c: Mapping[str, int]) -> int:
+    """Accumulators (E/EG points x TK x TT) plus the live transform tile (2 x (MT+2)^2 while a tile is
+    transformed; the accumulators are live then too) and ~30 for addressing."""
+    acc = points(c) // c["EG"] * c["TK"] * c["TT"]
+    return acc + 2 * points(c) + c["TK"] + c["TT"] + 30
+
+
+def launch(c: Mapping[str, int]) -> dict[str, int]:
+    """Grid: x over ceil(tiles / BT) with tile = MT (the host counts N x ceil(P/MT) x ceil(Q/MT) tiles),
+    y over ceil(K / BK), z = SPLIT."""
+    return {"bm": c["BK"], "bn": c["BT"], "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"],
+            "tile": c["MT"]}
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``winograd_f2_bk32_bt32_bc8_tk4_tt4_eg4_s1_sm90``."""
+    return (f"{FAMILY}_f{c['MT']}_bk{c['BK']}_bt{c['BT']}_bc{c['BC']}_tk{c['TK']}_tt{c['TT']}_eg{c['EG']}"
+            f"_s{c['SPLIT']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+
+
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """DEFAULT with the input-channel split sized to the problem: the smallest SPLIT that gives at least 2
+    blocks per SM while every slice keeps at least 4 chunks (AlexNet conv3 at N=1 has 49 F(2x2) tiles: 2 x 12
+    blocks without a split, for 132 SMs)."""
+    c = dict(DEFAULT)
+    p, q = problem.out_hw
+    m = c["MT"]
+    tiles = problem.n * -(-p // m) * -(-q // m)
+    blocks = -(-tiles // c["BT"]) * -(-problem.k // c["BK"])
+    chunks = -(-problem.c // c["BC"])
+    for split in PARAMS["SPLIT"]:
+        if chunks / split < 4:
+            break
+        c["SPLIT"] = split
+        if blocks * split >= 2 * sms:
+            break
+    return c
+
+
+def _rules(smem_limit: int):
+    def points_divide(c):
+        if points(c) % c["EG"]:
+            return f"EG={c['EG']} does not divide the {points(c)} Winograd points of F({c['MT']}x{c['MT']},3x3)"
+        return None
+
+    def thread_count(c):
+        t = threads(c)
+        if t < 64 or t > 1024 or t % 32:
+            return f"{t} threads per block (EG x BK/TK x BT/TT) is not a multiple of 32 in [64, 1024]"
+        return None
+
+    return (points_divide, thread_count, shared_memory_rule(smem_bytes, smem_limit),
+            register_rule(threads, estimated_registers))
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    return Space(FAMILY, PARAMS, _rules(smem_limit))

@@ -1,0 +1,348 @@
+// fp32 Winograd F(MT x MT, 3 x 3) convolution, fused in one kernel: NCHW input, KCRS weights, NKPQ output.
+// Stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers them).
+//
+//   Y = A^T [ sum_c (G g_kc G^T) . (B^T d_c B) ] A      per MT x MT output tile, A = MT + 2
+//
+// Dataflow (issue 3's "transformed tiles stay on chip"): a block owns BT output tiles (over N x tile rows x
+// tile columns) and BK output channels, and streams input channels through shared memory BC at a time. For
+// each chunk it gathers the BT input tiles (A x A, halo included; the padding reads zeros), transforms them
+// to V = B^T d B and the BK x BC filters to U = G g G^T, both into shared memory; then the E = A*A Winograd
+// points are E independent BK x BT x BC products accumulated in registers. No transformed tensor ever goes
+// through global memory: the input is read once per block column (plus the tile overlap, (A/MT)^2), the
+// weights once per block row. After the last chunk the accumulators go through shared memory (in ROUNDS
+// passes over the tiles when all E x BK x BT would not fit in the loop's buffers), each (k, tile) is
+// inverse-transformed, the bias added and the MT x MT outputs written (bounds-checked at the P, Q edges).
+//
+// Template parameters are the tuning knobs (bagf_torch/kernels/winograd.py holds their validity rules):
+//   MT  output tile (2: F(2x2,3x3), 16 products per 4 outputs; 4: F(4x4,3x3), 36 per 16)
+//   BK  output channels per block            TK  per thread, within one Winograd point's product
+//   BT  output tiles per block               TT  per thread
+//   BC  input channels per chunk             EG  thread groups over the E points (each thread: E/EG points)
+//   SPLIT  input-channel slices (grid.z); > 1: slices add atomically into the output the host zeroed
+//
+// The transforms skip the matrices' zero coefficients at compile time (no fast-math: 0*x is not folded).
+// The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
+#pragma once
+#include "conv_params.h"
+
+namespace bagf {
+namespace wino {
+
+// Lavin and Gray's matrices (the same as bagf_torch/winograd.py): B^T (A x A), G (A x 3), A^T (MT x A).
+template <int MT>
+struct Mat;
+
+template <>
+struct Mat<2> {
+  __host__ __device__ static constexpr float bt(int i, int j) {
+    constexpr float m[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float g(int i, int j) {
+    constexpr float m[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float at(int i, int j) {
+    constexpr float m[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+    return m[i][j];
+  }
+};
+
+template <>
+struct Mat<4> {
+  __host__ __device__ static constexpr float bt(int i, int j) {
+    constexpr float m[6][6] = {{4, 0, -5, 0, 1, 0},  {0, -4, -4, 1, 1, 0}, {0, 4, -4, -1, 1, 0},
+                               {0, -2, -1, 2, 1, 0}, {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float g(int i, int j) {
+    constexpr float m[6][3] = {{1.f / 4, 0, 0},
+                               {-1.f / 6, -1.f / 6, -1.f / 6},
+                               {-1.f / 6, 1.f / 6, -1.f / 6},
+                               {1.f / 24, 1.f / 12, 1.f / 6},
+                               {1.f / 24, -1.f / 12, 1.f / 6},
+                               {0, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float at(int i, int j) {
+    constexpr float m[4][6] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0}, {0, 1, 1, 4, 4, 0}, {0, 1, -1, 8, -8, 1}};
+    return m[i][j];
+  }
+};
+
+// out[i][j] = sum_l L(i, l) * in[l][j] over the nonzero coefficients (L is one of the tables above).
+template <int ROWS, int INNER, int COLS, typename Coef>
+__device__ __forceinline__ void left(Coef coef, const float (&in)[INNER][COLS], float (&out)[ROWS][COLS]) {
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) {
+      float s = 0.f;
+      bool first = true;
+#pragma unroll
+      for (int l = 0; l < INNER; ++l) {
+        const float c = coef(i, l);
+        if (c == 0.f) continue;
+        const float term = c == 1.f ? in[l][j] : (c == -1.f ? -in[l][j] : c * in[l][j]);
+        s = first ? term : s + term;
+        first = false;
+      }
+      out[i][j] = s;
+    }
+  }
+}
+
+// out[i][j] = sum_l in[i][l] * R(j, l)  (i.e. in times R^T).
+template <int ROWS, int INNER, int COLS, typename Coef>
+__device__ __forceinline__ void right(Coef coef, const float (&in)[ROWS][INNER], float (&out)[ROWS][COLS]) {
+#pragma unroll
+  for (int i = 0; i < ROWS; ++i) {
+#pragma unroll
+    for (int j = 0; j < COLS; ++j) {
+      float s = 0.f;
+      bool first = true;
+#pragma unroll
+      for (int l = 0; l < INNER; ++l) {
+        const float c = coef(j, l);
+        if (c == 0.f) continue;
+        const float term = c == 1.f ? in[i][l] : (c == -1.f ? -in[i][l] : c * in[i][l]);
+        s = first ? term : s + term;
+        first = false;
+      }
+      out[i][j] = s;
+    }
+  }
+}
+
+struct BtCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::bt(i, j); } };
+struct GCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::g(i, j); } };
+struct AtCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::at(i, j); } };
+struct BtCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::bt(i, j); } };
+struct GCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::g(i, j); } };
+struct AtCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::at(i, j); } };
+
+template <int MT> struct Coefs;
+template <> struct Coefs<2> { using Bt = BtCoef2; using G = GCoef2; using At = AtCoef2; };
+template <> struct Coefs<4> { using Bt = BtCoef4; using G = GCoef4; using At = AtCoef4; };
+
+// Shared-memory rounds of the output stage: the fewest passes over the tiles (a power of two dividing the
+// threads' tile columns TTN) whose E x BK x (BT/ROUNDS + 1) accumulator buffer fits in the loop's buffers.
+__host__ __device__ constexpr int out_rounds(int e, int bk, int bt, int ttn, int loop_floats) {
+  int r = 1;
+  while (r < ttn && ttn % (2 * r) == 0 && e * bk * (bt / r + 1) > loop_floats) r *= 2;
+  return r;
+}
+
+}  // namespace wino
+
+template <int MT, int BK, int BT, int BC, int TK, int TT, int EG, int SPLIT>
+__global__ void __launch_bounds__(EG * (BK / TK) * (BT / TT))
+winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                float* __restrict__ y, const Conv2dParams p) {
+  constexpr int A = MT + 2;
+  constexpr int E = A * A;
+  constexpr int KT = BK / TK;    // threads along output channels
+  constexpr int TTN = BT / TT;   // threads along tiles
+  constexpr int T = EG * KT * TTN;
+  constexpr int EPT = E / EG;    // Winograd points per thread
+  constexpr int ULD = BK + 4;    // padded rows: the transposing stores below spread over the banks
+  constexpr int VLD = BT + 4;
+  constexpr int LOOP_FLOATS = E * BC * (ULD + VLD);
+  constexpr int ROUNDS = wino::out_rounds(E, BK, BT, TTN, LOOP_FLOATS);
+  constexpr int BTR = BT / ROUNDS;
+  constexpr int OLD = BTR + 1;
+  static_assert(MT == 2 || MT == 4, "F(2x2,3x3) and F(4x4,3x3) only");
+  static_assert(E % EG == 0 && BK % TK == 0 && BT % TT == 0, "tiles must divide");
+  static_assert(TTN % ROUNDS == 0, "output rounds must split the thread columns evenly");
+  using Co = wino::Coefs<MT>;
+
+  extern __shared__ __align__(16) float smem[];
+  float* Us = smem;                   // [E][BC][ULD]  transformed filters
+  float* Vs = smem + E * BC * ULD;    // [E][BC][VLD]  transformed input tiles
+  float* Ms = smem;                   // [E][BK][OLD]  accumulators, output stage (reuses the loop's buffers)
+
+  const int tid = threadIdx.x;
+  const int tk = tid % KT;
+  const int tt = (tid / KT) % TTN;
+  const int eg = tid / (KT * TTN);
+
+  const int TQ = (p.Q + MT - 1) / MT;
+  const int TPQ = ((p.P + MT - 1) / MT) * TQ;
+  const int NT = p.N * TPQ;
+  const int HW = p.H * p.W;
+  const int t0 = blockIdx.x * BT;
+  const int k0 = blockIdx.y * BK;
+  const int chunks = (p.C + BC - 1) / BC;
+  const int per = (chunks + SPLIT - 1) / SPLIT;
+  const int cb = blockIdx.z * per;
+  const int ce = min(chunks, cb + per);
+
+  float acc[EPT][TK][TT];
+#pragma unroll
+  for (int j = 0; j < EPT; ++j)
+#pragma unroll
+    for (int i = 0; i < TK; ++i)
+#pragma unroll
+      for (int l = 0; l < TT; ++l) acc[j][i][l] = 0.f;
+
+  for (int ch = cb; ch < ce; ++ch) {
+    const int c0 = ch * BC;
+    // input tiles -> V = B^T d B
+    for (int it = tid; it < BC * BT; it += T) {
+      const int t = it % BT;
+      const int c = it / BT;
+      const int g = t0 + t;
+      const int gc = c0 + c;
+      float d[A][A];
+      if (g < NT && gc < p.C) {
+        const int n = g / TPQ;
+        const int r = g - n * TPQ;
+        const int tp = r / TQ;
+        const int h0 = tp * MT - p.pad_h;
+        const int w0 = (r - tp * TQ) * MT - p.pad_w;
+        const float* xc = x + (n * p.C + gc) * HW;
+#pragma unroll
+        for (int a = 0; a < A; ++a) {
+          const int ih = h0 + a;
+          const bool row_ok = ih >= 0 && ih < p.H;
+#pragma unroll
+          for (int b = 0; b < A; ++b) {
+            const int iw = w0 + b;
+            d[a][b] = (row_ok && iw >= 0 && iw < p.W) ? __ldg(xc + ih * p.W + iw) : 0.f;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int a = 0; a < A; ++a)
+#pragma unroll
+          for (int b = 0; b < A; ++b) d[a][b] = 0.f;
+      }
+      float tmp[A][A], v[A][A];
+      wino::left<A, A, A>(typename Co::Bt(), d, tmp);
+      wino::right<A, A, A>(typename Co::Bt(), tmp, v);
+#pragma unroll
+      for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < A; ++b) Vs[((a * A + b) * BC + c) * VLD + t] = v[a][b];
+    }
+    // filters -> U = G g G^T
+    for (int it = tid; it < BK * BC; it += T) {
+      const int c = it % BC;
+      const int k = it / BC;
+      const int gk = k0 + k;
+      const int gc = c0 + c;
+      float gf[3][3];
+      if (gk < p.K && gc < p.C) {
+        const float* wp = w + (gk * p.C + gc) * 9;
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+          for (int b = 0; b < 3; ++b) gf[a][b] = __ldg(wp + a * 3 + b);
+      } else {
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+          for (int b = 0; b < 3; ++b) gf[a][b] = 0.f;
+      }
+      float tmp[A][3], u[A][A];
+      wino::left<A, 3, 3>(typename Co::G(), gf, tmp);
+      wino::right<A, 3, A>(typename Co::G(), tmp, u);
+#pragma unroll
+      for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < A; ++b) Us[((a * A + b) * BC + c) * ULD + k] = u[a][b];
+    }
+    __syncthreads();
+    // E independent products: acc[e][k][t] += U[e][c][k] * V[e][c][t]
+#pragma unroll 2
+    for (int c = 0; c < BC; ++c) {
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) {
+        const int e = eg * EPT + j;
+        const float* us = Us + (e * BC + c) * ULD + tk * TK;
+        const float* vs = Vs + (e * BC + c) * VLD + tt * TT;
+        float uk[TK], vt[TT];
+        if constexpr (TK == 4) {
+          const float4 q = *reinterpret_cast<const float4*>(us);
+          uk[0] = q.x; uk[1] = q.y; uk[2] = q.z; uk[3] = q.w;
+        } else if constexpr (TK == 2) {
+          const float2 q = *reinterpret_cast<const float2*>(us);
+          uk[0] = q.x; uk[1] = q.y;
+        } else {
+#pragma unroll
+          for (int i = 0; i < TK; ++i) uk[i] = us[i];
+        }
+        if constexpr (TT == 4) {
+          const float4 q = *reinterpret_cast<const float4*>(vs);
+          vt[0] = q.x; vt[1] = q.y; vt[2] = q.z; vt[3] = q.w;
+        } else if constexpr (TT == 2) {
+          const float2 q = *reinterpret_cast<const float2*>(vs);
+          vt[0] = q.x; vt[1] = q.y;
+        } else {
+#pragma unroll
+          for (int l = 0; l < TT; ++l) vt[l] = vs[l];
+        }
+#pragma unroll
+        for (int i = 0; i < TK; ++i)
+#pragma unroll
+          for (int l = 0; l < TT; ++l) acc[j][i][l] = fmaf(uk[i], vt[l], acc[j][i][l]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // output stage: accumulators -> shared memory -> Y = A^T M A + bias
+  const bool add_bias = p.has_bias && blockIdx.z == 0;
+#pragma unroll 1
+  for (int round = 0; round < ROUNDS; ++round) {
+    if (tt / (TTN / ROUNDS) == round) {
+#pragma unroll
+      for (int j = 0; j < EPT; ++j)
+#pragma unroll
+        for (int i = 0; i < TK; ++i)
+#pragma unroll
+          for (int l = 0; l < TT; ++l)
+            Ms[((eg * EPT + j) * BK + tk * TK + i) * OLD + tt * TT + l - round * BTR] = acc[j][i][l];
+    }
+    __syncthreads();
+    for (int it = tid; it < BK * BTR; it += T) {
+      const int t = it % BTR;
+      const int k = it / BTR;
+      const int g = t0 + round * BTR + t;
+      const int gk = k0 + k;
+      if (g < NT && gk < p.K) {
+        float m[A][A], tmp[MT][A], o[MT][MT];
+#pragma unroll
+        for (int a = 0; a < A; ++a)
+#pragma unroll
+          for (int b = 0; b < A; ++b) m[a][b] = Ms[((a * A + b) * BK + k) * OLD + t];
+        wino::left<MT, A, A>(typename Co::At(), m, tmp);
+        wino::right<MT, A, MT>(typename Co::At(), tmp, o);
+        const float bv = add_bias ? __ldg(bias + gk) : 0.f;
+        const int n = g / TPQ;
+        const int r = g - n * TPQ;
+        const int tp = r / TQ;
+        const int oh0 = tp * MT;
+        const int ow0 = (r - tp * TQ) * MT;
+        float* yk = y + (n * p.K + gk) * p.P * p.Q;
+#pragma unroll
+        for (int a = 0; a < MT; ++a) {
+#pragma unroll
+          for (int b = 0; b < MT; ++b) {
+            if (oh0 + a < p.P && ow0 + b < p.Q) {
+              float* dst = yk + (oh0 + a) * p.Q + ow0 + b;
+              if constexpr (SPLIT > 1) {
+                atomicAdd(dst, o[a][b] + bv);
+              } else {
+                *dst = o[a][b] + bv;
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace bagf
