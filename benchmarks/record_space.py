@@ -55,6 +55,14 @@ PROBLEMS: dict[str, ConvProblem] = {
 }
 """The default problems: AlexNet's five convolutions at N=1 and N=128, plus two others."""
 
+MORE_PROBLEMS: dict[str, ConvProblem] = {
+    **{f"alexnet_{name}_n32": _conv(32, *dims) for name, dims in _ALEXNET.items()},
+    "conv3x3_256_56_n32": _conv(32, 256, 56, 256, 3, 1, 1),
+    "conv3x3_128_28_n1": _conv(1, 128, 28, 128, 3, 1, 1),
+    "conv3x3_128_28_n32": _conv(32, 128, 28, 128, 3, 1, 1),
+}
+"""Problems recorded only when named in --problems: the other batch size and layers of issue 3's tables."""
+
 
 class Partial:
     """The append-only record of a run: one JSON object per line, flushed as it is written."""
@@ -205,6 +213,7 @@ def record_problem(name: str, problem: ConvProblem, family, loaded: list, partia
         if written % 500 == 0:
             el = time.monotonic() - t0
             print(f"  {name} {family.FAMILY}: {written} configs in {el:.0f} s, best {best:.1f} us", flush=True)
+    complete = complete and not args.sample  # a sample is not the whole space
     seconds = time.monotonic() - t0
     partial.add({"kind": "status", "problem": name, "conv": conv, "family": family.FAMILY, "complete": complete,
                  "seconds": round(seconds, 2)})
@@ -224,18 +233,23 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-ms", type=float, default=1.0)
     ap.add_argument("--rep-ms", type=float, default=5.0, help="timed repetitions per configuration, in ms")
     ap.add_argument("--max-reps", type=int, default=500)
+    ap.add_argument("--sample", type=int, default=0,
+                    help="record a random sample of this many valid configurations per family (plus the default) "
+                         "instead of the whole space; the recording is then partial")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
     ap.add_argument("--list", action="store_true", help="print the known problems and exit")
     args = ap.parse_args(argv)
 
     if args.list:
-        for n, p in PROBLEMS.items():
+        for n, p in {**PROBLEMS, **MORE_PROBLEMS}.items():
             print(f"{n:28s} {p.short() if hasattr(p, 'short') else p}  {p.macs / 1e9:.2f} GMAC")
         return 0
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     problems = [p.strip() for p in args.problems.split(",") if p.strip()]
-    unknown = [f for f in families if f not in FAMILIES] + [p for p in problems if p not in PROBLEMS]
+    known = {**PROBLEMS, **MORE_PROBLEMS}
+    unknown = [f for f in families if f not in FAMILIES] + [p for p in problems if p not in known]
     if unknown:
-        ap.error(f"unknown families/problems {unknown}; families: {sorted(FAMILIES)}, problems: {list(PROBLEMS)}")
+        ap.error(f"unknown families/problems {unknown}; families: {sorted(FAMILIES)}, problems: {list(known)}")
 
     import torch
 
@@ -270,10 +284,19 @@ def main(argv=None) -> int:
         space = family.space(smem)
         valid = space.valid_configs()
         # the default first: a good reference for the cut-off from the start
+        if args.sample and args.sample < len(valid):
+            import random
+
+            valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
+            valid = list({config_key(c): c for c in valid}.values())
         order = sorted(valid, key=lambda c: config_key(c) != config_key(family.DEFAULT))
         fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
                            "raw_size": space.size, "valid": len(valid)}
-        pending = [p for p in problems if len(partial.done_keys(p, fname)) < len(valid)]
+        applies = getattr(family, "applies", None)
+        skipped = [p for p in problems if applies is not None and applies(known[p]) is not None]
+        if skipped:
+            print(f"{fname}: does not apply to {', '.join(skipped)}")
+        pending = [p for p in problems if p not in skipped and len(partial.done_keys(p, fname)) < len(valid)]
         if not pending:
             print(f"{fname}: every problem already recorded in {partial.path}")
             continue
@@ -287,7 +310,7 @@ def main(argv=None) -> int:
         print(f"{fname}: {len(order)} configurations ready in {time.monotonic() - t:.0f} s ({failed} failed)")
         try:
             for pname in pending:
-                problem = PROBLEMS[pname]
+                problem = known[pname]
                 ws = Workspace(problem, torch.device("cuda", 0), seed=0)
                 if partial.cudnn(pname) is None:
                     with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,

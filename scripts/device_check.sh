@@ -10,7 +10,9 @@
 #   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
 #   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; contexts =
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
-#   compute-sanitizer over a sample of the space.
+#   compute-sanitizer over a sample of the space; record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
+#   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`.
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
 #   pre-tuning of issue 6), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
@@ -23,7 +25,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile|contexts) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -91,8 +93,13 @@ if has alexnet; then
   tail -n 60 "$OUT/alexnet.log"
 fi
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has record; then
+  # shellcheck disable=SC2086  # RECORD_ARGS is a list of arguments
+  timeout ${RECORD_TIMEOUT:-400} python3 benchmarks/record_space.py ${RECORD_ARGS:-} > "$OUT/record.log" 2>&1 || rc=1
+  grep -vE "^  " "$OUT/record.log" | tail -n 40
 fi
 if has precision; then
   timeout 240 python3 benchmarks/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"

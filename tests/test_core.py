@@ -141,6 +141,47 @@ def test_tc_family_valid_configs_obey_the_documented_rules():
     assert tc.launch(dict(tc.DEFAULT, SPLIT=8))["split"] == 8
 
 
+def test_winograd_family_valid_configs_obey_the_documented_rules():
+    from bagf_torch.kernels import winograd as wg
+
+    s = wg.space()
+    assert s.invalid_reason(wg.DEFAULT) is None
+    valid = s.valid_configs()
+    assert {c["MT"] for c in valid} == {2, 4} and len(valid) > 1000
+    for c in valid:
+        e, t = (c["MT"] + 2) ** 2, wg.threads(c)
+        assert e % c["EG"] == 0 and t == c["EG"] * c["BK"] // c["TK"] * c["BT"] // c["TT"]
+        assert 64 <= t <= 1024 and t % 32 == 0
+        assert wg.smem_bytes(c) <= wg.SM90_SMEM_LIMIT
+        assert wg.estimated_registers(c) * t <= 65536
+        # the output stage's buffer, in rounds over the tiles, fits what the host allocates
+        assert e * c["BK"] * (c["BT"] // wg.out_rounds(c) + 1) * 4 <= wg.smem_bytes(c)
+    assert "does not divide" in s.invalid_reason(dict(wg.DEFAULT, MT=4, EG=4 * 4))
+    assert "threads" in s.invalid_reason(dict(wg.DEFAULT, EG=16, BK=64, TK=2))
+    assert wg.launch(dict(wg.DEFAULT, MT=4))["tile"] == 4
+    assert wg.name(wg.DEFAULT) == "winograd_f2_bk32_bt32_bc8_tk4_tt4_eg4_s1_sm90"
+    assert wg.name_expression(wg.DEFAULT) == "bagf::winograd_conv2d<2, 32, 32, 8, 4, 4, 4, 1>"
+
+
+def test_winograd_applies_only_to_3x3_stride_1():
+    from bagf_torch.kernels import winograd as wg
+
+    assert wg.applies(ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))) is None
+    assert "3x3" in wg.applies(ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2)))
+    assert "stride" in wg.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=3, s=3, stride=(2, 2)))
+    assert "stride" in wg.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=3, s=3, dilation=(2, 2)))
+
+
+def test_winograd_start_config_splits_channels_for_small_batches():
+    from bagf_torch.kernels import winograd as wg
+
+    conv3 = dict(c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+    one = wg.default_for(ConvProblem(n=1, **conv3))
+    big = wg.default_for(ConvProblem(n=128, **conv3))
+    assert one["SPLIT"] > 1 and big["SPLIT"] == 1
+    assert wg.space().is_valid(one) and -(-192 // one["BC"]) / one["SPLIT"] >= 4
+
+
 def _family_modules():
     import importlib
     import sys
@@ -165,7 +206,7 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
     missing = [a for a in REQUIRED if not hasattr(fam, a)]
     assert not missing, missing
     geo = fam.launch(fam.DEFAULT)
-    assert set(geo) == {"bm", "bn", "threads", "smem", "split"}
+    assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile"}
     assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 

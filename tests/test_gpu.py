@@ -50,7 +50,25 @@ def _family(name):
     return FAMILIES[name]
 
 
-FAMILY_NAMES = ["implicit_gemm", "implicit_gemm_tc"]
+FAMILY_NAMES = ["implicit_gemm", "implicit_gemm_tc", "winograd"]
+
+# 3x3 stride-1 odd shapes for the Winograd family: P, Q not multiples of 2 or 4, C and K off every tile,
+# paddings 0-2, a 1x1 output, N up to 3.
+WINO_SHAPES = [
+    (1, 3, 17, 23, 5, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (2, 7, 9, 14, 13, 3, 3, (1, 1), (0, 0), (1, 1), False),
+    (1, 19, 6, 5, 33, 3, 3, (1, 1), (2, 1), (1, 1), True),
+    (3, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (1, 1, 3, 3, 1, 3, 3, (1, 1), (0, 0), (1, 1), True),
+    (2, 130, 11, 7, 9, 3, 3, (1, 1), (1, 0), (1, 1), True),
+]
+
+
+def _shapes_for(fam):
+    applies = getattr(fam, "applies", None)
+    if applies is None:
+        return ODD_SHAPES
+    return [s for s in ODD_SHAPES + WINO_SHAPES if applies(_problem(s)) is None]
 
 
 def _sample_configs(fam, n: int, seed: int):
@@ -74,7 +92,7 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
     assert not failures, failures
     checker = CudaChecker(compiler.ext)
     bad = []
-    for shape in ODD_SHAPES:
+    for shape in _shapes_for(fam):
         ws = Workspace(_problem(shape), torch.device("cuda", 0))  # fresh random data per shape
         for c, b in zip(configs, built):
             out = checker.check(ws, b.handle)
@@ -137,6 +155,32 @@ def test_opcheck_and_autograd(compiler, family, split):
     want = torch.autograd.grad(ref, (x, w, b), g)
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mt,split", [(2, 1), (4, 4)])
+def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, mt, split):
+    """A Winograd plan on a 3x3 stride-1 call runs the kernel (opcheck, gradients through ATen's backward);
+    the same plan handed a 5x5, strided or dilated call returns ATen's answer instead of a wrong one."""
+    fam = _family("winograd")
+    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, SPLIT=split, EG=9 if mt == 4 else 4)])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
+    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 2], [1, 1], handle))
+    out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 0], [1, 1], handle)
+    ref = F.conv2d(x, w, b, 1, (1, 0))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    g = torch.randn_like(ref)
+    for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        w5 = torch.randn(7, 5, 5, 5, device="cuda")
+        for args, want in (((w5, b, [1, 1], [2, 2], [1, 1]), F.conv2d(x, w5, b, 1, 2)),
+                           ((w, b, [2, 1], [1, 1], [1, 1]), F.conv2d(x, w, b, (2, 1), 1)),
+                           ((w, b, [1, 1], [1, 1], [2, 2]), F.conv2d(x, w, b, 1, 1, (2, 2)))):
+            got = torch.ops.bagf.conv2d(x, *args, handle)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _conv_model():

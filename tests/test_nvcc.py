@@ -51,3 +51,77 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
     mangled = f"_ZN4bagf{len(kernel)}{kernel}I{args}"
     default = [v for k, v in frames.items() if k.startswith(mangled)]
     assert default == ["0"], (mangled, res.stderr[-3000:])
+
+
+_WINO_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "winograd.cuh"
+
+// One tile through the kernel's own transforms: Y = A^T [(G g G^T) . (B^T d B)] A, printed with the inputs.
+template <int MT, typename Co>
+void tile(unsigned seed) {
+  constexpr int A = MT + 2;
+  srand(seed);
+  float d[A][A], g[3][3], v[A][A], u[A][A], t1[A][A], t2[A][3], m[A][A], t3[MT][A], y[MT][MT];
+  for (int i = 0; i < A; ++i) for (int j = 0; j < A; ++j) d[i][j] = rand() / (float)RAND_MAX - 0.5f;
+  for (int i = 0; i < 3; ++i) for (int j = 0; j < 3; ++j) g[i][j] = rand() / (float)RAND_MAX - 0.5f;
+  bagf::wino::left<A, A, A>(typename Co::Bt(), d, t1);
+  bagf::wino::right<A, A, A>(typename Co::Bt(), t1, v);
+  bagf::wino::left<A, 3, 3>(typename Co::G(), g, t2);
+  bagf::wino::right<A, 3, A>(typename Co::G(), t2, u);
+  for (int i = 0; i < A; ++i) for (int j = 0; j < A; ++j) m[i][j] = u[i][j] * v[i][j];
+  bagf::wino::left<MT, A, A>(typename Co::At(), m, t3);
+  bagf::wino::right<MT, A, MT>(typename Co::At(), t3, y);
+  printf("tile %d", MT);
+  for (int i = 0; i < A; ++i) for (int j = 0; j < A; ++j) printf(" %.9g", d[i][j]);
+  for (int i = 0; i < 3; ++i) for (int j = 0; j < 3; ++j) printf(" %.9g", g[i][j]);
+  for (int i = 0; i < MT; ++i) for (int j = 0; j < MT; ++j) printf(" %.9g", y[i][j]);
+  printf("\n");
+}
+
+int main(int argc, char** argv) {
+  for (unsigned s = 1; s <= 4; ++s) {
+    tile<2, bagf::wino::Coefs<2>>(s);
+    tile<4, bagf::wino::Coefs<4>>(s);
+  }
+  for (int i = 1; i + 4 < argc; i += 5) {  // e, bk, bt, ttn, loop_floats -> rounds
+    printf("rounds %d\n", bagf::wino::out_rounds(atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]),
+                                                 atoi(argv[i + 3]), atoi(argv[i + 4])));
+  }
+  return 0;
+}
+"""
+
+
+def test_winograd_transforms_and_output_rounds_match_python_on_host(tmp_path):
+    """The Winograd kernel's transforms (compile-time zero skipping included) compute a direct 3x3 correlation
+    of one tile, for F(2x2) and F(4x4); and its output-stage rounds equal the Python model's, on which the
+    shared memory the host allocates depends (a mismatch would overrun shared memory)."""
+    import numpy as np
+
+    from bagf_torch.kernels import winograd as wg
+
+    src = tmp_path / "wino_host.cu"
+    src.write_text(_WINO_HOST)
+    exe = tmp_path / "wino_host"
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    configs = random.Random(3).sample(wg.space().valid_configs(), 200)
+    args = []
+    for c in configs:
+        e = wg.points(c)
+        args += [e, c["BK"], c["BT"], c["BT"] // c["TT"], e * c["BC"] * (c["BK"] + 4 + c["BT"] + 4)]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    tiles = [line.split()[1:] for line in out.splitlines() if line.startswith("tile")]
+    assert len(tiles) == 8
+    for row in tiles:
+        m, vals = int(row[0]), np.array(row[1:], dtype=np.float64)
+        a = m + 2
+        d, g, y = vals[: a * a].reshape(a, a), vals[a * a: a * a + 9].reshape(3, 3), vals[a * a + 9:].reshape(m, m)
+        want = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(m)] for i in range(m)])
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * (1 if m == 2 else 8))
+    rounds = [int(line.split()[1]) for line in out.splitlines() if line.startswith("rounds")]
+    assert rounds == [wg.out_rounds(c) for c in configs]
+    assert len(set(rounds)) > 1  # the sample exercises more than one round count

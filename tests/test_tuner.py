@@ -289,3 +289,27 @@ def test_prune_factor_setting(monkeypatch):
         monkeypatch.setenv("BAGF_PRUNE_FACTOR", bad)
         with pytest.raises(settings.SettingError, match="BAGF_PRUNE_FACTOR"):
             settings.prune_factor()
+
+
+def test_families_that_do_not_apply_to_the_problem_are_never_compiled():
+    """A family with ``applies`` (Winograd: 3x3 stride 1) is left out of other problems: none of its
+    configurations reaches the compiler, and the other family gets the whole budget."""
+    general, wino = _family(), _family()
+    general.FAMILY, wino.FAMILY = "general", "wino3x3"
+    wino.applies = lambda p: None if (p.r, p.s) == (3, 3) else f"filter {p.r}x{p.s} is not 3x3"
+    seen = []
+
+    class Recording(FakeCompiler):
+        def compile(self, family, configs):
+            seen.extend(family.FAMILY for _ in configs)
+            return super().compile(family, configs)
+
+    comp = Recording()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, [general, wino],
+                  strategy="random", budget=Budget(12))
+    r = tuner.tune(PROBLEM)  # 5x5
+    assert set(seen) == {"general"} and r.evaluations == 12
+    seen.clear()
+    r3 = tuner.tune(ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1)))
+    assert set(seen) == {"general", "wino3x3"} and r3.evaluations <= 12
+    assert [f.FAMILY for f in tuner.families_for(PROBLEM)] == ["general"]

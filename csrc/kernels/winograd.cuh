@@ -21,6 +21,7 @@
 //   SPLIT  input-channel slices (grid.z); > 1: slices add atomically into the output the host zeroed
 //
 // The transforms skip the matrices' zero coefficients at compile time (no fast-math: 0*x is not folded).
+// They are host-callable too: tests/test_nvcc.py checks them (and out_rounds) against Python on a CPU.
 // The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
 #pragma once
 #include "conv_params.h"
@@ -72,7 +73,7 @@ struct Mat<4> {
 
 // out[i][j] = sum_l L(i, l) * in[l][j] over the nonzero coefficients (L is one of the tables above).
 template <int ROWS, int INNER, int COLS, typename Coef>
-__device__ __forceinline__ void left(Coef coef, const float (&in)[INNER][COLS], float (&out)[ROWS][COLS]) {
+__host__ __device__ __forceinline__ void left(Coef coef, const float (&in)[INNER][COLS], float (&out)[ROWS][COLS]) {
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
 #pragma unroll
@@ -94,7 +95,7 @@ __device__ __forceinline__ void left(Coef coef, const float (&in)[INNER][COLS], 
 
 // out[i][j] = sum_l in[i][l] * R(j, l)  (i.e. in times R^T).
 template <int ROWS, int INNER, int COLS, typename Coef>
-__device__ __forceinline__ void right(Coef coef, const float (&in)[ROWS][INNER], float (&out)[ROWS][COLS]) {
+__host__ __device__ __forceinline__ void right(Coef coef, const float (&in)[ROWS][INNER], float (&out)[ROWS][COLS]) {
 #pragma unroll
   for (int i = 0; i < ROWS; ++i) {
 #pragma unroll
@@ -114,12 +115,12 @@ __device__ __forceinline__ void right(Coef coef, const float (&in)[ROWS][INNER],
   }
 }
 
-struct BtCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::bt(i, j); } };
-struct GCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::g(i, j); } };
-struct AtCoef2 { __device__ constexpr float operator()(int i, int j) const { return Mat<2>::at(i, j); } };
-struct BtCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::bt(i, j); } };
-struct GCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::g(i, j); } };
-struct AtCoef4 { __device__ constexpr float operator()(int i, int j) const { return Mat<4>::at(i, j); } };
+struct BtCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::bt(i, j); } };
+struct GCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::g(i, j); } };
+struct AtCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::at(i, j); } };
+struct BtCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::bt(i, j); } };
+struct GCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::g(i, j); } };
+struct AtCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::at(i, j); } };
 
 template <int MT> struct Coefs;
 template <> struct Coefs<2> { using Bt = BtCoef2; using G = GCoef2; using At = AtCoef2; };
