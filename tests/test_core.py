@@ -159,8 +159,9 @@ def test_winograd_family_valid_configs_obey_the_documented_rules():
     assert "does not divide" in s.invalid_reason(dict(wg.DEFAULT, MT=4, EG=4 * 4))
     assert "threads" in s.invalid_reason(dict(wg.DEFAULT, EG=16, BK=64, TK=2))
     assert wg.launch(dict(wg.DEFAULT, MT=4))["tile"] == 4
-    assert wg.name(wg.DEFAULT) == "winograd_f2_bk32_bt32_bc8_tk4_tt4_eg4_s1_sm90"
-    assert wg.name_expression(wg.DEFAULT) == "bagf::winograd_conv2d<2, 32, 32, 8, 4, 4, 4, 1>"
+    assert wg.name(wg.DEFAULT) == "winograd_f2_bk32_bt32_bc8_tk4_tt4_eg4_db0_s1_sm90"
+    assert wg.name_expression(wg.DEFAULT) == "bagf::winograd_conv2d<2, 32, 32, 8, 4, 4, 4, 0, 1>"
+    assert wg.prefetch_registers(dict(wg.DEFAULT, DB=1)) == 16 + 9  # one 4x4 patch and one filter per thread
 
 
 def test_winograd_applies_only_to_3x3_stride_1():

@@ -18,6 +18,7 @@
 //   BK  output channels per block            TK  per thread, within one Winograd point's product
 //   BT  output tiles per block               TT  per thread
 //   BC  input channels per chunk             EG  thread groups over the E points (each thread: E/EG points)
+//   DB  1: the next chunk's raw patches and weights are prefetched into registers during this chunk's products
 //   SPLIT  input-channel slices (grid.z); > 1: slices add atomically into the output the host zeroed
 //
 // The transforms skip the matrices' zero coefficients at compile time (no fast-math: 0*x is not folded).
@@ -136,7 +137,7 @@ __host__ __device__ constexpr int out_rounds(int e, int bk, int bt, int ttn, int
 
 }  // namespace wino
 
-template <int MT, int BK, int BT, int BC, int TK, int TT, int EG, int SPLIT>
+template <int MT, int BK, int BT, int BC, int TK, int TT, int EG, int DB, int SPLIT>
 __global__ void __launch_bounds__(EG * (BK / TK) * (BT / TT))
 winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                 float* __restrict__ y, const Conv2dParams p) {
@@ -186,75 +187,8 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
 #pragma unroll
       for (int l = 0; l < TT; ++l) acc[j][i][l] = 0.f;
 
-  for (int ch = cb; ch < ce; ++ch) {
-    const int c0 = ch * BC;
-    // input tiles -> V = B^T d B
-    for (int it = tid; it < BC * BT; it += T) {
-      const int t = it % BT;
-      const int c = it / BT;
-      const int g = t0 + t;
-      const int gc = c0 + c;
-      float d[A][A];
-      if (g < NT && gc < p.C) {
-        const int n = g / TPQ;
-        const int r = g - n * TPQ;
-        const int tp = r / TQ;
-        const int h0 = tp * MT - p.pad_h;
-        const int w0 = (r - tp * TQ) * MT - p.pad_w;
-        const float* xc = x + (n * p.C + gc) * HW;
-#pragma unroll
-        for (int a = 0; a < A; ++a) {
-          const int ih = h0 + a;
-          const bool row_ok = ih >= 0 && ih < p.H;
-#pragma unroll
-          for (int b = 0; b < A; ++b) {
-            const int iw = w0 + b;
-            d[a][b] = (row_ok && iw >= 0 && iw < p.W) ? __ldg(xc + ih * p.W + iw) : 0.f;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int a = 0; a < A; ++a)
-#pragma unroll
-          for (int b = 0; b < A; ++b) d[a][b] = 0.f;
-      }
-      float tmp[A][A], v[A][A];
-      wino::left<A, A, A>(typename Co::Bt(), d, tmp);
-      wino::right<A, A, A>(typename Co::Bt(), tmp, v);
-#pragma unroll
-      for (int a = 0; a < A; ++a)
-#pragma unroll
-        for (int b = 0; b < A; ++b) Vs[((a * A + b) * BC + c) * VLD + t] = v[a][b];
-    }
-    // filters -> U = G g G^T
-    for (int it = tid; it < BK * BC; it += T) {
-      const int c = it % BC;
-      const int k = it / BC;
-      const int gk = k0 + k;
-      const int gc = c0 + c;
-      float gf[3][3];
-      if (gk < p.K && gc < p.C) {
-        const float* wp = w + (gk * p.C + gc) * 9;
-#pragma unroll
-        for (int a = 0; a < 3; ++a)
-#pragma unroll
-          for (int b = 0; b < 3; ++b) gf[a][b] = __ldg(wp + a * 3 + b);
-      } else {
-#pragma unroll
-        for (int a = 0; a < 3; ++a)
-#pragma unroll
-          for (int b = 0; b < 3; ++b) gf[a][b] = 0.f;
-      }
-      float tmp[A][3], u[A][A];
-      wino::left<A, 3, 3>(typename Co::G(), gf, tmp);
-      wino::right<A, 3, A>(typename Co::G(), tmp, u);
-#pragma unroll
-      for (int a = 0; a < A; ++a)
-#pragma unroll
-        for (int b = 0; b < A; ++b) Us[((a * A + b) * BC + c) * ULD + k] = u[a][b];
-    }
-    __syncthreads();
-    // E independent products: acc[e][k][t] += U[e][c][k] * V[e][c][t]
+  // E independent products: acc[e][k][t] += U[e][c][k] * V[e][c][t]
+  auto products = [&]() {
 #pragma unroll 2
     for (int c = 0; c < BC; ++c) {
 #pragma unroll
@@ -289,7 +223,123 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
           for (int l = 0; l < TT; ++l) acc[j][i][l] = fmaf(uk[i], vt[l], acc[j][i][l]);
       }
     }
-    __syncthreads();
+  };
+
+  // One (channel, tile) item of a chunk: gather its A x A input patch (the padding reads zeros) ...
+  auto gather_input = [&](int c0, int it, float (&d)[A][A]) {
+    const int t = it % BT;
+    const int g = t0 + t;
+    const int gc = c0 + it / BT;
+    if (g < NT && gc < p.C) {
+      const int n = g / TPQ;
+      const int r = g - n * TPQ;
+      const int tp = r / TQ;
+      const int h0 = tp * MT - p.pad_h;
+      const int w0 = (r - tp * TQ) * MT - p.pad_w;
+      const float* xc = x + (n * p.C + gc) * HW;
+#pragma unroll
+      for (int a = 0; a < A; ++a) {
+        const int ih = h0 + a;
+        const bool row_ok = ih >= 0 && ih < p.H;
+#pragma unroll
+        for (int b = 0; b < A; ++b) {
+          const int iw = w0 + b;
+          d[a][b] = (row_ok && iw >= 0 && iw < p.W) ? __ldg(xc + ih * p.W + iw) : 0.f;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < A; ++b) d[a][b] = 0.f;
+    }
+  };
+  // ... and store V = B^T d B.
+  auto store_input = [&](int it, const float (&d)[A][A]) {
+    float tmp[A][A], v[A][A];
+    wino::left<A, A, A>(typename Co::Bt(), d, tmp);
+    wino::right<A, A, A>(typename Co::Bt(), tmp, v);
+    const int t = it % BT;
+    const int c = it / BT;
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+      for (int b = 0; b < A; ++b) Vs[((a * A + b) * BC + c) * VLD + t] = v[a][b];
+  };
+  // One (output channel, channel) filter of a chunk: gather its 9 weights, then store U = G g G^T.
+  auto gather_filter = [&](int c0, int it, float (&gf)[3][3]) {
+    const int gk = k0 + it / BC;
+    const int gc = c0 + it % BC;
+    if (gk < p.K && gc < p.C) {
+      const float* wp = w + (gk * p.C + gc) * 9;
+#pragma unroll
+      for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int b = 0; b < 3; ++b) gf[a][b] = __ldg(wp + a * 3 + b);
+    } else {
+#pragma unroll
+      for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int b = 0; b < 3; ++b) gf[a][b] = 0.f;
+    }
+  };
+  auto store_filter = [&](int it, const float (&gf)[3][3]) {
+    float tmp[A][3], u[A][A];
+    wino::left<A, 3, 3>(typename Co::G(), gf, tmp);
+    wino::right<A, 3, A>(typename Co::G(), tmp, u);
+    const int c = it % BC;
+    const int k = it / BC;
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+      for (int b = 0; b < A; ++b) Us[((a * A + b) * BC + c) * ULD + k] = u[a][b];
+  };
+
+  if constexpr (DB) {
+    // Prefetch: the next chunk's raw patches and weights are loaded into registers before this chunk's
+    // products, so their global-memory latency overlaps the arithmetic; they are transformed after it.
+    constexpr int IN_ITEMS = (BC * BT + T - 1) / T;
+    constexpr int F_ITEMS = (BK * BC + T - 1) / T;
+    float dreg[IN_ITEMS][A][A];
+    float greg[F_ITEMS][3][3];
+    auto gather = [&](int c0) {
+#pragma unroll
+      for (int i = 0; i < IN_ITEMS; ++i)
+        if (tid + i * T < BC * BT) gather_input(c0, tid + i * T, dreg[i]);
+#pragma unroll
+      for (int i = 0; i < F_ITEMS; ++i)
+        if (tid + i * T < BK * BC) gather_filter(c0, tid + i * T, greg[i]);
+    };
+    if (cb < ce) gather(cb * BC);
+    for (int ch = cb; ch < ce; ++ch) {
+#pragma unroll
+      for (int i = 0; i < IN_ITEMS; ++i)
+        if (tid + i * T < BC * BT) store_input(tid + i * T, dreg[i]);
+#pragma unroll
+      for (int i = 0; i < F_ITEMS; ++i)
+        if (tid + i * T < BK * BC) store_filter(tid + i * T, greg[i]);
+      __syncthreads();
+      if (ch + 1 < ce) gather((ch + 1) * BC);
+      products();
+      __syncthreads();
+    }
+  } else {
+    for (int ch = cb; ch < ce; ++ch) {
+      const int c0 = ch * BC;
+      for (int it = tid; it < BC * BT; it += T) {
+        float d[A][A];
+        gather_input(c0, it, d);
+        store_input(it, d);
+      }
+      for (int it = tid; it < BK * BC; it += T) {
+        float gf[3][3];
+        gather_filter(c0, it, gf);
+        store_filter(it, gf);
+      }
+      __syncthreads();
+      products();
+      __syncthreads();
+    }
   }
 
   // output stage: accumulators -> shared memory -> Y = A^T M A + bias
