@@ -568,8 +568,8 @@ def winograd_fast_memory_words(config: Mapping[str, int]) -> int:
     transformed filters U and input tiles V) + the accumulator registers (``E/EG*TK*TT`` per thread x threads
     = ``E*BK*BT``), as :func:`implicit_gemm_tc_fast_memory_words` counts (fragments, the live transform tile
     and addressing registers not counted). The output stage reuses the loop's buffers for a copy of the
-    accumulators, in ROUNDS passes; where that copy is larger than the loop's buffers the allocation is larger
-    (``kernels.winograd.smem_bytes``), but it only holds words already counted as registers, so it is left out.
+    accumulators, in ROUNDS passes; for every valid configuration that copy fits in them, so the shared part
+    equals the allocation (``kernels.winograd.smem_bytes``; a test checks it over the space).
     """
     e = (config["MT"] + 2) ** 2
     return e * config["BC"] * (config["BK"] + 4 + config["BT"] + 4) + e * config["BK"] * config["BT"]
