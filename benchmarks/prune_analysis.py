@@ -88,7 +88,7 @@ def analyse(rp, factors) -> dict:
     min_key = min(totals, key=totals.get)
     return {
         "name": rp.name, "family": rp.family, "complete": rp.complete, "problem": problem.short(),
-        "recorded": len(records), "timed": len(timed), "valid": rp.extra.get("valid"),
+        "recorded": len(records), "timed": len(timed), "valid": rp.valid,
         "optimum": {"config": opt, "us": opt_us, "traffic_words": totals[opt_key],
                     "traffic_ratio": totals[opt_key] / min_traffic},
         "min_traffic": {"config": dict(min_key), "words": min_traffic, "us": times.get(min_key)},
