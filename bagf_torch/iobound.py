@@ -10,6 +10,8 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   loop nest in Python (small shapes only), which the tests compare to the closed form exactly;
 * :func:`implicit_gemm_tc_traffic` / :func:`brute_force_tc_traffic` - the same pair for ``implicit_gemm_tc``
   (cp.async tiles, split-K memset and atomics);
+* :func:`winograd_traffic` / :func:`brute_force_winograd_traffic` - the same pair for the fused ``winograd``
+  kernel (A x A input patches with halo, 3x3 filters, split over input channels);
 * :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
 * :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
   modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
@@ -42,7 +44,8 @@ __all__ = [
     "Traffic", "used_input_words", "compulsory_words", "effective_stride", "direct_lower_bound",
     "direct_tile_reads_per_mac", "winograd_lower_bound", "implicit_gemm_fast_memory_words",
     "implicit_gemm_traffic", "brute_force_traffic", "implicit_gemm_tc_fast_memory_words",
-    "implicit_gemm_tc_traffic", "brute_force_tc_traffic", "traffic", "fast_memory_words", "has_model", "prune",
+    "implicit_gemm_tc_traffic", "brute_force_tc_traffic", "winograd_fast_memory_words", "winograd_traffic",
+    "brute_force_winograd_traffic", "traffic", "fast_memory_words", "has_model", "prune",
 ]
 
 
@@ -531,10 +534,166 @@ def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> T
                    words_memset=memset)
 
 
+# --------------------------------------------------------------------------- winograd: traffic model
+def _winograd_geometry(config: Mapping[str, int]) -> dict[str, int]:
+    """The kernel's constexprs (csrc/kernels/winograd.cuh) that the traffic depends on."""
+    mt, bk, bt, bc = config["MT"], config["BK"], config["BT"], config["BC"]
+    a = mt + 2
+    e = a * a
+    ttn = bt // config["TT"]
+    loop = e * bc * (bk + 4 + bt + 4)
+    rounds = 1  # wino::out_rounds
+    while rounds < ttn and ttn % (2 * rounds) == 0 and e * bk * (bt // rounds + 1) > loop:
+        rounds *= 2
+    return {"A": a, "E": e, "T": config["EG"] * (bk // config["TK"]) * ttn, "LOOP": loop, "ROUNDS": rounds}
+
+
+def _check_winograd_problem(problem: ConvProblem) -> None:
+    if (problem.r, problem.s) != (3, 3) or problem.stride != (1, 1) or problem.dilation != (1, 1) \
+            or problem.groups != 1:
+        raise ValueError(f"the winograd family computes 3x3, stride-1, dilation-1, groups-1 convolutions only; got "
+                         f"{problem.r}x{problem.s}, stride {problem.stride}, dilation {problem.dilation}, groups "
+                         f"{problem.groups} (the tuner skips the family there: kernels.winograd.applies)")
+
+
+def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
+    """Sum over the ceil(out/MT) tiles along one axis of the in-bounds rows of the tile's A-row input patch
+    (rows tile*MT - pad + a, a in [0, MT+2)); padding rows are predicated-off loads and read nothing."""
+    idx = np.arange(-(-out // mt))[:, None] * mt - pad + np.arange(mt + 2)[None, :]
+    return int(((idx >= 0) & (idx < size)).sum())
+
+
+def winograd_fast_memory_words(config: Mapping[str, int]) -> int:
+    """Shared memory words of the channel loop as allocated, padding included (``E*BC*(BK+4 + BT+4)``: the
+    transformed filters U and input tiles V) + the accumulator registers (``E/EG*TK*TT`` per thread x threads
+    = ``E*BK*BT``), as :func:`implicit_gemm_tc_fast_memory_words` counts (fragments, the live transform tile
+    and addressing registers not counted). The output stage reuses the loop's buffers for a copy of the
+    accumulators, in ROUNDS passes; for every valid configuration that copy fits in them, so the shared part
+    equals the allocation (``kernels.winograd.smem_bytes``; a test checks it over the space).
+    """
+    e = (config["MT"] + 2) ** 2
+    return e * config["BC"] * (config["BK"] + 4 + config["BT"] + 4) + e * config["BK"] * config["BT"]
+
+
+def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of the fused Winograd kernel (csrc/kernels/winograd.cuh).
+
+    Tiles NT = N * ceil(P/MT) * ceil(Q/MT); grid ceil(NT/BT) x ceil(K/BK) x SPLIT; slice z takes chunks
+    [z*per, min(chunks, (z+1)*per)) of the chunks = ceil(C/BC) (per = ceil(chunks/SPLIT); trailing slices may
+    be empty and still run the output stage). Counted as the kernel is written, every request once, no cache
+    reuse (like :func:`implicit_gemm_tc_traffic`):
+
+    * input: per chunk each block loads, for every (channel < C, tile < NT), the tile's A x A patch
+      (A = MT+2, halo included) with bounds checks; padding is predicated off and reads nothing. The slices
+      of a block column cover every channel once, so the total is
+      ``ceil(K/BK) * N * C * rowsin * colsin`` (``rowsin`` = sum over tile rows of the patch rows inside the
+      image), about ``ceil(K/BK) * (A/MT)^2 * |I|``: neighbouring patches overlap by 2 rows/columns and
+      each block re-reads them (no L1/L2 reuse modelled);
+    * weights: 9 words per (k < K, c < C) per block row -> ``ceil(NT/BT) * 9 * K * C``, whatever SPLIT is;
+    * bias: one ``__ldg`` per in-range (tile, k) item of the output stage, slice 0 only -> ``NT * K``;
+    * output: each (tile, k) writes its in-bounds MT x MT outputs -> ``K * N*P*Q`` per slice. SPLIT = 1:
+      stores. SPLIT > 1: the host's memset (``K*NPQ``, ``words_memset``) + ``SPLIT * K * NPQ`` atomicAdds,
+      empty slices included, each one read (``words_read_output``) and one write, as for implicit_gemm_tc.
+
+    >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    >>> c = {"MT": 2, "BK": 32, "BT": 32, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "SPLIT": 1}
+    >>> t = winograd_traffic(p, c)
+    >>> t.grid, t.words_read_weight == t.grid[0] * 9 * 256 * 256
+    ((2, 8, 1), True)
+    >>> t.total >= winograd_lower_bound(p, 2, 3, t.fast_memory_words)
+    True
+    """
+    _check_winograd_problem(problem)
+    mt, split = config["MT"], config["SPLIT"]
+    p, q = problem.out_hw
+    (ph, pw) = problem.padding
+    tiles = problem.n * -(-p // mt) * -(-q // mt)
+    gx, gy = -(-tiles // config["BT"]), -(-problem.k // config["BK"])
+    patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
+    out = problem.k * problem.n * p * q
+    memset = out if split > 1 else 0
+    atomics = split * out if split > 1 else 0
+    return Traffic(
+        words_read_input=gy * problem.n * problem.c * patch,
+        words_read_weight=gx * 9 * problem.k * problem.c,
+        words_read_bias=tiles * problem.k if problem.bias else 0,
+        words_written=out if split == 1 else memset + atomics,
+        fast_memory_words=winograd_fast_memory_words(config),
+        blocks=gx * gy * split,
+        grid=(gx, gy, split),
+        words_read_output=atomics,
+        words_memset=memset,
+    )
+
+
+def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay winograd.cuh's loop nest in Python - every block (x, y, z), its slice's chunks, each thread's
+    strided walk over the (channel, tile) input items (A x A bounds-checked loads) and the (k, channel)
+    filter items (9 loads), and the output stage's ROUNDS passes over the (k, tile) items (bias load, the
+    MT x MT bounds-checked stores or atomics) - and count the words element by element. Small shapes only."""
+    _check_winograd_problem(problem)
+    g = _winograd_geometry(config)
+    mt, bk, bt, bc, split = config["MT"], config["BK"], config["BT"], config["BC"], config["SPLIT"]
+    a_, nthr, rounds = g["A"], g["T"], g["ROUNDS"]
+    p, q = problem.out_hw
+    (ph, pw) = problem.padding
+    tq = -(-q // mt)
+    tpq = -(-p // mt) * tq
+    nt = problem.n * tpq
+    gx, gy = -(-nt // bt), -(-problem.k // bk)
+    chunks = -(-problem.c // bc)
+    per = -(-chunks // split)
+    btr = bt // rounds
+    n_in = n_w = n_b = n_out = 0
+    for bz in range(split):
+        cb, ce = bz * per, min(chunks, bz * per + per)
+        add_bias = problem.bias and bz == 0
+        for by in range(gy):
+            for bx in range(gx):
+                t0, k0 = bx * bt, by * bk
+                for ch in range(cb, ce):
+                    c0 = ch * bc
+                    for tid in range(nthr):
+                        for it in range(tid, bc * bt, nthr):  # input tiles
+                            t, c = it % bt, it // bt
+                            gt, gc = t0 + t, c0 + c
+                            if gt < nt and gc < problem.c:
+                                r = gt % tpq
+                                tp = r // tq
+                                h0, w0 = tp * mt - ph, (r - tp * tq) * mt - pw
+                                for a in range(a_):
+                                    for b in range(a_):
+                                        if 0 <= h0 + a < problem.h and 0 <= w0 + b < problem.w:
+                                            n_in += 1
+                        for it in range(tid, bk * bc, nthr):  # filters
+                            c, k = it % bc, it // bc
+                            if k0 + k < problem.k and c0 + c < problem.c:
+                                n_w += 9
+                for rnd in range(rounds):  # output stage
+                    for tid in range(nthr):
+                        for it in range(tid, bk * btr, nthr):
+                            t, k = it % btr, it // btr
+                            gt, gk = t0 + rnd * btr + t, k0 + k
+                            if gt < nt and gk < problem.k:
+                                n_b += 1 if add_bias else 0
+                                r = gt % tpq
+                                tp = r // tq
+                                oh0, ow0 = tp * mt, (r - tp * tq) * mt
+                                n_out += sum(1 for a in range(mt) for b in range(mt)
+                                             if oh0 + a < p and ow0 + b < q)
+    out = problem.k * problem.n * p * q
+    memset = out if split > 1 else 0
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
+                   words_written=n_out + memset, fast_memory_words=winograd_fast_memory_words(config),
+                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
+                   words_memset=memset)
+
+
 # ------------------------------------------------------------------------------------ any family
 _MODELS = {
     "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
     "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
+    "winograd": (winograd_traffic, winograd_fast_memory_words),
 }
 
 

@@ -42,6 +42,15 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def _modelled(rp) -> bool:
+    """Whether iobound has a traffic model for this problem's family *and* the family computes the problem
+    (winograd's model, like its kernel, takes only 3x3 stride-1 convolutions and raises on others)."""
+    if not iobound.has_model(rp.family):
+        return False
+    applies = getattr(importlib.import_module(f"bagf_torch.kernels.{rp.family}"), "applies", None)
+    return applies is None or applies(ConvProblem.from_dict(rp.conv)) is None
+
+
 def analyse(rp, factors) -> dict:
     problem = ConvProblem.from_dict(rp.conv)
     records = rp.records(cutoff="time")  # a cut-off row is one sample >= 3x the best so far: never the optimum
@@ -79,7 +88,7 @@ def analyse(rp, factors) -> dict:
     min_key = min(totals, key=totals.get)
     return {
         "name": rp.name, "family": rp.family, "complete": rp.complete, "problem": problem.short(),
-        "recorded": len(records), "timed": len(timed), "valid": rp.extra.get("valid"),
+        "recorded": len(records), "timed": len(timed), "valid": rp.valid,
         "optimum": {"config": opt, "us": opt_us, "traffic_words": totals[opt_key],
                     "traffic_ratio": totals[opt_key] / min_traffic},
         "min_traffic": {"config": dict(min_key), "words": min_traffic, "us": times.get(min_key)},
@@ -138,7 +147,7 @@ def main(argv=None) -> int:
     rec = load_recording(args.recording)
     if rec.synthetic:
         raise SystemExit(f"{args.recording} is SYNTHETIC; this analysis is for measured recordings only")
-    problems = [analyse(rp, args.factors) for rp in rec.problems if iobound.has_model(rp.family)]
+    problems = [analyse(rp, args.factors) for rp in rec.problems if _modelled(rp)]
     complete = [p for p in problems if p["complete"]]
     summary = []
     for i, f in enumerate(args.factors):

@@ -11,6 +11,7 @@ import pytest
 from bagf_torch import iobound
 from bagf_torch.kernels import implicit_gemm as ig
 from bagf_torch.kernels import implicit_gemm_tc as tc
+from bagf_torch.kernels import winograd as wg
 from bagf_torch.problem import ConvProblem
 
 VALID = ig.space().valid_configs()
@@ -248,3 +249,131 @@ def test_layer_analysis_reports_roofline_and_traffic_against_the_bound():
     assert a["traffic_over_bound"] >= 1.0 and a["lower_bound_words"] > 0
     cudnn = layer_analysis(p, 86.8, ceil)  # no family: no traffic columns
     assert "traffic_words" not in cudnn and cudnn["fraction_of_roofline"] < a["fraction_of_roofline"]
+
+
+# ------------------------------------------------------------------------------------------- winograd
+WG_VALID = wg.space().valid_configs()
+# Odd small 3x3 stride-1 shapes: C not a multiple of BC, K not a multiple of BK, P and Q not multiples of MT,
+# padding 0, 1, 2 and mixed, with and without bias, partial tile blocks.
+WG_SMALL = [
+    ConvProblem(n=2, c=5, h=7, w=9, k=19, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=11, h=6, w=5, k=3, r=3, s=3, bias=False),
+    ConvProblem(n=1, c=3, h=5, w=8, k=33, r=3, s=3, padding=(2, 1)),
+    ConvProblem(n=2, c=9, h=5, w=6, k=17, r=3, s=3, padding=(2, 2), bias=False),
+    ConvProblem(n=1, c=13, h=9, w=7, k=20, r=3, s=3, padding=(0, 2)),
+]
+# 3x3 layers the family is for: AlexNet conv3-5 and two ResNet-like ones.
+WG_LAYERS = [p for n in (1, 128) for p in alexnet(n)[2:]] + [
+    ConvProblem(n=1, c=256, h=56, w=56, k=256, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=512, h=7, w=7, k=512, r=3, s=3, padding=(1, 1)),
+]
+WG_CASES = [  # every one valid; the comments say what each exercises
+    {"MT": 2, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "SPLIT": 4},    # C=5: slices 2, 3 empty
+    {"MT": 4, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "SPLIT": 16},   # most slices empty
+    {"MT": 2, "BK": 16, "BT": 32, "BC": 4, "TK": 4, "TT": 4, "EG": 8, "SPLIT": 2},    # uneven slices (C=11, 13)
+    {"MT": 2, "BK": 32, "BT": 64, "BC": 4, "TK": 2, "TT": 4, "EG": 1, "SPLIT": 1},    # output stage in 8 rounds
+    {"MT": 4, "BK": 16, "BT": 16, "BC": 16, "TK": 2, "TT": 2, "EG": 2, "SPLIT": 1},   # one chunk covers C
+]
+
+
+def test_winograd_cases_cover_what_they_say():
+    assert all(wg.space().is_valid(c) for c in WG_CASES)
+    assert wg.out_rounds(WG_CASES[3]) == 8
+    # the shared-memory part of the fast memory is the allocation: the output stage's copy of the
+    # accumulators never needs more than the loop's buffers in the valid space
+    for c in WG_VALID:
+        e = wg.points(c)
+        assert iobound.fast_memory_words(wg, c) - e * c["BK"] * c["BT"] == wg.smem_bytes(c) // 4, c
+
+
+@pytest.mark.parametrize("problem", WG_SMALL, ids=lambda p: p.short())
+def test_winograd_model_equals_brute_force(problem):
+    rng = random.Random(hash(problem.short()) % 1000)
+    configs = [wg.DEFAULT, wg.default_for(problem)] + WG_CASES + rng.sample(WG_VALID, 25)
+    for config in configs:
+        model = iobound.winograd_traffic(problem, config)
+        brute = iobound.brute_force_winograd_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+        assert model == iobound.traffic("winograd", problem, config)
+
+
+def test_winograd_terms():
+    # No padding and P, Q multiples of MT: every A x A patch is inside the image, so the input is read
+    # (A/MT)^2 times per block row (the halo overlap) and the grid's rows multiply that.
+    p = ConvProblem(n=2, c=6, h=10, w=14, k=40, r=3, s=3)  # P x Q = 8 x 12
+    out = p.k * p.n * 8 * 12
+    for mt in (2, 4):
+        c = dict(wg.DEFAULT, MT=mt, BK=16, SPLIT=1)
+        t = iobound.traffic(wg, p, c)
+        tiles = p.n * (8 // mt) * (12 // mt)
+        assert t.grid == (-(-tiles // c["BT"]), 3, 1)
+        assert t.words_read_input * mt * mt == 3 * (mt + 2) ** 2 * p.n * p.c * 8 * 12
+        assert t.words_read_weight == t.grid[0] * 9 * p.k * p.c
+        assert t.words_read_bias == tiles * p.k and t.words_written == out
+        four = iobound.traffic(wg, p, dict(c, SPLIT=4))
+        assert (four.words_read_input, four.words_read_weight, four.words_read_bias) == \
+               (t.words_read_input, t.words_read_weight, t.words_read_bias)
+        assert four.words_memset == out and four.words_read_output == 4 * out and four.words_written == 5 * out
+        assert four.total - t.total == 8 * out and four.blocks == 4 * t.blocks
+    assert iobound.winograd_traffic(p, dict(wg.DEFAULT, BC=16)).fast_memory_words == \
+        16 * 16 * (32 + 4 + 32 + 4) + 16 * 32 * 32
+    with pytest.raises(ValueError, match="stride-1"):
+        iobound.winograd_traffic(alexnet(1)[0], wg.DEFAULT)
+
+
+def test_winograd_traffic_is_fast_enough_for_the_whole_space():
+    import time
+
+    start = time.perf_counter()
+    for c in WG_VALID:
+        iobound.winograd_traffic(WG_LAYERS[-2], c)
+    assert time.perf_counter() - start < 2.0, len(WG_VALID)
+
+
+def test_winograd_direct_bound_below_every_config():
+    """As the other families' tests phrase "never below the bound": the direct bound (and the compulsory
+    traffic) never exceeds any configuration's modelled traffic, over the whole valid space. Winograd does
+    fewer multiplies than direct convolution, so this is not implied by theory; it holds for this kernel
+    because its accumulators take E*BK*BT of the fast memory M (docs/iobound.md)."""
+    for problem in WG_LAYERS + WG_SMALL:
+        comp = sum(iobound.compulsory_words(problem).values())
+        for config in WG_VALID:
+            t = iobound.winograd_traffic(problem, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
+            assert comp <= t.total, (problem, config)
+
+
+def test_winograd_bound_below_every_config_with_many_tiles():
+    """winograd_lower_bound(problem, MT, 3, M) <= modelled traffic for every configuration on the problems
+    with many tiles per grid row. It does NOT hold on problems with few tiles: see the xfail below."""
+    for problem in [p for p in WG_LAYERS if p.n == 128] + [WG_LAYERS[-2]]:
+        for config in WG_VALID:
+            t = iobound.winograd_traffic(problem, config)
+            assert iobound.winograd_lower_bound(problem, config["MT"], 3, t.fast_memory_words) <= t.total, \
+                (problem.short(), config)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "winograd_lower_bound adds the compulsory traffic to the GEMM core (the composite bound of an unfused "
+    "pipeline), so it always exceeds |I|+|W|+|bias|+|O|; the fused kernel reads exactly that on a one-tile "
+    "problem, and some of its configurations are below the bound on AlexNet conv4/5 N=1 (by 1%) and "
+    "7x7x512 N=1 (by 7%) (docs/iobound.md). Combining with max, as direct_lower_bound does, would hold on every problem tested."))
+def test_winograd_bound_below_fused_kernel_few_tiles():
+    p = ConvProblem(n=1, c=64, h=3, w=3, k=64, r=3, s=3)  # one 1x1 output tile per image
+    c = {"MT": 2, "BK": 64, "BT": 16, "BC": 4, "TK": 4, "TT": 2, "EG": 1, "SPLIT": 1}
+    assert wg.space().is_valid(c)
+    t = iobound.winograd_traffic(p, c)
+    assert t.total == sum(iobound.compulsory_words(p).values())  # nothing can move less
+    assert iobound.winograd_lower_bound(p, 2, 3, t.fast_memory_words) <= t.total
+
+
+def test_winograd_prune():
+    p = alexnet(1)[3]
+    totals = {tuple(sorted(c.items())): iobound.traffic(wg, p, c).total for c in WG_VALID}
+    best = min(totals, key=totals.get)
+    kept, pruned = iobound.prune("winograd", WG_VALID, p, factor=2.0, always=[wg.DEFAULT])
+    assert dict(best) in kept and wg.DEFAULT in kept and pruned
+    assert len(kept) + len(pruned) == len(WG_VALID)
+    assert all(ratio > 2.0 for _, ratio in pruned)
+    assert iobound.has_model(wg) and iobound.fast_memory_words(wg, wg.DEFAULT) == \
+        iobound.winograd_fast_memory_words(wg.DEFAULT)
