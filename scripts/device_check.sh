@@ -12,7 +12,8 @@
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of the space; record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
-#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`.
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
+#   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
 #   pre-tuning of issue 6), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
@@ -25,7 +26,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|faults|alexnet|profile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -95,6 +96,12 @@ fi
 if has tests; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has bench2; then
+  # shellcheck disable=SC2086  # BENCH2_ARGS is a list of arguments
+  BAGF_CACHE_DIR=/tmp/bagf_cache_bench2 timeout ${BENCH2_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" \
+    ${BENCH2_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/bench2.log"
 fi
 if has record; then
   # shellcheck disable=SC2086  # RECORD_ARGS is a list of arguments

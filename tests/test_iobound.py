@@ -268,11 +268,11 @@ WG_LAYERS = [p for n in (1, 128) for p in alexnet(n)[2:]] + [
     ConvProblem(n=1, c=512, h=7, w=7, k=512, r=3, s=3, padding=(1, 1)),
 ]
 WG_CASES = [  # every one valid; the comments say what each exercises
-    {"MT": 2, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "SPLIT": 4},    # C=5: slices 2, 3 empty
-    {"MT": 4, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "SPLIT": 16},   # most slices empty
-    {"MT": 2, "BK": 16, "BT": 32, "BC": 4, "TK": 4, "TT": 4, "EG": 8, "SPLIT": 2},    # uneven slices (C=11, 13)
-    {"MT": 2, "BK": 32, "BT": 64, "BC": 4, "TK": 2, "TT": 4, "EG": 1, "SPLIT": 1},    # output stage in 8 rounds
-    {"MT": 4, "BK": 16, "BT": 16, "BC": 16, "TK": 2, "TT": 2, "EG": 2, "SPLIT": 1},   # one chunk covers C
+    {"MT": 2, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "DB": 1, "SPLIT": 4},    # C=5: slices 2, 3 empty
+    {"MT": 4, "BK": 16, "BT": 16, "BC": 4, "TK": 2, "TT": 2, "EG": 4, "DB": 0, "SPLIT": 16},   # most slices empty
+    {"MT": 2, "BK": 16, "BT": 32, "BC": 4, "TK": 4, "TT": 4, "EG": 8, "DB": 1, "SPLIT": 2},    # uneven slices (C=11, 13)
+    {"MT": 2, "BK": 32, "BT": 64, "BC": 4, "TK": 2, "TT": 4, "EG": 1, "DB": 0, "SPLIT": 1},    # output stage in 8 rounds
+    {"MT": 4, "BK": 16, "BT": 16, "BC": 16, "TK": 2, "TT": 2, "EG": 2, "DB": 0, "SPLIT": 1},   # one chunk covers C
 ]
 
 
