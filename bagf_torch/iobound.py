@@ -138,7 +138,8 @@ def direct_lower_bound(problem: ConvProblem, fast_memory_words: float) -> float:
     return max(core, comp["input"] + comp["weight"] + comp["bias"]) + comp["output"]
 
 
-def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words: float) -> float:
+def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words: float,
+                         fused: bool = False) -> float:
     """Lower bound (the seed's composite model) on global words for Winograd F(m x m, r x r)::
 
         T     = N * ceil(P/m) * ceil(Q/m)                       # tiles
@@ -151,6 +152,13 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
     never stores the transformed operands, so this is a bound for the unfused (or seed-style) pipeline,
     not for every schedule; the Hong-Kung constant is taken as in the direct bound.
     Requires stride 1, dilation 1, groups 1 and an r x r kernel.
+
+    ``fused=True`` is the bound for a kernel that transforms in fast memory (the ``winograd`` family): its
+    only global reads are raw input and weights, each transformed word being made from about one raw word
+    read, so the core term bounds its raw reads and the compulsory reads combine with ``max``, as in
+    :func:`direct_lower_bound`: ``max(core, |I_used| + |W| + |bias|) + |O|``. Checked against the fused
+    kernel's modelled traffic over its whole space (tests/test_iobound.py); the summed form exceeded it on
+    few-tile problems (a one-tile problem moves exactly the compulsory words).
 
     >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
     >>> winograd_lower_bound(p, 4, 3, 8192) > 0
@@ -166,7 +174,10 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
     p, q = problem.out_hw
     tiles = problem.n * -(-p // m) * -(-q // m)
     core = 2.0 * (m + r - 1) ** 2 * problem.k * problem.c * tiles / math.sqrt(fast_memory_words)
-    return core + sum(compulsory_words(problem).values())
+    comp = compulsory_words(problem)
+    if fused:
+        return max(core, comp["input"] + comp["weight"] + comp["bias"]) + comp["output"]
+    return core + sum(comp.values())
 
 
 # ---------------------------------------------------------------------- implicit_gemm: traffic model

@@ -284,14 +284,15 @@ def main(argv=None) -> int:
         space = family.space(smem)
         valid = space.valid_configs()
         # the default first: a good reference for the cut-off from the start
+        fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
+                           "raw_size": space.size, "valid": len(valid)}
         if args.sample and args.sample < len(valid):
             import random
 
             valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
             valid = list({config_key(c): c for c in valid}.values())
+            fam_info[fname]["sample"] = {"size": len(valid), "seed": args.seed}  # "valid" stays the whole space's
         order = sorted(valid, key=lambda c: config_key(c) != config_key(family.DEFAULT))
-        fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
-                           "raw_size": space.size, "valid": len(valid)}
         applies = getattr(family, "applies", None)
         skipped = [p for p in problems if applies is not None and applies(known[p]) is not None]
         if skipped:

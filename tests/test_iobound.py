@@ -353,18 +353,22 @@ def test_winograd_bound_below_every_config_with_many_tiles():
                 (problem.short(), config)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "winograd_lower_bound adds the compulsory traffic to the GEMM core (the composite bound of an unfused "
-    "pipeline), so it always exceeds |I|+|W|+|bias|+|O|; the fused kernel reads exactly that on a one-tile "
-    "problem, and some of its configurations are below the bound on AlexNet conv4/5 N=1 (by 1%) and "
-    "7x7x512 N=1 (by 7%) (docs/iobound.md). Combining with max, as direct_lower_bound does, would hold on every problem tested."))
-def test_winograd_bound_below_fused_kernel_few_tiles():
+def test_fused_winograd_bound_below_every_config_on_every_problem():
+    """The fused form of the bound (max with the compulsory reads, not a sum) holds for the fused kernel on
+    every problem, few-tile ones included; the summed (unfused pipeline) form does not: on a one-tile
+    problem the kernel moves exactly the compulsory words, which the summed form exceeds."""
     p = ConvProblem(n=1, c=64, h=3, w=3, k=64, r=3, s=3)  # one 1x1 output tile per image
-    c = {"MT": 2, "BK": 64, "BT": 16, "BC": 4, "TK": 4, "TT": 2, "EG": 1, "SPLIT": 1}
+    c = {"MT": 2, "BK": 64, "BT": 16, "BC": 4, "TK": 4, "TT": 2, "EG": 1, "DB": 0, "SPLIT": 1}
     assert wg.space().is_valid(c)
     t = iobound.winograd_traffic(p, c)
     assert t.total == sum(iobound.compulsory_words(p).values())  # nothing can move less
-    assert iobound.winograd_lower_bound(p, 2, 3, t.fast_memory_words) <= t.total
+    assert iobound.winograd_lower_bound(p, 2, 3, t.fast_memory_words, fused=True) <= t.total
+    assert iobound.winograd_lower_bound(p, 2, 3, t.fast_memory_words) > t.total
+    for problem in WG_LAYERS + [p]:
+        for config in WG_VALID:
+            t = iobound.winograd_traffic(problem, config)
+            bound = iobound.winograd_lower_bound(problem, config["MT"], 3, t.fast_memory_words, fused=True)
+            assert bound <= t.total, (problem.short(), config)
 
 
 def test_winograd_prune():

@@ -134,10 +134,12 @@ def name_expression(c: Mapping[str, int]) -> str:
     return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
-# The tuner's start point before split sizing: F(4x4), 32 channels x 16 tiles, 12 point groups (384 threads).
-# On the H200 sample (400 configurations x 13 3x3 problems, benchmarks/data/winograd_sample_h200.json.gz) it
-# was the best configuration across the N=32/128 problems (geomean 0.89 of each problem's best; DEFAULT 0.82).
-START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 4, "EG": 12, "DB": 0, "SPLIT": 1}
+# The tuner's start point before split sizing: F(4x4), 32 channels x 16 tiles, the 36 points over 4 groups (128
+# threads, 144 accumulators each). On the H200 sample (400 configurations x 13 3x3 problems,
+# benchmarks/data/samples/winograd_sample_h200_s4a.json.gz) it was the best sampled configuration on AlexNet
+# conv4/conv5 at N=32 and conv3-5 at N=128, and 9% faster (geomean over 7 N>=32 problems) than the same
+# tiles with 12 groups; cuDNN still wins at N=128 (FFT).
+START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "DB": 0, "SPLIT": 1}
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
