@@ -201,14 +201,18 @@ def main(argv=None) -> int:
                   f"{meta['ceilings']['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
                   "cuDNN's Winograd/FFT can exceed the fp32 roof. Traffic is the iobound model of our best "
                   "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
-                  "lower bound with that configuration's fast memory.", "",
-                  "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound |",
-                  "|---|---|---|---|---|---|---|"]
+                  "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
+                  "fused Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound, fused=True).", "",
+                  "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound "
+                  "| traffic / Winograd bound |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
             lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
                          + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
-                            f"{o.get('traffic_over_bound', float('nan')):.2f} |" if o else "- | - | - |"))
+                            f"{o.get('traffic_over_bound', float('nan')):.2f} | "
+                            + (f"{o['traffic_over_winograd_bound']:.2f} |" if "traffic_over_winograd_bound" in o
+                               else "- |") if o else "- | - | - | - |"))
         if with_opt:
             lines += ["", "First-call tuning against the recorded optimum (issue 4): the best configuration of the "
                       "complete recording (benchmarks/data) is re-timed in the same interleaved rounds; fraction = "
