@@ -10,7 +10,7 @@
 #   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
 #   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; contexts =
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
-#   compute-sanitizer over a sample of the space; record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
+#   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
@@ -135,7 +135,8 @@ if [ -n "$bg_pid" ]; then
   if has bench; then tail -n 40 "$OUT/bench.log"; fi
 fi
 if has sanitize; then
-  python3 scripts/sanitize_space.py --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
+  timeout ${SANITIZE_TIMEOUT:-300} python3 scripts/sanitize_space.py --count ${SANITIZE_COUNT:-64} \
+    --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 ( cd "$OUT" && ls *.log env.txt >/dev/null 2>&1 && tar czf logs.tgz *.log env.txt && rm -f *.log env.txt )
