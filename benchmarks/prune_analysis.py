@@ -109,8 +109,8 @@ def markdown(doc: dict) -> str:
            f"Recording: {meta.get('gpu')} (sm {meta.get('compute_capability')}), recorded {meta.get('date')}, "
            f"torch {meta.get('versions', {}).get('torch')}. Analysis run {doc['date']} on a CPU "
            "(times are the recording's medians; traffic is bagf_torch.iobound's model).", "",
-           "Per factor, over the complete problems: share of the space cut (the family DEFAULT is always kept), "
-           "and the loss of the best kept configuration against the recorded optimum.", "",
+           f"Per factor, over the {doc.get('summary_over', 'complete')} problems: share of the space cut (the family "
+           "DEFAULT is always kept), and the loss of the best kept configuration against the recorded optimum.", "",
            "| factor | cut (mean) | cut (min-max) | optimum kept | worst loss | mean loss | problems within 2% |",
            "|---|---|---|---|---|---|---|"]
     for s in doc["summary"]:
@@ -132,8 +132,10 @@ def markdown(doc: dict) -> str:
         out.append(f"| {p['name']} | {label} | {o['us']:.1f} | {cfg} | {o['traffic_ratio']:.2f} | "
                    f"{min_us} | {p['spearman_traffic_time']:.2f} | "
                    + " | ".join(_fmt_loss(r["loss"]) for r in p["factors"]) + " |")
+    in_summary = ("they are in the summary only because no problem is complete (a sampled recording)"
+                  if doc.get("summary_over", "complete") != "complete" else "they are not in the summary")
     out += ["", "For PARTIAL problems the 'optimum' is only the best recorded time (columns: recorded/valid "
-            "configurations); they are not in the summary. Where that best recorded configuration is the "
+            f"configurations); {in_summary}. Where that best recorded configuration is the "
             "DEFAULT (which pruning always keeps) their loss is 0 by construction and says nothing."]
     return "\n".join(out) + "\n"
 
@@ -149,6 +151,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.recording} is SYNTHETIC; this analysis is for measured recordings only")
     problems = [analyse(rp, args.factors) for rp in rec.problems if _modelled(rp)]
     complete = [p for p in problems if p["complete"]]
+    summary_over = "complete"
+    if not complete:  # a sampled recording: the reference is the best of the sample, said so in the output
+        complete, summary_over = problems, "partial (sampled): each problem's best recorded time is the reference"
     summary = []
     for i, f in enumerate(args.factors):
         rows = [p["factors"][i] for p in complete]
@@ -160,7 +165,8 @@ def main(argv=None) -> int:
     doc = {"recording": str(Path(args.recording).relative_to(ROOT)) if Path(args.recording).is_relative_to(ROOT)
            else args.recording, "recording_meta": rec.meta, "date": dt.date.today().isoformat(),
            "bagf_command": " ".join(["benchmarks/prune_analysis.py"] + (argv if argv is not None else sys.argv[1:])),
-           "factors": args.factors, "bar": BAR, "summary": summary, "problems": problems}
+           "factors": args.factors, "bar": BAR, "summary_over": summary_over, "summary": summary,
+           "problems": problems}
     stem = Path(args.out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=lambda o: float(o)) + "\n")
