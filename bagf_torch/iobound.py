@@ -575,15 +575,17 @@ def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
 
 
 def winograd_fast_memory_words(config: Mapping[str, int]) -> int:
-    """Shared memory words of the channel loop as allocated, padding included (``E*BC*(BK+4 + BT+4)``: the
-    transformed filters U and input tiles V) + the accumulator registers (``E/EG*TK*TT`` per thread x threads
-    = ``E*BK*BT``), as :func:`implicit_gemm_tc_fast_memory_words` counts (fragments, the live transform tile
-    and addressing registers not counted). The output stage reuses the loop's buffers for a copy of the
-    accumulators, in ROUNDS passes; for every valid configuration that copy fits in them, so the shared part
-    equals the allocation (``kernels.winograd.smem_bytes``; a test checks it over the space).
+    """Shared memory words as allocated (``kernels.winograd.smem_bytes / 4``: the larger of the channel
+    loop's buffers ``E*BC*(BK+4 + BT+4)``, the transformed filters U and input tiles V with padding, and the
+    output stage's copy of the accumulators ``E*BK*(BT/ROUNDS + 1)``, which reuses them) + the accumulator
+    registers (``E/EG*TK*TT`` per thread x threads = ``E*BK*BT``), as :func:`implicit_gemm_tc_fast_memory_words`
+    counts (fragments, the live transform tile and addressing registers not counted). With TT=8 the output
+    stage can pass over the tiles in fewer rounds and need more than the loop's buffers.
     """
+    from .kernels import winograd as wg
+
     e = (config["MT"] + 2) ** 2
-    return e * config["BC"] * (config["BK"] + 4 + config["BT"] + 4) + e * config["BK"] * config["BT"]
+    return wg.smem_bytes(config) // 4 + e * config["BK"] * config["BT"]
 
 
 def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:

@@ -279,11 +279,11 @@ WG_CASES = [  # every one valid; the comments say what each exercises
 def test_winograd_cases_cover_what_they_say():
     assert all(wg.space().is_valid(c) for c in WG_CASES)
     assert wg.out_rounds(WG_CASES[3]) == 8
-    # the shared-memory part of the fast memory is the allocation: the output stage's copy of the
-    # accumulators never needs more than the loop's buffers in the valid space
+    # the shared-memory part of the fast memory is the allocation, at least the loop's buffers
     for c in WG_VALID:
         e = wg.points(c)
-        assert iobound.fast_memory_words(wg, c) - e * c["BK"] * c["BT"] == wg.smem_bytes(c) // 4, c
+        shared = iobound.fast_memory_words(wg, c) - e * c["BK"] * c["BT"]
+        assert shared == wg.smem_bytes(c) // 4 >= e * c["BC"] * (c["BK"] + 4 + c["BT"] + 4), c
 
 
 @pytest.mark.parametrize("problem", WG_SMALL, ids=lambda p: p.short())

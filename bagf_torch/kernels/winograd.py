@@ -22,8 +22,8 @@ MT        2 4                    output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winogr
 BK        16 32 64               output channels per block
 BT        16 32 64               output tiles per block
 BC        4 8 16                 input channels per chunk (shared memory 4*E*BC*(BK+BT+8) bytes)
-TK, TT    2 4                    register tile per thread over channels x tiles, per Winograd point
-EG        1 2 3 4 6 8 9 12 ...   thread groups over the E points: E % EG == 0; threads
+TK, TT    2 4 8                  register tile per thread over channels x tiles, per Winograd point
+EG        1 2 3 ... 18 36        thread groups over the E points: E % EG == 0; threads
                                  EG*(BK/TK)*(BT/TT) in [64, 1024], a multiple of 32
 DB        0 1                    1: prefetch the next chunk's raw patches and weights into registers
                                  while this chunk's products run (more registers, see below)
@@ -53,9 +53,9 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "BK": (16, 32, 64),
     "BT": (16, 32, 64),
     "BC": (4, 8, 16),
-    "TK": (2, 4),
-    "TT": (2, 4),
-    "EG": (1, 2, 3, 4, 6, 8, 9, 12, 16, 18),
+    "TK": (2, 4, 8),
+    "TT": (2, 4, 8),
+    "EG": (1, 2, 3, 4, 6, 8, 9, 12, 16, 18, 36),
     "DB": (0, 1),
     "SPLIT": (1, 2, 4, 8, 16),
 }

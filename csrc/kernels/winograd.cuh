@@ -15,8 +15,9 @@
 //
 // Template parameters are the tuning knobs (bagf_torch/kernels/winograd.py holds their validity rules):
 //   MT  output tile (2: F(2x2,3x3), 16 products per 4 outputs; 4: F(4x4,3x3), 36 per 16)
-//   BK  output channels per block            TK  per thread, within one Winograd point's product
-//   BT  output tiles per block               TT  per thread
+//   BK  output channels per block            TK  per thread, within one Winograd point's product (2, 4, 8)
+//   BT  output tiles per block               TT  per thread (2, 4, 8): larger register tiles need fewer
+//                                                shared-memory loads per FMA (TK=TT=4: 2 LDS.128 per 16 FMA)
 //   BC  input channels per chunk             EG  thread groups over the E points (each thread: E/EG points)
 //   DB  1: the next chunk's raw patches and weights are prefetched into registers during this chunk's products
 //   SPLIT  input-channel slices (grid.z); > 1: slices add atomically into the output the host zeroed
@@ -127,6 +128,28 @@ template <int MT> struct Coefs;
 template <> struct Coefs<2> { using Bt = BtCoef2; using G = GCoef2; using At = AtCoef2; };
 template <> struct Coefs<4> { using Bt = BtCoef4; using G = GCoef4; using At = AtCoef4; };
 
+// N consecutive floats from shared memory in the widest vector loads their alignment allows (the callers'
+// offsets are multiples of N, and N, ULD, VLD multiples of 4 when N >= 4).
+template <int N>
+__device__ __forceinline__ void load_row(const float* p, float (&r)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 q = reinterpret_cast<const float4*>(p)[i];
+      r[4 * i] = q.x; r[4 * i + 1] = q.y; r[4 * i + 2] = q.z; r[4 * i + 3] = q.w;
+    }
+  } else if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 q = reinterpret_cast<const float2*>(p)[i];
+      r[2 * i] = q.x; r[2 * i + 1] = q.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = p[i];
+  }
+}
+
 // Shared-memory rounds of the output stage: the fewest passes over the tiles (a power of two dividing the
 // threads' tile columns TTN) whose E x BK x (BT/ROUNDS + 1) accumulator buffer fits in the loop's buffers.
 __host__ __device__ constexpr int out_rounds(int e, int bk, int bt, int ttn, int loop_floats) {
@@ -197,26 +220,8 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
         const float* us = Us + (e * BC + c) * ULD + tk * TK;
         const float* vs = Vs + (e * BC + c) * VLD + tt * TT;
         float uk[TK], vt[TT];
-        if constexpr (TK == 4) {
-          const float4 q = *reinterpret_cast<const float4*>(us);
-          uk[0] = q.x; uk[1] = q.y; uk[2] = q.z; uk[3] = q.w;
-        } else if constexpr (TK == 2) {
-          const float2 q = *reinterpret_cast<const float2*>(us);
-          uk[0] = q.x; uk[1] = q.y;
-        } else {
-#pragma unroll
-          for (int i = 0; i < TK; ++i) uk[i] = us[i];
-        }
-        if constexpr (TT == 4) {
-          const float4 q = *reinterpret_cast<const float4*>(vs);
-          vt[0] = q.x; vt[1] = q.y; vt[2] = q.z; vt[3] = q.w;
-        } else if constexpr (TT == 2) {
-          const float2 q = *reinterpret_cast<const float2*>(vs);
-          vt[0] = q.x; vt[1] = q.y;
-        } else {
-#pragma unroll
-          for (int l = 0; l < TT; ++l) vt[l] = vs[l];
-        }
+        wino::load_row<TK>(us, uk);
+        wino::load_row<TT>(vs, vt);
 #pragma unroll
         for (int i = 0; i < TK; ++i)
 #pragma unroll
