@@ -115,6 +115,8 @@ class Partial:
                 "knobs": families[x["family"]]["knobs"], "default": families[x["family"]]["default"],
                 "raw_size": families[x["family"]]["raw_size"], "valid": families[x["family"]]["valid"],
                 "complete": False, "seconds": 0.0, "records": []})
+            if "sample" in families[x["family"]]:
+                fam["sample"] = families[x["family"]]["sample"]
             if x["kind"] == "row":
                 fam["records"].append(x["row"])
             else:

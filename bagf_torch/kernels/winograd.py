@@ -134,12 +134,12 @@ def name_expression(c: Mapping[str, int]) -> str:
     return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
-# The tuner's start point before split sizing: F(4x4), 32 channels x 16 tiles, the 36 points over 4 groups (128
-# threads, 144 accumulators each). On the H200 sample (400 configurations x 13 3x3 problems,
-# benchmarks/data/samples/winograd_sample_h200_s4a.json.gz) it was the best sampled configuration on AlexNet
-# conv4/conv5 at N=32 and conv3-5 at N=128, and 9% faster (geomean over 7 N>=32 problems) than the same
-# tiles with 12 groups; cuDNN still wins at N=128 (FFT).
-START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "DB": 0, "SPLIT": 1}
+# The tuner's start point before split sizing: F(4x4), 32 channels x 16 tiles, 4 x 8 register tiles, the 36
+# points over 12 groups (192 threads, 96 accumulators each). On the H200 samples
+# (benchmarks/data/samples/winograd_*_s4*.json.gz) it was the best sampled configuration (with SPLIT 2) on
+# AlexNet conv4/conv5 at N=32, conv3 at N=128 and the 3x3 256@56 layer at N=32, 1-5% ahead of the best
+# TK=TT=4 ones (EG=4); cuDNN still wins at N=128 (FFT).
+START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 8, "EG": 12, "DB": 0, "SPLIT": 1}
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
