@@ -289,3 +289,30 @@ def test_prune_factor_setting(monkeypatch):
         monkeypatch.setenv("BAGF_PRUNE_FACTOR", bad)
         with pytest.raises(settings.SettingError, match="BAGF_PRUNE_FACTOR"):
             settings.prune_factor()
+
+
+def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypatch):
+    from bagf_torch.tuning import strategies
+
+    fam = _family()
+    fam.features = lambda problem, c, sms=132: {"ab": c["A"] * c["B"] / problem.k, "sms": sms}
+    seen = {}
+    real_run = strategies.run
+
+    def spy(name, space, evaluate, budget, seed, **kw):
+        seen[name] = kw.get("features", "absent")
+        return real_run("random", space, evaluate, budget, seed, prior=kw.get("prior", ()))
+
+    monkeypatch.setattr(strategies, "run", spy)
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+          sms=96).tune(PROBLEM)
+    assert seen["ax"]({"A": 2, "B": 4, "C": 0}) == {"ab": 8 / 192, "sms": 96}
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+          strategy_options={"features": None}).tune(PROBLEM)
+    assert seen["ax"] is None  # the user's choice wins
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="anneal",
+          budget=Budget(4)).tune(PROBLEM)
+    assert seen["anneal"] == "absent"  # annealing has no model and no features option
