@@ -24,7 +24,9 @@ Start as the tuner starts (default): the problem-sized start point (``default_fo
 then the warm-start seeds the tuner would measure (``warmstart.neighbour_seeds``, up to 3) from a cache
 holding the recorded optimum of every OTHER complete recorded problem (leave-one-out: never the problem's
 own), all through the replay (they count against the budget) and all handed to every strategy as prior.
---no-warm leaves the seeds out, --no-start both.
+--no-warm leaves the seeds out, --no-start both. Ax also gets the family's problem-aware inputs
+(``tuner.search_features``: for implicit_gemm_tc blocks per SM, K-tiles per slice, resident blocks) as the
+tuner passes them; ``--ax-options '{"features": null}'`` leaves them out.
 
 Cut-off: the replay cuts like the real tuner (Tuner.tune): a time above --cutoff-factor (the Tuner's
 default, 4.0) x the best time of the run so far is answered "timeout". A row the recorder cut ("cutoff":
@@ -65,7 +67,7 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
-from bagf_torch.tuning.tuner import Tuner  # noqa: E402
+from bagf_torch.tuning.tuner import Tuner, search_features  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -183,6 +185,8 @@ def one_run(job: tuple) -> dict:
     options = dict(options)
     if strategy == "ax":
         options["stats"] = stats
+        if "features" not in options:  # as the tuner does (--ax-options '{"features": null}': without)
+            options["features"] = search_features(FAMILIES[rp.family], conv_problem(rp))
     t = time.perf_counter()
     prior = []
     first = start_config(rp) if start else None

@@ -4,6 +4,7 @@ autograd and state_dict compatibility."""
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 
 import pytest
@@ -355,6 +356,22 @@ def test_tc_start_config_sizes_split_k_to_the_problem():
     assert tc.default_for(conv(1, 3, 224, 64, 11, 4, 2))["SPLIT"] == 4  # C*R*S = 363: >= 4 K-tiles per slice
     for n in (1, 2, 8, 32, 128):
         assert tc.space().is_valid(tc.default_for(conv(n, 64, 27, 192, 5, 1, 2)))
+
+
+def test_tc_features_describe_the_grid_and_the_work_per_block():
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+
+    conv4 = ConvProblem(n=1, c=384, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))  # N*P*Q = 169, C*R*S = 3456
+    c = dict(tc.DEFAULT, SPLIT=32)  # grid 3 x 4 x 32 = 384 blocks; 216 K-tiles of 16 -> 7 per slice
+    f = tc.features(conv4, c)
+    assert f["log2_blocks_per_sm"] == pytest.approx(math.log2(384 / 132))
+    assert f["log2_k_tiles"] == pytest.approx(math.log2(7))
+    # 128 threads of about 128 registers: 4 blocks per SM by the register file (8 by shared memory, 16 by threads)
+    assert tc.estimated_registers(c) == 128 and tc.smem_bytes(c) * 8 == tc.SM90_SMEM_PER_SM
+    assert tc.blocks_per_sm(c) == 4 and f["log2_resident"] == pytest.approx(2.0)
+    assert tc.features(conv4, c, sms=66)["log2_blocks_per_sm"] == pytest.approx(math.log2(384 / 66))
+    for config in tc.space().valid_configs():
+        assert all(math.isfinite(v) for v in tc.features(conv4, config).values())
 
 
 def test_tc_start_config_is_faster_than_default_on_the_h200_recording():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -546,8 +547,15 @@ def test_strategies_benchmark_warm_start_mirrors_the_tuner(tmp_path):
     assert all(r["prior"] == 0 for r in runs["none"]["runs"])
 
 
+def small_features(c):
+    """Problem-aware inputs for the small space: the product a*b (log2) that its validity rule and
+    ``small_time``'s second basin depend on."""
+    return {"log2_ab": math.log2(c["a"] * c["b"]), "c": float(c["c"])}
+
+
 @pytest.mark.parametrize("options", [{"trust_region": 2}, {"candidates": "raw"}, {"initial": "random"},
-                                     {"initial_batch": 2, "trust_region": 1}])
+                                     {"initial_batch": 2, "trust_region": 1}, {"features": small_features},
+                                     {"features": small_features, "candidates": "raw", "trust_region": 0}])
 def test_ax_set_ups_never_send_invalid_and_find_the_optimum(options):
     space = small_space()
     n_valid = len(space.valid_configs())
@@ -588,3 +596,30 @@ def test_ax_trust_region_candidates():
     assert config_key(centre) not in {config_key(c) for c in inside}
     grown, r = _trust_region(ranks, centre, {config_key(centre)}, len(valid) - 1, 1, valid)
     assert len(grown) == len(valid) - 1 and r > 1  # grown until a batch fits
+
+
+def test_ax_features_reach_the_gp_scaled_next_to_the_knobs():
+    import torch
+
+    from bagf_torch.tuning.strategies.ax_bo import _Codec, _feature_table, _feature_transform
+
+    space = small_space()
+    codec = _Codec(space)
+    levels, table = _feature_table(codec, small_features)
+    valid = space.valid_configs()
+    assert table.shape == (space.size, 2)  # every raw combination (an invalid one may fall outside [0, 1])
+    transform = _feature_transform((levels, table), None)
+    names = list(codec.ax_values)
+    x = torch.tensor([[float(codec.encode(c)[n]) for n in names] for c in valid], dtype=torch.float64)
+    out = transform.transform(x)
+    assert out.shape == (len(valid), len(names) + 2) and torch.equal(out[:, :len(names)], x)
+    ab = [math.log2(c["a"] * c["b"]) for c in valid]  # scaled to [0, 1] over the valid configurations
+    # features in name order: "c", then "log2_ab"
+    assert out[:, len(names)].tolist() == [float(c["c"]) for c in valid]
+    assert out[:, len(names) + 1].tolist() == pytest.approx([(v - min(ab)) / (max(ab) - min(ab)) for v in ab])
+    assert transform.transform(x[None]).shape == (1, *out.shape)  # batched as the acquisition asks
+
+
+def test_ax_features_option_checked():
+    with pytest.raises(ValueError, match="features"):
+        run("ax", small_space(), StrictEvaluator(small_space(), small_time), Budget(4), seed=0, features=3)

@@ -313,3 +313,30 @@ def test_families_that_do_not_apply_to_the_problem_are_never_compiled():
     r3 = tuner.tune(ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1)))
     assert set(seen) == {"general", "wino3x3"} and r3.evaluations <= 12
     assert [f.FAMILY for f in tuner.families_for(PROBLEM)] == ["general"]
+
+
+def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypatch):
+    from bagf_torch.tuning import strategies
+
+    fam = _family()
+    fam.features = lambda problem, c, sms=132: {"ab": c["A"] * c["B"] / problem.k, "sms": sms}
+    seen = {}
+    real_run = strategies.run
+
+    def spy(name, space, evaluate, budget, seed, **kw):
+        seen[name] = kw.get("features", "absent")
+        return real_run("random", space, evaluate, budget, seed, prior=kw.get("prior", ()))
+
+    monkeypatch.setattr(strategies, "run", spy)
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+          sms=96).tune(PROBLEM)
+    assert seen["ax"]({"A": 2, "B": 4, "C": 0}) == {"ab": 8 / 192, "sms": 96}
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+          strategy_options={"features": None}).tune(PROBLEM)
+    assert seen["ax"] is None  # the user's choice wins
+    comp = FakeCompiler()
+    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="anneal",
+          budget=Budget(4)).tune(PROBLEM)
+    assert seen["anneal"] == "absent"  # annealing has no model and no features option

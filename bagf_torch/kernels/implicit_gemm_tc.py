@@ -31,6 +31,7 @@ rounding only, within the same tolerance.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
@@ -81,6 +82,32 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
 
 
 SM90_SMEM_LIMIT = 232448
+SM90_SMEM_PER_SM = 233472  # 228 KiB: what the resident blocks of one SM share
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+
+
+def blocks_per_sm(c: Mapping[str, int]) -> int:
+    """Blocks of ``c`` one SM can hold at once (shared memory, estimated registers, threads), at least 1."""
+    t = threads(c)
+    return max(1, min(SM90_SMEM_PER_SM // smem_bytes(c), REGISTERS_PER_SM // (estimated_registers(c) * t),
+                      MAX_THREADS_PER_SM // t, MAX_BLOCKS_PER_SM))
+
+
+def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
+    """What a configuration means for ``problem``, beyond its knobs: the search's model (``ax_bo``'s GP) gets
+    these next to the knobs, so that it can see how BM, BN and SPLIT combine into parallelism and per-block
+    work, which no single knob says (the fastest SPLIT depends on BM and BN through the grid).
+
+    - ``log2_blocks_per_sm``: grid blocks (ceil(N*P*Q/BN) x ceil(K/BM) x SPLIT) per SM, log2;
+    - ``log2_k_tiles``: K-tiles each split-K slice reduces (ceil(ceil(C*R*S/BK) / SPLIT)), log2;
+    - ``log2_resident``: blocks one SM holds at once (``blocks_per_sm``), log2.
+    """
+    p, q = problem.out_hw
+    grid = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"]) * c["SPLIT"]
+    k_tiles = -(-(-(-(problem.c * problem.r * problem.s) // c["BK"])) // c["SPLIT"])
+    return {"log2_blocks_per_sm": math.log2(grid / sms), "log2_k_tiles": math.log2(k_tiles),
+            "log2_resident": math.log2(blocks_per_sm(c))}
 
 
 def threads(c: Mapping[str, int]) -> int:

@@ -41,6 +41,16 @@ def _single_threaded_torch():
         torch.set_num_threads(n)
 
 
+def search_features(family: ModuleType, problem: ConvProblem, sms: int | None = None):
+    """The problem-aware inputs a strategy that models the space may use (ax's ``features`` option):
+    ``family.features(problem, config[, sms])`` bound to ``problem``, or None when the family has none."""
+    if not hasattr(family, "features"):
+        return None
+    if sms:
+        return lambda config: family.features(problem, config, sms)
+    return lambda config: family.features(problem, config)
+
+
 @dataclass
 class Trial:
     family: str
@@ -268,8 +278,11 @@ class Tuner:
                 try:
                     # what this family has measured so far (start point, warm-start seeds): the search's prior
                     prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
+                    options = dict(self.strategy_options)
+                    if "features" in strategies.STRATEGIES[self.strategy].OPTIONS and "features" not in options:
+                        options["features"] = search_features(fam, problem, self.sms)
                     strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
-                                   prior=prior, **self.strategy_options)
+                                   prior=prior, **options)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
                                          f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")

@@ -23,6 +23,17 @@ worse (median 42 vs 31.5 evaluations, penalty handling). With a warm start, rand
 away what the start point and seeds had found (H200 replay, docs/strategies.md: 45% of runs never within
 95% on the five problems that needed a search, 20% with the local design).
 
+Problem-aware inputs (option ``features``; the tuner passes the family's ``features(problem, config)``).
+The knobs alone do not say how they combine on a problem: the fastest SPLIT depends on BM and BN through
+the grid, the work per block on BK and SPLIT through C*R*S. With ``implicit_gemm_tc.features`` (log2 of
+grid blocks per SM, of K-tiles per split-K slice and of resident blocks per SM) the GP models log time over
+the 7 knobs plus these 3 values (each scaled to [0, 1] over the valid configurations, through a BoTorch
+input transform looked up per configuration). On the H200 replay (7 problems x 20 seeds) that took BO's
+mean fraction of the optimum @30/@40/@50 from 0.943/0.952/0.964 to 0.946/0.959/0.969 and the budgets where
+it is below annealing from 20 to 5 (all in the initial design or just after: 5-7, 15, 16); offline, the
+8 best-predicted configurations held a better one (0.889 vs 0.855 of the optimum) than with the knobs
+alone (docs/strategies.md, "bo-bar2").
+
 Candidates (options ``candidates``, ``trust_region``). Each generation Ax's acquisition scores the valid
 configurations it does not hold yet (our own list through Ax's ``candidate_set`` path, so an invalid
 proposal is impossible), by default only those within 3 one-knob steps of the incumbent (a trust region
@@ -133,6 +144,7 @@ OPTIONS: dict[str, Any] = {
     "fit_maxiter": 20,
     "candidates": "valid",
     "trust_region": 3,
+    "features": None,
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
@@ -146,6 +158,10 @@ invalid: "constraint", "abandon" or "penalty": how invalid proposals and failure
 log_time: give Ax log(time_us) rather than time_us.
 linear_constraints: give Ax the +-1 linear inequalities on the encoding that every valid configuration
 satisfies (derived from the space, see ``_linear_constraints``), so it never proposes most invalid ones.
+Only where Ax enumerates the raw combinations itself (``candidates="raw"`` without a trust region): our
+own candidate list holds valid configurations only, so they change nothing there (identical replayed
+curves) and cost half of a run's time (Ax re-parses every constraint with sympy whenever it copies the
+search space, ~850 times in a run of 50 evaluations: 9.5 -> 4.3 s on conv3x3_256, docs/strategies.md).
 acquisition: "qLogEI" (improvement over the best modelled value) or "qLogNEI" (Ax's default, noisy EI
 integrated over the posterior at every observed point: dearer, see docs/strategies.md). invalid=
 "constraint" always uses qLogNEI: BoTorch builds qLogEI only when every metric is observed at every
@@ -160,6 +176,10 @@ trust_region: 0: off. r >= 1: only the candidates within ``r`` steps of the incu
 being one knob moved to an adjacent value (L1 distance over the knobs' value indices); the radius grows
 by one after each generation that brings no new best (and while fewer than a batch are inside it) and
 falls back to ``r`` after one that does.
+features: None, or a function config -> {name: float} of problem-aware inputs (the tuner passes the
+family's ``features(problem, config)`` when it has one, e.g. ``implicit_gemm_tc.features``: blocks per SM,
+K-tiles per slice, resident blocks); the GP then models time over the knobs AND these values
+(``_gp_class``, ``_feature_transform``).
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
 drawn at random after stalls) and gen_seconds (wall time of each Ax generation)."""
 
@@ -253,30 +273,112 @@ def _linear_constraints(codec: _Codec, limit: int = MAX_LINEAR_CONSTRAINTS) -> l
     return out
 
 
-_CHEAP_GP: dict[int, type] = {}
+_CHEAP_GP: dict[tuple[int | None, bool], type] = {}
 
 
-def _bounded_fit_gp(maxiter: int) -> type:
-    """A SingleTaskGP subclass whose hyperparameter fit stops after ``maxiter`` L-BFGS iterations.
+def _feature_transform(features, normalize):
+    """A BoTorch input transform that appends problem-aware features to Ax's encoded knobs.
+
+    ``features`` is ``(levels, table)``: each knob's sorted encoded values (Ax's columns, in ``_Codec``
+    order) and one row of features, already scaled to [0, 1], per raw combination (mixed radix over the
+    value indices, last knob fastest, as ``Space.all_configs`` enumerates). ``normalize`` is the transform Ax
+    built for the knobs (scales them to [0, 1]), applied to the knob columns first."""
+    import torch
+    from botorch.models.transforms.input import InputTransform
+
+    levels, table = features
+
+    class FeatureInput(InputTransform, torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self.transform_on_train = self.transform_on_eval = self.transform_on_fantasize = True
+            self.normalize = normalize
+            self.levels = [torch.as_tensor(v, dtype=torch.float64) for v in levels]
+            self.table = torch.as_tensor(table, dtype=torch.float64)
+            self.strides = [int(np.prod([len(v) for v in levels[j + 1:]])) for j in range(len(levels))]
+
+        def transform(self, X):
+            index = torch.zeros(X.shape[:-1], dtype=torch.long, device=X.device)
+            for j, (vals, stride) in enumerate(zip(self.levels, self.strides)):
+                v = vals.to(X)
+                at = torch.searchsorted(v, X[..., j].round().contiguous()).clamp(max=len(v) - 1)
+                index = index + at * stride
+            knobs = self.normalize.transform(X) if self.normalize is not None else X
+            return torch.cat([knobs, self.table.to(X)[index]], dim=-1)
+
+        def equals(self, other):
+            return type(self) is type(other) and torch.equal(self.table, other.table)
+
+    return FeatureInput()
+
+
+def _gp_class(maxiter: int | None, with_features: bool) -> type:
+    """A SingleTaskGP subclass whose hyperparameter fit stops after ``maxiter`` L-BFGS iterations (None:
+    BoTorch's default) and, ``with_features``, that takes ``features`` (see ``_feature_transform``) through
+    Ax's ``model_options`` and models time over the knobs plus those features.
 
     Ax 1.3 fits through its ``fit_botorch_model`` dispatcher without optimiser options; registering a
     subclass is its extension point. On 40 trials BoTorch's default ran 258 iterations (3.1 s of an 8.5 s
     generation on the 2-core CI machine); the effect of the cap on search quality is measured in
     docs/strategies.md."""
-    if maxiter not in _CHEAP_GP:
+    if (maxiter, with_features) not in _CHEAP_GP:
         from ax.generators.torch.botorch_modular.utils import fit_botorch_model
         from botorch.fit import fit_gpytorch_mll
         from botorch.models import SingleTaskGP
+        from botorch.utils.types import DEFAULT
 
-        cls = type(f"SingleTaskGPFit{maxiter}", (SingleTaskGP,), {})
+        body: dict = {}
+        if with_features:
+            def construct_inputs(cls, training_data, features=None):
+                return {**SingleTaskGP.construct_inputs.__func__(cls, training_data), "features": features}
+
+            def __init__(self, train_X, train_Y, train_Yvar=None, likelihood=None, covar_module=None,
+                         mean_module=None, outcome_transform=DEFAULT, input_transform=None, features=None):
+                if features is not None:
+                    input_transform = _feature_transform(features, input_transform)
+                SingleTaskGP.__init__(self, train_X, train_Y, train_Yvar, likelihood, covar_module, mean_module,
+                                      outcome_transform, input_transform)
+
+            body = {"construct_inputs": classmethod(construct_inputs), "__init__": __init__}
+        cls = type(f"SingleTaskGP{'Features' if with_features else ''}Fit{maxiter or 'Default'}", (SingleTaskGP,), body)
 
         def fit(model, mll_class, mll_options=None):
             mll = mll_class(likelihood=model.likelihood, model=model, **(mll_options or {}))
-            fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}})
+            fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": maxiter}} if maxiter else {})
 
         fit_botorch_model.register(cls)(fit)
-        _CHEAP_GP[maxiter] = cls
-    return _CHEAP_GP[maxiter]
+        _CHEAP_GP[(maxiter, with_features)] = cls
+    return _CHEAP_GP[(maxiter, with_features)]
+
+
+def _feature_table(codec: _Codec, features) -> tuple[list[list[int]], np.ndarray]:
+    """``(levels, table)`` for ``_feature_transform``: ``features(config)`` for every raw combination of
+    the encoded knobs (columns in feature-name order), each feature scaled to [0, 1] over the valid configurations (a combination the
+    function cannot describe gets the valid configurations' mean)."""
+    import itertools
+
+    names = list(codec.ax_values)
+    levels = [sorted(codec.ax_values[n]) for n in names]
+    rows, ok = [], []
+    keys: list[str] | None = None
+    for combo in itertools.product(*levels):
+        config = codec.decode(dict(zip(names, combo)))
+        try:
+            f = dict(features(config))
+        except (ArithmeticError, KeyError, ValueError):
+            f = None
+        if f is not None and keys is None:
+            keys = sorted(f)
+        rows.append([float(f[k]) for k in keys] if f is not None else None)
+        ok.append(f is not None and codec.space.is_valid(config))
+    if keys is None or not any(ok):
+        raise ValueError("ax features: the function described no valid configuration")
+    ref = np.array([r for r, good in zip(rows, ok) if good])
+    lo, hi = ref.min(axis=0), ref.max(axis=0)
+    mean = ref.mean(axis=0)
+    table = np.array([r if r is not None else mean for r in rows])
+    table = (table - lo) / np.where(hi > lo, hi - lo, 1.0)
+    return levels, table
 
 
 @contextlib.contextmanager
@@ -340,9 +442,10 @@ def _candidate_acquisition(codec: _Codec, candidates: list):
 
 def _generation_strategy(seed: int, initial_trials: int, own_initial: bool, mc_samples: int | None,
                          acquisition: str = "qLogNEI", fit_maxiter: int | None = None,
-                         acquisition_class: type | None = None):
+                         acquisition_class: type | None = None, features=None):
     """Ax's "fast" Sobol+MBM strategy (MBM alone when we attach the initial trials ourselves), with a
-    seeded, smaller QMC sampler, the chosen acquisition function and a bounded GP fit."""
+    seeded, smaller QMC sampler, the chosen acquisition function, a bounded GP fit and, with ``features``
+    (``_feature_table``'s output), a GP over the knobs and those features."""
     from ax.api.utils.generation_strategy_dispatch import choose_generation_strategy
     from ax.api.utils.structs import GenerationStrategyDispatchStruct
 
@@ -367,12 +470,13 @@ def _generation_strategy(seed: int, initial_trials: int, own_initial: bool, mc_s
                 spec.generator_kwargs["acquisition_class"] = acquisition_class
             spec.generator_kwargs["botorch_acqf_class"] = (
                 qLogExpectedImprovement if acquisition == "qLogEI" else qLogNoisyExpectedImprovement)
-            if fit_maxiter is not None:
+            if fit_maxiter is not None or features is not None:
                 from ax.generators.torch.botorch_modular.surrogate import SurrogateSpec
                 from ax.generators.torch.botorch_modular.utils import ModelConfig
 
-                spec.generator_kwargs["surrogate_spec"] = SurrogateSpec(
-                    model_configs=[ModelConfig(botorch_model_class=_bounded_fit_gp(fit_maxiter))])
+                spec.generator_kwargs["surrogate_spec"] = SurrogateSpec(model_configs=[ModelConfig(
+                    botorch_model_class=_gp_class(fit_maxiter, features is not None),
+                    model_options={"features": features} if features is not None else {})])
     return gs
 
 
@@ -405,7 +509,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
          log_time: bool = OPTIONS["log_time"], linear_constraints: bool = OPTIONS["linear_constraints"],
          acquisition: str = OPTIONS["acquisition"], fit_maxiter: int | None = OPTIONS["fit_maxiter"],
          candidates: str = OPTIONS["candidates"], trust_region: int = OPTIONS["trust_region"],
-         stats: dict | None = None) -> None:
+         features=OPTIONS["features"], stats: dict | None = None) -> None:
     if batch_size < 1 or initial_trials < 1:
         raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
     if initial_batch is not None and initial_batch < 1:
@@ -424,6 +528,8 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         raise ValueError(f"ax trust_region={trust_region}; it must be >= 0 (0: off)")
     if mc_samples is not None and mc_samples < 1:
         raise ValueError(f"ax mc_samples={mc_samples}; it must be >= 1 or None (Ax's default)")
+    if features is not None and not callable(features):
+        raise ValueError(f"ax features={features!r}; expected None or a function config -> {{name: float}}")
 
     space = objective.space
     codec = _Codec(space)
@@ -469,13 +575,15 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
 
         client = Client(random_seed=seed)
         client.configure_experiment(parameters=codec.parameters(), name=f"bagf_{space.family}",
-                                    parameter_constraints=_linear_constraints(codec) if linear_constraints else None)
+                                    parameter_constraints=(_linear_constraints(codec) if linear_constraints
+                                                           and not own_candidates else None))
         client.configure_optimization(objective=f"-{METRIC}",
                                       outcome_constraints=[f"{EXCESS} <= 0.5"] if invalid == "constraint" else None)
         client.set_generation_strategy(_generation_strategy(
             seed, initial_trials, own_initial, mc_samples,
             "qLogNEI" if invalid == "constraint" else acquisition, fit_maxiter,
-            _candidate_acquisition(codec, chosen) if own_candidates else None))
+            _candidate_acquisition(codec, chosen) if own_candidates else None,
+            _feature_table(codec, features) if features is not None else None))
 
         worst_ok = -math.inf
         deferred: list[int] = []  # penalty trials waiting for a first time to scale the penalty
