@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
+from .space import (MAX_BLOCKS_PER_SM, MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_SM, REGISTERS_PER_SM,  # noqa: F401
+                    SM90_SMEM_PER_SM, Config, Space, loader_rule, register_rule, resident_blocks,
                     shared_memory_rule, template_expression)
 
 FAMILY = "implicit_gemm_tc"
@@ -82,16 +83,11 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
 
 
 SM90_SMEM_LIMIT = 232448
-SM90_SMEM_PER_SM = 233472  # 228 KiB: what the resident blocks of one SM share
-MAX_THREADS_PER_SM = 2048
-MAX_BLOCKS_PER_SM = 32
 
 
 def blocks_per_sm(c: Mapping[str, int]) -> int:
     """Blocks of ``c`` one SM can hold at once (shared memory, estimated registers, threads), at least 1."""
-    t = threads(c)
-    return max(1, min(SM90_SMEM_PER_SM // smem_bytes(c), REGISTERS_PER_SM // (estimated_registers(c) * t),
-                      MAX_THREADS_PER_SM // t, MAX_BLOCKS_PER_SM))
+    return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
 
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:

@@ -94,6 +94,15 @@ def config_key(config: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
 # ------------------------------------------------------------------ rules every family shares
 REGISTERS_PER_SM = 65536
 MAX_REGISTERS_PER_THREAD = 255
+SM90_SMEM_PER_SM = 233472  # 228 KiB: what the resident blocks of one SM share
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
+
+
+def resident_blocks(threads: int, smem_bytes: int, registers: int) -> int:
+    """Blocks one SM can hold at once (shared memory, registers, threads, the block limit), at least 1."""
+    return max(1, min(SM90_SMEM_PER_SM // max(1, smem_bytes), REGISTERS_PER_SM // max(1, registers * threads),
+                      MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM))
 
 
 def shared_memory_rule(smem_bytes: Callable[[Mapping[str, int]], int], limit: int) -> Rule:
