@@ -174,22 +174,6 @@ def test_winograd_applies_only_to_3x3_stride_1():
     assert "stride" in wg.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=3, s=3, dilation=(2, 2)))
 
 
-def test_winograd_features_describe_the_grid_and_the_work_per_block():
-    import math
-
-    from bagf_torch.kernels import winograd as wg
-
-    conv3 = ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))  # 16 F(4x4) tiles, 49 F(2x2)
-    c = dict(wg.START, SPLIT=8)  # BT=16, BK=32, BC=8: 1 x 12 x 8 blocks, 24 chunks / 8 = 3 per slice
-    f = wg.features(conv3, c)
-    assert f["log2_blocks_per_sm"] == pytest.approx(math.log2(96 / 132))
-    assert f["log2_chunks"] == pytest.approx(math.log2(3))
-    assert wg.features(conv3, dict(c, MT=2, EG=4))["log2_blocks_per_sm"] == pytest.approx(math.log2(4 * 12 * 8 / 132))
-    assert 0 <= f["log2_resident"] <= 5
-    for config in wg.space().valid_configs()[::50]:
-        assert all(math.isfinite(v) for v in wg.features(conv3, config).values())
-
-
 def test_winograd_start_config_splits_channels_for_small_batches():
     from bagf_torch.kernels import winograd as wg
 

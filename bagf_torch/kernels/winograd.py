@@ -37,7 +37,6 @@ registers must not spill.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from .. import winograd as _transforms
@@ -121,24 +120,6 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 def blocks_per_sm(c: Mapping[str, int]) -> int:
     """Blocks of ``c`` one SM can hold at once (shared memory, estimated registers, threads), at least 1."""
     return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
-
-
-def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
-    """What a configuration means for ``problem`` beyond its knobs, for the search's model (``ax_bo``'s GP),
-    as ``implicit_gemm_tc.features`` does: how MT, BT, BK and SPLIT combine into parallelism and per-block work.
-
-    - ``log2_blocks_per_sm``: grid blocks (ceil(tiles/BT) x ceil(K/BK) x SPLIT, tiles = N*ceil(P/MT)*ceil(Q/MT))
-      per SM, log2;
-    - ``log2_chunks``: input-channel chunks each slice reduces (ceil(ceil(C/BC) / SPLIT)), log2;
-    - ``log2_resident``: blocks one SM holds at once (``blocks_per_sm``), log2.
-    """
-    p, q = problem.out_hw
-    m = c["MT"]
-    tiles = problem.n * -(-p // m) * -(-q // m)
-    grid = -(-tiles // c["BT"]) * -(-problem.k // c["BK"]) * c["SPLIT"]
-    chunks = -(-(-(-problem.c // c["BC"])) // c["SPLIT"])
-    return {"log2_blocks_per_sm": math.log2(grid / sms), "log2_chunks": math.log2(chunks),
-            "log2_resident": math.log2(blocks_per_sm(c))}
 
 
 def launch(c: Mapping[str, int]) -> dict[str, int]:
