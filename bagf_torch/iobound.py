@@ -546,25 +546,13 @@ def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> T
 
 
 # --------------------------------------------------------------------------- winograd: traffic model
-def _winograd_geometry(config: Mapping[str, int]) -> dict[str, int]:
-    """The kernel's constexprs (csrc/kernels/winograd.cuh) that the traffic depends on."""
-    mt, bk, bt, bc = config["MT"], config["BK"], config["BT"], config["BC"]
-    a = mt + 2
-    e = a * a
-    ttn = bt // config["TT"]
-    loop = e * bc * (bk + 4 + bt + 4)
-    rounds = 1  # wino::out_rounds
-    while rounds < ttn and ttn % (2 * rounds) == 0 and e * bk * (bt // rounds + 1) > loop:
-        rounds *= 2
-    return {"A": a, "E": e, "T": config["EG"] * (bk // config["TK"]) * ttn, "LOOP": loop, "ROUNDS": rounds}
-
-
 def _check_winograd_problem(problem: ConvProblem) -> None:
-    if (problem.r, problem.s) != (3, 3) or problem.stride != (1, 1) or problem.dilation != (1, 1) \
-            or problem.groups != 1:
-        raise ValueError(f"the winograd family computes 3x3, stride-1, dilation-1, groups-1 convolutions only; got "
-                         f"{problem.r}x{problem.s}, stride {problem.stride}, dilation {problem.dilation}, groups "
-                         f"{problem.groups} (the tuner skips the family there: kernels.winograd.applies)")
+    from .kernels import winograd as wg
+
+    why = wg.applies(problem)
+    if why is not None:
+        raise ValueError(f"the winograd family computes 3x3, stride-1, dilation-1, groups-1 convolutions only: {why} "
+                         "(the tuner skips the family there: kernels.winograd.applies)")
 
 
 def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
@@ -609,7 +597,7 @@ def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic
       empty slices included, each one read (``words_read_output``) and one write, as for implicit_gemm_tc.
 
     >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
-    >>> c = {"MT": 2, "BK": 32, "BT": 32, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "SPLIT": 1}
+    >>> c = {"MT": 2, "BK": 32, "BT": 32, "BC": 8, "TK": 4, "TT": 4, "EG": 4, "DB": 0, "SPLIT": 1}
     >>> t = winograd_traffic(p, c)
     >>> t.grid, t.words_read_weight == t.grid[0] * 9 * 256 * 256
     ((2, 8, 1), True)
@@ -644,10 +632,11 @@ def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]
     strided walk over the (channel, tile) input items (A x A bounds-checked loads) and the (k, channel)
     filter items (9 loads), and the output stage's ROUNDS passes over the (k, tile) items (bias load, the
     MT x MT bounds-checked stores or atomics) - and count the words element by element. Small shapes only."""
+    from .kernels import winograd as wg
+
     _check_winograd_problem(problem)
-    g = _winograd_geometry(config)
     mt, bk, bt, bc, split = config["MT"], config["BK"], config["BT"], config["BC"], config["SPLIT"]
-    a_, nthr, rounds = g["A"], g["T"], g["ROUNDS"]
+    a_, nthr, rounds = mt + 2, wg.threads(config), wg.out_rounds(config)
     p, q = problem.out_hw
     (ph, pw) = problem.padding
     tq = -(-q // mt)
