@@ -623,3 +623,51 @@ def test_ax_features_reach_the_gp_scaled_next_to_the_knobs():
 def test_ax_features_option_checked():
     with pytest.raises(ValueError, match="features"):
         run("ax", small_space(), StrictEvaluator(small_space(), small_time), Budget(4), seed=0, features=3)
+
+
+def test_ax_initial_order_tries_the_best_ranked_neighbours_first():
+    space = small_space()
+    best = {"a": 4, "b": 1, "c": 1}  # valid neighbours: (2,1,1), (8,1,1), (4,2,1), (4,1,0)
+    prior = [(best, Outcome("ok", small_time(best)))]
+
+    def rank(c):
+        return 100 * c["a"] + 10 * c["b"] + c["c"]
+
+    top2 = {config_key({"a": 8, "b": 1, "c": 1}), config_key({"a": 4, "b": 2, "c": 1})}
+    unranked = []
+    for seed in range(4):
+        ev = StrictEvaluator(space, small_time)
+        run("ax", space, ev, Budget(2), seed=seed, prior=prior, batch_size=3, initial_trials=5,
+            initial_order=rank, initial_ranked=2)
+        assert ev.seen == top2, seed
+        ev = StrictEvaluator(space, small_time)
+        run("ax", space, ev, Budget(2), seed=seed, prior=prior, batch_size=3, initial_trials=5,
+            initial_order=rank, initial_ranked=0)
+        assert all(sum(c[k] != best[k] for k in best) == 1 for c in space.valid_configs() if config_key(c) in ev.seen)
+        unranked.append(ev.seen)
+    assert any(s != top2 for s in unranked)  # without the ranking the seeded random order decides
+
+
+def test_ax_initial_order_options_checked():
+    space = small_space()
+    with pytest.raises(ValueError, match="initial_order"):
+        run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, initial_order=3)
+    with pytest.raises(ValueError, match="initial_ranked"):
+        run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, initial_ranked=-1)
+
+
+def test_tc_warps_in_flight_counts_what_the_grid_can_fill():
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+    from bagf_torch.problem import ConvProblem
+    from bagf_torch.tuning.tuner import search_initial_order
+
+    conv2 = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))  # N*P*Q = 729
+    start = tc.default_for(conv2)  # 12 x 3 x SPLIT 8 = 288 blocks, 4 of 128 threads resident per SM
+    assert start["SPLIT"] == 8 and tc.blocks_per_sm(start) == 4
+    assert tc.warps_in_flight(conv2, start) == pytest.approx(288 / 132 * 4)  # the grid, not residency, limits
+    assert tc.warps_in_flight(conv2, start, sms=66) == pytest.approx(4 * 4)  # residency limits
+    assert tc.warps_in_flight(conv2, dict(start, WM=1)) == pytest.approx(288 / 132 * 2)  # half the warps
+    assert tc.warps_in_flight(conv2, dict(start, SPLIT=4)) == pytest.approx(144 / 132 * 4)  # half the grid
+    order = search_initial_order(tc, conv2)
+    assert order(start) == tc.warps_in_flight(conv2, start)
+    assert search_initial_order(implicit_gemm, conv2) is None  # a family without the function

@@ -320,11 +320,13 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
 
     fam = _family()
     fam.features = lambda problem, c, sms=132: {"ab": c["A"] * c["B"] / problem.k, "sms": sms}
-    seen = {}
+    fam.warps_in_flight = lambda problem, c, sms=132: c["A"] * sms
+    seen, order = {}, {}
     real_run = strategies.run
 
     def spy(name, space, evaluate, budget, seed, **kw):
         seen[name] = kw.get("features", "absent")
+        order[name] = kw.get("initial_order", "absent")
         return real_run("random", space, evaluate, budget, seed, prior=kw.get("prior", ()))
 
     monkeypatch.setattr(strategies, "run", spy)
@@ -332,6 +334,7 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
     Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
           sms=96).tune(PROBLEM)
     assert seen["ax"]({"A": 2, "B": 4, "C": 0}) == {"ab": 8 / 192, "sms": 96}
+    assert order["ax"]({"A": 2, "B": 4, "C": 0}) == 2 * 96  # and how to rank the start point's neighbours
     comp = FakeCompiler()
     Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
           strategy_options={"features": None}).tune(PROBLEM)
@@ -340,3 +343,4 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
     Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="anneal",
           budget=Budget(4)).tune(PROBLEM)
     assert seen["anneal"] == "absent"  # annealing has no model and no features option
+    assert order["anneal"] == "absent"

@@ -106,6 +106,24 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
             "log2_resident": math.log2(blocks_per_sm(c))}
 
 
+def warps_in_flight(problem, c: Mapping[str, int], sms: int = H200_SMS) -> float:
+    """Warps one SM runs at once for ``problem``: min(resident blocks, grid blocks per SM) x warps per block.
+
+    How the search ranks the start point's neighbours before any time is known (``ax_bo``'s
+    ``initial_order``): a batch-1 layer leaves most of the GPU idle, so the move that puts the most warps in
+    flight is the likeliest to be faster. On the H200 recording's five problems that need a search, the
+    one-knob neighbours of the start point that lower it (64-thread blocks, BN=128, a smaller SPLIT, BM=128)
+    reach 0.58 of the optimum on average, the others 0.72 (22 and 42 neighbours). It is a prior, not a
+    model: the highest is not always the fastest (BN=32 on conv3x3_256_56 at N=1: 0.57 against 0.70 for
+    the start), and the way to most optima passes through a neighbour that lowers it (BM=128 halves the
+    grid; 5 of the 7 optima have BM=128 and get their warps back with WM=4), which is why ax ranks only the
+    first two of its initial design by it (docs/strategies.md, "bo-init").
+    """
+    p, q = problem.out_hw
+    grid = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"]) * c["SPLIT"]
+    return min(blocks_per_sm(c), grid / sms) * threads(c) / 32
+
+
 def threads(c: Mapping[str, int]) -> int:
     return 32 * c["WM"] * c["WN"]
 

@@ -51,6 +51,17 @@ def search_features(family: ModuleType, problem: ConvProblem, sms: int | None = 
     return lambda config: family.features(problem, config)
 
 
+def search_initial_order(family: ModuleType, problem: ConvProblem, sms: int | None = None):
+    """How a strategy that starts with a local design may rank the start point's neighbours before any time
+    is known (ax's ``initial_order`` option): ``family.warps_in_flight(problem, config[, sms])`` bound to
+    ``problem``, or None when the family has none."""
+    if not hasattr(family, "warps_in_flight"):
+        return None
+    if sms:
+        return lambda config: family.warps_in_flight(problem, config, sms)
+    return lambda config: family.warps_in_flight(problem, config)
+
+
 @dataclass
 class Trial:
     family: str
@@ -281,6 +292,9 @@ class Tuner:
                     options = dict(self.strategy_options)
                     if "features" in strategies.STRATEGIES[self.strategy].OPTIONS and "features" not in options:
                         options["features"] = search_features(fam, problem, self.sms)
+                    if ("initial_order" in strategies.STRATEGIES[self.strategy].OPTIONS
+                            and "initial_order" not in options):
+                        options["initial_order"] = search_initial_order(fam, problem, self.sms)
                     strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
                                    prior=prior, **options)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured

@@ -23,6 +23,16 @@ worse (median 42 vs 31.5 evaluations, penalty handling). With a warm start, rand
 away what the start point and seeds had found (H200 replay, docs/strategies.md: 45% of runs never within
 95% on the five problems that needed a search, 20% with the local design).
 
+Which neighbours first (options ``initial_order``, ``initial_ranked``; the tuner passes the family's
+``warps_in_flight(problem, config)``). Before any time is known the local design tries the two neighbours
+that put the most warps in flight on an SM first (a batch-1 layer leaves most SMs idle), the rest in the
+seeded random order. On the H200 replay (7 problems x 20 seeds) that took the mean fraction of the
+optimum at evaluations 3/5/7 from 0.834/0.853/0.859 to 0.859/0.861/0.865, above annealing and the genetic
+algorithm at every budget up to 50 (before: below annealing at 5-7, 15, 16 and the GA at 3), @20/@50
+0.925/0.969 -> 0.928/0.971; ranking the whole design that way (or only moving the neighbours that lower
+it last) was better up to evaluation 8 but left out the neighbours on the way to most optima (BM=128)
+and fell to 0.906 @20 (docs/strategies.md, "bo-init").
+
 Problem-aware inputs (option ``features``; the tuner passes the family's ``features(problem, config)``).
 The knobs alone do not say how they combine on a problem: the fastest SPLIT depends on BM and BN through
 the grid, the work per block on BK and SPLIT through C*R*S. With ``implicit_gemm_tc.features`` (log2 of
@@ -145,6 +155,8 @@ OPTIONS: dict[str, Any] = {
     "candidates": "valid",
     "trust_region": 3,
     "features": None,
+    "initial_order": None,
+    "initial_ranked": 2,
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
@@ -180,6 +192,11 @@ features: None, or a function config -> {name: float} of problem-aware inputs (t
 family's ``features(problem, config)`` when it has one, e.g. ``implicit_gemm_tc.features``: blocks per SM,
 K-tiles per slice, resident blocks); the GP then models time over the knobs AND these values
 (``_gp_class``, ``_feature_transform``).
+initial_order: None, or a function config -> float that ranks the incumbent's neighbours before any time is
+known (higher: tried first): the tuner passes the family's ``warps_in_flight(problem, config)`` when it has
+one (``implicit_gemm_tc.warps_in_flight``). Only with ``initial="local"``.
+initial_ranked: how many of the local initial design's neighbours are the best-ranked by ``initial_order``;
+the others follow in the seeded random order (0: all random).
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
 drawn at random after stalls) and gen_seconds (wall time of each Ax generation)."""
 
@@ -509,7 +526,8 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
          log_time: bool = OPTIONS["log_time"], linear_constraints: bool = OPTIONS["linear_constraints"],
          acquisition: str = OPTIONS["acquisition"], fit_maxiter: int | None = OPTIONS["fit_maxiter"],
          candidates: str = OPTIONS["candidates"], trust_region: int = OPTIONS["trust_region"],
-         features=OPTIONS["features"], stats: dict | None = None) -> None:
+         features=OPTIONS["features"], initial_order=OPTIONS["initial_order"],
+         initial_ranked: int = OPTIONS["initial_ranked"], stats: dict | None = None) -> None:
     if batch_size < 1 or initial_trials < 1:
         raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
     if initial_batch is not None and initial_batch < 1:
@@ -530,6 +548,10 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         raise ValueError(f"ax mc_samples={mc_samples}; it must be >= 1 or None (Ax's default)")
     if features is not None and not callable(features):
         raise ValueError(f"ax features={features!r}; expected None or a function config -> {{name: float}}")
+    if initial_order is not None and not callable(initial_order):
+        raise ValueError(f"ax initial_order={initial_order!r}; expected None or a function config -> float")
+    if initial_ranked < 0:
+        raise ValueError(f"ax initial_ranked={initial_ranked}; it must be >= 0 (0: neighbours in random order)")
 
     space = objective.space
     codec = _Codec(space)
@@ -556,7 +578,13 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         centre = incumbent()
         out: list[Config] = []
         if centre is not None:
-            for c in neighbours(space, centre, rng, 0.0):
+            around = neighbours(space, centre, rng, 0.0)
+            if initial_order is not None and initial_ranked:
+                # the best-ranked first, the rest in the seeded random order: the GP still gets a sample of
+                # the whole neighbourhood (a fully ranked design left out the bigger tiles, docstring)
+                ranked = sorted(around, key=lambda c: -initial_order(c))[:initial_ranked]
+                around = ranked + [c for c in around if c not in ranked]
+            for c in around:
                 if objective.seen(c) is None and config_key(c) not in known and c not in out:
                     out.append(c)
                 if len(out) >= n:
