@@ -386,6 +386,8 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"of {sorted(STRATEGIES)}")
     ap.add_argument("--problems", default="", help="comma-separated problem names (default: all)")
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--seed-base", type=int, default=0,
+                    help="first seed (seeds are BASE .. BASE+SEEDS-1): a held-out set for a setting chosen on 0..19")
     ap.add_argument("--budget", type=int, default=100)
     ap.add_argument("--ax-budget", type=int, default=50,
                     help="budget for ax only, default 50 (the issue's bar compares up to 50; Ax costs ~1-2 s per "
@@ -441,7 +443,7 @@ def main(argv=None) -> int:
             seeds_of[label(rp)] = seeds
             jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,
                       args.noise, args.cutoff_factor, ax_options if s == "ax" else {}, not args.no_start, seeds)
-                     for s in strategies for seed in range(args.seeds)]
+                     for s in strategies for seed in range(args.seed_base, args.seed_base + args.seeds)]
     for k, why in excluded.items():
         print(f"excluded {k}: {why} (--partial uses its recorded subset)", file=sys.stderr)
     if not jobs:

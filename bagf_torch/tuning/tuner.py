@@ -41,25 +41,28 @@ def _single_threaded_torch():
         torch.set_num_threads(n)
 
 
+def _bound_to(family: ModuleType, name: str, problem: ConvProblem, sms: int | None):
+    """``family.<name>(problem, config[, sms])`` as a function of the configuration, or None when the family
+    has no such function."""
+    fn = getattr(family, name, None)
+    if fn is None:
+        return None
+    if sms:
+        return lambda config: fn(problem, config, sms)
+    return lambda config: fn(problem, config)
+
+
 def search_features(family: ModuleType, problem: ConvProblem, sms: int | None = None):
     """The problem-aware inputs a strategy that models the space may use (ax's ``features`` option):
     ``family.features(problem, config[, sms])`` bound to ``problem``, or None when the family has none."""
-    if not hasattr(family, "features"):
-        return None
-    if sms:
-        return lambda config: family.features(problem, config, sms)
-    return lambda config: family.features(problem, config)
+    return _bound_to(family, "features", problem, sms)
 
 
 def search_initial_order(family: ModuleType, problem: ConvProblem, sms: int | None = None):
     """How a strategy that starts with a local design may rank the start point's neighbours before any time
     is known (ax's ``initial_order`` option): ``family.warps_in_flight(problem, config[, sms])`` bound to
     ``problem``, or None when the family has none."""
-    if not hasattr(family, "warps_in_flight"):
-        return None
-    if sms:
-        return lambda config: family.warps_in_flight(problem, config, sms)
-    return lambda config: family.warps_in_flight(problem, config)
+    return _bound_to(family, "warps_in_flight", problem, sms)
 
 
 @dataclass
@@ -290,11 +293,9 @@ class Tuner:
                     # what this family has measured so far (start point, warm-start seeds): the search's prior
                     prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
                     options = dict(self.strategy_options)
-                    if "features" in strategies.STRATEGIES[self.strategy].OPTIONS and "features" not in options:
-                        options["features"] = search_features(fam, problem, self.sms)
-                    if ("initial_order" in strategies.STRATEGIES[self.strategy].OPTIONS
-                            and "initial_order" not in options):
-                        options["initial_order"] = search_initial_order(fam, problem, self.sms)
+                    for option, make in (("features", search_features), ("initial_order", search_initial_order)):
+                        if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
+                            options[option] = make(fam, problem, self.sms)  # the user's setting wins
                     strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
                                    prior=prior, **options)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
