@@ -392,6 +392,15 @@ def brute_force_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traf
 
 
 # ------------------------------------------------------------------- implicit_gemm_tc: traffic model
+def _split_output(out: int, split: int) -> dict[str, int]:
+    """The output's words for a kernel whose ``split`` slices add into it (``Traffic`` fields): SPLIT = 1,
+    ``out`` stores; SPLIT > 1, the host's memset of ``out`` words + ``split * out`` atomicAdds (every slice,
+    empty ones too), each counted as one read and one write."""
+    if split == 1:
+        return {"words_written": out, "words_read_output": 0, "words_memset": 0}
+    return {"words_written": out + split * out, "words_read_output": split * out, "words_memset": out}
+
+
 def implicit_gemm_tc_fast_memory_words(config: Mapping[str, int]) -> int:
     """Shared memory words as allocated, padding included (``STAGES*(BM*(BK+4) + BK*(BN+8))``) + the
     accumulator registers (``MI*NI*4`` per thread x threads = ``BM*BN``). Fragments and addressing registers
@@ -439,18 +448,14 @@ def implicit_gemm_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) ->
     rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
     cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
     out = problem.k * npq
-    memset = out if split > 1 else 0
-    atomics = split * out if split > 1 else 0
     return Traffic(
         words_read_input=gy * problem.n * problem.c * int(rows_ok.sum() * cols_ok.sum()),
         words_read_weight=gx * problem.k * crs,
         words_read_bias=out if problem.bias else 0,
-        words_written=out if split == 1 else memset + atomics,
         fast_memory_words=implicit_gemm_tc_fast_memory_words(config),
         blocks=gx * gy * split,
         grid=(gx, gy, split),
-        words_read_output=atomics,
-        words_memset=memset,
+        **_split_output(out, split),
     )
 
 
@@ -611,19 +616,14 @@ def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic
     tiles = problem.n * -(-p // mt) * -(-q // mt)
     gx, gy = -(-tiles // config["BT"]), -(-problem.k // config["BK"])
     patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
-    out = problem.k * problem.n * p * q
-    memset = out if split > 1 else 0
-    atomics = split * out if split > 1 else 0
     return Traffic(
         words_read_input=gy * problem.n * problem.c * patch,
         words_read_weight=gx * 9 * problem.k * problem.c,
         words_read_bias=tiles * problem.k if problem.bias else 0,
-        words_written=out if split == 1 else memset + atomics,
         fast_memory_words=winograd_fast_memory_words(config),
         blocks=gx * gy * split,
         grid=(gx, gy, split),
-        words_read_output=atomics,
-        words_memset=memset,
+        **_split_output(problem.k * problem.n * p * q, split),
     )
 
 

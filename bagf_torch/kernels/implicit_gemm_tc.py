@@ -35,7 +35,7 @@ import math
 from typing import Mapping
 
 from .space import (MAX_BLOCKS_PER_SM, MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_SM, REGISTERS_PER_SM,  # noqa: F401
-                    SM90_SMEM_PER_SM, Config, Space, loader_rule, register_rule, resident_blocks,
+                    SM90_SMEM_PER_SM, Config, Space, loader_rule, register_rule, resident_blocks, size_split,
                     shared_memory_rule, template_expression)
 
 FAMILY = "implicit_gemm_tc"
@@ -73,12 +73,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     p, q = problem.out_hw
     blocks = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"])
     tiles = -(-(problem.c * problem.r * problem.s) // c["BK"])
-    for split in PARAMS["SPLIT"]:
-        if tiles / split < 4:
-            break
-        c["SPLIT"] = split
-        if blocks * split >= 2 * sms:
-            break
+    c["SPLIT"] = size_split(PARAMS["SPLIT"], blocks, tiles, 4, sms)
     return c
 
 

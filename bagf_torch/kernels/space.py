@@ -105,6 +105,20 @@ def resident_blocks(threads: int, smem_bytes: int, registers: int) -> int:
                       MAX_THREADS_PER_SM // threads, MAX_BLOCKS_PER_SM))
 
 
+def size_split(splits: Iterable[int], blocks: int, work: int, min_work: int, sms: int) -> int:
+    """A start point's split of the reduction over grid.z: the smallest of ``splits`` (ascending) that gives
+    at least 2 blocks per SM (``blocks`` unsplit), without going below ``min_work`` units of the reduction
+    (``work`` in all) per slice; 1 when even the first split above 1 would."""
+    chosen = 1
+    for split in splits:
+        if work / split < min_work:
+            break
+        chosen = split
+        if blocks * split >= 2 * sms:
+            break
+    return chosen
+
+
 def shared_memory_rule(smem_bytes: Callable[[Mapping[str, int]], int], limit: int) -> Rule:
     """A configuration's shared memory fits the device's opt-in per-block limit."""
     def shared_memory(c):

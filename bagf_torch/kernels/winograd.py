@@ -40,7 +40,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from .. import winograd as _transforms
-from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
+from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
+                    template_expression)
 
 FAMILY = "winograd"
 SOURCE = "winograd.cuh"
@@ -158,13 +159,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     m = c["MT"]
     tiles = problem.n * -(-p // m) * -(-q // m)
     blocks = -(-tiles // c["BT"]) * -(-problem.k // c["BK"])
-    chunks = -(-problem.c // c["BC"])
-    for split in PARAMS["SPLIT"]:
-        if chunks / split < 2:
-            break
-        c["SPLIT"] = split
-        if blocks * split >= 2 * sms:
-            break
+    c["SPLIT"] = size_split(PARAMS["SPLIT"], blocks, -(-problem.c // c["BC"]), 2, sms)
     return c
 
 
