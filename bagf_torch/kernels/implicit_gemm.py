@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
-                    shared_memory_rule, template_expression)
+                    shared_memory_rule, template_expression, thread_count_rule)
 
 FAMILY = "implicit_gemm"
 SOURCE = "implicit_gemm.cuh"
@@ -96,18 +96,12 @@ def _rules(smem_limit: int):
             return f"register tile {c['TM']}x{c['TN']} larger than block tile {c['BM']}x{c['BN']}"
         return None
 
-    def thread_count(c):
-        t = threads(c)
-        if t < 32 or t > 1024 or t % 32:
-            return f"{t} threads per block; must be a multiple of 32 in [32, 1024]"
-        return None
-
     def vector(c):
         if c["BK"] % c["VEC"]:
             return f"BK={c['BK']} is not a multiple of VEC={c['VEC']}"
         return None
 
-    return (tile, thread_count, loader_rule(threads), vector, shared_memory_rule(smem_bytes, smem_limit),
+    return (tile, thread_count_rule(threads), loader_rule(threads), vector, shared_memory_rule(smem_bytes, smem_limit),
             register_rule(threads, estimated_registers))
 
 

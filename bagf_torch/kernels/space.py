@@ -141,6 +141,16 @@ def register_rule(threads: Callable[[Mapping[str, int]], int],
     return registers
 
 
+def thread_count_rule(threads: Callable[[Mapping[str, int]], int], minimum: int = 32) -> Rule:
+    """Threads per block are a multiple of 32 (whole warps) in [``minimum``, 1024]."""
+    def thread_count(c):
+        t = threads(c)
+        if t < minimum or t > 1024 or t % 32:
+            return f"{t} threads per block; must be a multiple of 32 in [{minimum}, 1024]"
+        return None
+    return thread_count
+
+
 def loader_rule(threads: Callable[[Mapping[str, int]], int]) -> Rule:
     """The input-tile loaders give each thread one fixed pixel column: threads must be a multiple of BN."""
     def loader(c):

@@ -41,7 +41,7 @@ from typing import Mapping
 
 from .. import winograd as _transforms
 from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
-                    template_expression)
+                    template_expression, thread_count_rule)
 
 FAMILY = "winograd"
 SOURCE = "winograd.cuh"
@@ -169,13 +169,7 @@ def _rules(smem_limit: int):
             return f"EG={c['EG']} does not divide the {points(c)} Winograd points of F({c['MT']}x{c['MT']},3x3)"
         return None
 
-    def thread_count(c):
-        t = threads(c)
-        if t < 64 or t > 1024 or t % 32:
-            return f"{t} threads per block (EG x BK/TK x BT/TT) is not a multiple of 32 in [64, 1024]"
-        return None
-
-    return (points_divide, thread_count, shared_memory_rule(smem_bytes, smem_limit),
+    return (points_divide, thread_count_rule(threads, minimum=64), shared_memory_rule(smem_bytes, smem_limit),
             register_rule(threads, estimated_registers))
 
 
