@@ -8,7 +8,8 @@
 #   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
 #   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
-#   benchmarks/profile_tc.py (product-order A/B at large N) and ncu on two of its kernels; contexts =
+#   benchmarks/profile_tc.py (an A/B of a kernel macro at large N, $PROFILE_ARGS) and ncu on two of its kernels
+#   (PROFILE_NCU=0: not); contexts =
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
@@ -117,12 +118,13 @@ if has bench && [ -z "$bg_pid" ]; then
   tail -n 40 "$OUT/bench.log"
 fi
 if has profile; then
-  { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_tc.py --out "$OUT"
-    timeout 150 ncu --clock-control none --kernel-name regex:implicit_gemm_tc --section SpeedOfLight \
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments (e.g. "--macro BAGF_TC_SPLIT --values 0,1,2")
+  { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_tc.py --out "$OUT" ${PROFILE_ARGS:-}
+    [ "${PROFILE_NCU:-1}" = 1 ] && timeout 150 ncu --clock-control none --kernel-name regex:implicit_gemm_tc --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       python3 benchmarks/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
-  grep -E "passes=|cuDNN" "$OUT/profile.log" | head -80
+  grep -E "passes=|split=|cuDNN" "$OUT/profile.log" | head -80
 fi
 if has contexts; then
   timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \

@@ -42,9 +42,27 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
   return r;
 }
 
+// How x is split into big + small (an A/B switch for benchmarks/profile_tc.py; the tuner compiles the
+// default). 0: both parts rounded with cvt.rna.tf32.f32. 1: integer ops only: big rounds the magnitude half
+// up at mantissa bit 13 (add 0x1000, clear the low 13 bits; exact TF32), small = x - big (exact in fp32)
+// truncated to TF32 by a mask. |small| <= 2^-11 |x| and the mask loses < 2^-10 |small|, so a product's
+// error stays ~2^-21 relative. (Inputs within 2^-11 of FLT_MAX round big to inf; conv data never gets there.)
+// 2: as 1 without the mask: small's low 13 bits go to the tensor core as they are.
+#ifndef BAGF_TC_SPLIT
+#define BAGF_TC_SPLIT 0
+#endif
+
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+#if BAGF_TC_SPLIT == 0
   big = to_tf32(x);
   small = to_tf32(x - __uint_as_float(big));
+#else
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = __float_as_uint(x - __uint_as_float(big));
+#if BAGF_TC_SPLIT == 1
+  small &= 0xffffe000u;
+#endif
+#endif
 }
 
 // D += A(16x8, row) * B(8x8, col), TF32 inputs, fp32 accumulators.
