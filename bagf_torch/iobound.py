@@ -567,22 +567,27 @@ def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
     return int(((idx >= 0) & (idx < size)).sum())
 
 
-def winograd_fast_memory_words(config: Mapping[str, int]) -> int:
+def winograd_fast_memory_words(config: Mapping[str, int], family: "ModuleType | None" = None) -> int:
     """Shared memory words as allocated (``kernels.winograd.smem_bytes / 4``: the larger of the channel
     loop's buffers ``E*BC*(BK+4 + BT+4)``, the transformed filters U and input tiles V with padding, and the
     output stage's copy of the accumulators ``E*BK*(BT/ROUNDS + 1)``, which reuses them) + the accumulator
     registers (``E/EG*TK*TT`` per thread x threads = ``E*BK*BT``), as :func:`implicit_gemm_tc_fast_memory_words`
     counts (fragments, the live transform tile and addressing registers not counted). With TT=8 the output
-    stage can pass over the tiles in fewer rounds and need more than the loop's buffers.
+    stage can pass over the tiles in fewer rounds and need more than the loop's buffers. ``family``: the
+    ``winograd`` module (default) or ``winograd_tc``, whose buffers are padded to BK+8, BT+8 and whose
+    accumulators, in mma fragments, are the same E*BK*BT words.
     """
     from .kernels import winograd as wg
 
     e = (config["MT"] + 2) ** 2
-    return wg.smem_bytes(config) // 4 + e * config["BK"] * config["BT"]
+    return (family or wg).smem_bytes(config) // 4 + e * config["BK"] * config["BT"]
 
 
-def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
-    """Closed-form global-memory traffic of the fused Winograd kernel (csrc/kernels/winograd.cuh).
+def winograd_traffic(problem: ConvProblem, config: Mapping[str, int],
+                     family: "ModuleType | None" = None) -> Traffic:
+    """Closed-form global-memory traffic of the fused Winograd kernel (csrc/kernels/winograd.cuh; with
+    ``family`` = the ``winograd_tc`` module, winograd_tc.cuh: the same channel loop and output stage, so the
+    same words; only the fast memory differs).
 
     Tiles NT = N * ceil(P/MT) * ceil(Q/MT); grid ceil(NT/BT) x ceil(K/BK) x SPLIT; slice z takes chunks
     [z*per, min(chunks, (z+1)*per)) of the chunks = ceil(C/BC) (per = ceil(chunks/SPLIT); trailing slices may
@@ -620,20 +625,22 @@ def winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic
         words_read_input=gy * problem.n * problem.c * patch,
         words_read_weight=gx * 9 * problem.k * problem.c,
         words_read_bias=tiles * problem.k if problem.bias else 0,
-        fast_memory_words=winograd_fast_memory_words(config),
+        fast_memory_words=winograd_fast_memory_words(config, family),
         blocks=gx * gy * split,
         grid=(gx, gy, split),
         **_split_output(problem.k * problem.n * p * q, split),
     )
 
 
-def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int],
+                                 family: "ModuleType | None" = None) -> Traffic:
     """Replay winograd.cuh's loop nest in Python - every block (x, y, z), its slice's chunks, each thread's
     strided walk over the (channel, tile) input items (A x A bounds-checked loads) and the (k, channel)
     filter items (9 loads), and the output stage's ROUNDS passes over the (k, tile) items (bias load, the
     MT x MT bounds-checked stores or atomics) - and count the words element by element. Small shapes only."""
-    from .kernels import winograd as wg
+    from .kernels import winograd
 
+    wg = family or winograd
     _check_winograd_problem(problem)
     mt, bk, bt, bc, split = config["MT"], config["BK"], config["BT"], config["BC"], config["SPLIT"]
     a_, nthr, rounds = mt + 2, wg.threads(config), wg.out_rounds(config)
@@ -686,7 +693,7 @@ def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]
     out = problem.k * problem.n * p * q
     memset = out if split > 1 else 0
     return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
-                   words_written=n_out + memset, fast_memory_words=winograd_fast_memory_words(config),
+                   words_written=n_out + memset, fast_memory_words=winograd_fast_memory_words(config, family),
                    blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
                    words_memset=memset)
 
@@ -696,7 +703,15 @@ _MODELS = {
     "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
     "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
     "winograd": (winograd_traffic, winograd_fast_memory_words),
+    "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
+                    lambda config: winograd_fast_memory_words(config, _winograd_tc())),
 }
+
+
+def _winograd_tc() -> ModuleType:
+    from .kernels import winograd_tc
+
+    return winograd_tc
 
 
 def _family_name(family: "str | ModuleType") -> str:

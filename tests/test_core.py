@@ -165,6 +165,34 @@ def test_winograd_family_valid_configs_obey_the_documented_rules():
     assert wg.prefetch_registers(dict(wg.DEFAULT, DB=1)) == 16 + 9  # one 4x4 patch and one filter per thread
 
 
+def test_winograd_tc_family_valid_configs_obey_the_documented_rules():
+    from bagf_torch.kernels import winograd as wg
+    from bagf_torch.kernels import winograd_tc as wt
+
+    s = wt.space()
+    assert s.invalid_reason(wt.DEFAULT) is None
+    valid = s.valid_configs()
+    assert {c["MT"] for c in valid} == {2, 4} and len(valid) > 500
+    for c in valid:
+        e, t = (c["MT"] + 2) ** 2, wt.threads(c)
+        assert e % c["WE"] == 0 and t == 32 * c["WK"] * c["WT"] * c["WE"] and 64 <= t <= 1024
+        assert c["BK"] % (16 * c["WK"]) == 0 and c["BT"] % (8 * c["WT"]) == 0 and c["BC"] % 8 == 0
+        assert wt.smem_bytes(c) <= wt.SM90_SMEM_LIMIT and wt.estimated_registers(c) * t <= 65536
+        assert e * c["BK"] * (c["BT"] // wt.out_rounds(c) + 1) * 4 <= wt.smem_bytes(c)
+        assert e * c["BC"] * (c["BK"] + 8 + c["BT"] + 8) * 4 <= wt.smem_bytes(c)
+        # fragment loads hit 32 banks: padded rows are 8 or 24 words mod 32 (winograd_tc.cuh)
+        assert (c["BK"] + 8) % 32 in (8, 24) and (c["BT"] + 8) % 32 in (8, 24)
+    assert "mma tiles" in s.invalid_reason(dict(wt.DEFAULT, BK=16, WK=2))
+    assert "does not divide" in s.invalid_reason(dict(wt.DEFAULT, WE=8))
+    assert wt.launch(wt.DEFAULT) == dict(wg.launch_for(wt.DEFAULT, 256, wt.smem_bytes(wt.DEFAULT)))
+    assert wt.launch(wt.DEFAULT)["tile"] == 4 and wt.applies is wg.applies
+    assert wt.name(wt.DEFAULT) == "winograd_tc_f4_bk32_bt16_bc8_wk2_wt1_we4_db0_s1_sm90"
+    assert wt.name_expression(wt.DEFAULT) == "bagf::winograd_tc_conv2d<4, 32, 16, 8, 2, 1, 4, 0, 1>"
+    conv3 = dict(c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+    assert wt.default_for(ConvProblem(n=1, **conv3))["SPLIT"] > 1
+    assert wt.default_for(ConvProblem(n=128, **conv3))["SPLIT"] == 1
+
+
 def test_winograd_applies_only_to_3x3_stride_1():
     from bagf_torch.kernels import winograd as wg
 

@@ -50,7 +50,13 @@ def _family(name):
     return FAMILIES[name]
 
 
-FAMILY_NAMES = ["implicit_gemm", "implicit_gemm_tc", "winograd"]
+def _family_names():
+    from bagf_torch.kernels import FAMILIES
+
+    return list(FAMILIES)
+
+
+FAMILY_NAMES = _family_names()  # every family: a new one is tested on the odd shapes without editing this file
 
 # 3x3 stride-1 odd shapes for the Winograd family: P, Q not multiples of 2 or 4, C and K off every tile,
 # paddings 0-2, a 1x1 output, N up to 3.
@@ -157,12 +163,16 @@ def test_opcheck_and_autograd(compiler, family, split):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mt,split", [(2, 1), (4, 4)])
-def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, mt, split):
+@pytest.mark.parametrize("family,mt,split", [("winograd", 2, 1), ("winograd", 4, 4), ("winograd_tc", 2, 1),
+                                             ("winograd_tc", 4, 4)])
+def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, family, mt, split):
     """A Winograd plan on a 3x3 stride-1 call runs the kernel (opcheck, gradients through ATen's backward);
     the same plan handed a 5x5, strided or dilated call returns ATen's answer instead of a wrong one."""
-    fam = _family("winograd")
-    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, SPLIT=split, EG=9 if mt == 4 else 4)])[0].handle
+    fam = _family(family)
+    groups = {"winograd": ("EG", {2: 4, 4: 9}), "winograd_tc": ("WE", {2: 4, 4: 4})}[family]
+    cfg = dict(fam.DEFAULT, MT=mt, SPLIT=split, **{groups[0]: groups[1][mt]})
+    assert fam.space().is_valid(cfg), fam.space().invalid_reason(cfg)
+    handle = compiler.compile(fam, [cfg])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)

@@ -297,6 +297,23 @@ def test_winograd_model_equals_brute_force(problem):
         assert model == iobound.traffic("winograd", problem, config)
 
 
+@pytest.mark.parametrize("problem", WG_SMALL[:3], ids=lambda p: p.short())
+def test_winograd_tc_model_equals_brute_force(problem):
+    """winograd_tc runs winograd.cuh's channel loop and output stage (wino::channel_loop, output_round) with
+    its own thread count and output rounds: the brute force walks it with those."""
+    from bagf_torch.kernels import winograd_tc as wt
+
+    valid = wt.space().valid_configs()
+    multi_round = [c for c in valid if wt.out_rounds(c) > 1][:2]
+    configs = [wt.DEFAULT, wt.default_for(problem)] + multi_round + random.Random(7).sample(valid, 12)
+    for config in configs:
+        model = iobound.traffic("winograd_tc", problem, config)
+        assert model == iobound.brute_force_winograd_traffic(problem, config, wt), config
+        assert model.fast_memory_words == wt.smem_bytes(config) // 4 + wt.points(config) * config["BK"] * config["BT"]
+        fused = iobound.winograd_lower_bound(problem, config["MT"], 3, model.fast_memory_words, fused=True)
+        assert fused <= model.total
+
+
 def test_winograd_terms():
     # No padding and P, Q multiples of MT: every A x A patch is inside the image, so the input is read
     # (A/MT)^2 times per block row (the halo overlap) and the grid's rows multiply that.

@@ -7,14 +7,14 @@ cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, 
 the problem), estimated_registers(config).
 """
 
-from . import implicit_gemm, implicit_gemm_tc, winograd
+from . import implicit_gemm, implicit_gemm_tc, winograd, winograd_tc
 from .space import Config, Space, config_key
 
 REQUIRED = ("FAMILY", "SOURCE", "KERNEL", "MIN_ARCH", "PARAMS", "DEFAULT", "space", "name", "name_expression",
             "threads", "smem_bytes", "launch")
 """What a family module must define (the compiler, the tuner, the isolated worker and the cache use these)."""
 
-FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, winograd, implicit_gemm)}
+FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, implicit_gemm)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed)."""
 
 
@@ -32,4 +32,4 @@ def family_name(family: str, config) -> str:
 
 
 __all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "config_key", "families_for", "family_name", "implicit_gemm",
-           "implicit_gemm_tc", "winograd"]
+           "implicit_gemm_tc", "winograd", "winograd_tc"]

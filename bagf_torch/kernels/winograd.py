@@ -83,30 +83,41 @@ def threads(c: Mapping[str, int]) -> int:
     return c["EG"] * (c["BK"] // c["TK"]) * (c["BT"] // c["TT"])
 
 
-def out_rounds(c: Mapping[str, int]) -> int:
-    """Passes of the output stage over the tiles (the kernel's ``wino::out_rounds``)."""
+def rounds_for(c: Mapping[str, int], columns: int, pad: int) -> int:
+    """Passes of the output stage over the tiles (the kernels' ``wino::out_rounds``): the fewest, a power of
+    two dividing the ``columns`` of threads (or warps) along the tiles, whose E x BK x (BT/rounds + 1)
+    accumulator copy fits in the loop's buffers (rows padded by ``pad`` words)."""
     e, bk, bt = points(c), c["BK"], c["BT"]
-    ttn = bt // c["TT"]
-    loop = e * c["BC"] * (bk + 4 + bt + 4)
+    loop = e * c["BC"] * (bk + pad + bt + pad)
     r = 1
-    while r < ttn and ttn % (2 * r) == 0 and e * bk * (bt // r + 1) > loop:
+    while r < columns and columns % (2 * r) == 0 and e * bk * (bt // r + 1) > loop:
         r *= 2
     return r
 
 
-def smem_bytes(c: Mapping[str, int]) -> int:
+def smem_bytes_for(c: Mapping[str, int], columns: int, pad: int) -> int:
+    """The larger of the loop's buffers (U and V, rows padded by ``pad``) and the output stage's copy."""
     e, bk, bt = points(c), c["BK"], c["BT"]
-    loop = e * c["BC"] * (bk + 4 + bt + 4)
-    out = e * bk * (bt // out_rounds(c) + 1)
+    loop = e * c["BC"] * (bk + pad + bt + pad)
+    out = e * bk * (bt // rounds_for(c, columns, pad) + 1)
     return 4 * max(loop, out)
 
 
-def prefetch_registers(c: Mapping[str, int]) -> int:
-    """Registers DB=1 holds across the products: every input patch ((MT+2)^2 words) and filter (9) this
-    thread gathers for the next chunk."""
+def out_rounds(c: Mapping[str, int]) -> int:
+    """Passes of the output stage over the tiles (threads along the tiles: BT/TT; rows padded by 4)."""
+    return rounds_for(c, c["BT"] // c["TT"], 4)
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    return smem_bytes_for(c, c["BT"] // c["TT"], 4)
+
+
+def prefetch_registers(c: Mapping[str, int], nthreads: int | None = None) -> int:
+    """Registers DB=1 holds across the products: every input patch ((MT+2)^2 words) and filter (9) each of
+    the block's ``nthreads`` threads (default: this family's) gathers for the next chunk."""
     if not c["DB"]:
         return 0
-    t = threads(c)
+    t = nthreads or threads(c)
     return -(-c["BC"] * c["BT"] // t) * points(c) + -(-c["BK"] * c["BC"] // t) * 9
 
 
@@ -126,8 +137,12 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
 def launch(c: Mapping[str, int]) -> dict[str, int]:
     """Grid: x over ceil(tiles / BT) with tile = MT (the host counts N x ceil(P/MT) x ceil(Q/MT) tiles),
     y over ceil(K / BK), z = SPLIT."""
-    return {"bm": c["BK"], "bn": c["BT"], "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"],
-            "tile": c["MT"]}
+    return launch_for(c, threads(c), smem_bytes(c))
+
+
+def launch_for(c: Mapping[str, int], nthreads: int, smem: int) -> dict[str, int]:
+    """The plan geometry of a fused Winograd kernel (both Winograd families grid the same way)."""
+    return {"bm": c["BK"], "bn": c["BT"], "threads": nthreads, "smem": smem, "split": c["SPLIT"], "tile": c["MT"]}
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

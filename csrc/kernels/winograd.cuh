@@ -160,75 +160,24 @@ __host__ __device__ constexpr int out_rounds(int e, int bk, int bt, int ttn, int
 
 }  // namespace wino
 
-template <int MT, int BK, int BT, int BC, int TK, int TT, int EG, int DB, int SPLIT>
-__global__ void __launch_bounds__(EG * (BK / TK) * (BT / TT))
-winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-                float* __restrict__ y, const Conv2dParams p) {
+namespace wino {
+
+// The channel loop both Winograd kernels share: for each chunk of BC input channels in this block's slice,
+// gather the BT input patches and the BK x BC filters, transform them into Us [E][BC][ULD] and Vs [E][BC][VLD]
+// (shared memory), then call products() (between two barriers). DB = 1 prefetches the next chunk's raw
+// patches and weights into registers before this chunk's products, so their global-memory latency overlaps
+// the arithmetic. Returns nothing: the products accumulate in the caller's registers.
+template <int MT, int BK, int BT, int BC, int ULD, int VLD, int T, int DB, typename Products>
+__device__ __forceinline__ void channel_loop(const float* __restrict__ x, const float* __restrict__ w,
+                                             const Conv2dParams& p, float* Us, float* Vs, int t0, int k0,
+                                             int cb, int ce, Products&& products) {
   constexpr int A = MT + 2;
-  constexpr int E = A * A;
-  constexpr int KT = BK / TK;    // threads along output channels
-  constexpr int TTN = BT / TT;   // threads along tiles
-  constexpr int T = EG * KT * TTN;
-  constexpr int EPT = E / EG;    // Winograd points per thread
-  constexpr int ULD = BK + 4;    // padded rows: the transposing stores below spread over the banks
-  constexpr int VLD = BT + 4;
-  constexpr int LOOP_FLOATS = E * BC * (ULD + VLD);
-  constexpr int ROUNDS = wino::out_rounds(E, BK, BT, TTN, LOOP_FLOATS);
-  constexpr int BTR = BT / ROUNDS;
-  constexpr int OLD = BTR + 1;
-  static_assert(MT == 2 || MT == 4, "F(2x2,3x3) and F(4x4,3x3) only");
-  static_assert(E % EG == 0 && BK % TK == 0 && BT % TT == 0, "tiles must divide");
-  static_assert(TTN % ROUNDS == 0, "output rounds must split the thread columns evenly");
-  using Co = wino::Coefs<MT>;
-
-  extern __shared__ __align__(16) float smem[];
-  float* Us = smem;                   // [E][BC][ULD]  transformed filters
-  float* Vs = smem + E * BC * ULD;    // [E][BC][VLD]  transformed input tiles
-  float* Ms = smem;                   // [E][BK][OLD]  accumulators, output stage (reuses the loop's buffers)
-
+  using Co = Coefs<MT>;
   const int tid = threadIdx.x;
-  const int tk = tid % KT;
-  const int tt = (tid / KT) % TTN;
-  const int eg = tid / (KT * TTN);
-
   const int TQ = (p.Q + MT - 1) / MT;
   const int TPQ = ((p.P + MT - 1) / MT) * TQ;
   const int NT = p.N * TPQ;
   const int HW = p.H * p.W;
-  const int t0 = blockIdx.x * BT;
-  const int k0 = blockIdx.y * BK;
-  const int chunks = (p.C + BC - 1) / BC;
-  const int per = (chunks + SPLIT - 1) / SPLIT;
-  const int cb = blockIdx.z * per;
-  const int ce = min(chunks, cb + per);
-
-  float acc[EPT][TK][TT];
-#pragma unroll
-  for (int j = 0; j < EPT; ++j)
-#pragma unroll
-    for (int i = 0; i < TK; ++i)
-#pragma unroll
-      for (int l = 0; l < TT; ++l) acc[j][i][l] = 0.f;
-
-  // E independent products: acc[e][k][t] += U[e][c][k] * V[e][c][t]
-  auto products = [&]() {
-#pragma unroll 2
-    for (int c = 0; c < BC; ++c) {
-#pragma unroll
-      for (int j = 0; j < EPT; ++j) {
-        const int e = eg * EPT + j;
-        const float* us = Us + (e * BC + c) * ULD + tk * TK;
-        const float* vs = Vs + (e * BC + c) * VLD + tt * TT;
-        float uk[TK], vt[TT];
-        wino::load_row<TK>(us, uk);
-        wino::load_row<TT>(vs, vt);
-#pragma unroll
-        for (int i = 0; i < TK; ++i)
-#pragma unroll
-          for (int l = 0; l < TT; ++l) acc[j][i][l] = fmaf(uk[i], vt[l], acc[j][i][l]);
-      }
-    }
-  };
 
   // One (channel, tile) item of a chunk: gather its A x A input patch (the padding reads zeros) ...
   auto gather_input = [&](int c0, int it, float (&d)[A][A]) {
@@ -262,8 +211,8 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
   // ... and store V = B^T d B.
   auto store_input = [&](int it, const float (&d)[A][A]) {
     float tmp[A][A], v[A][A];
-    wino::left<A, A, A>(typename Co::Bt(), d, tmp);
-    wino::right<A, A, A>(typename Co::Bt(), tmp, v);
+    left<A, A, A>(typename Co::Bt(), d, tmp);
+    right<A, A, A>(typename Co::Bt(), tmp, v);
     const int t = it % BT;
     const int c = it / BT;
 #pragma unroll
@@ -290,8 +239,8 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
   };
   auto store_filter = [&](int it, const float (&gf)[3][3]) {
     float tmp[A][3], u[A][A];
-    wino::left<A, 3, 3>(typename Co::G(), gf, tmp);
-    wino::right<A, 3, A>(typename Co::G(), tmp, u);
+    left<A, 3, 3>(typename Co::G(), gf, tmp);
+    right<A, 3, A>(typename Co::G(), tmp, u);
     const int c = it % BC;
     const int k = it / BC;
 #pragma unroll
@@ -301,8 +250,6 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
   };
 
   if constexpr (DB) {
-    // Prefetch: the next chunk's raw patches and weights are loaded into registers before this chunk's
-    // products, so their global-memory latency overlaps the arithmetic; they are transformed after it.
     constexpr int IN_ITEMS = (BC * BT + T - 1) / T;
     constexpr int F_ITEMS = (BK * BC + T - 1) / T;
     float dreg[IN_ITEMS][A][A];
@@ -346,6 +293,131 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
       __syncthreads();
     }
   }
+}
+
+// The output stage both kernels share, one round of it: the accumulators of tiles [round*BTR, (round+1)*BTR)
+// are in Ms [E][BK][BTR+1]; each (k, tile) item is inverse-transformed (Y = A^T M A), the bias added and its
+// in-bounds MT x MT outputs stored, or added atomically when the channels are split (SPLIT > 1).
+template <int MT, int BK, int BTR, int T, int SPLIT>
+__device__ __forceinline__ void output_round(const float* __restrict__ bias, float* __restrict__ y,
+                                             const Conv2dParams& p, const float* Ms, int t0, int k0, int round,
+                                             bool add_bias) {
+  constexpr int A = MT + 2;
+  constexpr int OLD = BTR + 1;
+  using Co = Coefs<MT>;
+  const int TQ = (p.Q + MT - 1) / MT;
+  const int TPQ = ((p.P + MT - 1) / MT) * TQ;
+  const int NT = p.N * TPQ;
+  for (int it = threadIdx.x; it < BK * BTR; it += T) {
+    const int t = it % BTR;
+    const int k = it / BTR;
+    const int g = t0 + round * BTR + t;
+    const int gk = k0 + k;
+    if (g < NT && gk < p.K) {
+      float m[A][A], tmp[MT][A], o[MT][MT];
+#pragma unroll
+      for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < A; ++b) m[a][b] = Ms[((a * A + b) * BK + k) * OLD + t];
+      left<MT, A, A>(typename Co::At(), m, tmp);
+      right<MT, A, MT>(typename Co::At(), tmp, o);
+      const float bv = add_bias ? __ldg(bias + gk) : 0.f;
+      const int n = g / TPQ;
+      const int r = g - n * TPQ;
+      const int tp = r / TQ;
+      const int oh0 = tp * MT;
+      const int ow0 = (r - tp * TQ) * MT;
+      float* yk = y + (n * p.K + gk) * p.P * p.Q;
+#pragma unroll
+      for (int a = 0; a < MT; ++a) {
+#pragma unroll
+        for (int b = 0; b < MT; ++b) {
+          if (oh0 + a < p.P && ow0 + b < p.Q) {
+            float* dst = yk + (oh0 + a) * p.Q + ow0 + b;
+            if constexpr (SPLIT > 1) {
+              atomicAdd(dst, o[a][b] + bv);
+            } else {
+              *dst = o[a][b] + bv;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// This block's slice [cb, ce) of the input-channel chunks (SPLIT slices over grid.z).
+template <int BC, int SPLIT>
+__device__ __forceinline__ void slice(const Conv2dParams& p, int& cb, int& ce) {
+  const int chunks = (p.C + BC - 1) / BC;
+  const int per = (chunks + SPLIT - 1) / SPLIT;
+  cb = blockIdx.z * per;
+  ce = min(chunks, cb + per);
+}
+
+}  // namespace wino
+
+template <int MT, int BK, int BT, int BC, int TK, int TT, int EG, int DB, int SPLIT>
+__global__ void __launch_bounds__(EG * (BK / TK) * (BT / TT))
+winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                float* __restrict__ y, const Conv2dParams p) {
+  constexpr int A = MT + 2;
+  constexpr int E = A * A;
+  constexpr int KT = BK / TK;    // threads along output channels
+  constexpr int TTN = BT / TT;   // threads along tiles
+  constexpr int T = EG * KT * TTN;
+  constexpr int EPT = E / EG;    // Winograd points per thread
+  constexpr int ULD = BK + 4;    // padded rows: the transposing stores spread over the banks
+  constexpr int VLD = BT + 4;
+  constexpr int LOOP_FLOATS = E * BC * (ULD + VLD);
+  constexpr int ROUNDS = wino::out_rounds(E, BK, BT, TTN, LOOP_FLOATS);
+  constexpr int BTR = BT / ROUNDS;
+  constexpr int OLD = BTR + 1;
+  static_assert(MT == 2 || MT == 4, "F(2x2,3x3) and F(4x4,3x3) only");
+  static_assert(E % EG == 0 && BK % TK == 0 && BT % TT == 0, "tiles must divide");
+  static_assert(TTN % ROUNDS == 0, "output rounds must split the thread columns evenly");
+
+  extern __shared__ __align__(16) float smem[];
+  float* Us = smem;                   // [E][BC][ULD]  transformed filters
+  float* Vs = smem + E * BC * ULD;    // [E][BC][VLD]  transformed input tiles
+  float* Ms = smem;                   // [E][BK][OLD]  accumulators, output stage (reuses the loop's buffers)
+
+  const int tid = threadIdx.x;
+  const int tk = tid % KT;
+  const int tt = (tid / KT) % TTN;
+  const int eg = tid / (KT * TTN);
+  const int t0 = blockIdx.x * BT;
+  const int k0 = blockIdx.y * BK;
+  int cb, ce;
+  wino::slice<BC, SPLIT>(p, cb, ce);
+
+  float acc[EPT][TK][TT];
+#pragma unroll
+  for (int j = 0; j < EPT; ++j)
+#pragma unroll
+    for (int i = 0; i < TK; ++i)
+#pragma unroll
+      for (int l = 0; l < TT; ++l) acc[j][i][l] = 0.f;
+
+  // E independent products: acc[e][k][t] += U[e][c][k] * V[e][c][t]
+  wino::channel_loop<MT, BK, BT, BC, ULD, VLD, T, DB>(x, w, p, Us, Vs, t0, k0, cb, ce, [&]() {
+#pragma unroll 2
+    for (int c = 0; c < BC; ++c) {
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) {
+        const int e = eg * EPT + j;
+        const float* us = Us + (e * BC + c) * ULD + tk * TK;
+        const float* vs = Vs + (e * BC + c) * VLD + tt * TT;
+        float uk[TK], vt[TT];
+        wino::load_row<TK>(us, uk);
+        wino::load_row<TT>(vs, vt);
+#pragma unroll
+        for (int i = 0; i < TK; ++i)
+#pragma unroll
+          for (int l = 0; l < TT; ++l) acc[j][i][l] = fmaf(uk[i], vt[l], acc[j][i][l]);
+      }
+    }
+  });
 
   // output stage: accumulators -> shared memory -> Y = A^T M A + bias
   const bool add_bias = p.has_bias && blockIdx.z == 0;
@@ -361,42 +433,7 @@ winograd_conv2d(const float* __restrict__ x, const float* __restrict__ w, const 
             Ms[((eg * EPT + j) * BK + tk * TK + i) * OLD + tt * TT + l - round * BTR] = acc[j][i][l];
     }
     __syncthreads();
-    for (int it = tid; it < BK * BTR; it += T) {
-      const int t = it % BTR;
-      const int k = it / BTR;
-      const int g = t0 + round * BTR + t;
-      const int gk = k0 + k;
-      if (g < NT && gk < p.K) {
-        float m[A][A], tmp[MT][A], o[MT][MT];
-#pragma unroll
-        for (int a = 0; a < A; ++a)
-#pragma unroll
-          for (int b = 0; b < A; ++b) m[a][b] = Ms[((a * A + b) * BK + k) * OLD + t];
-        wino::left<MT, A, A>(typename Co::At(), m, tmp);
-        wino::right<MT, A, MT>(typename Co::At(), tmp, o);
-        const float bv = add_bias ? __ldg(bias + gk) : 0.f;
-        const int n = g / TPQ;
-        const int r = g - n * TPQ;
-        const int tp = r / TQ;
-        const int oh0 = tp * MT;
-        const int ow0 = (r - tp * TQ) * MT;
-        float* yk = y + (n * p.K + gk) * p.P * p.Q;
-#pragma unroll
-        for (int a = 0; a < MT; ++a) {
-#pragma unroll
-          for (int b = 0; b < MT; ++b) {
-            if (oh0 + a < p.P && ow0 + b < p.Q) {
-              float* dst = yk + (oh0 + a) * p.Q + ow0 + b;
-              if constexpr (SPLIT > 1) {
-                atomicAdd(dst, o[a][b] + bv);
-              } else {
-                *dst = o[a][b] + bv;
-              }
-            }
-          }
-        }
-      }
-    }
+    wino::output_round<MT, BK, BTR, T, SPLIT>(bias, y, p, Ms, t0, k0, round, add_bias);
     __syncthreads();
   }
 }
