@@ -43,13 +43,15 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
 }
 
 // How x is split into big + small (an A/B switch for benchmarks/profile_tc.py; the tuner compiles the
-// default). 0: both parts rounded with cvt.rna.tf32.f32. 1: integer ops only: big rounds the magnitude half
-// up at mantissa bit 13 (add 0x1000, clear the low 13 bits; exact TF32), small = x - big (exact in fp32)
-// truncated to TF32 by a mask. |small| <= 2^-11 |x| and the mask loses < 2^-10 |small|, so a product's
+// default, 1). 0: both parts rounded with cvt.rna.tf32.f32. 1: integer ops only: big rounds the magnitude
+// half up at mantissa bit 13 (add 0x1000, clear the low 13 bits; exact TF32), small = x - big (exact in
+// fp32) truncated to TF32 by a mask. |small| <= 2^-11 |x| and the mask loses < 2^-10 |small|, so a product's
 // error stays ~2^-21 relative. (Inputs within 2^-11 of FLT_MAX round big to inf; conv data never gets there.)
 // 2: as 1 without the mask: small's low 13 bits go to the tensor core as they are.
+// Measured on the H200 (benchmarks/results/profile_tc_split_h200.md): 1 is 1.08-1.18x faster than 0 on
+// AlexNet conv1/conv3 at N=32/128 (the conversions, not the tensor cores, limited the products); 2 = 1.
 #ifndef BAGF_TC_SPLIT
-#define BAGF_TC_SPLIT 0
+#define BAGF_TC_SPLIT 1
 #endif
 
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
