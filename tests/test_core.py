@@ -189,7 +189,7 @@ def test_winograd_tc_family_valid_configs_obey_the_documented_rules():
     assert wt.name(wt.DEFAULT) == "winograd_tc_f4_bk32_bt16_bc8_wk2_wt1_we4_db0_s1_sm90"
     assert wt.name_expression(wt.DEFAULT) == "bagf::winograd_tc_conv2d<4, 32, 16, 8, 2, 1, 4, 0, 1>"
     conv3 = dict(c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
-    assert wt.default_for(ConvProblem(n=1, **conv3))["SPLIT"] > 1
+    assert wt.default_for(ConvProblem(n=1, **conv3))["SPLIT"] > 1 and wt.space().is_valid(wt.START)
     assert wt.default_for(ConvProblem(n=128, **conv3))["SPLIT"] == 1
 
 

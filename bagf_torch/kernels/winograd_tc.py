@@ -53,7 +53,12 @@ PARAMS: dict[str, tuple[int, ...]] = {
 # Hand-picked start, the FFMA family's block shape: F(4x4), 32 channels x 16 tiles, 8-channel chunks, warps
 # 2 x 1 (16 x 16 warp tiles: one mma row, two columns) x 4 groups of 9 points (256 threads, 72 accumulators).
 DEFAULT: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "WK": 2, "WT": 1, "WE": 4, "DB": 0, "SPLIT": 1}
-START: Config = dict(DEFAULT)
+
+# The tuner's start point before split sizing: F(2x2), 32 channels x 32 tiles per block, 16-channel chunks,
+# one 32 x 32 warp tile per point (2 x 4 mma tiles, so each fragment's split serves 4 or 2 products) and 8
+# warps of 2 points each. In the H200 sample (benchmarks/results/winograd_tc_sample_h200.md, 120 random
+# configurations) it was the best on all seven N=32/128 problems (AlexNet conv3-5 and a 3x3 256@56 layer).
+START: Config = {"MT": 2, "BK": 32, "BT": 32, "BC": 16, "WK": 1, "WT": 1, "WE": 8, "DB": 0, "SPLIT": 1}
 
 PAD = 8  # shared-memory row padding (winograd_tc.cuh: BK+8, BT+8)
 H200_SMS = _wg.H200_SMS
