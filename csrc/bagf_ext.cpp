@@ -378,6 +378,16 @@ void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
 
 // ---------------------------------------------------------------------------------------- autograd
 
+// The op's device kernel (CUDA or CPU), dispatched past the Autograd key.
+at::Tensor call_below_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               int64_t plan) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("bagf::conv2d", "").typed<decltype(conv2d_cuda)>();
+  return op.call(x, w, b, stride, padding, dilation, plan);
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -391,9 +401,7 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
     ctx->saved_data["padding"] = padding.vec();
     ctx->saved_data["dilation"] = dilation.vec();
     ctx->saved_data["has_bias"] = b.has_value() && b->defined();
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("bagf::conv2d", "").typed<decltype(conv2d_cuda)>();
-    return op.call(x, w, b, stride, padding, dilation, plan);
+    return call_below_autograd(x, w, b, stride, padding, dilation, plan);
   }
 
   // Training goes through ATen's convolution backward: the tuned kernel only replaces the forward.
@@ -419,6 +427,13 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
 at::Tensor conv2d_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                            int64_t plan) {
+  // Inference (no_grad, or no input that needs a gradient): straight to the device kernel, without the
+  // autograd node and its saved arguments; their cost is per call, and at batch 1 the call is host-bound.
+  const bool bias_grad = b.has_value() && b->defined() && b->requires_grad();
+  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || bias_grad);
+  if (!needs_grad) {
+    return call_below_autograd(x, w, b, stride, padding, dilation, plan);
+  }
   return Conv2dFunction::apply(x, w, b, stride, padding, dilation, plan);
 }
 

@@ -163,6 +163,25 @@ def test_opcheck_and_autograd(compiler, family, split):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
 
 
+def test_inference_calls_skip_the_autograd_node(compiler):
+    """Without a gradient to compute (no_grad, or no input that requires one) the op goes straight to the
+    kernel; the output is the same and carries no graph; with one it records the node."""
+    fam = _family("implicit_gemm_tc")
+    handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda")
+    w = torch.randn(7, 5, 3, 3, device="cuda")
+    b = torch.randn(7, device="cuda")
+    ref = F.conv2d(x, w, b, 1, 1)
+    plain = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+    with torch.no_grad():
+        nograd = torch.ops.bagf.conv2d(x, w.requires_grad_(), b, [1, 1], [1, 1], [1, 1], handle)
+    graph = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+    for out in (plain, nograd, graph):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert plain.grad_fn is None and nograd.grad_fn is None and not nograd.requires_grad
+    assert graph.grad_fn is not None and graph.requires_grad
+
+
 @pytest.mark.parametrize("family,mt,split", [("winograd", 2, 1), ("winograd", 4, 4), ("winograd_tc", 2, 1),
                                              ("winograd_tc", 4, 4)])
 def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, family, mt, split):
