@@ -12,6 +12,8 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   (cp.async tiles, split-K memset and atomics);
 * :func:`winograd_traffic` / :func:`brute_force_winograd_traffic` - the same pair for the fused ``winograd``
   kernel (A x A input patches with halo, 3x3 filters, split over input channels);
+* :func:`direct_traffic` / :func:`brute_force_direct_traffic` - the same pair for the ``direct`` kernel (2-D
+  output tiles, the input patch with its halo once per channel chunk, split over input channels);
 * :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
 * :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
   modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
@@ -45,7 +47,8 @@ __all__ = [
     "direct_tile_reads_per_mac", "winograd_lower_bound", "implicit_gemm_fast_memory_words",
     "implicit_gemm_traffic", "brute_force_traffic", "implicit_gemm_tc_fast_memory_words",
     "implicit_gemm_tc_traffic", "brute_force_tc_traffic", "winograd_fast_memory_words", "winograd_traffic",
-    "brute_force_winograd_traffic", "traffic", "fast_memory_words", "has_model", "prune",
+    "brute_force_winograd_traffic", "direct_fast_memory_words", "direct_traffic", "brute_force_direct_traffic",
+    "traffic", "fast_memory_words", "has_model", "prune",
 ]
 
 
@@ -560,11 +563,17 @@ def _check_winograd_problem(problem: ConvProblem) -> None:
                          "(the tuner skips the family there: kernels.winograd.applies)")
 
 
-def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
-    """Sum over the ceil(out/MT) tiles along one axis of the in-bounds rows of the tile's A-row input patch
-    (rows tile*MT - pad + a, a in [0, MT+2)); padding rows are predicated-off loads and read nothing."""
-    idx = np.arange(-(-out // mt))[:, None] * mt - pad + np.arange(mt + 2)[None, :]
+def _halo_in_bounds(out: int, tile: int, stride: int, pad: int, span: int, size: int) -> int:
+    """Sum over the ceil(out/tile) tiles along one axis of the in-bounds input rows of the tile's ``span``-row
+    patch (rows tile_index*tile*stride - pad + a, a in [0, span)); padding rows are predicated-off or
+    zero-filled loads and read nothing."""
+    idx = np.arange(-(-out // tile))[:, None] * tile * stride - pad + np.arange(span)[None, :]
     return int(((idx >= 0) & (idx < size)).sum())
+
+
+def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
+    """:func:`_halo_in_bounds` of Winograd F(MT x MT, 3x3): stride 1, an A = MT+2 row patch per tile."""
+    return _halo_in_bounds(out, mt, 1, pad, mt + 2, size)
 
 
 def winograd_fast_memory_words(config: Mapping[str, int], family: "ModuleType | None" = None) -> int:
@@ -698,6 +707,121 @@ def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]
                    words_memset=memset)
 
 
+# ----------------------------------------------------------------------------- direct: traffic model
+def _check_direct_problem(problem: ConvProblem) -> None:
+    if problem.groups != 1:
+        raise ValueError(f"the direct family handles groups=1 only, got groups={problem.groups}")
+
+
+def direct_fast_memory_words(config: Mapping[str, int], problem: ConvProblem | None = None) -> int:
+    """Shared memory words as allocated on ``problem`` (``kernels.direct.smem_bytes / 4``: every stage's
+    BC x R*S x (BK+4) weights and BC x rows x pitch input patch, padding included; None: AlexNet conv1's
+    geometry) + the accumulator registers ``BK*TH*TW``."""
+    from .kernels import direct as dr
+
+    return dr.smem_bytes(config, problem) // 4 + config["BK"] * config["TH"] * config["TW"]
+
+
+def direct_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of the ``direct`` kernel (csrc/kernels/direct.cuh).
+
+    Grid N*ceil(P/TH)*ceil(Q/TW) tiles x ceil(K/BK) x SPLIT; slice z takes the channel chunks
+    [z*per, min(chunks, (z+1)*per)) of chunks = ceil(C/BC), per = ceil(chunks/SPLIT). As the kernel is written,
+    every request once, no cache reuse:
+
+    * input: per chunk each block copies, for every channel < C of the chunk, its tile's whole patch of
+      (TH-1)*stride+(R-1)*dil+1 rows x (TW-1)*stride+(S-1)*dil+1 columns (also rows/columns no tap reads when
+      the stride exceeds the kernel, and rows below a partial tile); out-of-image words are zero-filled copies
+      and read nothing. Slices cover each channel once -> ``ceil(K/BK) * N * C * rowsin * colsin``;
+    * weights: each block copies its BK x C x R x S panel (clipped at K), chunk by chunk ->
+      ``tiles * K * C * R * S`` whatever SPLIT is;
+    * bias: each thread loads its TK channels' bias (k < K) in slice 0 -> ``tiles * K * TH*TW/PX``;
+    * output: the in-bounds (k, pixel) of every tile, per slice; SPLIT > 1 as for the other families
+      (memset + atomics counted as a read and a write).
+    """
+    _check_direct_problem(problem)
+    th, tw, bk, split = config["TH"], config["TW"], config["BK"], config["SPLIT"]
+    p, q = problem.out_hw
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows = (th - 1) * sh + (problem.r - 1) * dh + 1
+    cols = (tw - 1) * sw + (problem.s - 1) * dw + 1
+    n_tiles = problem.n * -(-p // th) * -(-q // tw)
+    gy = -(-problem.k // bk)
+    patch = _halo_in_bounds(p, th, sh, ph, rows, problem.h) * _halo_in_bounds(q, tw, sw, pw, cols, problem.w)
+    return Traffic(
+        words_read_input=gy * problem.n * problem.c * patch,
+        words_read_weight=n_tiles * problem.k * problem.c * problem.r * problem.s,
+        words_read_bias=n_tiles * problem.k * (th * tw // config["PX"]) if problem.bias else 0,
+        fast_memory_words=direct_fast_memory_words(config, problem),
+        blocks=n_tiles * gy * split,
+        grid=(n_tiles, gy, split),
+        **_split_output(problem.k * problem.n * p * q, split),
+    )
+
+
+def brute_force_direct_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay direct.cuh's loop nest in Python - every block (x, y, z), its slice's chunks, each warp's lines
+    of the patch and of the weights with its lanes' columns (a copy reads a word only when it is not
+    zero-filled), and each thread's output register tile (bias, bounds-checked stores or atomics) - and count
+    the words element by element. Small shapes only."""
+    from .kernels import direct as dr
+
+    _check_direct_problem(problem)
+    th, tw, bk, bc, tk, px, split = (config[k] for k in ("TH", "TW", "BK", "BC", "TK", "PX", "SPLIT"))
+    nthr = dr.threads(config)
+    nw = nthr // 32
+    p, q = problem.out_hw
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows = (th - 1) * sh + (problem.r - 1) * dh + 1
+    cols = (tw - 1) * sw + (problem.s - 1) * dw + 1
+    rs = problem.r * problem.s
+    crs = problem.c * rs
+    tq = -(-q // tw)
+    tpq = -(-p // th) * tq
+    gx, gy = problem.n * tpq, -(-problem.k // bk)
+    chunks = -(-problem.c // bc)
+    per = -(-chunks // split)
+    kgn, xg = bk // tk, tw // px
+    n_in = n_w = n_b = n_out = 0
+    for bz in range(split):
+        cb, ce = bz * per, min(chunks, bz * per + per)
+        for by in range(gy):
+            k0 = by * bk
+            for bx in range(gx):
+                rem = bx % tpq
+                oh0, ow0 = (rem // tq) * th, (rem % tq) * tw
+                h0, w0 = oh0 * sh - ph, ow0 * sw - pw
+                for ch in range(cb, ce):
+                    c0 = ch * bc
+                    avail = min(bc * rs, crs - c0 * rs)
+                    for warp in range(nw):
+                        for line in range(warp, bc * rows, nw):
+                            c, ih = line // rows, h0 + line % rows
+                            row_ok = c0 + c < problem.c and 0 <= ih < problem.h
+                            for lane in range(32):
+                                for col in range(lane, cols, 32):
+                                    n_in += row_ok and 0 <= w0 + col < problem.w
+                        for k in range(warp, bk, nw):
+                            for lane in range(32):
+                                for e in range(lane, bc * rs, 32):
+                                    n_w += k0 + k < problem.k and e < avail
+                for tid in range(nthr):
+                    kg, pg = tid % kgn, tid // kgn
+                    py, px0 = pg // xg, (pg % xg) * px
+                    for i in range(tk):
+                        if k0 + kg * tk + i >= problem.k:
+                            continue
+                        n_b += 1 if problem.bias and bz == 0 else 0
+                        if oh0 + py < p:
+                            n_out += sum(1 for j in range(px) if ow0 + px0 + j < q)
+    out = problem.k * problem.n * p * q
+    memset = out if split > 1 else 0
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
+                   words_written=n_out + memset, fast_memory_words=direct_fast_memory_words(config, problem),
+                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
+                   words_memset=memset)
+
+
 # ------------------------------------------------------------------------------------ any family
 _MODELS = {
     "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
@@ -705,6 +829,7 @@ _MODELS = {
     "winograd": (winograd_traffic, winograd_fast_memory_words),
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),
+    "direct": (direct_traffic, direct_fast_memory_words),
 }
 
 
@@ -741,7 +866,9 @@ def traffic(family: "str | ModuleType", problem: ConvProblem, config: Mapping[st
 
 
 def fast_memory_words(family: "str | ModuleType", config: Mapping[str, int]) -> int:
-    """Fast memory (shared memory + accumulator registers, words) one block of ``family`` uses."""
+    """Fast memory (shared memory + accumulator registers, words) one block of ``family`` uses. For ``direct``
+    it depends on the filter geometry: this is AlexNet conv1's; ``traffic(...).fast_memory_words`` has the
+    problem's."""
     return _MODELS[_family_name(family)][1](config)
 
 

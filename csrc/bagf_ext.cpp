@@ -37,6 +37,11 @@ struct Plan {
   int split = 1;    // split-K slices (grid.z); > 1: the output is zeroed and the slices add atomically
   int tile = 1;     // 1: bn counts output pixels (N*P*Q); m > 1: Winograd F(m x m, 3x3), bn counts m x m output
                     // tiles (N * ceil(P/m) * ceil(Q/m)) and the plan only takes 3x3 stride-1 dilation-1 calls
+  int tile_w = 0;   // 0: tiles are tile x tile (the above). > 0: a direct plan's tile x tile_w output tiles
+                    // (N * ceil(P/tile) * ceil(Q/tile_w)), any filter geometry
+  int smem_patch = 0;  // > 0 (a direct plan): dynamic shared memory is sized per call, smem_patch bytes per
+  int smem_taps = 0;   // word of the tile's input patch (bagf::halo_patch rows x pitch) + smem_taps per R*S tap
+  int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -178,7 +183,7 @@ py::dict device_limits(int device) {
 // from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
 // the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
-                   int threads, int smem, int split, int tile) {
+                   int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -194,12 +199,19 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.smem = smem;
     plan.split = split;
     plan.tile = tile;
+    plan.tile_w = tile_w;
+    plan.smem_patch = smem_patch;
+    plan.smem_taps = smem_taps;
+    plan.smem_max = smem;
+    const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
     if (split < 1 || split > 65535) {
       err = cat("split-K of ", split, " slices is out of range");
-    } else if (tile < 1 || tile > 8) {
-      err = cat("output tile of ", tile, " is out of range");
+    } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
+      err = cat("output tile of ", tile, "x", tile_w, " is out of range");
+    } else if (smem_patch < 0 || smem_taps < 0) {
+      err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
     } else if (idx >= kMaxPlans) {
       err = cat("more than ", kMaxPlans,
                 " kernels loaded in one process; set a smaller tuning budget or restart the process");
@@ -213,13 +225,20 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
       cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, plan.fn);
       cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, plan.fn);
+      if (per_call_smem) {  // the problem decides the size: allow what the device allows, check each call
+        CUdevice dev;
+        int optin = 0;
+        if (cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
+            cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev) == CUDA_SUCCESS)
+          plan.smem_max = optin - static_smem;
+      }
       if (max_threads < threads) {
         err = cat("out of resources: ", lowered_name, " needs ", threads, " threads per block but uses ", regs,
                   " registers per thread, so at most ", max_threads,
                   " threads fit. Smaller register tiles or fewer threads may help.");
-      } else if ((r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)) !=
-                 CUDA_SUCCESS) {
-        err = cat("out of resources: ", lowered_name, " asks for ", smem, " bytes of dynamic shared memory: ",
+      } else if ((r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         plan.smem_max)) != CUDA_SUCCESS) {
+        err = cat("out of resources: ", lowered_name, " asks for ", plan.smem_max, " bytes of dynamic shared memory: ",
                   cu_error(r), ". Smaller BM/BN/BK may help.");
       }
     }
@@ -258,6 +277,21 @@ int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t d
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
+// Dynamic shared memory of one launch: the plan's fixed size, or for a direct plan the size its tile's input
+// patch and filters need on this call's geometry (the kernel lays its buffers out with the same halo_patch).
+int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stride, at::IntArrayRef dilation) {
+  if (plan.smem_patch == 0 && plan.smem_taps == 0) return plan.smem;
+  bagf::Conv2dParams g{};
+  g.R = static_cast<int>(R);
+  g.S = static_cast<int>(S);
+  g.stride_h = static_cast<int>(stride[0]);
+  g.stride_w = static_cast<int>(stride[1]);
+  g.dil_h = static_cast<int>(dilation[0]);
+  g.dil_w = static_cast<int>(dilation[1]);
+  const bagf::HaloPatch h = bagf::halo_patch(plan.tile, plan.tile_w, g);
+  return static_cast<int64_t>(plan.smem_patch) * h.rows * h.pitch + static_cast<int64_t>(plan.smem_taps) * R * S;
+}
+
 at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                      at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   return at::conv2d(x, w, b, stride, padding, dilation, 1);
@@ -273,9 +307,17 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
   if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
-  if (plan.tile > 1 && (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 ||
+  if (plan.tile > 1 && plan.tile_w == 0 && (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 ||
                         dilation[0] != 1 || dilation[1] != 1))
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
+  if (plan.smem_patch > 0 || plan.smem_taps > 0) {
+    // int32 halo arithmetic (a larger stride or dilation would not fit a 2^31-element tensor anyway)
+    for (int i = 0; i < 2; ++i)
+      if (stride[i] < 1 || stride[i] > 65535 || dilation[i] < 1 || dilation[i] > 65535)
+        return "stride or dilation out of range for a direct plan";
+    if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
+      return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
+  }
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != at::kFloat || !b->is_contiguous() || b->numel() != w.size(0))
       return "bias is not a contiguous float32 vector of K elements on the device";
@@ -308,10 +350,12 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const float* wp = w.data_ptr<float>();
   const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  // columns of the block grid: output pixels, or for a Winograd plan its m x m output tiles
-  const int64_t cols = plan.tile > 1 ? static_cast<int64_t>(p.N) * ((p.P + plan.tile - 1) / plan.tile) *
-                                           ((p.Q + plan.tile - 1) / plan.tile)
-                                     : static_cast<int64_t>(p.N) * p.P * p.Q;
+  // columns of the block grid: output pixels, or a Winograd plan's m x m / a direct plan's tile x tile_w tiles
+  const int tile_w = plan.tile_w > 0 ? plan.tile_w : plan.tile;
+  const int64_t cols = plan.tile > 1 || tile_w > 1 ? static_cast<int64_t>(p.N) * ((p.P + plan.tile - 1) / plan.tile) *
+                                                         ((p.Q + tile_w - 1) / tile_w)
+                                                   : static_cast<int64_t>(p.N) * p.P * p.Q;
+  const int64_t smem = launch_smem(plan, p.R, p.S, stride, dilation);
   const unsigned gx = static_cast<unsigned>((cols + plan.bn - 1) / plan.bn);
   const unsigned gy = static_cast<unsigned>((p.K + plan.bm - 1) / plan.bm);
   BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
@@ -320,7 +364,8 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   if (plan.split > 1) {  // split-K slices accumulate atomically into a zeroed output
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
-  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(plan.split), plan.threads, 1, 1, plan.smem,
+  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(plan.split), plan.threads, 1, 1,
+                               static_cast<unsigned>(smem),
                                stream, args, nullptr));
 }
 
@@ -455,7 +500,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan", py::arg("cubin"),
         py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
-        py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1);
+        py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0,
+        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
 }

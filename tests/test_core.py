@@ -212,6 +212,51 @@ def test_winograd_start_config_splits_channels_for_small_batches():
     assert wg.space().is_valid(one) and -(-192 // one["BC"]) / one["SPLIT"] >= 2 and one["SPLIT"] >= 8
 
 
+def test_direct_family_valid_configs_obey_the_documented_rules():
+    from bagf_torch.kernels import direct as dr
+
+    s = dr.space()
+    assert s.invalid_reason(dr.DEFAULT) is None
+    valid = s.valid_configs()
+    assert 1000 < len(valid) <= 4000  # "a few thousand at most"
+    conv1 = ConvProblem(n=1, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    for c in valid:
+        t = dr.threads(c)
+        assert t == (c["BK"] // c["TK"]) * (c["TH"] * c["TW"] // c["PX"]) and 64 <= t <= 1024 and t % 32 == 0
+        assert c["BK"] % c["TK"] == 0 and c["TW"] % c["PX"] == 0 and c["TK"] * c["PX"] >= 16
+        assert dr.smem_bytes(c) == dr.smem_bytes(c, conv1) <= dr.SM90_SMEM_LIMIT
+        assert dr.estimated_registers(c) * t <= 65536
+    assert "register tile" in s.invalid_reason(dict(dr.DEFAULT, TK=4, PX=2))
+    assert "does not divide" in s.invalid_reason(dict(dr.DEFAULT, TW=4, PX=8))
+    assert "shared memory" in s.invalid_reason(dict(dr.DEFAULT, BC=8, DB=1))
+    geo = dr.launch(dr.DEFAULT)
+    assert (geo["tile"], geo["tile_w"], geo["bn"], geo["bm"]) == (8, 16, 1, 64)
+    # what the host computes per call (bagf::halo_patch) is what smem_bytes says
+    rows, cols, pitch = dr.patch(dr.DEFAULT, conv1)
+    assert (rows, cols, pitch) == (39, 71, 71)
+    assert geo["smem_patch"] * rows * pitch + geo["smem_taps"] * 121 == dr.smem_bytes(dr.DEFAULT, conv1) == 87976
+    assert dr.name(dr.DEFAULT) == "direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90"
+    assert dr.name_expression(dr.DEFAULT) == "bagf::direct_conv2d<8, 16, 64, 1, 8, 4, 1, 1>"
+
+
+def test_direct_applies_and_start_points():
+    from bagf_torch.kernels import direct as dr
+
+    conv1 = dict(c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    assert dr.applies(ConvProblem(n=1, **conv1)) is None
+    assert dr.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=1, s=1)) is None
+    assert "groups" in dr.applies(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, groups=2))
+    assert "shared memory" in dr.applies(ConvProblem(n=1, c=3, h=900, w=900, k=8, r=61, s=61, stride=(8, 8)))
+    sizes = {}
+    for n in (1, 32, 128):
+        c = dr.default_for(ConvProblem(n=n, **conv1))
+        assert dr.space().is_valid(c) and c["SPLIT"] == 1  # C = 3: nothing to split
+        sizes[n] = c["TH"] * c["TW"] * c["BK"]
+    assert sizes[1] < sizes[32] == sizes[128]  # N=1 gets smaller blocks to fill the SMs
+    conv5 = dr.default_for(ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1)))
+    assert dr.space().is_valid(conv5) and conv5["SPLIT"] > 1
+
+
 def _family_modules():
     import importlib
     import sys
@@ -236,7 +281,8 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
     missing = [a for a in REQUIRED if not hasattr(fam, a)]
     assert not missing, missing
     geo = fam.launch(fam.DEFAULT)
-    assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile"}
+    assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile",
+                                                                    "tile_w", "smem_patch", "smem_taps"}
     assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 

@@ -211,6 +211,64 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+# Shapes for the direct family (issue 3 item 2): AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,
+# padding, dilation, 1x1, 11x11, C=3, K off every BK, P and Q off every tile, N up to 3, bias or not.
+DIRECT_SHAPES = [
+    (2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),
+    (1, 3, 57, 61, 37, 11, 11, (4, 4), (2, 2), (1, 1), False),
+    (3, 5, 19, 23, 70, 3, 3, (2, 2), (1, 1), (1, 1), True),
+    (1, 7, 21, 17, 17, 3, 5, (1, 2), (2, 0), (2, 3), True),
+    (2, 33, 9, 11, 65, 1, 1, (1, 1), (0, 0), (1, 1), True),
+    (1, 9, 30, 31, 19, 5, 5, (3, 1), (0, 2), (1, 1), False),
+]
+
+
+def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
+    """Sampled direct configurations (the start points of the shapes included) into a NaN-poisoned output,
+    against float64 F.conv2d on fresh random data (tuning.measure.CudaChecker)."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("direct")
+    configs = _sample_configs(fam, 24, seed=int(os.environ.get("BAGF_TEST_SEED", "4321")))
+    configs += [fam.default_for(_problem(s)) for s in DIRECT_SHAPES]
+    configs = list({fam.name(c): c for c in configs}.values())
+    built = compiler.compile(fam, configs)
+    failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
+    assert not failures, failures
+    checker = CudaChecker(compiler.ext)
+    bad = []
+    for shape in DIRECT_SHAPES:
+        ws = Workspace(_problem(shape), torch.device("cuda", 0))
+        for c, b in zip(configs, built):
+            out = checker.check(ws, b.handle)
+            if out is not None:
+                bad.append((shape, fam.name(c), out.detail))
+    assert not bad, bad[:10]
+
+
+def test_direct_opcheck_autograd_and_refusal_of_a_patch_too_large(compiler):
+    """A direct plan runs any geometry it fits (opcheck, gradients through ATen), sizing shared memory per call;
+    a call whose input patch and filters exceed the device's shared memory gets ATen's answer, not a launch."""
+    fam = _family("direct")
+    handle = compiler.compile(fam, [dict(fam.DEFAULT, SPLIT=2)])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
+    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [2, 1], [1, 0], [1, 2], handle))
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 0], [1, 1], handle))
+    out = torch.ops.bagf.conv2d(x, w, b, [2, 1], [1, 0], [1, 2], handle)
+    ref = F.conv2d(x, w, b, (2, 1), (1, 0), (1, 2))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    g = torch.randn_like(ref)
+    for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # 8 x 16 tile, 31x31 filter, stride 8: (7*8+31) x (15*8+31) patch, 2 stages x 961 taps
+        xb = torch.randn(1, 2, 300, 300, device="cuda")
+        wb = torch.randn(3, 2, 31, 31, device="cuda")
+        got = torch.ops.bagf.conv2d(xb, wb, None, [8, 8], [0, 0], [1, 1], handle)  # 628 KB: refused (a warning)
+        torch.testing.assert_close(got, F.conv2d(xb, wb, None, 8), rtol=1e-4, atol=1e-4)
+
+
 def _conv_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 5, stride=2, padding=2), torch.nn.ReLU(),

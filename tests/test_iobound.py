@@ -398,3 +398,68 @@ def test_winograd_prune():
     assert all(ratio > 2.0 for _, ratio in pruned)
     assert iobound.has_model(wg) and iobound.fast_memory_words(wg, wg.DEFAULT) == \
         iobound.winograd_fast_memory_words(wg.DEFAULT)
+
+
+# --------------------------------------------------------------------------------------------- direct
+from bagf_torch.kernels import direct as dr  # noqa: E402
+
+DR_VALID = dr.space().valid_configs()
+# Odd small shapes for the direct family: strides 1-4, an 11x11 stride-4 filter, dilation, 1x1, partial tiles in
+# both directions, C not a multiple of BC (uneven and empty slices), K not a multiple of BK, bias or not.
+DR_SMALL = [
+    ConvProblem(n=2, c=3, h=9, w=7, k=5, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=5, h=23, w=19, k=70, r=11, s=11, stride=(4, 4), padding=(2, 2)),
+    ConvProblem(n=1, c=4, h=10, w=9, k=17, r=3, s=3, padding=(2, 1), dilation=(2, 3), bias=False),
+    ConvProblem(n=2, c=9, h=6, w=6, k=9, r=1, s=1, stride=(2, 2)),
+    ConvProblem(n=1, c=2, h=12, w=13, k=4, r=2, s=5, stride=(3, 2), dilation=(2, 1), padding=(1, 0)),
+]
+DR_CASES = [  # valid; the comments say what each exercises
+    {"TH": 2, "TW": 32, "BK": 16, "BC": 2, "TK": 4, "PX": 4, "DB": 1, "SPLIT": 8},   # most slices empty
+    {"TH": 16, "TW": 4, "BK": 32, "BC": 4, "TK": 8, "PX": 2, "DB": 0, "SPLIT": 2},   # tall tile, uneven slices
+    {"TH": 8, "TW": 8, "BK": 16, "BC": 8, "TK": 4, "PX": 4, "DB": 0, "SPLIT": 1},    # one chunk covers most C
+]
+
+
+@pytest.mark.parametrize("problem", DR_SMALL, ids=lambda p: p.short())
+def test_direct_model_equals_brute_force(problem):
+    rng = random.Random(hash(problem.short()) % 1000)
+    small = [c for c in DR_VALID if dr.threads(c) <= 256]
+    configs = [dr.DEFAULT, dr.default_for(problem)] + DR_CASES + rng.sample(small, 6)
+    for config in configs:
+        assert dr.space().is_valid(config), config
+        model = iobound.direct_traffic(problem, config)
+        brute = iobound.brute_force_direct_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+        assert model == iobound.traffic("direct", problem, config)
+
+
+def test_direct_terms():
+    """The counts that make the family near-I/O-optimal: conv1's input is read once per block row of channels
+    (times the halo overlap), weights once per tile; the fast memory is the problem's shared memory."""
+    p = alexnet(1)[0]
+    c = dr.DEFAULT
+    t = iobound.direct_traffic(p, c)
+    assert t.grid == (7 * 4, 1, 1) and t.words_read_weight == 28 * 64 * 3 * 121
+    assert t.fast_memory_words == dr.smem_bytes(c, p) // 4 + 64 * 8 * 16 == iobound.fast_memory_words(dr, c)
+    # 39 x 71 patches of 8 x 16 tiles: the overlap of neighbouring halos is ~1.3x the input at conv1
+    assert 1.0 < t.words_read_input / iobound.used_input_words(p) < 1.5
+    assert iobound.direct_traffic(p, dict(c, SPLIT=4)).words_read_output == 4 * 64 * 55 * 55
+    with pytest.raises(ValueError, match="groups=1"):
+        iobound.direct_traffic(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, groups=2), c)
+
+
+def test_direct_bound_below_every_config():
+    """direct_lower_bound(problem, M) and the compulsory traffic never exceed any configuration's modelled
+    traffic, over the whole valid space, on AlexNet conv1-2 (N=1, 32) and the odd small shapes."""
+    for problem in [p for n in (1, 32) for p in alexnet(n)[:2]] + DR_SMALL:
+        comp = sum(iobound.compulsory_words(problem).values())
+        for config in DR_VALID:
+            t = iobound.direct_traffic(problem, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
+            assert comp <= t.total, (problem, config)
+
+
+def test_direct_prune_keeps_default():
+    p = alexnet(1)[0]
+    kept, pruned = iobound.prune("direct", DR_VALID, p, factor=2.0, always=[dr.DEFAULT])
+    assert dr.DEFAULT in kept and len(kept) + len(pruned) == len(DR_VALID) and pruned

@@ -125,3 +125,48 @@ def test_winograd_transforms_and_output_rounds_match_python_on_host(tmp_path):
     rounds = [int(line.split()[1]) for line in out.splitlines() if line.startswith("rounds")]
     assert rounds == [wg.out_rounds(c) for c in configs]
     assert len(set(rounds)) > 1  # the sample exercises more than one round count
+
+
+_HALO_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "conv_params.h"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 7 < argc; i += 8) {  // th, tw, R, S, stride_h, stride_w, dil_h, dil_w -> rows cols pitch
+    bagf::Conv2dParams p{};
+    p.R = atoi(argv[i + 2]); p.S = atoi(argv[i + 3]);
+    p.stride_h = atoi(argv[i + 4]); p.stride_w = atoi(argv[i + 5]);
+    p.dil_h = atoi(argv[i + 6]); p.dil_w = atoi(argv[i + 7]);
+    const bagf::HaloPatch h = bagf::halo_patch(atoi(argv[i]), atoi(argv[i + 1]), p);
+    printf("%d %d %d\n", h.rows, h.cols, h.pitch);
+  }
+  return 0;
+}
+"""
+
+
+def test_direct_halo_patch_matches_python_on_host(tmp_path):
+    """``bagf::halo_patch`` (conv_params.h), which the host uses to size a direct plan's shared memory per call
+    and the kernel to lay its buffers out, equals ``kernels.direct.patch`` (the Python side's smem_bytes and
+    traffic model) on sampled tiles and filter geometries: a mismatch would overrun shared memory."""
+    from bagf_torch.kernels import direct as dr
+    from bagf_torch.problem import ConvProblem
+
+    src = tmp_path / "halo_host.cu"
+    src.write_text(_HALO_HOST)
+    exe = tmp_path / "halo_host"
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rng = random.Random(5)
+    cases = []
+    for c in rng.sample(dr.space().valid_configs(), 60):
+        r, s = rng.choice((1, 2, 3, 5, 7, 11)), rng.choice((1, 3, 4, 11))
+        st, dl = (rng.randint(1, 4), rng.randint(1, 4)), (rng.randint(1, 3), rng.randint(1, 3))
+        cases.append((c, ConvProblem(n=1, c=1, h=64, w=64, k=1, r=r, s=s, stride=st, dilation=dl)))
+    args = [v for c, p in cases for v in (c["TH"], c["TW"], p.r, p.s, *p.stride, *p.dilation)]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    got = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert got == [dr.patch(c, p) for c, p in cases]
+    assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch

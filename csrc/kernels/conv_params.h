@@ -2,6 +2,12 @@
 // Plain C: no torch, no CUDA headers, so both compilers see the same layout.
 #pragma once
 
+#if defined(__CUDACC__)
+#define BAGF_HOST_DEVICE __host__ __device__
+#else
+#define BAGF_HOST_DEVICE
+#endif
+
 namespace bagf {
 
 // All extents are int32: the host refuses (ATen fallback) any tensor with more than 2^31-1 elements,
@@ -15,5 +21,20 @@ struct Conv2dParams {
   int dil_h, dil_w;
   int has_bias;
 };
+
+// The input patch a TH x TW output tile reads (halo included): rows x cols, stored in shared memory with an
+// odd row pitch (rows read at a stride then start in different banks). One formula for both compilers: the
+// host sizes a direct plan's dynamic shared memory with it, the kernel lays its buffers out with it.
+struct HaloPatch {
+  int rows, cols, pitch;
+};
+
+BAGF_HOST_DEVICE inline HaloPatch halo_patch(int th, int tw, const Conv2dParams& p) {
+  HaloPatch h;
+  h.rows = (th - 1) * p.stride_h + (p.R - 1) * p.dil_h + 1;
+  h.cols = (tw - 1) * p.stride_w + (p.S - 1) * p.dil_w + 1;
+  h.pitch = h.cols | 1;
+  return h;
+}
 
 }  // namespace bagf
