@@ -470,3 +470,51 @@ def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
             assert start * 4 < default, (p.name, start, default)
         checked += 1
     assert checked >= 7
+
+
+def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypatch):
+    """After a call that got a final plan, a call with the same shape, dtypes, devices and TF32 flag goes
+    straight to the op; anything else (non-contiguous input, another TF32 setting, the plan entry cleared or
+    replaced) takes the checked path again, so it still gets ATen or a fresh lookup."""
+    import torch.nn.functional as F
+
+    from bagf_torch import nn as bnn
+    from bagf_torch import runtime
+
+    calls, lookups, checks = [], [], []
+
+    class FakeRuntime:
+        def lookup(self, problem, device):
+            lookups.append(problem)
+            return 7, True
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        calls.append((tuple(x.shape), stride, padding, dilation, handle))
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(runtime, "get", lambda: FakeRuntime())
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    real_check = bnn.TunedConv2d._unsupported
+    monkeypatch.setattr(bnn.TunedConv2d, "_unsupported", lambda self, x: checks.append(1) or real_check(self, x))
+    conv = bagf_torch.TunedConv2d(3, 4, 3, stride=2, padding=1)
+    x = torch.randn(2, 3, 9, 9)
+    want = F.conv2d(x, conv.weight, conv.bias, 2, 1)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(conv(x), want)
+        assert len(checks) == 1 and len(lookups) == 1 and len(calls) == 3
+        assert calls[-1] == ((2, 3, 9, 9), [2, 2], [1, 1], [1, 1], 7)
+        conv(x.transpose(2, 3).contiguous().transpose(2, 3))  # non-contiguous: checked, then ATen
+        assert len(checks) == 2 and len(calls) == 3
+        old = torch.backends.cudnn.allow_tf32
+        try:
+            torch.backends.cudnn.allow_tf32 = not old
+            conv(x)  # another TF32 setting: the plan is looked up again
+            assert len(checks) == 3 and len(lookups) == 2
+        finally:
+            torch.backends.cudnn.allow_tf32 = old
+        conv._bagf_handles = {}  # as pretune does: the fast entry no longer matches
+        conv(x)
+        assert len(checks) == 4 and len(lookups) == 3 and len(calls) == 5
+    assert copy.deepcopy(conv)._bagf_fast == {} and conv._bagf_fast
