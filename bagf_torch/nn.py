@@ -18,6 +18,22 @@ def _op():
     return torch.ops.bagf.conv2d.default
 
 
+def _inference_call():
+    """The op's CUDA kernel without the dispatcher (``bagf_ext.conv2d_inference``), or None before the
+    extension is loaded. Only for calls that need no gradient, outside torch.compile and tracing."""
+    from .jit import extension
+
+    ext = extension.loaded()
+    return None if ext is None else ext.conv2d_inference
+
+
+def _needs_dispatcher(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether a call must go through the dispatcher: a gradient to record, or a JIT trace to record it in."""
+    if torch.jit.is_tracing():
+        return True
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
+
+
 def _numeric_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
     """Symmetric numeric padding equivalent to ``conv.padding``; None for asymmetric 'same' padding."""
     pad = conv.padding
@@ -148,7 +164,9 @@ class TunedConv2d(nn.Conv2d):
             hit = fast.get(key)
             if (hit is not None and self._bagf_handles.get(hit[0]) is hit[1] and input.is_contiguous()
                     and w.is_contiguous()):
-                return _op()(input, w, self.bias, hit[2], hit[3], hit[4], hit[1][0])
+                b = self.bias
+                call = None if _needs_dispatcher(input, w, b) else _inference_call()
+                return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1][0])
         reason = self._unsupported(input)
         if reason is not None:
             log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")

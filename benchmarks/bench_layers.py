@@ -83,7 +83,8 @@ def recorded_optima(paths) -> dict:
 def host_overhead(handle: int, n_calls: int = 3000) -> dict:
     """Host cost per call at N=1: wall microseconds per call in a tight loop on a layer so small (16->16
     channels, 3x3, 8x8 pixels) that the GPU finishes each launch before the CPU issues the next, so the loop
-    is host-bound. F.conv2d vs TunedConv2d.forward vs the bare op, both ours running the tensor-core
+    is host-bound. F.conv2d vs TunedConv2d.forward vs the bare op vs the op's kernel without the dispatcher
+    (``conv2d_inference``, what TunedConv2d calls when no gradient is needed), ours running the tensor-core
     family's default kernel (``handle``, already loaded)."""
     conv = torch.nn.Conv2d(16, 16, 3, padding=1).cuda()
     tuned = bagf_torch.TunedConv2d.from_conv(conv)
@@ -97,6 +98,12 @@ def host_overhead(handle: int, n_calls: int = 3000) -> dict:
             "TunedConv2d": lambda: tuned(x),
             "bagf::conv2d op": lambda: op(x, conv.weight, conv.bias, [1, 1], [1, 1], [1, 1], handle),
         }
+        from bagf_torch.jit import extension
+
+        ext = extension.loaded()
+        if hasattr(ext, "conv2d_inference"):  # the op's kernel without the dispatcher (TunedConv2d's inference path)
+            calls["conv2d_inference"] = lambda: ext.conv2d_inference(x, conv.weight, conv.bias, [1, 1], [1, 1], [1, 1],
+                                                                     handle)
         out = {"plan": tc.name(tc.DEFAULT)}
         for name, fn in calls.items():
             samples = []

@@ -404,6 +404,15 @@ at::Tensor conv2d_cpu(const at::Tensor& x, const at::Tensor& w, const std::optio
   return aten_conv(x, w, b, stride, padding, dilation);
 }
 
+// The op's CUDA kernel called from Python without the dispatcher (TunedConv2d's inference fast path, for calls
+// that need no gradient, outside torch.compile and tracing): the same checks, ATen fallback and launch, minus
+// the boxed dispatcher call, which is most of a batch-1 call's host time.
+at::Tensor conv2d_inference(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                            std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                            int64_t plan_handle) {
+  return conv2d_cuda(x, w, b, stride, padding, dilation, plan_handle);
+}
+
 // Launch a plan into a caller-provided output (the tuner poisons it first to catch unwritten elements).
 void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor y, std::vector<int64_t> stride,
@@ -504,4 +513,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("smem_patch") = 0, py::arg("smem_taps") = 0);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
+  m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");
 }

@@ -518,3 +518,16 @@ def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypa
         conv(x)
         assert len(checks) == 4 and len(lookups) == 3 and len(calls) == 5
     assert copy.deepcopy(conv)._bagf_fast == {} and conv._bagf_fast
+
+    # which entry the fast path takes: the dispatcher-free kernel call when no gradient is needed
+    inference = []
+    monkeypatch.setattr(bnn, "_inference_call", lambda: lambda *a: inference.append(a[-1]) or fake_op(*a))
+    with torch.no_grad():
+        conv(x)
+    assert len(inference) == 1 and len(calls) == 6  # fake_op ran once, through the inference entry
+    out = conv(x)  # grad mode on and the weight requires grad: through the op, so autograd records it
+    assert len(inference) == 1 and len(calls) == 7 and out.requires_grad
+    conv.weight.requires_grad_(False)
+    conv.bias.requires_grad_(False)
+    conv(x)  # grad mode on but nothing needs a gradient
+    assert len(inference) == 2

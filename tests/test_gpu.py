@@ -176,7 +176,8 @@ def test_inference_calls_skip_the_autograd_node(compiler):
     with torch.no_grad():
         nograd = torch.ops.bagf.conv2d(x, w.requires_grad_(), b, [1, 1], [1, 1], [1, 1], handle)
     graph = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-    for out in (plain, nograd, graph):
+    direct = compiler.ext.conv2d_inference(x, w.detach(), b, [1, 1], [1, 1], [1, 1], handle)  # no dispatcher
+    for out in (plain, nograd, graph, direct):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert plain.grad_fn is None and nograd.grad_fn is None and not nograd.requires_grad
     assert graph.grad_fn is not None and graph.requires_grad

@@ -50,9 +50,15 @@ class Workspace:
         self.ref_max = float(self.ref.abs().max()) if self.ref.numel() else 0.0
 
     def op_call(self, handle: int) -> Callable[[], torch.Tensor]:
-        """The call a user's forward makes: the bagf::conv2d op (allocating its output, as F.conv2d does)."""
-        op = torch.ops.bagf.conv2d.default
+        """The call a user's inference forward makes (allocating its output, as F.conv2d does): TunedConv2d's
+        fast path, the op's kernel without the dispatcher (``conv2d_inference``; these tensors need no
+        gradient), or the bagf::conv2d op where the extension has no such entry."""
         x, w, b, (s, p, d) = self.x, self.w, self.b, self.args
+        from ..jit import extension
+
+        ext = extension.loaded()
+        op = getattr(ext, "conv2d_inference", None) or torch.ops.bagf.conv2d.default
+        s, p, d = list(s), list(p), list(d)
         return lambda: op(x, w, b, s, p, d, handle)
 
     def aten_call(self) -> Callable[[], torch.Tensor]:
