@@ -360,7 +360,9 @@ def markdown(summary: dict, meta: dict) -> str:
     recs = "; ".join(f"{r['file']}: {r['gpu']}, recorded {r['date']}" for r in meta.get("recording", []))
     lines = [f"# Strategies on recorded spaces{synthetic}", "",
              f"Replays of GPU recordings on a CPU ({recs}). "
-             f"{meta['problems']} problems x {meta['seeds']} seeds, budget {meta['budget']} evaluations"
+             f"{meta['problems']} problems x {meta['seeds']} seeds"
+             + (f" ({meta['seed_range'][0]}-{meta['seed_range'][1]})" if meta.get("seed_range") else "")
+             + f", budget {meta['budget']} evaluations"
              + (f" (ax: {meta['ax_budget']})" if meta.get("ax_budget", meta["budget"]) != meta["budget"] else "")
              + f", {'noisy' if meta['noise'] else 'median'} replay, tuner cut-off "
              f"{meta.get('cutoff_factor') or 'off'}x; ax options {json.dumps(meta.get('ax_options') or {})}; "
@@ -588,6 +590,7 @@ def main(argv=None) -> int:
     summary = summarise(runs, args.budget)
     meta = {"data": [str(f) for f in files], "synthetic": synthetic, "problems": len(used), "used": used,
             "excluded": excluded, "partial_included": args.partial, "seeds": args.seeds,
+            "seed_range": [args.seed_base, args.seed_base + args.seeds - 1],
             "budget": args.budget, "ax_budget": min(args.ax_budget, args.budget), "ax_options": ax_options,
             "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files),
             "noise": args.noise, "start": not args.no_start, "warm_start": warm, "warm_seeds": seeds_of,

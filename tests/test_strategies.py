@@ -712,3 +712,28 @@ def test_paired_comparison_intervals_and_merge(tmp_path):
     doc = json.loads(out.read_text())
     assert set(doc["paired"]) == {"anneal", "genetic"} and len(doc["runs"]) == len(runs)
     assert "Paired: ax - anneal" in md.read_text()
+
+
+def test_ax_batches_small_while_early():
+    """ax's local design runs in batches of ``initial_batch``, its GP generations ask for
+    ``min(early_batch, batch_size)`` trials until ``early_until`` evaluations (prior included), then
+    ``batch_size``."""
+    space = Space("grid", {"a": (1, 2, 4, 8, 16, 32), "b": (1, 2, 4, 8, 16)})
+
+    def time_of(c):
+        return 5.0 + abs(c["a"] - 8) + abs(c["b"] - 4)
+
+    sizes = []
+    ev = StrictEvaluator(space, time_of)
+
+    def evaluate(configs):
+        sizes.append(len(configs))
+        return ev(configs)
+
+    start = {"a": 1, "b": 1}
+    prior = [(start, Outcome("ok", time_of(start)))]
+    run("ax", space, evaluate, Budget(19), seed=0, prior=prior, batch_size=6, initial_trials=5,
+        initial_batch=2, early_batch=3, early_until=11)
+    # prior 1 + local design 2, 2 (5 before the GP) + GP 3, 3 (11) + GP 6, then the budget's last 3 (the
+    # budget counts the search's own evaluations, not the prior)
+    assert sizes == [2, 2, 3, 3, 6, 3]
