@@ -496,7 +496,8 @@ def _resummarise(args) -> int:
     if args.md:
         Path(args.md).write_text(md)
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, **summary, "runs": runs}, indent=1))
+        # the runs stay in the files they came from (merged_from): a merged file would only duplicate them
+        Path(args.json).write_text(json.dumps({"meta": meta, **summary}, indent=1))
     if args.png:
         plot(summary, args.png, f"replay: fraction of optimum, seeds {seeds[0]}-{seeds[-1]}")
     return 0
@@ -536,7 +537,8 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", nargs="+", metavar="JSON",
                     help="run nothing: summarise the runs stored in these --json outputs together (e.g. two seed "
                          "sets, or ax from one file and annealing from another; a (strategy, problem, seed) "
-                         "present twice is kept once, from the first file), then --json/--md/--png as usual")
+                         "present twice is kept once, from the first file), then --json (without the runs: they "
+                         "stay in the source files)/--md/--png as usual")
     args = ap.parse_args(argv)
     if args.from_json:
         return _resummarise(args)

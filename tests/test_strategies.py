@@ -710,7 +710,8 @@ def test_paired_comparison_intervals_and_merge(tmp_path):
     out, md = tmp_path / "m.json", tmp_path / "m.md"
     assert bench.main(["--from-json", str(a), str(b), "--json", str(out), "--md", str(md)]) == 0
     doc = json.loads(out.read_text())
-    assert set(doc["paired"]) == {"anneal", "genetic"} and len(doc["runs"]) == len(runs)
+    assert set(doc["paired"]) == {"anneal", "genetic"} and "runs" not in doc
+    assert [m["file"] for m in doc["meta"]["merged_from"]] == [str(a), str(b)]
     assert "Paired: ax - anneal" in md.read_text()
 
 
