@@ -75,6 +75,10 @@ from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = 0.95
 CHECKPOINTS = (10, 20, 30, 50, 100)
+BOOTSTRAP = 4000
+"""Bootstrap resamples of the paired comparison (``paired_comparison``)."""
+PAIRED_SHOWN = (2, 3, 5, 7, 8, 10, 12, 15, 18, 20, 25, 30, 40, 50)
+"""Budgets the Markdown table of the paired comparison shows (the JSON has every budget)."""
 DEFAULT_STRATEGIES = ("ax", "random", "anneal", "genetic")
 TUNER_CUTOFF = inspect.signature(Tuner.__init__).parameters["cutoff_factor"].default
 """The real tuner's early cut-off factor; the replay uses the same by default."""
@@ -276,7 +280,58 @@ def summarise(runs: list[dict], budget: int) -> dict:
             }
     upto = min([50, budget] + [v["budget"] for v in out["per_strategy"].values()])
     out["issue_bar"] = issue_bar(out["per_strategy"], upto)
+    if "ax" in strategies:
+        out["paired"] = {o: paired_comparison(runs, "ax", o, upto) for o in ("anneal", "genetic") if o in strategies}
     return out
+
+
+def paired_comparison(runs: list[dict], a: str, b: str, upto: int, n_boot: int = BOOTSTRAP, seed: int = 0) -> dict:
+    """Strategy ``a`` against ``b`` run by run: for every (problem, seed) both ran, the difference of their
+    fractions of the optimum at each budget 1..``upto``; the mean over problems of the per-problem mean
+    difference (the difference of the two mean curves the issue's bar compares) with bootstrap confidence
+    intervals that resample seeds within each problem (the problems are fixed, the seeds are the sample).
+
+    Why: the mean curves of ax and annealing differ by less than their seed-to-seed spread at budgets 5-20
+    (ax above on seeds 0-19, below at 7-18 on seeds 20-39, docs/strategies.md), so "ax at least as good" is
+    only a statement with an interval. Returned per budget: ``mean`` and the pointwise 95% interval
+    (``low``, ``high``); ``simultaneous_low``, a one-sided 95% lower band that holds at every budget at once
+    (bootstrap of the largest standardised shortfall over budgets); ``significantly_below`` /
+    ``significantly_above``: budgets whose pointwise interval lies wholly below / above 0. ``worst_case``
+    is the largest amount by which ``a`` can be below ``b`` at some budget under the simultaneous band
+    (0 when the band is above 0 everywhere): the non-inferiority margin these runs support."""
+    ca = {(r["problem"], r["seed"]): r["curve"][:upto] for r in runs if r["strategy"] == a}
+    cb = {(r["problem"], r["seed"]): r["curve"][:upto] for r in runs if r["strategy"] == b}
+    keys = sorted(set(ca) & set(cb), key=str)
+    if not keys:
+        return {}
+    n = min(min(len(ca[k]), len(cb[k])) for k in keys)
+    problems = sorted({p for p, _ in keys})
+    diffs = {p: np.array([np.subtract(ca[k][:n], cb[k][:n]) for k in keys if k[0] == p]) for p in problems}
+    mean = np.mean([d.mean(axis=0) for d in diffs.values()], axis=0)
+    rng = np.random.default_rng(seed)
+    boot = np.zeros((n_boot, n))
+    for p in problems:
+        d = diffs[p]
+        boot += d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
+    boot /= len(problems)
+    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
+    sd = boot.std(axis=0)
+    live = sd > 1e-12  # budget 1 (the shared start point) and budgets every run has finished never differ
+    shortfall = np.where(live, (mean - boot) / np.where(live, sd, 1.0), 0.0).max(axis=1)
+    q = float(np.quantile(shortfall, 0.95))
+    simultaneous = mean - q * sd
+    i = int(np.argmin(np.where(live, mean, np.inf))) if live.any() else 0
+    j = int(np.argmin(simultaneous))
+    return {
+        "pairs": len(keys), "problems": len(problems), "seeds": len({s for _, s in keys}), "bootstrap": n_boot,
+        "mean": [float(v) for v in mean], "low": [float(v) for v in low], "high": [float(v) for v in high],
+        "simultaneous_low": [float(v) for v in simultaneous],
+        "min_mean": [float(mean[i]), i + 1],  # over the budgets where runs differ
+        "min_simultaneous_low": [float(simultaneous[j]), j + 1],
+        "worst_case": float(max(0.0, -simultaneous[j])),
+        "significantly_below": [k + 1 for k in range(n) if high[k] < 0],
+        "significantly_above": [k + 1 for k in range(n) if low[k] > 0],
+    }
 
 
 def issue_bar(per: dict, upto: int) -> dict:
@@ -305,7 +360,9 @@ def markdown(summary: dict, meta: dict) -> str:
     recs = "; ".join(f"{r['file']}: {r['gpu']}, recorded {r['date']}" for r in meta.get("recording", []))
     lines = [f"# Strategies on recorded spaces{synthetic}", "",
              f"Replays of GPU recordings on a CPU ({recs}). "
-             f"{meta['problems']} problems x {meta['seeds']} seeds, budget {meta['budget']} evaluations"
+             f"{meta['problems']} problems x {meta['seeds']} seeds"
+             + (f" ({meta['seed_range'][0]}-{meta['seed_range'][1]})" if meta.get("seed_range") else "")
+             + f", budget {meta['budget']} evaluations"
              + (f" (ax: {meta['ax_budget']})" if meta.get("ax_budget", meta["budget"]) != meta["budget"] else "")
              + f", {'noisy' if meta['noise'] else 'median'} replay, tuner cut-off "
              f"{meta.get('cutoff_factor') or 'off'}x; ax options {json.dumps(meta.get('ax_options') or {})}; "
@@ -336,7 +393,35 @@ def markdown(summary: dict, meta: dict) -> str:
     if summary.get("issue_bar"):
         lines += ["", "Issue 4's bar for BO on these runs: "
                   + ", ".join(f"{k}: {v}" for k, v in summary["issue_bar"].items()), ""]
+    for other, c in (summary.get("paired") or {}).items():
+        if not c:
+            continue
+        shown = [k for k in PAIRED_SHOWN if k <= len(c["mean"])]
+        lines += ["", f"Paired: ax - {other}, fraction of the optimum, {c['pairs']} (problem, seed) pairs "
+                  f"({c['problems']} problems x {c['seeds']} seeds); 95% bootstrap intervals over seeds within "
+                  f"each problem ({c['bootstrap']} resamples); simultaneous = one-sided 95% lower band for every "
+                  "budget at once:", "",
+                  "| budget | " + " | ".join(map(str, shown)) + " |", "|---|" + "---|" * len(shown),
+                  "| mean | " + " | ".join(f"{c['mean'][k - 1]:+.4f}" for k in shown) + " |",
+                  "| 95% interval | " + " | ".join(f"{c['low'][k - 1]:+.3f}..{c['high'][k - 1]:+.3f}"
+                                                   for k in shown) + " |",
+                  "| simultaneous low | " + " | ".join(f"{c['simultaneous_low'][k - 1]:+.4f}" for k in shown) + " |",
+                  "", f"Smallest mean difference {c['min_mean'][0]:+.4f} at budget {c['min_mean'][1]}; "
+                  f"significantly below {other} at budgets {_ranges(c['significantly_below']) or 'none'}, significantly "
+                  f"above at {_ranges(c['significantly_above']) or 'none'}; at every budget at once, ax is at most "
+                  f"{c['worst_case']:.4f} below {other} (95%, lowest at budget {c['min_simultaneous_low'][1]}).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _ranges(budgets: list[int]) -> str:
+    """[2, 3, 4, 9] -> "2-4, 9"."""
+    out: list[str] = []
+    for k in budgets:
+        if out and out[-1].split("-")[-1] == str(k - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ", ".join(out)
 
 
 def plot(summary: dict, path: str, title: str) -> bool:
@@ -380,6 +465,44 @@ def _recording_meta(files) -> list[dict]:
     return out
 
 
+def _resummarise(args) -> int:
+    """--from-json: the summary, issue bar and paired comparison of runs stored by earlier --json runs."""
+    docs = [json.loads(Path(f).read_text()) for f in args.from_json]
+    missing = [f for f, d in zip(args.from_json, docs) if "runs" not in d]
+    if missing:
+        print(f"no runs stored in {missing} (only a summary): re-run them with --json", file=sys.stderr)
+        return 2
+    runs, seen = [], set()
+    for d in docs:
+        for r in d["runs"]:
+            if (r["strategy"], r["problem"], r["seed"]) not in seen:
+                seen.add((r["strategy"], r["problem"], r["seed"]))
+                runs.append(r)
+    meta = dict(docs[0]["meta"])
+    seeds = sorted({r["seed"] for r in runs})
+    budget = max(r["budget"] for r in runs)
+    meta.update(seeds=len(seeds), seed_range=[seeds[0], seeds[-1]], strategies=sorted({r["strategy"] for r in runs}),
+                budget=budget, ax_budget=min((r["budget"] for r in runs if r["strategy"] == "ax"), default=budget),
+                merged_from=[{"file": str(f), "date": d["meta"].get("date"), "ax_options": d["meta"].get("ax_options"),
+                              "wall_seconds": d["meta"].get("wall_seconds")} for f, d in zip(args.from_json, docs)])
+    options = {json.dumps(d["meta"].get("ax_options") or {}, sort_keys=True) for d in docs
+               if "ax" in d["meta"].get("strategies", [])}
+    if len(options) > 1:
+        print(f"warning: the files ran ax with different options {sorted(options)}", file=sys.stderr)
+    summary = summarise(runs, budget)
+    md = markdown(summary, meta) + "\nMerged from " + ", ".join(
+        f"{m['file']} ({m['date']})" for m in meta["merged_from"]) + ".\n"
+    print(md)
+    if args.md:
+        Path(args.md).write_text(md)
+    if args.json:
+        # the runs stay in the files they came from (merged_from): a merged file would only duplicate them
+        Path(args.json).write_text(json.dumps({"meta": meta, **summary}, indent=1))
+    if args.png:
+        plot(summary, args.png, f"replay: fraction of optimum, seeds {seeds[0]}-{seeds[-1]}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", nargs="*", help="recorded-space files (default: benchmarks/data/*.json.gz)")
@@ -411,7 +534,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the summary and every run here")
     ap.add_argument("--md", help="write the Markdown table here")
     ap.add_argument("--png", help="write the convergence plot here (needs matplotlib)")
+    ap.add_argument("--from-json", nargs="+", metavar="JSON",
+                    help="run nothing: summarise the runs stored in these --json outputs together (e.g. two seed "
+                         "sets, or ax from one file and annealing from another; a (strategy, problem, seed) "
+                         "present twice is kept once, from the first file), then --json (without the runs: they "
+                         "stay in the source files)/--md/--png as usual")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return _resummarise(args)
 
     files = [Path(p) for p in args.data] if args.data else sorted(DATA.glob("*.json.gz"))
     if not files:
@@ -462,6 +592,7 @@ def main(argv=None) -> int:
     summary = summarise(runs, args.budget)
     meta = {"data": [str(f) for f in files], "synthetic": synthetic, "problems": len(used), "used": used,
             "excluded": excluded, "partial_included": args.partial, "seeds": args.seeds,
+            "seed_range": [args.seed_base, args.seed_base + args.seeds - 1],
             "budget": args.budget, "ax_budget": min(args.ax_budget, args.budget), "ax_options": ax_options,
             "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files),
             "noise": args.noise, "start": not args.no_start, "warm_start": warm, "warm_seeds": seeds_of,

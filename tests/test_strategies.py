@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from bagf_torch.kernels import implicit_gemm
@@ -671,3 +672,69 @@ def test_tc_warps_in_flight_counts_what_the_grid_can_fill():
     order = search_initial_order(tc, conv2)
     assert order(start) == tc.warps_in_flight(conv2, start)
     assert search_initial_order(implicit_gemm, conv2) is None  # a family without the function
+
+
+def test_paired_comparison_intervals_and_merge(tmp_path):
+    """The paired bootstrap of benchmarks/strategies.py: the mean difference is the difference of the mean
+    curves, a constant lead is significant at every budget where the runs differ, a pure seed-noise
+    difference is not, and --from-json re-summarises stored runs."""
+    import json
+
+    bench = _benchmark_module("strategies")
+    rng = np.random.default_rng(0)
+    runs = []
+    for p in ("p1", "p2"):
+        for seed in range(30):
+            base = np.minimum(1.0, 0.5 + 0.05 * np.arange(10) + rng.normal(0, 0.02, 10))
+            base[0] = 0.5
+            lead = base + np.r_[0.0, np.full(9, 0.01) + rng.normal(0, 0.005, 9)]
+            noise = base + np.r_[0.0, rng.normal(0, 0.05, 9)]
+            for s, c in (("ax", lead), ("anneal", base), ("genetic", noise)):
+                runs.append({"problem": p, "strategy": s, "seed": seed, "budget": 10, "curve": list(c),
+                             "evals_to_95": None, "strategy_seconds": 0.0, "gen_seconds": None})
+    c = bench.paired_comparison(runs, "ax", "anneal", 10, n_boot=500)
+    assert c["pairs"] == 60 and c["problems"] == 2 and c["seeds"] == 30
+    assert c["mean"][0] == 0 and np.allclose(c["mean"][1:], 0.01, atol=0.003)
+    assert c["significantly_above"] == list(range(2, 11)) and c["significantly_below"] == []
+    assert c["worst_case"] == 0.0 and c["min_mean"][1] >= 2
+    g = bench.paired_comparison(runs, "ax", "genetic", 10, n_boot=500)
+    assert all(lo <= m <= hi for lo, m, hi in zip(g["low"], g["mean"], g["high"]))
+    assert all(s <= lo + 1e-12 for s, lo in zip(g["simultaneous_low"], g["low"]))  # the band is the wider
+    assert bench._ranges([2, 3, 4, 9, 11, 12]) == "2-4, 9, 11-12"
+
+    meta = {"problems": 2, "seeds": 30, "budget": 10, "ax_budget": 10, "noise": False, "cutoff_factor": 4.0,
+            "ax_options": {}, "date": "d", "cpu": "c", "strategies": ["ax", "anneal", "genetic"]}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"meta": meta, "runs": [r for r in runs if r["strategy"] == "ax"]}))
+    b.write_text(json.dumps({"meta": meta, "runs": [r for r in runs if r["strategy"] != "ax"]}))
+    out, md = tmp_path / "m.json", tmp_path / "m.md"
+    assert bench.main(["--from-json", str(a), str(b), "--json", str(out), "--md", str(md)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["paired"]) == {"anneal", "genetic"} and "runs" not in doc
+    assert [m["file"] for m in doc["meta"]["merged_from"]] == [str(a), str(b)]
+    assert "Paired: ax - anneal" in md.read_text()
+
+
+def test_ax_batches_small_while_early():
+    """ax's local design runs in batches of ``initial_batch``, its GP generations ask for
+    ``min(early_batch, batch_size)`` trials until ``early_until`` evaluations (prior included), then
+    ``batch_size``."""
+    space = Space("grid", {"a": (1, 2, 4, 8, 16, 32), "b": (1, 2, 4, 8, 16)})
+
+    def time_of(c):
+        return 5.0 + abs(c["a"] - 8) + abs(c["b"] - 4)
+
+    sizes = []
+    ev = StrictEvaluator(space, time_of)
+
+    def evaluate(configs):
+        sizes.append(len(configs))
+        return ev(configs)
+
+    start = {"a": 1, "b": 1}
+    prior = [(start, Outcome("ok", time_of(start)))]
+    run("ax", space, evaluate, Budget(19), seed=0, prior=prior, batch_size=6, initial_trials=5,
+        initial_batch=2, early_batch=3, early_until=11)
+    # prior 1 + local design 2, 2 (5 before the GP) + GP 3, 3 (11) + GP 6, then the budget's last 3 (the
+    # budget counts the search's own evaluations, not the prior)
+    assert sizes == [2, 2, 3, 3, 6, 3]

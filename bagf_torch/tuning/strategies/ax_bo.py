@@ -23,6 +23,19 @@ worse (median 42 vs 31.5 evaluations, penalty handling). With a warm start, rand
 away what the start point and seeds had found (H200 replay, docs/strategies.md: 45% of runs never within
 95% on the five problems that needed a search, 20% with the local design).
 
+Small batches while the GP knows little (options ``initial_batch``, ``early_batch``, ``early_until``). The
+local design runs in batches of 4, each centred on the best configuration known after the one before (the
+start's neighbours, then the neighbours of the best of them), and the GP generations up to evaluation 24
+ask for 4 trials, later ones for ``batch_size`` = 8. Simulated annealing's walk, in steps of 4, had been
+level with or ahead of ax at budgets 7-18 (one batch of 7 neighbours, then the GP's first batch of 8 chosen
+from 8 points): on the H200 replay, 7 problems x seeds 0-39, the mean fraction of the optimum at
+evaluations 8/12/16/20/24 went from 0.871/0.889/0.899/0.924/0.932 to 0.883/0.891/0.912/0.930/0.938 (the
+walk alone: 0.883/0.891/0.901/0.919/0.928) and ax's lowest margin over annealing at budgets 2-24 from
+-0.0034 (at 16) to +0.0006 (at 12). Chosen on seeds 0-39; on held-out seeds 40-59 ax is above annealing at
+budgets 2-30 but below it at 31-48 by up to 0.0043 (conv3x3_256 reaches 95% later than with one batch of
+8), within the seed noise: over seeds 0-59 never significantly below annealing at any budget
+(docs/strategies.md, "bo-robust").
+
 Which neighbours first (options ``initial_order``, ``initial_ranked``; the tuner passes the family's
 ``warps_in_flight(problem, config)``). Before any time is known the local design tries the two neighbours
 that put the most warps in flight on an SM first (a batch-1 layer leaves most SMs idle), the rest in the
@@ -50,8 +63,9 @@ proposal is impossible), by default only those within 3 one-knob steps of the in
 that grows after a generation without a new best): on the H200 replay the same quality within noise as
 scoring all of them and 37% less Ax time per run (the acquisition over ~2900 points was most of a
 generation). Each generation then asks Ax for ``batch_size``
-trials (qLogNEI with pending points), hands them to ``objective`` as one batch (the real evaluator
-compiles them in parallel) and reports each back. A proposal that repeats an evaluated configuration is
+trials (``early_batch`` = 4 while fewer than ``early_until`` = 24 evaluations are done; qLogEI with pending
+points), hands them to ``objective`` as one batch (the real evaluator compiles them in parallel) and
+reports each back. A proposal that repeats an evaluated configuration is
 answered from ``Objective``'s memo (no budget spent) and reported again. If three generations in a row
 spend no evaluation (only invalid proposals or repeats), the next batch is unseen valid configurations
 drawn at random (also when fewer raw combinations are left unproposed than a batch asks for: Ax would
@@ -145,7 +159,9 @@ OPTIONS: dict[str, Any] = {
     "batch_size": 8,
     "initial_trials": 8,
     "initial": "local",
-    "initial_batch": None,
+    "initial_batch": 4,
+    "early_batch": 4,
+    "early_until": 24,
     "invalid": "abandon",
     "mc_samples": 64,
     "log_time": True,
@@ -165,7 +181,12 @@ initial: "random" (uniform over valid configurations, ours), "local" (one-knob n
 configuration known so far, the prior's best first; random while nothing has run) or "sobol" (Ax's Sobol,
 may propose invalid). Prior trials count towards ``initial_trials``.
 initial_batch: configurations per batch of the initial design (None: ``batch_size``); with "local" each
-batch is centred on the best configuration known after the previous one, a short walk.
+batch is centred on the best configuration known after the previous one, a short walk (default 4: the
+start's neighbours, then the neighbours of the best of them, as annealing's first steps).
+early_batch, early_until: a generation that starts before ``early_until`` evaluations (prior included) asks
+Ax for ``min(early_batch, batch_size)`` trials instead of ``batch_size`` (None: always ``batch_size``): the GP is refitted
+twice as often while it knows little, and the later generations keep the larger batch (fewer, and the real
+evaluator compiles a batch in parallel).
 invalid: "constraint", "abandon" or "penalty": how invalid proposals and failures are reported to Ax.
 log_time: give Ax log(time_us) rather than time_us.
 linear_constraints: give Ax the +-1 linear inequalities on the encoding that every valid configuration
@@ -521,7 +542,8 @@ def _excess(space: Space, config: Mapping[str, int]) -> float:
 
 def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_size"],
          initial_trials: int = OPTIONS["initial_trials"], initial: str = OPTIONS["initial"],
-         initial_batch: int | None = OPTIONS["initial_batch"],
+         initial_batch: int | None = OPTIONS["initial_batch"], early_batch: int | None = OPTIONS["early_batch"],
+         early_until: int = OPTIONS["early_until"],
          invalid: str = OPTIONS["invalid"], mc_samples: int | None = OPTIONS["mc_samples"],
          log_time: bool = OPTIONS["log_time"], linear_constraints: bool = OPTIONS["linear_constraints"],
          acquisition: str = OPTIONS["acquisition"], fit_maxiter: int | None = OPTIONS["fit_maxiter"],
@@ -532,6 +554,10 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
     if initial_batch is not None and initial_batch < 1:
         raise ValueError(f"ax initial_batch={initial_batch}; it must be >= 1 or None (batch_size)")
+    if early_batch is not None and early_batch < 1:
+        raise ValueError(f"ax early_batch={early_batch}; it must be >= 1 or None (always batch_size)")
+    if early_until < 0:
+        raise ValueError(f"ax early_until={early_until}; it must be >= 0 (0: always batch_size)")
     if invalid not in INVALID_MODES:
         raise ValueError(f"ax invalid={invalid!r}; expected one of {INVALID_MODES}")
     if initial not in INITIAL_MODES:
@@ -645,7 +671,8 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                 attached += 1
         # spent counts distinct valid configurations (Objective memoises): at len(valid), all are done.
         while objective.remaining > 0 and objective.spent < len(valid):
-            n = min(batch_size, objective.remaining)
+            early = early_batch is not None and len(objective.prior) + objective.spent < early_until
+            n = min(min(early_batch, batch_size) if early else batch_size, objective.remaining)
             if own_initial and attached < initial_trials:
                 m = min(n, initial_batch or n, initial_trials - attached)
                 configs = local_initial(m) if initial == "local" else unseen_valid(m)
