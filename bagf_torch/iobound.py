@@ -404,6 +404,18 @@ def _split_output(out: int, split: int) -> dict[str, int]:
     return {"words_written": out + split * out, "words_read_output": split * out, "words_memset": out}
 
 
+def _counted(n_in: int, n_w: int, n_b: int, n_out: int, out: int, fast: int,
+             grid: tuple[int, int, int]) -> Traffic:
+    """The Traffic of a brute-force walk: the words it counted (``n_out`` output accesses: stores, or with
+    grid.z = SPLIT > 1 one atomic read-modify-write each) plus, when split, the host's memset of the ``out``
+    output words."""
+    split = grid[2]
+    memset = out if split > 1 else 0
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b, words_written=n_out + memset,
+                   fast_memory_words=fast, blocks=grid[0] * grid[1] * split, grid=grid,
+                   words_read_output=n_out if split > 1 else 0, words_memset=memset)
+
+
 def implicit_gemm_tc_fast_memory_words(config: Mapping[str, int]) -> int:
     """Shared memory words as allocated, padding included (``STAGES*(BM*(BK+4) + BK*(BN+8))``) + the
     accumulator registers (``MI*NI*4`` per thread x threads = ``BM*BN``). Fragments and addressing registers
@@ -546,11 +558,7 @@ def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> T
                                         n_b += 1 if add_bias else 0
                                         n_out += 1  # a store, or one atomic read-modify-write
     out = problem.k * npq
-    memset = out if split > 1 else 0
-    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
-                   words_written=n_out + memset, fast_memory_words=implicit_gemm_tc_fast_memory_words(config),
-                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
-                   words_memset=memset)
+    return _counted(n_in, n_w, n_b, n_out, out, implicit_gemm_tc_fast_memory_words(config), (gx, gy, split))
 
 
 # --------------------------------------------------------------------------- winograd: traffic model
@@ -700,11 +708,7 @@ def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]
                                 n_out += sum(1 for a in range(mt) for b in range(mt)
                                              if oh0 + a < p and ow0 + b < q)
     out = problem.k * problem.n * p * q
-    memset = out if split > 1 else 0
-    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
-                   words_written=n_out + memset, fast_memory_words=winograd_fast_memory_words(config, family),
-                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
-                   words_memset=memset)
+    return _counted(n_in, n_w, n_b, n_out, out, winograd_fast_memory_words(config, family), (gx, gy, split))
 
 
 # ----------------------------------------------------------------------------- direct: traffic model
@@ -815,11 +819,7 @@ def brute_force_direct_traffic(problem: ConvProblem, config: Mapping[str, int]) 
                         if oh0 + py < p:
                             n_out += sum(1 for j in range(px) if ow0 + px0 + j < q)
     out = problem.k * problem.n * p * q
-    memset = out if split > 1 else 0
-    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b,
-                   words_written=n_out + memset, fast_memory_words=direct_fast_memory_words(config, problem),
-                   blocks=gx * gy * split, grid=(gx, gy, split), words_read_output=n_out if split > 1 else 0,
-                   words_memset=memset)
+    return _counted(n_in, n_w, n_b, n_out, out, direct_fast_memory_words(config, problem), (gx, gy, split))
 
 
 # ------------------------------------------------------------------------------------ any family

@@ -163,13 +163,13 @@ def name_expression(c: Mapping[str, int]) -> str:
 START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 8, "EG": 12, "DB": 0, "SPLIT": 1}
 
 
-def default_for(problem, sms: int = H200_SMS) -> Config:
-    """START with the input-channel split sized to the problem: the smallest SPLIT that gives at least 2
-    blocks per SM while every slice keeps at least 2 chunks (AlexNet conv3 at N=1 has 16 F(4x4) tiles: 1 x 12
-    blocks without a split, for 132 SMs). On the H200 sample the N=1 AlexNet layers' best configurations
-    split 8-16 ways (2-3 chunks per slice); at least 4 chunks per slice, the tensor-core family's rule, would
-    cap conv3 at 4."""
-    c = dict(START)
+def sized_start(start: Config, problem, sms: int = H200_SMS) -> Config:
+    """``start`` (a fused Winograd configuration, of either Winograd family) with the input-channel split sized
+    to the problem: the smallest SPLIT that gives at least 2 blocks per SM while every slice keeps at least 2
+    chunks (AlexNet conv3 at N=1 has 16 F(4x4) tiles: 1 x 12 blocks without a split, for 132 SMs). On the
+    H200 sample the N=1 AlexNet layers' best configurations split 8-16 ways (2-3 chunks per slice); at least
+    4 chunks per slice, the tensor-core family's rule, would cap conv3 at 4."""
+    c = dict(start)
     p, q = problem.out_hw
     m = c["MT"]
     tiles = problem.n * -(-p // m) * -(-q // m)
@@ -178,13 +178,23 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     return c
 
 
-def _rules(smem_limit: int):
-    def points_divide(c):
-        if points(c) % c["EG"]:
-            return f"EG={c['EG']} does not divide the {points(c)} Winograd points of F({c['MT']}x{c['MT']},3x3)"
-        return None
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """START with the input-channel split sized to the problem (:func:`sized_start`)."""
+    return sized_start(START, problem, sms)
 
-    return (points_divide, thread_count_rule(threads, minimum=64), shared_memory_rule(smem_bytes, smem_limit),
+
+def points_rule(knob: str):
+    """A validity rule: the thread (or warp) groups ``knob`` divide the E Winograd points."""
+    def points_divide(c):
+        if points(c) % c[knob]:
+            return (f"{knob}={c[knob]} does not divide the {points(c)} Winograd points of "
+                    f"F({c['MT']}x{c['MT']},3x3)")
+        return None
+    return points_divide
+
+
+def _rules(smem_limit: int):
+    return (points_rule("EG"), thread_count_rule(threads, minimum=64), shared_memory_rule(smem_bytes, smem_limit),
             register_rule(threads, estimated_registers))
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from . import winograd as _wg
-from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
-                    template_expression, thread_count_rule)
+from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression,
+                    thread_count_rule)
 
 FAMILY = "winograd_tc"
 SOURCE = "winograd_tc.cuh"
@@ -113,26 +113,18 @@ def name_expression(c: Mapping[str, int]) -> str:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """START with the input-channel split sized to the problem, by the ``winograd`` family's rule (at least
-    2 blocks per SM, at least 2 chunks per slice)."""
-    c = dict(START)
-    p, q = problem.out_hw
-    m = c["MT"]
-    tiles = problem.n * -(-p // m) * -(-q // m)
-    blocks = -(-tiles // c["BT"]) * -(-problem.k // c["BK"])
-    c["SPLIT"] = size_split(PARAMS["SPLIT"], blocks, -(-problem.c // c["BC"]), 2, sms)
-    return c
+    """START with the input-channel split sized to the problem, by the ``winograd`` family's rule
+    (``winograd.sized_start``: at least 2 blocks per SM, at least 2 chunks per slice)."""
+    return _wg.sized_start(START, problem, sms)
 
 
 def _rules(smem_limit: int):
     def warp_tiles(c):
-        if points(c) % c["WE"]:
-            return f"WE={c['WE']} does not divide the {points(c)} Winograd points of F({c['MT']}x{c['MT']},3x3)"
         if c["BK"] % (16 * c["WK"]) or c["BT"] % (8 * c["WT"]):
             return (f"warp tile {c['BK']}/{c['WK']} x {c['BT']}/{c['WT']} is not whole 16 x 8 mma tiles")
         return None
 
-    return (warp_tiles, thread_count_rule(threads, minimum=64), shared_memory_rule(smem_bytes, smem_limit),
+    return (_wg.points_rule("WE"), warp_tiles, thread_count_rule(threads, minimum=64), shared_memory_rule(smem_bytes, smem_limit),
             register_rule(threads, estimated_registers))
 
 
