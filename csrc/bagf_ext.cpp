@@ -42,6 +42,9 @@ struct Plan {
   int smem_patch = 0;  // > 0 (a direct plan): dynamic shared memory is sized per call, smem_patch bytes per
   int smem_taps = 0;   // word of the tile's input patch (bagf::halo_patch rows x pitch) + smem_taps per R*S tap
   int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
+  int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
+                       // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
+  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T])
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -183,7 +186,8 @@ py::dict device_limits(int device) {
 // from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
 // the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
-                   int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps) {
+                   int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps, int gemm,
+                   int layout) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -203,6 +207,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.smem_patch = smem_patch;
     plan.smem_taps = smem_taps;
     plan.smem_max = smem;
+    plan.gemm = gemm;
+    plan.layout = layout;
     const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
@@ -210,6 +216,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile != 2 && tile != 4))) {
+      err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (smem_patch < 0 || smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -318,11 +326,49 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
+  if (plan.gemm == 1 && (at::globalContext().allowTF32CuBLAS() ||
+                         at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST))
+    return "the non-fused Winograd plan's GEMM would run in TF32 (torch.backends.cuda.matmul.allow_tf32 or "
+           "torch.set_float32_matmul_precision is not 'highest'); set them back for this plan's fp32 speed";
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != at::kFloat || !b->is_contiguous() || b->numel() != w.size(0))
       return "bias is not a contiguous float32 vector of K elements on the device";
   }
   return nullptr;
+}
+
+// A non-fused Winograd plan: filter and input transforms (stages 0 and 1 of plan.fn), the E batched products
+// M[e] = U[e] V[e] through at::bmm_out (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off), the inverse
+// transform with bias (stage 2). The workspaces come from torch's caching allocator on the current stream.
+void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const float* xp,
+                      const float* wp, const float* bp, float* yp, cudaStream_t stream) {
+  const int mt = plan.tile;
+  const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
+  const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
+  const int64_t K = p.K, C = p.C;
+  const bool v_tc = plan.layout & 1, m_tk = plan.layout & 2;
+  auto opts = x.options();
+  at::Tensor U = at::empty({E, K, C}, opts);
+  at::Tensor V = v_tc ? at::empty({E, T, C}, opts) : at::empty({E, C, T}, opts);
+  at::Tensor M = m_tk ? at::empty({E, T, K}, opts) : at::empty({E, K, T}, opts);
+  float* up = U.data_ptr<float>();
+  float* vp = V.data_ptr<float>();
+  const float* mp = M.data_ptr<float>();
+  auto stage = [&](int which, int64_t items) {
+    const int64_t blocks = (items + plan.threads - 1) / plan.threads;
+    BAGF_CHECK(blocks <= INT_MAX, "bagf_torch: Winograd stage ", which, " needs ", blocks, " blocks");
+    void* args[] = {&xp, &wp, &bp, &yp, &p, &up, &vp, &mp, &which};
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, plan.threads, 1, 1, 0, stream, args,
+                                 nullptr));
+  };
+  stage(0, K * C);
+  stage(1, C * T);
+  if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
+    at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
+  } else {
+    at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
+  }
+  stage(2, K * T);
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
@@ -350,6 +396,10 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const float* wp = w.data_ptr<float>();
   const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (plan.gemm == 1) {
+    launch_gemm_plan(plan, p, x, xp, wp, bp, yp, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+    return;
+  }
   // columns of the block grid: output pixels, or a Winograd plan's m x m / a direct plan's tile x tile_w tiles
   const int tile_w = plan.tile_w > 0 ? plan.tile_w : plan.tile;
   const int64_t cols = plan.tile > 1 || tile_w > 1 ? static_cast<int64_t>(p.N) * ((p.P + plan.tile - 1) / plan.tile) *
@@ -510,7 +560,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan", py::arg("cubin"),
         py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
         py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0,
-        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0);
+        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
   m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");

@@ -282,7 +282,8 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
     assert not missing, missing
     geo = fam.launch(fam.DEFAULT)
     assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile",
-                                                                    "tile_w", "smem_patch", "smem_taps"}
+                                                                    "tile_w", "smem_patch", "smem_taps", "gemm",
+                                                                    "layout"}
     assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 

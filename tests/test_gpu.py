@@ -80,7 +80,7 @@ def _shapes_for(fam):
 def _sample_configs(fam, n: int, seed: int):
     valid = fam.space().valid_configs()
     rng = random.Random(seed)
-    picked = rng.sample(valid, n)
+    picked = rng.sample(valid, min(n, len(valid)))  # a space smaller than n is tested whole
     # extremes: smallest/largest tiles and thread counts, scalar and vector loads, both buffering modes
     by_threads = sorted(valid, key=fam.threads)
     by_smem = sorted(valid, key=fam.smem_bytes)
@@ -210,6 +210,37 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
                            ((w, b, [1, 1], [1, 1], [2, 2]), F.conv2d(x, w, b, 1, 1, (2, 2)))):
             got = torch.ops.bagf.conv2d(x, *args, handle)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mt", [2, 4])
+def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, monkeypatch):
+    """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
+    ATen's backward, ATen's answer for a problem it cannot compute, and ATen's answer (bit for bit) while torch
+    lets cuBLAS use TF32 for fp32 matmuls, since its GEMM would then not be fp32."""
+    fam = _family("winograd_gemm")
+    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1)])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
+    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 2], [1, 1], handle))
+    out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 0], [1, 1], handle)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref = F.conv2d(x, w, b, 1, (1, 0))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    g = torch.randn_like(ref)
+    for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
+                                                     allow_tf32=False):
+        w5 = torch.randn(7, 5, 5, 5, device="cuda")
+        torch.testing.assert_close(torch.ops.bagf.conv2d(x, w5, b, [1, 1], [2, 2], [1, 1], handle),
+                                   F.conv2d(x, w5, b, 1, 2), rtol=1e-4, atol=1e-4)
+        mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        aten = F.conv2d(x, w, b, 1, 1)
+        assert not torch.equal(mine, aten)  # the plan's own arithmetic (else the check below shows nothing)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+        assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), aten)
 
 
 # Shapes for the direct family (issue 3 item 2): AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,

@@ -33,8 +33,8 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
     src = tmp_path / "inst.cu"
     lines = [f'#include "{fam.SOURCE}"']
     for c in configs:
-        lines.append(f"template __global__ void {fam.name_expression(c)}(const float*, const float*, const float*, "
-                     "float*, const bagf::Conv2dParams);")
+        args = getattr(fam, "KERNEL_ARGS", "const float*, const float*, const float*, float*, const bagf::Conv2dParams")
+        lines.append(f"template __global__ void {fam.name_expression(c)}({args});")
     src.write_text("\n".join(lines) + "\n")
     cmd = [shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90,code=sm_90", f"-I{kernels_dir()}",
            "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "inst.cubin")]

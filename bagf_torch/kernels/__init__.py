@@ -5,17 +5,18 @@ DEFAULT, space(smem_limit), name(config), name_expression(config), threads(confi
 launch(config) (the geometry the host's plan needs: bm, bn, threads, smem, split, optionally tile; a family whose
 shared memory depends on the filter geometry adds tile_w, smem_patch and smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
 cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms) (a start point sized to
-the problem), estimated_registers(config).
+the problem), estimated_registers(config). A family whose plan is several launches around a batched SGEMM says
+so with ``gemm`` and ``layout`` in launch() (see kernels.winograd_gemm).
 """
 
-from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_tc
+from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_gemm, winograd_tc
 from .space import Config, Space, config_key
 
 REQUIRED = ("FAMILY", "SOURCE", "KERNEL", "MIN_ARCH", "PARAMS", "DEFAULT", "space", "name", "name_expression",
             "threads", "smem_bytes", "launch")
 """What a family module must define (the compiler, the tuner, the isolated worker and the cache use these)."""
 
-FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, implicit_gemm, direct)}
+FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, winograd_gemm, implicit_gemm, direct)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
@@ -35,4 +36,4 @@ def family_name(family: str, config) -> str:
 
 
 __all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "config_key", "direct", "families_for", "family_name",
-           "implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_tc"]
+           "implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_gemm", "winograd_tc"]

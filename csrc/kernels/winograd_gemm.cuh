@@ -1,0 +1,134 @@
+// fp32 Winograd F(MT x MT, 3 x 3) convolution, not fused: three transform stages of this one kernel around a
+// batched SGEMM the host runs through cuBLAS (at::bmm_out, fp32, TF32 off). NCHW input, KCRS weights, NKPQ
+// output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
+//
+//   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
+//   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
+//   (host)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
+//   stage 2  y[n][k][..] = A^T M_kt A + bias[k]                 one thread per (k, tile), MT x MT outputs
+//
+// E = (MT+2)^2 points, T = N * ceil(P/MT) * ceil(Q/MT) tiles (tile t: image t / tiles-per-image, then tile rows,
+// then tile columns fastest). Where the fused kernels (winograd.cuh, winograd_tc.cuh) keep the transformed tiles
+// on chip and run the products on the SM's own units inside the same block, this dataflow writes U, V and M to
+// global memory once each (issue 3's "start with transform + batched GEMM") and in exchange the products run in
+// a full-size GEMM: at N >= 32 the fused kernels spend most of their time in the transforms and the output
+// stage, not in the products (benchmarks/results/bench_layers_h200_s5_final.md: 93-94% of the direct fp32
+// roof, i.e. about 18 TFLOP/s of real FFMA work for F(4x4)).
+//
+// Template parameters are the tuning knobs (bagf_torch/kernels/winograd_gemm.py):
+//   MT  output tile (2: F(2x2,3x3); 4: F(4x4,3x3))     TB  threads per block of every stage
+//   VL  0: V[e][c][t], consecutive threads take consecutive tiles (coalesced stores, overlapping loads);
+//       1: V[e][t][c], consecutive threads take consecutive channels (the GEMM reads V transposed)
+//   ML  0: M[e][k][t], stage 2's consecutive threads take consecutive tiles; 1: M[e][t][k], consecutive k
+// Offsets are 64-bit: the workspaces may exceed 2^31 elements even when every tensor the user sees does not.
+// The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
+#pragma once
+#include "conv_params.h"
+#include "winograd.cuh"
+
+namespace bagf {
+
+template <int MT, int TB, int VL, int ML>
+__global__ void __launch_bounds__(TB)
+    winograd_gemm_stage(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                        float* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
+                        const float* __restrict__ m, int stage) {
+  constexpr int A = MT + 2;
+  using Co = wino::Coefs<MT>;
+  const int tiles_q = (p.Q + MT - 1) / MT;
+  const int tiles_img = ((p.P + MT - 1) / MT) * tiles_q;
+  const long long T = static_cast<long long>(p.N) * tiles_img;
+  const long long idx = static_cast<long long>(blockIdx.x) * TB + threadIdx.x;
+
+  if (stage == 0) {  // filters: U = G g G^T
+    const long long kc = static_cast<long long>(p.K) * p.C;
+    if (idx >= kc) return;
+    float g[3][3], tmp[A][3], uu[A][A];
+    const float* src = w + idx * 9;
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+#pragma unroll
+      for (int j = 0; j < 3; ++j) g[i][j] = __ldg(src + 3 * i + j);
+    wino::left<A, 3, 3>(typename Co::G(), g, tmp);
+    wino::right<A, 3, A>(typename Co::G(), tmp, uu);
+#pragma unroll
+    for (int i = 0; i < A; ++i)
+#pragma unroll
+      for (int j = 0; j < A; ++j) u[(i * A + j) * kc + idx] = uu[i][j];
+    return;
+  }
+
+  if (stage == 1) {  // input tiles: V = B^T d B
+    const long long ct = static_cast<long long>(p.C) * T;
+    if (idx >= ct) return;
+    long long c, t;
+    if (VL == 0) {
+      c = idx / T;
+      t = idx - c * T;
+    } else {
+      t = idx / p.C;
+      c = idx - t * p.C;
+    }
+    const int n = static_cast<int>(t / tiles_img);
+    const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
+    const int tp = r / tiles_q;
+    const int h0 = tp * MT - p.pad_h;
+    const int w0 = (r - tp * tiles_q) * MT - p.pad_w;
+    const float* src = x + (static_cast<long long>(n) * p.C + c) * p.H * p.W;
+    float d[A][A], tmp[A][A], vv[A][A];
+#pragma unroll
+    for (int i = 0; i < A; ++i) {
+      const int h = h0 + i;
+      const bool row = h >= 0 && h < p.H;
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int ww = w0 + j;
+        d[i][j] = row && ww >= 0 && ww < p.W ? __ldg(src + static_cast<long long>(h) * p.W + ww) : 0.f;
+      }
+    }
+    wino::left<A, A, A>(typename Co::Bt(), d, tmp);
+    wino::right<A, A, A>(typename Co::Bt(), tmp, vv);
+    const long long off = VL == 0 ? c * T + t : t * p.C + c;
+#pragma unroll
+    for (int i = 0; i < A; ++i)
+#pragma unroll
+      for (int j = 0; j < A; ++j) v[(i * A + j) * ct + off] = vv[i][j];
+    return;
+  }
+
+  // stage 2, outputs: y = A^T M A + bias
+  const long long kt = static_cast<long long>(p.K) * T;
+  if (idx >= kt) return;
+  long long k, t;
+  if (ML == 0) {
+    k = idx / T;
+    t = idx - k * T;
+  } else {
+    t = idx / p.K;
+    k = idx - t * p.K;
+  }
+  const long long off = ML == 0 ? k * T + t : t * p.K + k;
+  float mm[A][A], tmp[MT][A], o[MT][MT];
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < A; ++j) mm[i][j] = __ldg(m + (i * A + j) * kt + off);
+  wino::left<MT, A, A>(typename Co::At(), mm, tmp);
+  wino::right<MT, A, MT>(typename Co::At(), tmp, o);
+  const float b = p.has_bias ? __ldg(bias + k) : 0.f;
+  const int n = static_cast<int>(t / tiles_img);
+  const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
+  const int tp = r / tiles_q;
+  const int p0 = tp * MT;
+  const int q0 = (r - tp * tiles_q) * MT;
+  float* dst = y + (static_cast<long long>(n) * p.K + k) * p.P * p.Q;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    if (p0 + i >= p.P) break;
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+      if (q0 + j < p.Q) dst[static_cast<long long>(p0 + i) * p.Q + q0 + j] = o[i][j] + b;
+  }
+}
+
+}  // namespace bagf
