@@ -6,9 +6,14 @@ its accuracy can be measured anywhere (CPU included) and the kernels can be chec
     Y = A^T [ (G g G^T) . (B^T d B) ] A        per (m+2) x (m+2) input tile d, 3x3 filter g, m x m output tile
 
 with Lavin and Gray's matrices for F(2, 3) (interpolation points 0, 1, -1, infinity) and F(4, 3) (0, 1, -1,
-2, -2, infinity). F(2x2, 3x3) needs 16 multiplies per 4 outputs (2.25x fewer than direct), F(4x4, 3x3) 36
-per 16 (4x fewer), at the price of larger transform constants and so a larger fp32 error, which
-:func:`fp32_error` measures against a float64 direct convolution.
+2, -2, infinity), and Toom-Cook matrices made by :func:`toom_cook` for F(5, 3) (0, 1, -1, 2, -2, 1/2, infinity)
+and F(6, 3) (0, 1, -1, 2, -2, 1/2, -1/2, infinity). F(2x2, 3x3) needs 16 multiplies per 4 outputs (2.25x fewer
+than direct), F(4x4, 3x3) 36 per 16 (4x), F(5x5) 49 per 25 (4.6x), F(6x6) 64 per 36 (5.1x), at the price of
+larger transform constants and so a larger fp32 error, which :func:`fp32_error` measures against a float64
+direct convolution (AlexNet conv3/conv4 and a 3x3 256@56 layer, norm: F2 3e-7, F4 1.9e-6, F5 2.9e-6,
+F6 3.7e-6; max 1.4e-5 at most: all far inside the tuner's check). F(5x5) matters on 13x13 maps (AlexNet
+conv3-5): 3 x 3 tiles of 49 points make 441 products per channel pair where F(4x4)'s 4 x 4 tiles of 36 make
+576 (and F(6x6)'s 3 x 3 of 64 also 576). Only the non-fused family (kernels.winograd_gemm) offers 5 and 6.
 
 Only stride 1, dilation 1, 3x3 filters and groups=1 qualify (:func:`applies`).
 """
@@ -38,8 +43,67 @@ _MATRICES = {
     ),
 }
 
+POINTS = {5: (0, 1, -1, 2, -2, Fr(1, 2)), 6: (0, 1, -1, 2, -2, Fr(1, 2), Fr(-1, 2))}
+"""The finite interpolation points of the generated F(m, 3) (infinity is the last point of each). For F(5, 3)
+this set had the smallest norm error of three tried (with 1/2, -1/2, 2 or -2 instead of -2, 1/2: 2.9-3.0e-6
+against 2.8e-6 on conv4, 2.5e-6 each on the 56x56 layer)."""
+
+
+def toom_cook(m: int, r: int, points) -> tuple[list[list[Fr]], list[list[Fr]], list[list[Fr]]]:
+    """Exact ``(B^T, G, A^T)`` of the 1-D Winograd/Toom-Cook algorithm F(m, r) on the ``m + r - 2`` distinct
+    finite ``points`` plus infinity: ``y = A^T [(G g) . (B^T d)]`` is the correlation
+    ``y_i = sum_k g_k d_(i+k)`` for every d (length m+r-1) and g (length r).
+
+    A^T is the Vandermonde matrix of the points (``A^T[i][j] = a_j^i``; infinity contributes only to the last
+    output), G the Lagrange weights (``G[j][k] = a_j^k / prod_(l != j) (a_j - a_l)``; infinity picks ``g_(r-1)``),
+    and B^T the unique matrix that makes the identity hold, solved exactly over the rationals (column l of
+    B^T from the m*r equations ``sum_j A^T[i][j] G[j][k] B^T[j][l] = [l == i+k]``). With points (0, 1, -1,
+    2, -2) it gives Lavin and Gray's F(4, 3) exactly.
+
+    >>> bt, g, at = toom_cook(2, 3, (0, 1, -1))
+    >>> [[int(v) for v in row] for row in at]
+    [[1, 1, 1, 0], [0, 1, -1, 1]]
+    """
+    n = m + r - 1
+    pts = [Fr(p) for p in points]
+    if len(pts) != n - 1 or len(set(pts)) != n - 1:
+        raise ValueError(f"F({m}, {r}) needs {n - 1} distinct finite points, got {list(points)}")
+    at = [[a ** i for a in pts] + [Fr(int(i == m - 1))] for i in range(m)]
+    g = []
+    for j, a in enumerate(pts):
+        f = Fr(1)
+        for l, b in enumerate(pts):
+            if l != j:
+                f *= a - b
+        g.append([a ** k / f for k in range(r)])
+    g.append([Fr(int(k == r - 1)) for k in range(r)])
+    bt = [[Fr(0)] * n for _ in range(n)]
+    for col in range(n):
+        rows = [[at[i][j] * g[j][k] for j in range(n)] + [Fr(int(col == i + k))] for i in range(m) for k in range(r)]
+        pivots = []
+        for c in range(n):  # Gauss-Jordan elimination, exact
+            pr = next((x for x in range(len(pivots), len(rows)) if rows[x][c] != 0), None)
+            if pr is None:
+                continue
+            top = len(pivots)
+            rows[top], rows[pr] = rows[pr], rows[top]
+            rows[top] = [v / rows[top][c] for v in rows[top]]
+            for x in range(len(rows)):
+                if x != top and rows[x][c] != 0:
+                    rows[x] = [a - rows[x][c] * b for a, b in zip(rows[x], rows[top])]
+            pivots.append(c)
+        if len(pivots) != n or any(any(v != 0 for v in row) for row in rows[n:]):
+            raise ArithmeticError(f"no exact B^T for F({m}, {r}) on points {list(points)}")
+        for i, c in enumerate(pivots):
+            bt[c][col] = rows[i][n]
+    return bt, g, at
+
+
+for _m, _points in POINTS.items():
+    _MATRICES[_m] = toom_cook(_m, 3, _points)
+
 TILES = tuple(_MATRICES)
-"""The output tile sizes m implemented: F(2x2, 3x3) and F(4x4, 3x3)."""
+"""The output tile sizes m implemented: F(2x2, 3x3), F(4x4, 3x3), F(5x5, 3x3) and F(6x6, 3x3)."""
 
 
 def matrices(m: int, dtype: torch.dtype = torch.float64, device=None) -> tuple[torch.Tensor, ...]:

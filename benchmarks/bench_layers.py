@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bagf_torch  # noqa: E402
-from bagf_torch import runtime  # noqa: E402
+from bagf_torch import runtime, settings  # noqa: E402
 from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_tc as tc  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
@@ -141,8 +141,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", default="conv1,conv2,conv3,conv4,conv5",
                     help="comma-separated; also " + ",".join(e[0] for e in EXTRA))
     ap.add_argument("--overhead", action="store_true", help="measure the host overhead per call at the end")
-    ap.add_argument("--budget", type=int, default=40, help="evaluations per layer")
-    ap.add_argument("--seconds", type=float, default=120.0, help="tuning seconds per layer")
+    ap.add_argument("--budget", type=int, default=settings.DEFAULT_BUDGET,
+                    help="evaluations per layer (default: the library's, BAGF_BUDGET's default)")
+    ap.add_argument("--seconds", type=float, default=settings.DEFAULT_TIME_BUDGET,
+                    help="tuning seconds per layer (default: the library's, BAGF_TIME_BUDGET's default)")
     ap.add_argument("--strategy", default="ax")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=7, help="interleaved re-timing rounds for the final table")

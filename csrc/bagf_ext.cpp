@@ -216,7 +216,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile != 2 && tile != 4))) {
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6))) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (smem_patch < 0 || smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);

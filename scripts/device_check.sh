@@ -13,6 +13,7 @@
 #   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
+#   wgprofile = benchmarks/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
@@ -27,7 +28,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -125,6 +126,12 @@ if has profile; then
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
       python3 benchmarks/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
   grep -E "passes=|split=|cuDNN" "$OUT/profile.log" | head -80
+fi
+if has wgprofile; then
+  # shellcheck disable=SC2086  # WGPROFILE_ARGS is a list of arguments
+  timeout ${WGPROFILE_TIMEOUT:-200} python3 benchmarks/profile_winograd_gemm.py --out "$OUT" ${WGPROFILE_ARGS:-} \
+    > "$OUT/wgprofile.log" 2>&1 || rc=1
+  tail -n 25 "$OUT/wgprofile.log"
 fi
 if has contexts; then
   timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \

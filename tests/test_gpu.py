@@ -212,7 +212,7 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mt", [2, 4])
+@pytest.mark.parametrize("mt", [2, 4, 5, 6])
 def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, monkeypatch):
     """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
     ATen's backward, ATen's answer for a problem it cannot compute, and ATen's answer (bit for bit) while torch

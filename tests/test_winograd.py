@@ -36,6 +36,21 @@ def test_float64_winograd_equals_direct_convolution(m, shape):
                                atol=1e-11)
 
 
+def test_toom_cook_gives_lavin_f4_and_exact_generated_tiles():
+    """The generator reproduces Lavin and Gray's F(4, 3) from its points, and the generated F(5, 3) and F(6, 3)
+    satisfy the 1-D identity exactly (rational arithmetic) for every basis input and filter."""
+    assert wg.toom_cook(4, 3, (0, 1, -1, 2, -2)) == tuple(wg._MATRICES[4])
+    for m in (5, 6):
+        bt, g, at = wg._MATRICES[m]
+        n = m + 2
+        for l in range(n):
+            for k in range(3):
+                y = [sum(at[i][j] * g[j][k] * bt[j][l] for j in range(n)) for i in range(m)]
+                assert y == [int(l == i + k) for i in range(m)]
+    with pytest.raises(ValueError, match="distinct"):
+        wg.toom_cook(4, 3, (0, 1, 1, 2, -2))
+
+
 def test_transform_identities():
     # A^T (G g G^T . B^T d B) A for one tile is the 2D correlation of d with g: check on a delta filter
     for m in wg.TILES:

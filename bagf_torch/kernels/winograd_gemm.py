@@ -1,4 +1,4 @@
-"""Kernel family ``winograd_gemm``: fp32 Winograd F(2x2,3x3) / F(4x4,3x3), not fused (csrc/kernels/winograd_gemm.cuh).
+"""Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m in 2, 4, 5, 6, not fused (csrc/kernels/winograd_gemm.cuh).
 
 A plan runs four steps on the current stream: the filter transform U = G g G^T and the input transform
 V = B^T d B (stages 0 and 1 of one kernel), the E = (MT+2)^2 independent K x C by C x T products
@@ -25,13 +25,16 @@ Knobs (template parameters):
 ========  ===============  =====================================================================
 knob      values           meaning
 ========  ===============  =====================================================================
-MT        2 4              output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd points
+MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd points (5 and 6: the
+                           Toom-Cook matrices of bagf_torch.winograd.toom_cook; 13x13 maps need 441
+                           products per channel pair with F(5x5), 576 with F(4x4) or F(6x6))
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
 ========  ===============  =====================================================================
 
-Every combination is valid (32 configurations); no shared memory.
+No shared memory. 60 of the 64 combinations are valid: F(6x6) with 512 threads would need about 152
+registers per thread (the register rule).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dPar
 workspaces, the stage (0 filters, 1 input tiles, 2 outputs)."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
-    "MT": (2, 4),
+    "MT": (2, 4, 5, 6),
     "TB": (64, 128, 256, 512),
     "VL": (0, 1),
     "ML": (0, 1),

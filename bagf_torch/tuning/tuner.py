@@ -123,13 +123,18 @@ class Tuner:
     modelled global-memory traffic (``iobound.prune``) is within that factor of the best for the problem; the
     family's DEFAULT is always kept. Families without a traffic model are searched whole.
 
+    ``finalists``: the fastest this many candidates, and cuDNN, are re-timed in interleaved rounds before the
+    winner is chosen. Five, not three: at batch 1 the best candidates are within 1-2 us of each other at ~30 us
+    and one search-time sample can misorder them (bench_layers_h200_s5_final.md: conv2 N=1 kept a neighbour
+    of the optimum 5% slower); the extra re-timing costs well under a second.
+
     A family that defines ``applies(problem)`` (Winograd: 3x3 stride 1 only) is left out of a problem it does
     not apply to; when none applies the winner is cuDNN.
     """
 
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
-                 strategy_options: dict | None = None, finalists: int = 3, cutoff_factor: float = 4.0,
+                 strategy_options: dict | None = None, finalists: int = 5, cutoff_factor: float = 4.0,
                  space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0):
         self.compiler = compiler
         self.checker = checker

@@ -73,6 +73,67 @@ struct Mat<4> {
   }
 };
 
+// Toom-Cook F(5, 3) and F(6, 3) (bagf_torch/winograd.py's toom_cook on POINTS; the non-fused family uses them).
+template <>
+struct Mat<5> {
+  __host__ __device__ static constexpr float bt(int i, int j) {
+    constexpr float m[7][7] = {{-2, 4, 5.f / 2, -5, -1.f / 2, 1, 0}, {0, 2, -2, -9.f / 2, 1.f / 2, 1, 0},
+                               {0, -2, 6, -7.f / 2, -3.f / 2, 1, 0}, {0, 1, -3.f / 2, -2, 3.f / 2, 1, 0},
+                               {0, -1, 5.f / 2, 0, -5.f / 2, 1, 0},  {0, 4, 0, -5, 0, 1, 0},
+                               {0, -2, 4, 5.f / 2, -5, -1.f / 2, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float g(int i, int j) {
+    constexpr float m[7][3] = {{-1.f / 2, 0, 0},           {-1.f / 3, -1.f / 3, -1.f / 3}, {1.f / 9, -1.f / 9, 1.f / 9},
+                               {1.f / 36, 1.f / 18, 1.f / 9}, {-1.f / 60, 1.f / 30, -1.f / 15},
+                               {32.f / 45, 16.f / 45, 8.f / 45}, {0, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float at(int i, int j) {
+    constexpr float m[5][7] = {{1, 1, 1, 1, 1, 1, 0},
+                               {0, 1, -1, 2, -2, 1.f / 2, 0},
+                               {0, 1, 1, 4, 4, 1.f / 4, 0},
+                               {0, 1, -1, 8, -8, 1.f / 8, 0},
+                               {0, 1, 1, 16, 16, 1.f / 16, 1}};
+    return m[i][j];
+  }
+};
+
+template <>
+struct Mat<6> {
+  __host__ __device__ static constexpr float bt(int i, int j) {
+    constexpr float m[8][8] = {{-1, 0, 21.f / 4, 0, -21.f / 4, 0, 1, 0},
+                               {0, 1, 1, -17.f / 4, -17.f / 4, 1, 1, 0},
+                               {0, -1, 1, 17.f / 4, -17.f / 4, -1, 1, 0},
+                               {0, 1.f / 2, 1.f / 4, -5.f / 2, -5.f / 4, 2, 1, 0},
+                               {0, -1.f / 2, 1.f / 4, 5.f / 2, -5.f / 4, -2, 1, 0},
+                               {0, 2, 4, -5.f / 2, -5, 1.f / 2, 1, 0},
+                               {0, -2, 4, 5.f / 2, -5, -1.f / 2, 1, 0},
+                               {0, -1, 0, 21.f / 4, 0, -21.f / 4, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float g(int i, int j) {
+    constexpr float m[8][3] = {{-1, 0, 0},
+                               {-2.f / 9, -2.f / 9, -2.f / 9},
+                               {-2.f / 9, 2.f / 9, -2.f / 9},
+                               {1.f / 90, 1.f / 45, 2.f / 45},
+                               {1.f / 90, -1.f / 45, 2.f / 45},
+                               {32.f / 45, 16.f / 45, 8.f / 45},
+                               {32.f / 45, -16.f / 45, 8.f / 45},
+                               {0, 0, 1}};
+    return m[i][j];
+  }
+  __host__ __device__ static constexpr float at(int i, int j) {
+    constexpr float m[6][8] = {{1, 1, 1, 1, 1, 1, 1, 0},
+                               {0, 1, -1, 2, -2, 1.f / 2, -1.f / 2, 0},
+                               {0, 1, 1, 4, 4, 1.f / 4, 1.f / 4, 0},
+                               {0, 1, -1, 8, -8, 1.f / 8, -1.f / 8, 0},
+                               {0, 1, 1, 16, 16, 1.f / 16, 1.f / 16, 0},
+                               {0, 1, -1, 32, -32, 1.f / 32, -1.f / 32, 1}};
+    return m[i][j];
+  }
+};
+
 // out[i][j] = sum_l L(i, l) * in[l][j] over the nonzero coefficients (L is one of the tables above).
 template <int ROWS, int INNER, int COLS, typename Coef>
 __host__ __device__ __forceinline__ void left(Coef coef, const float (&in)[INNER][COLS], float (&out)[ROWS][COLS]) {
@@ -117,16 +178,21 @@ __host__ __device__ __forceinline__ void right(Coef coef, const float (&in)[ROWS
   }
 }
 
-struct BtCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::bt(i, j); } };
-struct GCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::g(i, j); } };
-struct AtCoef2 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<2>::at(i, j); } };
-struct BtCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::bt(i, j); } };
-struct GCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::g(i, j); } };
-struct AtCoef4 { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<4>::at(i, j); } };
+// The tables as function objects (the transforms take the coefficient as a callable, so one template serves
+// every tile size).
+template <int MT>
+struct BtOf { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<MT>::bt(i, j); } };
+template <int MT>
+struct GOf { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<MT>::g(i, j); } };
+template <int MT>
+struct AtOf { __host__ __device__ constexpr float operator()(int i, int j) const { return Mat<MT>::at(i, j); } };
 
-template <int MT> struct Coefs;
-template <> struct Coefs<2> { using Bt = BtCoef2; using G = GCoef2; using At = AtCoef2; };
-template <> struct Coefs<4> { using Bt = BtCoef4; using G = GCoef4; using At = AtCoef4; };
+template <int MT>
+struct Coefs {
+  using Bt = BtOf<MT>;
+  using G = GOf<MT>;
+  using At = AtOf<MT>;
+};
 
 // N consecutive floats from shared memory in the widest vector loads their alignment allows (the callers'
 // offsets are multiples of N, and N, ULD, VLD multiples of 4 when N >= 4).

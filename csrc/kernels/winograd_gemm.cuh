@@ -1,5 +1,5 @@
-// fp32 Winograd F(MT x MT, 3 x 3) convolution, not fused: three transform stages of this one kernel around a
-// batched SGEMM the host runs through cuBLAS (at::bmm_out, fp32, TF32 off). NCHW input, KCRS weights, NKPQ
+// fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
+// kernel around a batched SGEMM the host runs through cuBLAS (at::bmm_out, fp32, TF32 off). NCHW input, KCRS weights, NKPQ
 // output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
 //
 //   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
@@ -16,7 +16,7 @@
 // roof, i.e. about 18 TFLOP/s of real FFMA work for F(4x4)).
 //
 // Template parameters are the tuning knobs (bagf_torch/kernels/winograd_gemm.py):
-//   MT  output tile (2: F(2x2,3x3); 4: F(4x4,3x3))     TB  threads per block of every stage
+//   MT  output tile: F(MT x MT, 3x3), MT in 2, 4, 5, 6     TB  threads per block of every stage
 //   VL  0: V[e][c][t], consecutive threads take consecutive tiles (coalesced stores, overlapping loads);
 //       1: V[e][t][c], consecutive threads take consecutive channels (the GEMM reads V transposed)
 //   ML  0: M[e][k][t], stage 2's consecutive threads take consecutive tiles; 1: M[e][t][k], consecutive k
