@@ -14,6 +14,9 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   kernel (A x A input patches with halo, 3x3 filters, split over input channels);
 * :func:`direct_traffic` / :func:`brute_force_direct_traffic` - the same pair for the ``direct`` kernel (2-D
   output tiles, the input patch with its halo once per channel chunk, split over input channels);
+* :func:`winograd_gemm_traffic` / :func:`brute_force_winograd_gemm_traffic` - the same pair for the non-fused
+  ``winograd_gemm`` pipeline (transform stages, a batched SGEMM through cuBLAS modelled with an assumed block
+  tile, :data:`GEMM_TILE`, and the inverse transform; the U, V, M workspaces in ``Traffic.workspace_*``);
 * :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
 * :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
   modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
@@ -48,6 +51,7 @@ __all__ = [
     "implicit_gemm_traffic", "brute_force_traffic", "implicit_gemm_tc_fast_memory_words",
     "implicit_gemm_tc_traffic", "brute_force_tc_traffic", "winograd_fast_memory_words", "winograd_traffic",
     "brute_force_winograd_traffic", "direct_fast_memory_words", "direct_traffic", "brute_force_direct_traffic",
+    "GEMM_TILE", "winograd_gemm_fast_memory_words", "winograd_gemm_traffic", "brute_force_winograd_gemm_traffic",
     "traffic", "fast_memory_words", "has_model", "prune",
 ]
 
@@ -193,6 +197,8 @@ class Traffic:
     each time (no L1/L2 reuse). ``words_read_input_unique`` is the clearly separate variant that models
     perfect reuse within a block (its distinct input elements, summed over blocks); None unless asked for.
     ``fast_memory_words`` is per block: shared memory words (both stages if DB) + accumulator registers.
+    ``grid`` is the launch grid (x, y[, SPLIT]); for a pipeline of several launches (``winograd_gemm``), the
+    block count of each launch in order.
     """
 
     words_read_input: int
@@ -201,19 +207,35 @@ class Traffic:
     words_written: int
     fast_memory_words: int
     blocks: int
-    grid: tuple[int, int]
+    grid: tuple[int, ...]
     words_read_input_unique: int | None = None
     words_read_bias_unique: int = 0
     words_read_output: int = 0
     """Split-K: the read half of the atomic read-modify-writes (one per atomicAdd); 0 without split-K."""
     words_memset: int = 0
     """Split-K: the zeroing of the output before the launch (also included in ``words_written``)."""
+    workspace_written: tuple[tuple[str, int], ...] = ()
+    """A non-fused pipeline (``winograd_gemm``): words stored to each global workspace between its launches,
+    ``(("U", words), ("V", words), ("M", words))``; () for the fused kernels, which keep them on chip."""
+    workspace_read: tuple[tuple[str, int], ...] = ()
+    """Its loads from those workspaces (the GEMM's U and V operand tiles, the inverse transform's M), same form."""
+
+    @property
+    def words_written_workspace(self) -> int:
+        """Words stored to the workspaces, all of them (0 for the fused kernels)."""
+        return sum(words for _, words in self.workspace_written)
+
+    @property
+    def words_read_workspace(self) -> int:
+        """Words loaded from the workspaces, all of them (0 for the fused kernels)."""
+        return sum(words for _, words in self.workspace_read)
 
     @property
     def total(self) -> int:
-        """Requested words: input + weight + bias reads, output writes, and split-K's read-modify-write reads."""
+        """Requested words: input + weight + bias reads, output writes, split-K's read-modify-write reads, and a
+        non-fused pipeline's workspace writes and reads."""
         return (self.words_read_input + self.words_read_weight + self.words_read_bias + self.words_written
-                + self.words_read_output)
+                + self.words_read_output + self.words_written_workspace + self.words_read_workspace)
 
     @property
     def total_unique(self) -> int:
@@ -222,7 +244,8 @@ class Traffic:
             raise ValueError("words_read_input_unique was not computed: pass unique=True")
         # Each block already reads each weight of its panel once; its bias words are read BN/TN times.
         return (self.words_read_input_unique + self.words_read_weight + self.words_read_bias_unique
-                + self.words_written + self.words_read_output)
+                + self.words_written + self.words_read_output + self.words_written_workspace
+                + self.words_read_workspace)
 
 
 def implicit_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
@@ -711,6 +734,168 @@ def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int]
     return _counted(n_in, n_w, n_b, n_out, out, winograd_fast_memory_words(config, family), (gx, gy, split))
 
 
+# --------------------------------------------------------------------- winograd_gemm: traffic model
+GEMM_TILE = (128, 128, 8)
+"""The block tile (rows, columns, reduction step) assumed for cuBLAS's batched SGEMM in :func:`winograd_gemm_traffic`.
+An assumption, not a measurement: cuBLAS picks its kernel by heuristics we do not see (and may split the
+reduction, use other tiles or serve operand re-reads from L2). 128 x 128 x 8 with 256 threads holding 8 x 8
+accumulators each and double-buffered operand tiles is the classic fp32 SGEMM block."""
+
+
+def winograd_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
+    """The modelled GEMM block's fast memory (the same assumption as :data:`GEMM_TILE`): its BM x BN
+    accumulators + two stages of its BK x BM and BK x BN operand tiles, 128*128 + 2*8*(128+128) = 20480 words.
+    The same for every configuration: the GEMM is cuBLAS's, and the transform stages keep one tile in registers
+    (``kernels.winograd_gemm.estimated_registers``) and no shared memory."""
+    bm, bn, bk = GEMM_TILE
+    return bm * bn + 2 * bk * (bm + bn)
+
+
+def _gemm_shape(problem: ConvProblem, config: Mapping[str, int], tiles: int) -> tuple[int, int]:
+    """(rows, columns) of each of the E products as launch_gemm_plan calls ``at::bmm_out``: ML=0,
+    M[e] = U[e] V[e] is K x T; ML=1, M^T[e] = V^T[e] U^T[e] is T x K. The reduction is C either way."""
+    return (problem.k, tiles) if config["ML"] == 0 else (tiles, problem.k)
+
+
+def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of the non-fused Winograd pipeline ``winograd_gemm``
+    (csrc/kernels/winograd_gemm.cuh, ``launch_gemm_plan`` in csrc/bagf_ext.cpp): four launches, every request
+    once, no cache reuse (as the other models). A = MT+2, E = A^2, T = N*ceil(P/MT)*ceil(Q/MT):
+
+    * stage 0, one thread per (k, c): 9 filter words (``words_read_weight`` = 9*K*C), E words of U stored;
+    * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
+      -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
+    * the GEMM, E products of (K x C) by (C x T) through cuBLAS - **modelled, not read**: a block per
+      BM x BN tile of the product (:data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for
+      ML=1) reads its operand panels once each, clipped at the edges, and writes its output tile once; the
+      result is never read (beta = 0). So per point U is read ceil(T/BN) times and V ceil(K/BM) times (ML=0;
+      ML=1 swaps the ceilings, the same counts for the square tile), M written once. ATen hands the
+      transposed views of V and U to cuBLAS as transpose flags (``prepare_batch_matrix_for_cublas`` accepts a
+      view with one unit stride), so no copy is counted. cuBLAS's real kernel is unknown and may differ
+      (other tiles, split reductions with workspace, L2 hits on the re-reads);
+    * stage 2, one thread per (k, tile): E words of M, one bias word when the problem has bias
+      (``words_read_bias`` = K*T), the in-bounds MT x MT outputs (``words_written`` = K*N*P*Q).
+
+    The workspaces are counted in ``workspace_written`` (U: E*K*C, V: E*C*T, M: E*K*T) and ``workspace_read``
+    (U and V: the GEMM's operand reads, M: E*K*T); VL, ML and TB change no count (only coalescing and the
+    transform stages' block counts). ``grid``: the blocks of stage 0, stage 1, the modelled GEMM and stage 2.
+
+    Never below ``winograd_lower_bound(problem, MT, 3, M, fused=False)`` at this M: each compulsory term is a
+    term of the model (stage 1 reads every used input word, stage 0 the weights, stage 2 writes the output and
+    reads bias) and the GEMM's operand reads, E*K*C*T*(1/BM + 1/BN) before ceilings, are at least the core
+    2*E*K*C*T/sqrt(M) because 1/BM + 1/BN >= 2/sqrt(BM*BN) >= 2/sqrt(M).
+
+    >>> from bagf_torch.kernels import winograd_gemm as wgg
+    >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    >>> t = winograd_gemm_traffic(p, wgg.DEFAULT)
+    >>> dict(t.workspace_written) == wgg.workspace_words(wgg.DEFAULT, p)
+    True
+    >>> t.total >= winograd_lower_bound(p, 4, 3, t.fast_memory_words)
+    True
+    """
+    _check_winograd_problem(problem)
+    mt, tb = config["MT"], config["TB"]
+    e = (mt + 2) ** 2
+    p, q = problem.out_hw
+    (ph, pw) = problem.padding
+    k, c = problem.k, problem.c
+    tiles = problem.n * -(-p // mt) * -(-q // mt)
+    rows, cols = _gemm_shape(problem, config, tiles)
+    bm, bn, _ = GEMM_TILE
+    gm, gn = -(-rows // bm), -(-cols // bn)
+    a_reads, b_reads = gn * rows * c, gm * c * cols  # per point: row panels once per block column, and so on
+    u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
+    patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
+    grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn, -(-k * tiles // tb))
+    return Traffic(
+        words_read_input=problem.n * c * patch,
+        words_read_weight=9 * k * c,
+        words_read_bias=k * tiles if problem.bias else 0,
+        words_written=k * problem.n * p * q,
+        fast_memory_words=winograd_gemm_fast_memory_words(config),
+        blocks=sum(grid),
+        grid=grid,
+        workspace_written=(("U", e * k * c), ("V", e * c * tiles), ("M", e * k * tiles)),
+        workspace_read=(("U", e * u_reads), ("V", e * v_reads), ("M", e * k * tiles)),
+    )
+
+
+def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay the ``winograd_gemm`` pipeline in Python and count its words element by element: stages 0, 1 and
+    2 of winograd_gemm.cuh block by block and thread by thread (the ``idx >= items`` exits, stage 1's VL and
+    stage 2's ML index split, the patch's bounds checks, the bias condition, the output row ``break`` and
+    column checks), and the modelled GEMM (:data:`GEMM_TILE`) block by block, reduction step by step, each
+    operand tile's and output tile's elements bounds-checked. Small shapes only."""
+    _check_winograd_problem(problem)
+    mt, tb, vl, ml = config["MT"], config["TB"], config["VL"], config["ML"]
+    a_ = mt + 2
+    e = a_ * a_
+    p, q = problem.out_hw
+    (ph, pw) = problem.padding
+    k_, c_ = problem.k, problem.c
+    tq = -(-q // mt)
+    tpq = -(-p // mt) * tq
+    nt = problem.n * tpq
+    n_w = n_in = n_b = n_out = u_w = v_w = m_w = a_r = b_r = m_r = 0
+
+    def threads_of(items: int):
+        blocks = -(-items // tb)
+        return blocks, ((blk * tb + tid) for blk in range(blocks) for tid in range(tb))
+
+    b0, ids = threads_of(k_ * c_)  # stage 0: filters
+    for idx in ids:
+        if idx >= k_ * c_:
+            continue
+        n_w += sum(1 for i in range(3) for j in range(3))
+        u_w += sum(1 for i in range(a_) for j in range(a_))
+
+    b1, ids = threads_of(c_ * nt)  # stage 1: input tiles
+    for idx in ids:
+        if idx >= c_ * nt:
+            continue
+        t = idx % nt if vl == 0 else idx // c_
+        r = t - (t // tpq) * tpq
+        tp = r // tq
+        h0, w0 = tp * mt - ph, (r - tp * tq) * mt - pw
+        for i in range(a_):
+            row = 0 <= h0 + i < problem.h
+            n_in += sum(1 for j in range(a_) if row and 0 <= w0 + j < problem.w)
+        v_w += sum(1 for i in range(a_) for j in range(a_))
+
+    rows, cols = _gemm_shape(problem, config, nt)  # the modelled GEMM, one product per point
+    bm, bn, bk = GEMM_TILE
+    bg = 0
+    for _ in range(e):
+        for r0 in range(0, rows, bm):
+            for c0 in range(0, cols, bn):
+                bg += 1
+                for k0 in range(0, c_, bk):
+                    a_r += sum(1 for i in range(r0, r0 + bm) for kk in range(k0, k0 + bk) if i < rows and kk < c_)
+                    b_r += sum(1 for kk in range(k0, k0 + bk) for j in range(c0, c0 + bn) if kk < c_ and j < cols)
+                m_w += sum(1 for i in range(r0, r0 + bm) for j in range(c0, c0 + bn) if i < rows and j < cols)
+    u_r, v_r = (a_r, b_r) if ml == 0 else (b_r, a_r)
+
+    b2, ids = threads_of(k_ * nt)  # stage 2: outputs
+    for idx in ids:
+        if idx >= k_ * nt:
+            continue
+        t = idx % nt if ml == 0 else idx // k_
+        m_r += sum(1 for i in range(a_) for j in range(a_))
+        n_b += 1 if problem.bias else 0
+        r = t - (t // tpq) * tpq
+        tp = r // tq
+        p0, q0 = tp * mt, (r - tp * tq) * mt
+        for i in range(mt):
+            if p0 + i >= p:
+                break
+            n_out += sum(1 for j in range(mt) if q0 + j < q)
+    grid = (b0, b1, bg, b2)
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b, words_written=n_out,
+                   fast_memory_words=winograd_gemm_fast_memory_words(config), blocks=sum(grid), grid=grid,
+                   workspace_written=(("U", u_w), ("V", v_w), ("M", m_w)),
+                   workspace_read=(("U", u_r), ("V", v_r), ("M", m_r)))
+
+
 # ----------------------------------------------------------------------------- direct: traffic model
 def _check_direct_problem(problem: ConvProblem) -> None:
     if problem.groups != 1:
@@ -830,6 +1015,7 @@ _MODELS = {
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),
     "direct": (direct_traffic, direct_fast_memory_words),
+    "winograd_gemm": (winograd_gemm_traffic, winograd_gemm_fast_memory_words),
 }
 
 

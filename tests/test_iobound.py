@@ -463,3 +463,97 @@ def test_direct_prune_keeps_default():
     p = alexnet(1)[0]
     kept, pruned = iobound.prune("direct", DR_VALID, p, factor=2.0, always=[dr.DEFAULT])
     assert dr.DEFAULT in kept and len(kept) + len(pruned) == len(DR_VALID) and pruned
+
+
+# -------------------------------------------------------------------------------------------- winograd_gemm
+from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
+
+WGG_VALID = wgg.space().valid_configs()
+# Odd small 3x3 stride-1 shapes: P, Q not multiples of MT (either), padding 0, 1, 2 and mixed, bias or not,
+# N up to 3; the last one has K = 130 and, for MT=2, T = 192, so the modelled GEMM has 2 blocks along each side.
+WGG_SMALL = [
+    ConvProblem(n=2, c=5, h=7, w=9, k=19, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=3, c=3, h=6, w=5, k=3, r=3, s=3, bias=False),
+    ConvProblem(n=1, c=9, h=5, w=8, k=13, r=3, s=3, padding=(2, 1)),
+    ConvProblem(n=2, c=11, h=5, w=6, k=7, r=3, s=3, padding=(2, 2), bias=False),
+    ConvProblem(n=3, c=2, h=17, w=15, k=130, r=3, s=3, padding=(0, 1)),
+]
+# AlexNet conv3-5 and ResNet-like 3x3 layers (64@56, 128@28, 256@14, 512@7 and 256@56), N = 1, 32, 128.
+WGG_LAYERS = [p for n in (1, 32, 128) for p in alexnet(n)[2:]] + [
+    ConvProblem(n=n, c=c, h=h, w=h, k=c, r=3, s=3, padding=(1, 1))
+    for n in (1, 32) for c, h in ((64, 56), (128, 28), (256, 14), (512, 7), (256, 56))]
+
+
+@pytest.mark.parametrize("problem", WGG_SMALL, ids=lambda p: p.short())
+def test_winograd_gemm_model_equals_brute_force(problem):
+    """Every MT, VL, ML (and TB but on the largest shape, where one TB keeps the replay short)."""
+    configs = WGG_VALID if problem.k < 100 else [c for c in WGG_VALID if c["TB"] == 64]
+    assert {(c["MT"], c["VL"], c["ML"]) for c in configs} == {(m, v, l) for m in (2, 4) for v in (0, 1) for l in (0, 1)}
+    for config in configs:
+        model = iobound.winograd_gemm_traffic(problem, config)
+        brute = iobound.brute_force_winograd_gemm_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+        assert model == iobound.traffic("winograd_gemm", problem, config)
+
+
+def test_winograd_gemm_terms():
+    # No padding and P, Q multiples of MT: every patch inside the image, so stage 1 reads the input (A/MT)^2
+    # times; the workspaces are the host's allocations; the modelled GEMM re-reads U ceil(T/128) times and
+    # V ceil(K/128) times per point; layouts and block size change no count.
+    p = ConvProblem(n=3, c=6, h=18, w=14, k=200, r=3, s=3)  # P x Q = 16 x 12
+    for mt in (2, 4):
+        e, tiles = (mt + 2) ** 2, 3 * (16 // mt) * (12 // mt)
+        c = dict(wgg.DEFAULT, MT=mt)
+        t = iobound.traffic(wgg, p, c)
+        assert t.words_read_input * mt * mt == (mt + 2) ** 2 * p.n * p.c * 16 * 12
+        assert t.words_read_weight == 9 * p.k * p.c and t.words_read_bias == p.k * tiles
+        assert t.words_written == p.k * p.n * 16 * 12 and t.words_read_output == t.words_memset == 0
+        assert dict(t.workspace_written) == wgg.workspace_words(c, p)
+        gemm_blocks = -(-tiles // 128) * 2
+        assert dict(t.workspace_read) == {"U": e * p.k * p.c * -(-tiles // 128), "V": e * p.c * tiles * 2,
+                                          "M": e * p.k * tiles}
+        assert t.grid == (-(-p.k * p.c // 256), -(-p.c * tiles // 256), e * gemm_blocks, -(-p.k * tiles // 256))
+        assert t.total == (t.words_read_input + t.words_read_weight + t.words_read_bias + t.words_written
+                           + t.words_written_workspace + t.words_read_workspace)
+        for other in WGG_VALID:
+            if other["MT"] == mt:
+                assert iobound.traffic(wgg, p, other).total == t.total, other
+    assert iobound.fast_memory_words("winograd_gemm", wgg.DEFAULT) == 128 * 128 + 2 * 8 * 256 == \
+        iobound.traffic(wgg, p, wgg.DEFAULT).fast_memory_words
+    # the fused families have no workspace: their totals are what they were
+    fused = iobound.winograd_traffic(p, wg.DEFAULT)
+    assert fused.workspace_written == fused.workspace_read == () and fused.words_read_workspace == 0
+    with pytest.raises(ValueError, match="stride-1"):
+        iobound.winograd_gemm_traffic(alexnet(1)[0], wgg.DEFAULT)
+
+
+def test_winograd_gemm_bound_below_every_config():
+    """The unfused winograd_lower_bound (the summed form: this pipeline stores its transformed operands) at
+    the modelled GEMM's fast memory never exceeds the modelled traffic, over the whole space."""
+    for problem in WGG_LAYERS + WGG_SMALL:
+        for config in WGG_VALID:
+            t = iobound.winograd_gemm_traffic(problem, config)
+            bound = iobound.winograd_lower_bound(problem, config["MT"], 3, t.fast_memory_words, fused=False)
+            assert bound <= t.total, (problem.short(), config)
+
+
+def test_winograd_gemm_prune_keeps_default_and_minimum():
+    # conv3 at N=1 (16 F(4x4) tiles): U (E*K*C words, written and read) dominates and F(2x2)'s is 16/36 of
+    # F(4x4)'s, so the minimum is an MT=2 configuration, not the DEFAULT; at N=128 it is F(4x4)
+    for p, best_mt in ((alexnet(1)[2], 2), (alexnet(128)[2], 4)):
+        totals = {tuple(sorted(c.items())): iobound.traffic("winograd_gemm", p, c).total for c in WGG_VALID}
+        best = min(totals, key=totals.get)
+        assert dict(best)["MT"] == best_mt
+        kept, pruned = iobound.prune(wgg, WGG_VALID, p, factor=1.0, always=[wgg.DEFAULT])
+        assert dict(best) in kept and wgg.DEFAULT in kept
+        assert len(kept) + len(pruned) == len(WGG_VALID) and pruned
+        assert all(ratio > 1.0 for _, ratio in pruned)
+    assert iobound.has_model(wgg) and iobound.has_model("winograd_gemm")
+
+
+def test_layer_analysis_takes_winograd_gemm():
+    from bagf_torch.report import Ceilings, layer_analysis
+
+    p = alexnet(32)[3]
+    a = layer_analysis(p, 300.0, Ceilings(fp32_flops=50e12, bandwidth=4e12), wgg.FAMILY, wgg.DEFAULT)
+    assert a["traffic_words"] == iobound.traffic(wgg, p, wgg.DEFAULT).total and a["traffic_over_bound"] >= 1.0
