@@ -488,7 +488,7 @@ WGG_LAYERS = [p for n in (1, 32, 128) for p in alexnet(n)[2:]] + [
 def test_winograd_gemm_model_equals_brute_force(problem):
     """Every MT, VL, ML (and TB but on the largest shape, where one TB keeps the replay short)."""
     configs = WGG_VALID if problem.k < 100 else [c for c in WGG_VALID if c["TB"] == 64]
-    assert {(c["MT"], c["VL"], c["ML"]) for c in configs} == {(m, v, l) for m in (2, 4) for v in (0, 1) for l in (0, 1)}
+    assert {(c["MT"], c["VL"], c["ML"]) for c in configs} == {(m, v, l) for m in wgg.PARAMS["MT"] for v in (0, 1) for l in (0, 1)}
     for config in configs:
         model = iobound.winograd_gemm_traffic(problem, config)
         brute = iobound.brute_force_winograd_gemm_traffic(problem, config)
@@ -539,8 +539,9 @@ def test_winograd_gemm_bound_below_every_config():
 
 def test_winograd_gemm_prune_keeps_default_and_minimum():
     # conv3 at N=1 (16 F(4x4) tiles): U (E*K*C words, written and read) dominates and F(2x2)'s is 16/36 of
-    # F(4x4)'s, so the minimum is an MT=2 configuration, not the DEFAULT; at N=128 it is F(4x4)
-    for p, best_mt in ((alexnet(1)[2], 2), (alexnet(128)[2], 4)):
+    # F(4x4)'s, so the minimum is an MT=2 configuration, not the DEFAULT; at N=128 it is F(5x5) (3 x 3 tiles of 49
+    # points on the 13x13 map: 441 per channel pair against F(4x4)'s and F(6x6)'s 576)
+    for p, best_mt in ((alexnet(1)[2], 2), (alexnet(128)[2], 5)):
         totals = {tuple(sorted(c.items())): iobound.traffic("winograd_gemm", p, c).total for c in WGG_VALID}
         best = min(totals, key=totals.get)
         assert dict(best)["MT"] == best_mt
