@@ -24,7 +24,7 @@ from bagf_torch.kernels import winograd_gemm as wgf  # noqa: E402
 from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_space import PROBLEMS  # noqa: E402
+from record_space import MORE_PROBLEMS, PROBLEMS  # noqa: E402
 
 
 def stage_times(fn, reps: int = 20) -> dict[str, float]:
@@ -59,7 +59,7 @@ def main() -> None:
     checker, bench = CudaChecker(compiler.ext), CudaBenchmarker()
     rows = []
     for name in args.problems.split(","):
-        p = PROBLEMS[name]
+        p = {**PROBLEMS, **MORE_PROBLEMS}[name]
         ws = Workspace(p, torch.device("cuda", 0))
         cudnn = bench.measure(ws, ATEN).time_us
         for mt in map(int, args.tiles.split(",")):

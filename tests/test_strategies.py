@@ -392,6 +392,20 @@ def test_strategies_benchmark_end_to_end(tmp_path):
     assert set(doc["issue_bar"]) >= {"ax_95_within_30", "ax_2x_fewer_than_random"}
 
 
+def test_strategies_benchmark_leaves_out_spaces_the_budget_exhausts(tmp_path, capsys):
+    """A recorded space with at most --min-space configurations (default: --budget) ranks strategies on nothing
+    (exhaustive search finishes it): it is listed as excluded, with the reason, and not run."""
+    bench = _benchmark_module("strategies")
+    path, _ = _tiny_recording(tmp_path)  # 60 recorded rows per problem (run with --partial)
+    rc = bench.main(["--data", str(path), "--strategies", "random", "--seeds", "1", "--budget", "60",
+                     "--workers", "1", "--partial"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no problem left" in err
+    assert err.count("at most --min-space 60: exhaustive search covers it") == 2
+    assert bench.main(["--data", str(path), "--strategies", "random", "--seeds", "1", "--budget", "6",
+                       "--workers", "1", "--partial", "--min-space", "59"]) == 0
+
+
 def test_param_analysis_end_to_end(tmp_path):
     bench = _benchmark_module("param_analysis")
     _, rec = _tiny_recording(tmp_path)
