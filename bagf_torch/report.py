@@ -92,7 +92,8 @@ def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | No
     time) against the roofline at the layer's compulsory arithmetic intensity with the device's measured
     ceilings, and, for our kernels, the modelled global-memory traffic of the configuration against the
     I/O lower bound of direct convolution with that configuration's fast memory (and, for the Winograd
-    family, also against the fused Winograd bound of its F(m x m, 3 x 3)).
+    family, also against the Winograd bound of its F(m x m, 3 x 3): fused for winograd and winograd_tc, unfused for
+    winograd_gemm).
 
     >>> p = ConvProblem(n=1, c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
     >>> from bagf_torch.kernels import implicit_gemm_tc as tc
@@ -115,9 +116,12 @@ def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | No
         bound = iobound.direct_lower_bound(problem, fast)
         out.update(traffic_words=words, fast_memory_words=fast, lower_bound_words=bound,
                    traffic_over_bound=words / bound)
-        if family == "winograd":  # also against the bound of its own algorithm (fused form, iobound docs)
-            wb = iobound.winograd_lower_bound(problem, config["MT"], 3, fast, fused=True)
-            out.update(winograd_bound_words=wb, traffic_over_winograd_bound=words / wb)
+        if family in ("winograd", "winograd_tc", "winograd_gemm"):
+            # also against the bound of its own algorithm: the fused form for the fused kernels, the summed
+            # (unfused) form for the one that stores its transformed operands (iobound docs)
+            wb = iobound.winograd_lower_bound(problem, config["MT"], 3, fast, fused=family != "winograd_gemm")
+            out.update(winograd_bound_words=wb, traffic_over_winograd_bound=words / wb,
+                       winograd_bound_form="unfused" if family == "winograd_gemm" else "fused")
     return out
 
 

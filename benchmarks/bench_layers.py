@@ -226,7 +226,8 @@ def main(argv=None) -> int:
                   "cuDNN's Winograd/FFT can exceed the fp32 roof. Traffic is the iobound model of our best "
                   "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
                   "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
-                  "fused Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound, fused=True).", "",
+                  "Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound: fused=True for the fused "
+                  "families, fused=False for winograd_gemm, which stores its transformed operands).", "",
                   "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound "
                   "| traffic / Winograd bound |",
                   "|---|---|---|---|---|---|---|---|"]
