@@ -1,4 +1,5 @@
-"""Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m in 2, 4, 5, 6, not fused (csrc/kernels/winograd_gemm.cuh).
+"""Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m = 2, 4, 5, 6, not fused
+(csrc/kernels/winograd_gemm.cuh).
 
 A plan runs four steps on the current stream: the filter transform U = G g G^T and the input transform
 V = B^T d B (stages 0 and 1 of one kernel), the E = (MT+2)^2 independent K x C by C x T products
