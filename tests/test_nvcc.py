@@ -172,3 +172,51 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     got = [tuple(map(int, line.split())) for line in out.splitlines()]
     assert got == [dr.patch(c, p) for c, p in cases]
     assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch
+
+
+_STAGED_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "conv_params.h"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 7 < argc; i += 8) {  // block tb mt N H W P pad -> first rows bound (Q = P, square images)
+    bagf::Conv2dParams p{};
+    p.N = atoi(argv[i + 3]); p.H = atoi(argv[i + 4]); p.W = atoi(argv[i + 5]);
+    p.P = p.Q = atoi(argv[i + 6]); p.pad_h = p.pad_w = atoi(argv[i + 7]);
+    const bagf::StagedRows r = bagf::staged_rows(atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]), p);
+    printf("%lld %d %d\n", r.first, r.rows, bagf::staged_rows_bound(atoi(argv[i + 1]), atoi(argv[i + 2]), p));
+  }
+  return 0;
+}
+"""
+
+
+def test_staged_rows_match_python_on_host(tmp_path):
+    """``bagf::staged_rows`` and ``staged_rows_bound`` (conv_params.h: the staged input transform's row window,
+    and the shared memory the host sizes for it) equal ``kernels.winograd_gemm``'s Python mirrors, which the
+    traffic model and tests/test_winograd_gemm.py's window checks use."""
+    from bagf_torch.kernels import winograd_gemm as wgg
+    from bagf_torch.problem import ConvProblem
+
+    src = tmp_path / "staged_host.cu"
+    src.write_text(_STAGED_HOST)
+    exe = tmp_path / "staged_host"
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    rng = random.Random(11)
+    cases = []
+    for _ in range(300):
+        h, pad = rng.randint(1, 40), rng.randint(0, 6)
+        if h + 2 * pad < 3:
+            continue
+        prob = ConvProblem(n=rng.randint(1, 5), c=1, h=h, w=h, k=1, r=3, s=3, padding=(pad, pad))
+        mt, tb = rng.choice(wgg.PARAMS["MT"]), rng.choice(wgg.PARAMS["TB"])
+        blocks = -(-wgg.tiles({"MT": mt}, prob) // tb)
+        cases.append((rng.randrange(blocks), tb, mt, prob))
+    args = [v for b, tb, mt, p in cases for v in (b, tb, mt, p.n, p.h, p.w, p.out_hw[0], p.padding[0])]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    got = [tuple(map(int, line.split())) for line in out.splitlines()]
+    want = [(*wgg.staged_rows(b, tb, mt, p), wgg.staged_rows_bound(tb, mt, p)) for b, tb, mt, p in cases]
+    assert got == want
