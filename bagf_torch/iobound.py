@@ -764,10 +764,7 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
 
     * stage 0, one thread per (k, c): 9 filter words (``words_read_weight`` = 9*K*C), E words of U stored;
     * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
-      -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored.
-      ST=1 (staged): per channel each block of TB tiles loads its row window once
-      (``kernels.winograd_gemm.staged_rows``: whole rows of W words) -> C * W * sum of the windows' rows,
-      unless the window bound would not fit shared memory (``staged_fits``), when it gathers as ST=0;
+      -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
     * the GEMM, E products of (K x C) by (C x T) through cuBLAS - **modelled, not read**: a block per
       BM x BN tile of the product (:data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for
       ML=1) reads its operand panels once each, clipped at the edges, and writes its output tile once; the
@@ -809,17 +806,9 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     a_reads, b_reads = gn * rows * c, gm * c * cols  # per point: row panels once per block column, and so on
     u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
     patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
-    words_in = problem.n * c * patch
-    stage1_blocks = -(-c * tiles // tb)
-    if config.get("ST"):  # staged: each (tile block, channel) loads its row window whole, once
-        from .kernels import winograd_gemm as wgg
-
-        stage1_blocks = -(-tiles // tb) * min(c, 65535)
-        if wgg.staged_fits(config, problem):
-            words_in = c * problem.w * sum(wgg.staged_rows(b, tb, mt, problem)[1] for b in range(-(-tiles // tb)))
-    grid = (-(-k * c // tb), stage1_blocks, e * gm * gn, -(-k * tiles // tb))
+    grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn, -(-k * tiles // tb))
     return Traffic(
-        words_read_input=words_in,
+        words_read_input=problem.n * c * patch,
         words_read_weight=9 * k * c,
         words_read_bias=k * tiles if problem.bias else 0,
         words_written=k * problem.n * p * q,
@@ -860,32 +849,7 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
         n_w += sum(1 for i in range(3) for j in range(3))
         u_w += sum(1 for i in range(a_) for j in range(a_))
 
-    if config.get("ST"):  # stage 1, staged: (tile blocks) x (channels), the row window loaded per channel
-        from .kernels import winograd_gemm as wgg
-
-        fits = wgg.staged_fits(config, problem)
-        b1 = -(-nt // tb) * min(c_, 65535)
-        for bx in range(-(-nt // tb)):
-            first, rows = wgg.staged_rows(bx, tb, mt, problem)
-            for _cc in range(c_):
-                if fits:  # the block's threads load elements tid, tid + TB, ... of the window
-                    for tid in range(tb):
-                        for el in range(tid, rows * problem.w, tb):
-                            row = first + el // problem.w
-                            assert 0 <= row < problem.n * problem.h
-                            n_in += 1
-                for t in range(bx * tb, min(nt, (bx + 1) * tb)):
-                    r = t - (t // tpq) * tpq
-                    tp = r // tq
-                    h0, w0 = tp * mt - ph, (r - tp * tq) * mt - pw
-                    if not fits:  # gathered from global memory, as ST=0
-                        for i in range(a_):
-                            row = 0 <= h0 + i < problem.h
-                            n_in += sum(1 for j in range(a_) if row and 0 <= w0 + j < problem.w)
-                    v_w += sum(1 for i in range(a_) for j in range(a_))
-        ids = ()
-    else:
-        b1, ids = threads_of(c_ * nt)  # stage 1: input tiles
+    b1, ids = threads_of(c_ * nt)  # stage 1: input tiles
     for idx in ids:
         if idx >= c_ * nt:
             continue

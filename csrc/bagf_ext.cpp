@@ -44,8 +44,7 @@ struct Plan {
   int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
   int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
                        // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
-  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else
-                       // [E][K][T]), bit 2 stage 1 stages its input rows in shared memory (sized per call)
+  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T])
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -210,15 +209,14 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.smem_max = smem;
     plan.gemm = gemm;
     plan.layout = layout;
-    const bool per_call_smem = smem_patch > 0 || smem_taps > 0 || (gemm == 1 && (layout & 4));
+    const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
     if (split < 1 || split > 65535) {
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 7 || (layout & 5) == 5 ||
-               (gemm == 1 && (tile < 2 || tile == 3 || tile > 6))) {
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6))) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (smem_patch < 0 || smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
@@ -356,28 +354,21 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   float* up = U.data_ptr<float>();
   float* vp = V.data_ptr<float>();
   const float* mp = M.data_ptr<float>();
-  auto stage = [&](int which, int64_t items, unsigned grid_y, int smem_floats) {
+  auto stage = [&](int which, int64_t items) {
     const int64_t blocks = (items + plan.threads - 1) / plan.threads;
     BAGF_CHECK(blocks <= INT_MAX, "bagf_torch: Winograd stage ", which, " needs ", blocks, " blocks");
-    void* args[] = {&xp, &wp, &bp, &yp, &p, &up, &vp, &mp, &which, &smem_floats};
-    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), grid_y, 1, plan.threads, 1, 1,
-                                 static_cast<unsigned>(smem_floats) * 4u, stream, args, nullptr));
+    void* args[] = {&xp, &wp, &bp, &yp, &p, &up, &vp, &mp, &which};
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, plan.threads, 1, 1, 0, stream, args,
+                                 nullptr));
   };
-  stage(0, K * C, 1, 0);
-  if (plan.layout & 4) {  // staged input: (tile blocks) x (channels) grid, the rows of each block in shared memory
-    const int64_t words = static_cast<int64_t>(bagf::staged_rows_bound(plan.threads, mt, p)) * p.W;
-    // rows that would not fit: no shared memory, and the kernel gathers from global memory instead
-    const int smem_floats = words * 4 <= plan.smem_max ? static_cast<int>(words) : 0;
-    stage(1, T, static_cast<unsigned>(C < 65535 ? C : 65535), smem_floats);
-  } else {
-    stage(1, C * T, 1, 0);
-  }
+  stage(0, K * C);
+  stage(1, C * T);
   if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
     at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
   } else {
     at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
   }
-  stage(2, K * T, 1, 0);
+  stage(2, K * T);
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,

@@ -35,8 +35,6 @@ SHAPES = [  # n, c, h, w, k, r, s, stride, pad, dil
     (2, 37, 13, 11, 70, 3, 3, 1, 1, 1),
     (1, 19, 3, 3, 9, 3, 3, 1, 0, 1),
     (2, 130, 7, 6, 33, 3, 3, 1, 2, 1),
-    (2, 4, 5, 6, 7, 3, 3, 1, 4, 1),  # padding 4: whole tile rows in the padding (staged Winograd row windows)
-    (1, 3, 4, 9000, 5, 3, 3, 1, 1, 1),  # rows too wide for a staged Winograd window: the gathering path
 ]
 
 

@@ -67,8 +67,6 @@ WINO_SHAPES = [
     (3, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),
     (1, 1, 3, 3, 1, 3, 3, (1, 1), (0, 0), (1, 1), True),
     (2, 130, 11, 7, 9, 3, 3, (1, 1), (1, 0), (1, 1), True),
-    (2, 4, 5, 6, 7, 3, 3, (1, 1), (4, 4), (1, 1), True),  # whole tile rows in the padding
-    (1, 3, 4, 9000, 5, 3, 3, (1, 1), (1, 1), (1, 1), False),  # rows too wide to stage: winograd_gemm gathers
 ]
 
 
@@ -214,13 +212,13 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mt,vl,ml,st", [(2, 1, 1, 0), (4, 0, 1, 1), (5, 0, 0, 1), (6, 1, 1, 0)])
-def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, vl, ml, st, monkeypatch):
+@pytest.mark.parametrize("mt", [2, 4, 5, 6])
+def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, monkeypatch):
     """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
     ATen's backward, ATen's answer for a problem it cannot compute, and ATen's answer (bit for bit) while torch
     lets cuBLAS use TF32 for fp32 matmuls, since its GEMM would then not be fp32."""
     fam = _family("winograd_gemm")
-    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=vl, ML=ml, ST=st)])[0].handle
+    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1)])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)

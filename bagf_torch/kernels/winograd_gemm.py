@@ -32,14 +32,10 @@ MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd poi
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
-ST        0 1              1: the input transform stages its blocks' input rows in shared memory
-                           (whole rows, coalesced; :func:`staged_rows`) instead of gathering each
-                           patch from global memory; only with VL=0
 ========  ===============  =====================================================================
 
-90 of the 128 combinations are valid: ST=1 needs VL=0, and F(6x6) with 512 threads would need about 152
-registers per thread (the register rule). ST=1's shared memory is sized per call by the host
-(:func:`staged_rows_bound` rows of W floats); a call whose rows would not fit runs the gathering path.
+No shared memory. 60 of the 64 combinations are valid: F(6x6) with 512 threads would need about 152
+registers per thread (the register rule).
 """
 
 from __future__ import annotations
@@ -52,22 +48,20 @@ from .space import Config, Space, register_rule, template_expression, thread_cou
 FAMILY = "winograd_gemm"
 SOURCE = "winograd_gemm.cuh"
 KERNEL = "bagf::winograd_gemm_stage"
-TEMPLATE_ORDER = ("MT", "TB", "VL", "ML", "ST")
+TEMPLATE_ORDER = ("MT", "TB", "VL", "ML")
 MIN_ARCH = 70
-KERNEL_ARGS = ("const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, "
-               "int, int")
+KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
 """The kernel's parameter list (the other families take the first five): x, w, bias, y, shape, the U, V and M
-workspaces, the stage (0 filters, 1 input tiles, 2 outputs), the staged input's shared memory in floats."""
+workspaces, the stage (0 filters, 1 input tiles, 2 outputs)."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "MT": (2, 4, 5, 6),
     "TB": (64, 128, 256, 512),
     "VL": (0, 1),
     "ML": (0, 1),
-    "ST": (0, 1),
 }
 
-DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "ST": 0}
+DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0}
 
 
 def applies(problem) -> str | None:
@@ -107,48 +101,15 @@ def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
 
 
 def launch(c: Mapping[str, int]) -> dict[str, int]:
-    """The host's plan: ``gemm`` = 1 (three stages around a batched SGEMM, grids and the staged input's shared
-    memory sized per call), ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML +
-    4*ST."""
+    """The host's plan: ``gemm`` = 1 (three stages around a batched SGEMM, grids sized per call), ``tile`` = MT
+    (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML."""
     return {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
-            "layout": c["VL"] + 2 * c["ML"] + 4 * c["ST"]}
-
-
-def staged_rows(block: int, tb: int, mt: int, problem) -> tuple[int, int]:
-    """``bagf::staged_rows`` (conv_params.h): (first, rows), the input rows (counted over the images back to
-    back, row n*H + h) block ``block`` of the staged input transform loads for its tiles [block*tb, ...)."""
-    p, q = problem.out_hw
-    tiles_q = -(-q // mt)
-    tiles_img = -(-p // mt) * tiles_q
-    total = problem.n * tiles_img
-    t0 = block * tb
-    t1 = min(t0 + tb, total) - 1
-    n0, n1 = t0 // tiles_img, t1 // tiles_img
-    tp0, tp1 = (t0 - n0 * tiles_img) // tiles_q, (t1 - n1 * tiles_img) // tiles_q
-    pad = problem.padding[0]
-    lo = min(max(tp0 * mt - pad, 0), problem.h)
-    hi = max(min(tp1 * mt - pad + mt + 1, problem.h - 1), -1)
-    first, last = n0 * problem.h + lo, n1 * problem.h + hi
-    return first, max(0, last - first + 1)
-
-
-def staged_rows_bound(tb: int, mt: int, problem) -> int:
-    """``bagf::staged_rows_bound``: at least :func:`staged_rows`'s rows for every block (the host's shared
-    memory for ST=1 is this many rows of W floats)."""
-    p, q = problem.out_hw
-    tiles_q = -(-q // mt)
-    tiles_img = -(-p // mt) * tiles_q
-    return min((-(-(tb - 1) // tiles_q) + 1) * (mt + 2), (-(-(tb - 1) // tiles_img) + 1) * problem.h)
-
-
-def staged_fits(c: Mapping[str, int], problem, smem_limit: int = 232448) -> bool:
-    """Whether an ST=1 call stages its rows (the host gives them shared memory) rather than gathering."""
-    return 4 * staged_rows_bound(c["TB"], c["MT"], problem) * problem.w <= smem_limit
+            "layout": c["VL"] + 2 * c["ML"]}
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_st0_sm90``."""
-    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}_st{c['ST']}_{arch}"
+    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_sm90``."""
+    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}_{arch}"
 
 
 def name_expression(c: Mapping[str, int]) -> str:
@@ -160,13 +121,5 @@ def default_for(problem, sms: int = 132) -> Config:
     return dict(DEFAULT)
 
 
-def staged_rule(c: Mapping[str, int]) -> str | None:
-    """ST=1 stages the rows of consecutive tiles of one channel: V must be [E][C][T] (VL=0)."""
-    if c["ST"] and c["VL"]:
-        return "ST=1 (staged input rows) needs VL=0: its blocks take consecutive tiles of one channel"
-    return None
-
-
 def space(smem_limit: int = 0) -> Space:
-    return Space(FAMILY, PARAMS, (staged_rule, thread_count_rule(threads, minimum=64),
-                                  register_rule(threads, estimated_registers)))
+    return Space(FAMILY, PARAMS, (thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers)))

@@ -20,11 +20,6 @@
 //   VL  0: V[e][c][t], consecutive threads take consecutive tiles (coalesced stores, overlapping loads);
 //       1: V[e][t][c], consecutive threads take consecutive channels (the GEMM reads V transposed)
 //   ML  0: M[e][k][t], stage 2's consecutive threads take consecutive tiles; 1: M[e][t][k], consecutive k
-//   ST  1 (with VL=0): stage 1 runs on a (tile blocks) x (channels) grid and each block first loads the input rows
-//       its tiles read (bagf::staged_rows, whole rows, coalesced) into shared memory, then transforms from there.
-//       ST=0 gathers every patch element from global memory: on 13x13 maps a warp's 32 tiles fall in ~4 images,
-//       so each of its (MT+2)^2 loads touches ~20 cache lines. The host gives staged_rows_bound(...) rows of
-//       shared memory (smem_floats); a block whose rows would not fit gathers from global memory instead.
 // Offsets are 64-bit: the workspaces may exceed 2^31 elements even when every tensor the user sees does not.
 // The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
 #pragma once
@@ -33,51 +28,17 @@
 
 namespace bagf {
 
-// V = B^T d B of the tile t of channel c, d read through load(h, w) (only called inside the image), stored at
-// V's (c, t) column (layout VL).
-template <int MT, int VL, typename Load>
-__device__ __forceinline__ void input_tile(const Conv2dParams& p, int tiles_q, int tiles_img, long long T,
-                                           long long c, long long t, Load load, float* __restrict__ v) {
-  constexpr int A = MT + 2;
-  using Co = wino::Coefs<MT>;
-  const int n = static_cast<int>(t / tiles_img);
-  const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
-  const int tp = r / tiles_q;
-  const int h0 = tp * MT - p.pad_h;
-  const int w0 = (r - tp * tiles_q) * MT - p.pad_w;
-  float d[A][A], tmp[A][A], vv[A][A];
-#pragma unroll
-  for (int i = 0; i < A; ++i) {
-    const int h = h0 + i;
-    const bool row = h >= 0 && h < p.H;
-#pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int ww = w0 + j;
-      d[i][j] = row && ww >= 0 && ww < p.W ? load(n, h, ww) : 0.f;
-    }
-  }
-  wino::left<A, A, A>(typename Co::Bt(), d, tmp);
-  wino::right<A, A, A>(typename Co::Bt(), tmp, vv);
-  const long long ct = static_cast<long long>(p.C) * T;
-  const long long off = VL == 0 ? c * T + t : t * p.C + c;
-#pragma unroll
-  for (int i = 0; i < A; ++i)
-#pragma unroll
-    for (int j = 0; j < A; ++j) v[(i * A + j) * ct + off] = vv[i][j];
-}
-
-template <int MT, int TB, int VL, int ML, int ST>
+template <int MT, int TB, int VL, int ML>
 __global__ void __launch_bounds__(TB)
     winograd_gemm_stage(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                         float* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
-                        const float* __restrict__ m, int stage, int smem_floats) {
+                        const float* __restrict__ m, int stage) {
   constexpr int A = MT + 2;
   using Co = wino::Coefs<MT>;
   const int tiles_q = (p.Q + MT - 1) / MT;
   const int tiles_img = ((p.P + MT - 1) / MT) * tiles_q;
   const long long T = static_cast<long long>(p.N) * tiles_img;
   const long long idx = static_cast<long long>(blockIdx.x) * TB + threadIdx.x;
-  const long long plane = static_cast<long long>(p.H) * p.W;
 
   if (stage == 0) {  // filters: U = G g G^T
     const long long kc = static_cast<long long>(p.K) * p.C;
@@ -97,7 +58,7 @@ __global__ void __launch_bounds__(TB)
     return;
   }
 
-  if (stage == 1 && ST == 0) {  // input tiles: V = B^T d B, each thread gathering its patch from global memory
+  if (stage == 1) {  // input tiles: V = B^T d B
     const long long ct = static_cast<long long>(p.C) * T;
     if (idx >= ct) return;
     long long c, t;
@@ -108,44 +69,30 @@ __global__ void __launch_bounds__(TB)
       t = idx / p.C;
       c = idx - t * p.C;
     }
-    auto load = [&](int n, int h, int ww) {
-      return __ldg(x + (static_cast<long long>(n) * p.C + c) * plane + static_cast<long long>(h) * p.W + ww);
-    };
-    input_tile<MT, VL>(p, tiles_q, tiles_img, T, c, t, load, v);
-    return;
-  }
-
-  if (stage == 1) {  // ST=1: block (x, y) takes tiles [x*TB, (x+1)*TB) of channels y, y + gridDim.y, ...; the
-                     // input rows they read are first loaded whole, coalesced, into shared memory (staged_rows)
-    extern __shared__ float staged[];
-    const long long t = idx;
-    const StagedRows rows = staged_rows(blockIdx.x, TB, MT, p);
-    const bool fits = static_cast<long long>(rows.rows) * p.W <= smem_floats;
-    const long long words = static_cast<long long>(rows.rows) * p.W;
-    for (long long c = blockIdx.y; c < p.C; c += gridDim.y) {
-      if (fits) {
-        __syncthreads();  // the previous channel's tiles are done with the buffer
-        for (long long e = threadIdx.x; e < words; e += TB) {
-          const long long r = rows.first + e / p.W;  // row index over images back to back
-          const long long n = r / p.H;
-          staged[e] = __ldg(x + (n * p.C + c) * plane + (r - n * p.H) * p.W + (e % p.W));
-        }
-        __syncthreads();
-      }
-      if (t < T) {
-        if (fits) {
-          auto load = [&](int n, int h, int ww) {
-            return staged[(static_cast<long long>(n) * p.H + h - rows.first) * p.W + ww];
-          };
-          input_tile<MT, 0>(p, tiles_q, tiles_img, T, c, t, load, v);
-        } else {  // the rows would not fit the shared memory the host gave: gather from global memory
-          auto load = [&](int n, int h, int ww) {
-            return __ldg(x + (static_cast<long long>(n) * p.C + c) * plane + static_cast<long long>(h) * p.W + ww);
-          };
-          input_tile<MT, 0>(p, tiles_q, tiles_img, T, c, t, load, v);
-        }
+    const int n = static_cast<int>(t / tiles_img);
+    const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
+    const int tp = r / tiles_q;
+    const int h0 = tp * MT - p.pad_h;
+    const int w0 = (r - tp * tiles_q) * MT - p.pad_w;
+    const float* src = x + (static_cast<long long>(n) * p.C + c) * p.H * p.W;
+    float d[A][A], tmp[A][A], vv[A][A];
+#pragma unroll
+    for (int i = 0; i < A; ++i) {
+      const int h = h0 + i;
+      const bool row = h >= 0 && h < p.H;
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int ww = w0 + j;
+        d[i][j] = row && ww >= 0 && ww < p.W ? __ldg(src + static_cast<long long>(h) * p.W + ww) : 0.f;
       }
     }
+    wino::left<A, A, A>(typename Co::Bt(), d, tmp);
+    wino::right<A, A, A>(typename Co::Bt(), tmp, vv);
+    const long long off = VL == 0 ? c * T + t : t * p.C + c;
+#pragma unroll
+    for (int i = 0; i < A; ++i)
+#pragma unroll
+      for (int j = 0; j < A; ++j) v[(i * A + j) * ct + off] = vv[i][j];
     return;
   }
 
