@@ -178,8 +178,7 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
         raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs an {r}x{r} kernel; got {problem.r}x{problem.s}")
     if m < 1 or fast_memory_words <= 0:
         raise ValueError(f"need m >= 1 and fast_memory_words > 0; got m={m}, M={fast_memory_words}")
-    p, q = problem.out_hw
-    tiles = problem.n * -(-p // m) * -(-q // m)
+    tiles = problem.tiles(m)
     core = 2.0 * (m + r - 1) ** 2 * problem.k * problem.c * tiles / math.sqrt(fast_memory_words)
     comp = compulsory_words(problem)
     if fused:
@@ -658,7 +657,7 @@ def winograd_traffic(problem: ConvProblem, config: Mapping[str, int],
     mt, split = config["MT"], config["SPLIT"]
     p, q = problem.out_hw
     (ph, pw) = problem.padding
-    tiles = problem.n * -(-p // mt) * -(-q // mt)
+    tiles = problem.tiles(mt)
     gx, gy = -(-tiles // config["BT"]), -(-problem.k // config["BK"])
     patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
     return Traffic(
@@ -799,7 +798,7 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     p, q = problem.out_hw
     (ph, pw) = problem.padding
     k, c = problem.k, problem.c
-    tiles = problem.n * -(-p // mt) * -(-q // mt)
+    tiles = problem.tiles(mt)
     rows, cols = _gemm_shape(problem, config, tiles)
     bm, bn, _ = GEMM_TILE
     gm, gn = -(-rows // bm), -(-cols // bn)

@@ -68,6 +68,15 @@ class ConvProblem:
         q = (self.w + 2 * pw - dw * (self.s - 1) - 1) // sw + 1
         return p, q
 
+    def tiles(self, m: int) -> int:
+        """Output tiles of m x m (a Winograd F(m x m) problem's tile count): N * ceil(P/m) * ceil(Q/m).
+
+        >>> ConvProblem(n=2, c=1, h=13, w=13, k=1, r=3, s=3, padding=(1, 1)).tiles(4)
+        32
+        """
+        p, q = self.out_hw
+        return self.n * -(-p // m) * -(-q // m)
+
     @property
     def macs(self) -> int:
         p, q = self.out_hw

@@ -127,9 +127,7 @@ def applies(problem: ConvProblem) -> str | None:
 
 def multiplies(problem: ConvProblem, m: int) -> int:
     """Elementwise products of the Winograd domain: (m+2)^2 per (output tile, K, C)."""
-    p, q = problem.out_hw
-    tiles = problem.n * -(-p // m) * -(-q // m)
-    return (m + 2) ** 2 * tiles * problem.k * problem.c
+    return (m + 2) ** 2 * problem.tiles(m) * problem.k * problem.c
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int

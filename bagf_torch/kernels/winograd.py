@@ -170,10 +170,7 @@ def sized_start(start: Config, problem, sms: int = H200_SMS) -> Config:
     H200 sample the N=1 AlexNet layers' best configurations split 8-16 ways (2-3 chunks per slice); at least
     4 chunks per slice, the tensor-core family's rule, would cap conv3 at 4."""
     c = dict(start)
-    p, q = problem.out_hw
-    m = c["MT"]
-    tiles = problem.n * -(-p // m) * -(-q // m)
-    blocks = -(-tiles // c["BT"]) * -(-problem.k // c["BK"])
+    blocks = -(-problem.tiles(c["MT"]) // c["BT"]) * -(-problem.k // c["BK"])
     c["SPLIT"] = size_split(PARAMS["SPLIT"], blocks, -(-problem.c // c["BC"]), 2, sms)
     return c
 

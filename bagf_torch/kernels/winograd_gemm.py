@@ -89,9 +89,7 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 
 def tiles(c: Mapping[str, int], problem) -> int:
     """T = N * ceil(P/MT) * ceil(Q/MT), the GEMM's column count."""
-    p, q = problem.out_hw
-    m = c["MT"]
-    return problem.n * -(-p // m) * -(-q // m)
+    return problem.tiles(c["MT"])
 
 
 def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
