@@ -184,9 +184,10 @@ def record_problem(name: str, problem: ConvProblem, family, loaded: list, partia
     t0 = time.monotonic()
     written, complete = 0, True
     flags = dict(enabled=True, benchmark=True, deterministic=False, allow_tf32=problem.tf32)
+    rule = getattr(family, "problem_rule", None)
     for config, built in loaded:
         values = [config[k] for k in knobs]
-        if tuple(values) in done:
+        if tuple(values) in done or (rule is not None and rule(config, problem) is not None):
             continue
         if time.monotonic() - t0 > args.limit_seconds:
             complete = False
@@ -285,6 +286,9 @@ def main(argv=None) -> int:
         family = FAMILIES[fname]
         space = family.space(smem)
         valid = space.valid_configs()
+        rule = getattr(family, "problem_rule", None)
+        if rule is not None:  # direct's specialised geometries: only those some recorded problem can run
+            valid = [c for c in valid if any(rule(c, known[p]) is None for p in problems)]
         # the default first: a good reference for the cut-off from the start
         fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
                            "raw_size": space.size, "valid": len(valid)}

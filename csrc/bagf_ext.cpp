@@ -45,6 +45,8 @@ struct Plan {
   int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
                        // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
   int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T])
+  int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
+  int fix_u = 0;       // (a direct plan's KS, KU); calls with another geometry are refused (ATen answers)
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -187,7 +189,7 @@ py::dict device_limits(int device) {
 // the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
                    int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps, int gemm,
-                   int layout) {
+                   int layout, int fix_s, int fix_u) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -209,6 +211,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.smem_max = smem;
     plan.gemm = gemm;
     plan.layout = layout;
+    plan.fix_s = fix_s;
+    plan.fix_u = fix_u;
     const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
@@ -218,6 +222,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
     } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6))) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
+    } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
+      err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");
     } else if (smem_patch < 0 || smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -318,6 +324,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (plan.tile > 1 && plan.tile_w == 0 && (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 ||
                         dilation[0] != 1 || dilation[1] != 1))
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
+  if (plan.fix_s > 0 && (w.size(3) != plan.fix_s || stride[1] != plan.fix_u || dilation[1] != 1))
+    return "the plan is specialised to another filter width or column stride";
   if (plan.smem_patch > 0 || plan.smem_taps > 0) {
     // int32 halo arithmetic (a larger stride or dilation would not fit a 2^31-element tensor anyway)
     for (int i = 0; i < 2; ++i)
@@ -560,7 +568,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan", py::arg("cubin"),
         py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
         py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0,
-        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0);
+        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0,
+        py::arg("fix_s") = 0, py::arg("fix_u") = 0);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
   m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");

@@ -14,6 +14,7 @@
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
 #   wgprofile = benchmarks/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
+#   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
@@ -28,7 +29,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -132,6 +133,12 @@ if has wgprofile; then
   timeout ${WGPROFILE_TIMEOUT:-200} python3 benchmarks/profile_winograd_gemm.py --out "$OUT" ${WGPROFILE_ARGS:-} \
     > "$OUT/wgprofile.log" 2>&1 || rc=1
   tail -n 25 "$OUT/wgprofile.log"
+fi
+if has hostfloor; then
+  # shellcheck disable=SC2086  # HOSTFLOOR_ARGS is a list of arguments
+  timeout ${HOSTFLOOR_TIMEOUT:-200} python3 benchmarks/host_floor.py --out "$OUT" ${HOSTFLOOR_ARGS:-} \
+    > "$OUT/hostfloor.log" 2>&1 || rc=1
+  tail -n 15 "$OUT/hostfloor.log"
 fi
 if has contexts; then
   timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \

@@ -218,7 +218,8 @@ def test_direct_family_valid_configs_obey_the_documented_rules():
     s = dr.space()
     assert s.invalid_reason(dr.DEFAULT) is None
     valid = s.valid_configs()
-    assert 1000 < len(valid) <= 4000  # "a few thousand at most"
+    generic = [c for c in valid if c["G"] == 0]
+    assert 1000 < len(generic) <= 4000  # "a few thousand at most" per geometry, and a problem sees two of them
     conv1 = ConvProblem(n=1, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
     for c in valid:
         t = dr.threads(c)
@@ -237,6 +238,52 @@ def test_direct_family_valid_configs_obey_the_documented_rules():
     assert geo["smem_patch"] * rows * pitch + geo["smem_taps"] * 121 == dr.smem_bytes(dr.DEFAULT, conv1) == 87976
     assert dr.name(dr.DEFAULT) == "direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90"
     assert dr.name_expression(dr.DEFAULT) == "bagf::direct_conv2d<8, 16, 64, 1, 8, 4, 1, 1>"
+    spec = dict(dr.DEFAULT, G=1, PX=8)
+    assert dr.name(spec) == "direct_th8_tw16_bk64_bc1_tk8_px8_db1_s1_w11u4_sm90"
+    assert dr.name_expression(spec) == "bagf::direct_conv2d<8, 16, 64, 1, 8, 8, 1, 1, 11, 4>"
+    assert (dr.launch(spec)["fix_s"], dr.launch(spec)["fix_u"]) == (11, 4) and dr.launch(dr.DEFAULT)["fix_s"] == 0
+    assert dr.window(spec) == 7 * 4 + 11 and dr.window(dr.DEFAULT) == 4
+    # the register window counts against the register rule: 16 x 16 pixels x 8 channels per thread of 8 pixels
+    # at stride 4 would need (8*8 + 8 + 39 + 30) x 256 threads
+    big = dict(dr.DEFAULT, TH=16, TW=16, BK=64, TK=8, PX=8, G=1, DB=0)
+    assert dr.estimated_registers(big) == 141 and s.is_valid(big)
+    assert "spill" in s.invalid_reason(dict(big, TW=32))
+
+
+def test_direct_specialised_geometries_apply_only_to_their_problems():
+    from bagf_torch.kernels import direct as dr
+
+    conv1 = ConvProblem(n=32, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    stem = ConvProblem(n=8, c=3, h=224, w=224, k=64, r=7, s=7, stride=(2, 2), padding=(3, 3))
+    conv2 = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+    r3 = ConvProblem(n=1, c=64, h=28, w=28, k=64, r=3, s=3, padding=(1, 1))
+    # the row stride and dilation are run-time values even in a specialised kernel; the column ones are not
+    rows = ConvProblem(n=1, c=4, h=20, w=18, k=9, r=3, s=3, stride=(2, 1), dilation=(2, 1))
+    odd = ConvProblem(n=1, c=4, h=20, w=18, k=9, r=3, s=3, stride=(1, 2))
+    dil = ConvProblem(n=1, c=4, h=20, w=18, k=9, r=3, s=3, dilation=(1, 2))
+    assert [dr.geometry_for(p) for p in (conv1, stem, conv2, r3, rows, odd, dil)] == [1, 2, 3, 4, 4, 0, 0]
+    for p in (conv1, stem, conv2, r3, rows, odd, dil):
+        g = dr.geometry_for(p)
+        start = dr.default_for(p)
+        assert start["G"] == g and dr.space().is_valid(start) and dr.problem_rule(start, p) is None
+        assert dr.problem_rule(dict(start, G=0), p) is None  # the generic kernel takes every geometry
+        for other in set(dr.GEOMETRIES) - {0, g}:
+            assert "compiled for" in dr.problem_rule(dict(start, G=other), p)
+
+
+def test_tuner_searches_only_the_specialisations_of_the_problem():
+    """The tuner's search space for the direct family on a problem holds the generic configurations and those
+    specialised to the problem's geometry, nothing compiled for another one (they would be refused)."""
+    from bagf_torch.kernels import direct as dr
+    from bagf_torch.tuning.tuner import Tuner
+
+    conv1 = ConvProblem(n=32, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    tuner = Tuner(None, None, None, lambda p: None, dr)
+    space, cut = tuner.search_space(dr, conv1)
+    assert cut is None
+    gs = {c["G"] for c in space.valid_configs()}
+    assert gs == {0, 1}
+    assert "compiled for" in space.invalid_reason(dict(dr.DEFAULT, G=2))
 
 
 def test_direct_applies_and_start_points():
@@ -283,7 +330,7 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
     geo = fam.launch(fam.DEFAULT)
     assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile",
                                                                     "tile_w", "smem_patch", "smem_taps", "gemm",
-                                                                    "layout"}
+                                                                    "layout", "fix_s", "fix_u"}
     assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 

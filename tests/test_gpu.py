@@ -70,6 +70,13 @@ WINO_SHAPES = [
 ]
 
 
+def _runs(fam, config, shape) -> bool:
+    """Whether the tuner would run ``config`` on ``shape`` (a direct kernel specialised to another filter
+    geometry is not: the host refuses it, tested in test_direct_specialised_plan_refuses_other_geometries)."""
+    rule = getattr(fam, "problem_rule", None)
+    return rule is None or rule(config, _problem(shape)) is None
+
+
 def _shapes_for(fam):
     applies = getattr(fam, "applies", None)
     if applies is None:
@@ -101,6 +108,8 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
     for shape in _shapes_for(fam):
         ws = Workspace(_problem(shape), torch.device("cuda", 0))  # fresh random data per shape
         for c, b in zip(configs, built):
+            if not _runs(fam, c, shape):
+                continue
             out = checker.check(ws, b.handle)
             if out is not None:
                 bad.append((shape, fam.name(c), out.detail))
@@ -252,7 +261,13 @@ DIRECT_SHAPES = [
     (1, 7, 21, 17, 17, 3, 5, (1, 2), (2, 0), (2, 3), True),
     (2, 33, 9, 11, 65, 1, 1, (1, 1), (0, 0), (1, 1), True),
     (1, 9, 30, 31, 19, 5, 5, (3, 1), (0, 2), (1, 1), False),
+    (2, 3, 37, 41, 24, 7, 7, (2, 2), (3, 3), (1, 1), True),
+    (1, 6, 15, 14, 10, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (1, 4, 20, 18, 9, 3, 3, (2, 1), (1, 0), (2, 1), False),
+    (3, 2, 45, 50, 67, 11, 11, (3, 4), (0, 5), (1, 1), True),
 ]
+"""Every specialised geometry of the direct family (G = 1-4: 11 wide at column stride 4, 7 at 2, 5 at 1, 3 at
+1) has at least one shape here, with row stride, row dilation and padding different from the column's."""
 
 
 def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
@@ -261,9 +276,17 @@ def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
     fam = _family("direct")
-    configs = _sample_configs(fam, 24, seed=int(os.environ.get("BAGF_TEST_SEED", "4321")))
+    seed = int(os.environ.get("BAGF_TEST_SEED", "4321"))
+    configs = _sample_configs(fam, 24, seed=seed)
     configs += [fam.default_for(_problem(s)) for s in DIRECT_SHAPES]
+    valid = fam.space().valid_configs()
+    for g in fam.GEOMETRIES:  # six more of each geometry, the largest register window among them
+        of_g = [c for c in valid if c["G"] == g]
+        configs += random.Random(seed + g).sample(of_g, 6) + [max(of_g, key=fam.estimated_registers)]
     configs = list({fam.name(c): c for c in configs}.values())
+    geometries = {fam.geometry_for(_problem(s)) for s in DIRECT_SHAPES}
+    assert geometries == set(fam.GEOMETRIES)  # every specialisation runs on some shape (and G=0 on all)
+    assert all(sum(c["G"] == g for c in configs) >= 7 for g in geometries)
     built = compiler.compile(fam, configs)
     failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
     assert not failures, failures
@@ -272,10 +295,32 @@ def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
     for shape in DIRECT_SHAPES:
         ws = Workspace(_problem(shape), torch.device("cuda", 0))
         for c, b in zip(configs, built):
+            if not _runs(fam, c, shape):
+                continue
             out = checker.check(ws, b.handle)
             if out is not None:
                 bad.append((shape, fam.name(c), out.detail))
     assert not bad, bad[:10]
+
+
+def test_direct_specialised_plan_refuses_other_geometries(compiler):
+    """A direct plan compiled for 11-wide filters at column stride 4 (G=1) computes such a call with its own
+    arithmetic, and hands a call of another filter width, column stride or column dilation to ATen (the same
+    answer as F.conv2d) instead of running a kernel that would read the wrong taps."""
+    fam = _family("direct")
+    cfg = fam.default_for(_problem(DIRECT_SHAPES[1]))
+    assert cfg["G"] == 1
+    handle = compiler.compile(fam, [cfg])[0].handle
+    x = torch.randn(1, 3, 57, 61, device="cuda")
+    w = torch.randn(5, 3, 11, 11, device="cuda")
+    with torch.no_grad():
+        mine = torch.ops.bagf.conv2d(x, w, None, [4, 4], [2, 2], [1, 1], handle)
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False):
+            torch.testing.assert_close(mine, F.conv2d(x, w, None, 4, 2), rtol=1e-4, atol=1e-4)
+            for wt, st, dl in ((torch.randn(5, 3, 11, 9, device="cuda"), [4, 4], [1, 1]),
+                               (w, [4, 2], [1, 1]), (w, [4, 4], [1, 2])):
+                got = torch.ops.bagf.conv2d(x, wt, None, st, [2, 2], dl, handle)
+                assert torch.equal(got, F.conv2d(x, wt, None, st, 2, dl))
 
 
 def test_direct_opcheck_autograd_and_refusal_of_a_patch_too_large(compiler):

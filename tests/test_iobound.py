@@ -414,9 +414,9 @@ DR_SMALL = [
     ConvProblem(n=1, c=2, h=12, w=13, k=4, r=2, s=5, stride=(3, 2), dilation=(2, 1), padding=(1, 0)),
 ]
 DR_CASES = [  # valid; the comments say what each exercises
-    {"TH": 2, "TW": 32, "BK": 16, "BC": 2, "TK": 4, "PX": 4, "DB": 1, "SPLIT": 8},   # most slices empty
-    {"TH": 16, "TW": 4, "BK": 32, "BC": 4, "TK": 8, "PX": 2, "DB": 0, "SPLIT": 2},   # tall tile, uneven slices
-    {"TH": 8, "TW": 8, "BK": 16, "BC": 8, "TK": 4, "PX": 4, "DB": 0, "SPLIT": 1},    # one chunk covers most C
+    {"TH": 2, "TW": 32, "BK": 16, "BC": 2, "TK": 4, "PX": 4, "DB": 1, "SPLIT": 8, "G": 0},   # most slices empty
+    {"TH": 16, "TW": 4, "BK": 32, "BC": 4, "TK": 8, "PX": 2, "DB": 0, "SPLIT": 2, "G": 0},   # tall tile, uneven slices
+    {"TH": 8, "TW": 8, "BK": 16, "BC": 8, "TK": 4, "PX": 4, "DB": 0, "SPLIT": 1, "G": 0},    # one chunk covers most C
 ]
 
 

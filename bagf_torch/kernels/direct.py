@@ -24,7 +24,18 @@ PX        2 4 8                  consecutive pixels of one output row per thread
 DB        0 1                    1: two shared-memory stages, the next chunk's cp.async copies overlap
                                  this chunk's products
 SPLIT     1 2 4 8                input-channel slices (grid.z), added atomically into a zeroed output
+G         0 1 2 3 4              0: any filter geometry (run-time loops over the filter taps). 1-4: the
+                                 kernel is compiled for one filter width and column stride (GEOMETRIES:
+                                 11 wide at stride 4, 7 at 2, 5 at 1, 3 at 1; dilation 1) and keeps
+                                 each filter row's input window in registers; valid only for problems
+                                 of that geometry (:func:`problem_rule`), the host refuses other calls
 ========  =====================  =================================================================
+
+Why G: with the filter width and stride known at compile time, a thread loads the (PX-1)*KU+KS input words its
+PX pixels read along one filter row into registers once and runs the KS taps fully unrolled on them, so AlexNet
+conv1 (TK=PX=8) does 704 FMAs per 61 shared-memory loads per filter row, where the run-time loop does 64 FMAs
+per 10 loads and recomputes its addresses per tap (direct_sample_h200.md: the run-time kernel reached 16.5
+TFLOP/s on conv1, a third of the SGEMM ceiling).
 
 Shared memory depends on the problem: ``STAGES*4*BC*(R*S*(BK+4) + rows*pitch)`` bytes (:func:`smem_bytes`,
 rows x pitch from :func:`patch`, the kernel's ``bagf::halo_patch``). The host sizes it per call from the
@@ -58,12 +69,16 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "PX": (2, 4, 8),
     "DB": (0, 1),
     "SPLIT": (1, 2, 4, 8),
+    "G": (0, 1, 2, 3, 4),
 }
+
+GEOMETRIES: dict[int, tuple[int, int]] = {0: (0, 0), 1: (11, 4), 2: (7, 2), 3: (5, 1), 4: (3, 1)}
+"""G -> (KS, KU): the filter width and column stride a specialised kernel is compiled for ((0, 0): any)."""
 
 # Hand-picked start for conv1: 8 x 16 pixels x 64 channels per block (55x55 -> 7 x 4 tiles per image), one
 # channel per chunk (C = 3), 8 channels x 4 pixels per thread (32 FMAs per 3 shared-memory loads), 256
 # threads, double-buffered. Shared memory at conv1: 2*4*(121*68 + 39*71) = 87976 bytes.
-DEFAULT: Config = {"TH": 8, "TW": 16, "BK": 64, "BC": 1, "TK": 8, "PX": 4, "DB": 1, "SPLIT": 1}
+DEFAULT: Config = {"TH": 8, "TW": 16, "BK": 64, "BC": 1, "TK": 8, "PX": 4, "DB": 1, "SPLIT": 1, "G": 0}
 
 H200_SMS = 132
 SM90_SMEM_LIMIT = 232448
@@ -112,10 +127,32 @@ def threads(c: Mapping[str, int]) -> int:
     return (c["BK"] // c["TK"]) * (c["TH"] * c["TW"] // c["PX"])
 
 
+def window(c: Mapping[str, int]) -> int:
+    """Input words a thread holds in registers per filter row: (PX-1)*KU+KS when specialised (G > 0), else the
+    PX operands of one tap."""
+    ks, ku = GEOMETRIES[c.get("G", 0)]
+    return (c["PX"] - 1) * ku + ks if ks else c["PX"]
+
+
 def estimated_registers(c: Mapping[str, int]) -> int:
-    """Accumulators TK*PX, the operands of one tap (TK + PX) and ~30 for addressing and loop state.
-    (ptxas for sm_90: TK=8, PX=4 uses 64; TK=4, PX=2 uses 56, both without spills.)"""
-    return c["TK"] * c["PX"] + c["TK"] + c["PX"] + 30
+    """Accumulators TK*PX, the operands of one tap (TK weights + the input window) and ~30 for addressing and
+    loop state. (ptxas for sm_90: TK=8, PX=4 uses 64; TK=4, PX=2 uses 56, both without spills.)"""
+    return c["TK"] * c["PX"] + c["TK"] + window(c) + 30
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` may run ``problem``: any geometry for G = 0, else the problem's filter width, column stride
+    and column dilation must be the ones the kernel was compiled for (the tuner searches only these)."""
+    ks, ku = GEOMETRIES[c.get("G", 0)]
+    if ks and (problem.s, problem.stride[1], problem.dilation[1]) != (ks, ku, 1):
+        return (f"compiled for {ks}-wide filters at column stride {ku}; this problem has {problem.s} at "
+                f"{problem.stride[1]} (dilation {problem.dilation[1]})")
+    return None
+
+
+def geometry_for(problem) -> int:
+    """The G whose specialised kernel computes ``problem``, or 0."""
+    return next((g for g in GEOMETRIES if g and problem_rule({"G": g}, problem) is None), 0)
 
 
 def blocks_per_sm(c: Mapping[str, int], problem=None) -> int:
@@ -133,18 +170,24 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
     """Grid: x over the N * ceil(P/TH) * ceil(Q/TW) output tiles (``tile`` = TH rows, ``tile_w`` = TW columns,
     one tile per block: ``bn`` = 1), y over ceil(K/BK), z = SPLIT. Shared memory per call is
     ``smem_patch * rows * pitch + smem_taps * R * S`` (the host's ``halo_patch``); ``smem`` is the conv1 size."""
+    ks, ku = GEOMETRIES[c.get("G", 0)]
     return {"bm": c["BK"], "bn": 1, "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"],
-            "tile": c["TH"], "tile_w": c["TW"], "smem_patch": smem_patch(c), "smem_taps": smem_taps(c)}
+            "tile": c["TH"], "tile_w": c["TW"], "smem_patch": smem_patch(c), "smem_taps": smem_taps(c),
+            "fix_s": ks, "fix_u": ku}
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90``."""
+    """e.g. ``direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90``, or ``..._s1_w11u4_sm90`` specialised (G = 1)."""
+    ks, ku = GEOMETRIES[c.get("G", 0)]
     return (f"{FAMILY}_th{c['TH']}_tw{c['TW']}_bk{c['BK']}_bc{c['BC']}_tk{c['TK']}_px{c['PX']}_db{c['DB']}"
-            f"_s{c['SPLIT']}_{arch}")
+            f"_s{c['SPLIT']}" + (f"_w{ks}u{ku}" if ks else "") + f"_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """``bagf::direct_conv2d<TH, ..., SPLIT>``, with ``, KS, KU`` appended when specialised."""
+    ks, ku = GEOMETRIES[c.get("G", 0)]
+    base = template_expression(KERNEL, TEMPLATE_ORDER, c)
+    return base[:-1] + f", {ks}, {ku}>" if ks else base
 
 
 def applies(problem, smem_limit: int = SM90_SMEM_LIMIT) -> str | None:
@@ -179,9 +222,10 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     """DEFAULT with the block sized to the problem: the largest block (of 8 or 4 rows x 16 columns x 64, 32 or
     16 channels) whose grid gives every SM a block (conv1 at N=1 has 28 tiles of 8 x 16 for 132 SMs, so it
     gets 4 x 16 x 32: 112 blocks), then the smallest SPLIT that gives 2 blocks per SM while each slice keeps
-    at least 2 chunks (C = 3 never splits; a 256-channel layer at N=1 does)."""
+    at least 2 chunks (C = 3 never splits; a 256-channel layer at N=1 does). G: the kernel specialised to the
+    problem's filter geometry when there is one (:func:`geometry_for`)."""
     valid = space()
-    ladder = [dict(DEFAULT, TH=th, BK=bk) for th, bk in ((8, 64), (8, 32), (4, 64), (4, 32), (8, 16), (4, 16))]
+    ladder = [dict(DEFAULT, TH=th, BK=bk, G=geometry_for(problem)) for th, bk in ((8, 64), (8, 32), (4, 64), (4, 32), (8, 16), (4, 16))]
     ladder = [c for c in ladder if valid.is_valid(c)]
     k_blocks = {c["BK"]: -(-problem.k // c["BK"]) for c in ladder}
     blocks = [tiles(c, problem) * k_blocks[c["BK"]] for c in ladder]

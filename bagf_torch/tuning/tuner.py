@@ -160,6 +160,9 @@ class Tuner:
         ``prune_factor`` set and a traffic model for the family, the part ``iobound.prune`` keeps (DEFAULT
         and the start configuration included). Also returns (kept, valid) when it pruned."""
         space = self.spaces[family.FAMILY]
+        rule = getattr(family, "problem_rule", None)
+        if rule is not None:  # configurations compiled for one problem geometry (direct's G) only where they apply
+            space = Space(space.family, space.params, tuple(space.rules) + (lambda c: rule(c, problem),))
         if not self.prune_factor or not iobound.has_model(family):
             return space, None
         valid = space.valid_configs()
@@ -270,7 +273,8 @@ class Tuner:
         seeded = 0
         for fam_name, config in seeds:
             fam = by_name.get(fam_name)
-            if fam is None or not self.spaces[fam_name].is_valid(config) or (fam_name, config_key(config)) in done:
+            if (fam is None or not self.spaces[fam_name].is_valid(config) or (fam_name, config_key(config)) in done
+                    or (getattr(fam, "problem_rule", None) is not None and fam.problem_rule(config, problem))):
                 continue  # another family's, invalid here, or already measured (e.g. equal to the start point)
             if seeded >= max(0, self.budget.evaluations - len(families) - 1):
                 break

@@ -16,6 +16,12 @@
 //   PX      consecutive output pixels per thread (of one row; divides TW)
 //   DB      1: two shared-memory stages, the next chunk's cp.async copies overlap this chunk's products
 //   SPLIT   input-channel slices (grid.z); > 1: slices add atomically into the output the host zeroed
+//   KS, KU  0, 0: any filter width and stride (run-time loops over s). > 0: the kernel is specialised to filters
+//           KS wide at column stride KU, dilation 1 (the host refuses any other call: ATen answers). Each thread
+//           then loads, once per (c, r) filter row, the (PX-1)*KU+KS input words its PX pixels read into
+//           registers and runs the KS taps fully unrolled on them: per row TK*PX*KS FMAs for (PX-1)*KU+KS
+//           scalar and KS*TK/4 vector shared-memory loads (AlexNet conv1, TK=PX=8: 704 FMAs per 61 loads,
+//           where the run-time loop does 64 FMAs per 10 loads and recomputes addresses per tap).
 //
 // Shared memory depends on the problem (the patch grows with stride, kernel size and dilation), so the host
 // sizes it per call from bagf::halo_patch (conv_params.h, one formula for both compilers):
@@ -65,7 +71,7 @@ __device__ __forceinline__ void load_vec(const float* p, float (&r)[N]) {
 
 }  // namespace dconv
 
-template <int TH, int TW, int BK, int BC, int TK, int PX, int DB, int SPLIT>
+template <int TH, int TW, int BK, int BC, int TK, int PX, int DB, int SPLIT, int KS = 0, int KU = 0>
 __global__ void __launch_bounds__((BK / TK) * (TH * TW / PX))
 direct_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
               float* __restrict__ y, const Conv2dParams p) {
@@ -76,6 +82,7 @@ direct_conv2d(const float* __restrict__ x, const float* __restrict__ w, const fl
   constexpr int BKP = BK + 4;
   constexpr int STAGES = DB ? 2 : 1;
   static_assert(BK % TK == 0 && TW % PX == 0 && T % 32 == 0, "tiles must divide, whole warps");
+  static_assert((KS > 0) == (KU > 0), "a specialised kernel fixes both the filter width and the stride");
 
   extern __shared__ __align__(16) float smem[];
   const HaloPatch hp = halo_patch(TH, TW, p);
@@ -146,26 +153,50 @@ direct_conv2d(const float* __restrict__ x, const float* __restrict__ w, const fl
   // This thread's TK channels x PX pixels over the chunk's (c, r, s).
   auto compute = [&](int ch, int st) {
     const int bc = min(BC, p.C - ch * BC);
-    const float* const ins = in + st * in_words + py * p.stride_h * hp.pitch + px0 * p.stride_w;
+    const float* const ins = in + st * in_words + py * p.stride_h * hp.pitch + px0 * (KU > 0 ? KU : p.stride_w);
     const float* const wts = wt + st * wt_words + kg * TK;
+    if constexpr (KS > 0) {  // p.S == KS, p.stride_w == KU, p.dil_w == 1 (the host checked)
+      constexpr int WIN = (PX - 1) * KU + KS;  // input words of one filter row under this thread's PX pixels
 #pragma unroll 1
-    for (int c = 0; c < bc; ++c) {
+      for (int c = 0; c < bc; ++c) {
 #pragma unroll 1
-      for (int r = 0; r < p.R; ++r) {
-        const float* xr = ins + (c * hp.rows + r * p.dil_h) * hp.pitch;
-        const float* wr = wts + (c * RS + r * p.S) * BKP;
+        for (int r = 0; r < p.R; ++r) {
+          const float* xr = ins + (c * hp.rows + r * p.dil_h) * hp.pitch;
+          const float* wr = wts + (c * RS + r * KS) * BKP;
+          float a[WIN];
+#pragma unroll
+          for (int t = 0; t < WIN; ++t) a[t] = xr[t];
+#pragma unroll
+          for (int s = 0; s < KS; ++s) {
+            float b[TK];
+            dconv::load_vec<TK>(wr + s * BKP, b);
+#pragma unroll
+            for (int i = 0; i < TK; ++i)
+#pragma unroll
+              for (int j = 0; j < PX; ++j) acc[i][j] = fmaf(b[i], a[j * KU + s], acc[i][j]);
+          }
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < bc; ++c) {
+#pragma unroll 1
+        for (int r = 0; r < p.R; ++r) {
+          const float* xr = ins + (c * hp.rows + r * p.dil_h) * hp.pitch;
+          const float* wr = wts + (c * RS + r * p.S) * BKP;
 #pragma unroll 2
-        for (int s = 0; s < p.S; ++s) {
-          float a[PX], b[TK];
+          for (int s = 0; s < p.S; ++s) {
+            float a[PX], b[TK];
 #pragma unroll
-          for (int j = 0; j < PX; ++j) a[j] = xr[j * p.stride_w];
-          dconv::load_vec<TK>(wr, b);
+            for (int j = 0; j < PX; ++j) a[j] = xr[j * p.stride_w];
+            dconv::load_vec<TK>(wr, b);
 #pragma unroll
-          for (int i = 0; i < TK; ++i)
+            for (int i = 0; i < TK; ++i)
 #pragma unroll
-            for (int j = 0; j < PX; ++j) acc[i][j] = fmaf(b[i], a[j], acc[i][j]);
-          xr += p.dil_w;
-          wr += BKP;
+              for (int j = 0; j < PX; ++j) acc[i][j] = fmaf(b[i], a[j], acc[i][j]);
+            xr += p.dil_w;
+            wr += BKP;
+          }
         }
       }
     }
