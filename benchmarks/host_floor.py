@@ -1,0 +1,139 @@
+"""Where a call's time goes at small batch: the GPU's time for the call (CUDA-graph replay, no host in the
+loop), the per-call time the layer benchmark reports (CUDA events around each eager call: the host's issue
+cost shows wherever it exceeds the GPU's), and the host's issue cost alone (eager calls issued while a sleep
+kernel keeps the GPU busy), for cuDNN (F.conv2d, benchmark mode, TF32 off) and for given plans.
+
+    python benchmarks/host_floor.py --plans implicit_gemm_tc_bm64_bn32_bk32_wm2_wn4_st3_s4_sm90@conv1:1 ...
+
+A plan is ``<family name>@<layer>:<N>`` (the names bench_layers.py prints; layers as in bench_layers.py).
+Writes JSON + Markdown (``--out``, ``--tag``). Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
+
+from bagf_torch import runtime  # noqa: E402
+from bagf_torch.kernels import FAMILIES  # noqa: E402
+from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
+
+GRAPH_CALLS = 20
+HOST_CALLS = 200
+SLEEP_CYCLES = 2e8
+
+
+def config_of(plan_name: str):
+    """(family module, config) whose ``name()`` is ``plan_name``."""
+    for fam in FAMILIES.values():
+        if plan_name.startswith(fam.FAMILY + "_"):
+            for c in fam.space().valid_configs():
+                if fam.name(c) == plan_name:
+                    return fam, c
+    raise SystemExit(f"no configuration is named {plan_name}")
+
+
+def graph_us(fn, bench: CudaBenchmarker) -> float:
+    """Per-call GPU time: GRAPH_CALLS calls captured in one CUDA graph, the replay timed with CUDA events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return bench.timing(g.replay).median_us / GRAPH_CALLS
+
+
+def issue_us(fn) -> float:
+    """Host microseconds per call while the GPU is busy (nothing waits for a kernel)."""
+    out = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(SLEEP_CYCLES))
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        out.append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plans", nargs="+", required=True, help="<family name>@<layer>:<N>")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="h200")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_floor: no CUDA GPU here")
+        return 2
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
+    dev = runtime.get().device(0)
+    bench = CudaBenchmarker()
+    checker = CudaChecker(dev.compiler.ext)
+    rows = []
+    for spec in args.plans:
+        plan_name, where = spec.split("@")
+        layer, n = where.split(":")
+        p = problem(layers[layer], int(n))
+        fam, cfg = config_of(plan_name)
+        built = dev.compiler.compile(fam, [cfg])[0]
+        ws = Workspace(p, torch.device("cuda", 0))
+        bad = checker.check(ws, built.handle)
+        assert bad is None, (plan_name, bad)
+        row = {"layer": layer, "n": int(n), "plan": plan_name}
+        with torch.no_grad():
+            for who, h in (("cudnn", ATEN), ("ours", built.handle)):
+                fn = bench._call(ws, h)
+                with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=False):
+                    fn()
+                    row[f"{who}_eager_us"] = bench.timing(fn).median_us
+                    row[f"{who}_graph_us"] = graph_us(fn, bench)
+                    row[f"{who}_issue_us"] = issue_us(fn)
+        row["empty_issue_us"] = issue_us(lambda: torch.empty(ws.out.shape, device="cuda"))
+        dev.compiler.unload(built.handle)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "graph_calls": GRAPH_CALLS, "host_calls": HOST_CALLS}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"host_floor_{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Per-call time at small batch: GPU (graph replay) vs eager vs host issue ({meta['gpu']})", "",
+             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; fp32, TF32 off, "
+             "cuDNN benchmark mode. eager = the layer benchmark's per-call CUDA-event median; graph = per call of "
+             f"{GRAPH_CALLS} calls captured in one CUDA graph (the GPU's time); issue = host us per call while "
+             "the GPU is busy. ours = conv2d_inference (TunedConv2d's inference path).", "",
+             "| layer | N | plan | cuDNN eager | cuDNN graph | cuDNN issue | ours eager | ours graph | ours issue "
+             "| torch.empty issue |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {r['cudnn_eager_us']:.1f} | {r['cudnn_graph_us']:.1f} "
+                     f"| {r['cudnn_issue_us']:.1f} | {r['ours_eager_us']:.1f} | {r['ours_graph_us']:.1f} | "
+                     f"{r['ours_issue_us']:.1f} | {r['empty_issue_us']:.1f} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
