@@ -362,21 +362,21 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   float* up = U.data_ptr<float>();
   float* vp = V.data_ptr<float>();
   const float* mp = M.data_ptr<float>();
-  auto stage = [&](int which, int64_t items) {
-    const int64_t blocks = (items + plan.threads - 1) / plan.threads;
+  const int64_t tb = plan.threads;
+  auto blocks_for = [tb](int64_t items) { return (items + tb - 1) / tb; };
+  auto stage = [&](int which, int64_t blocks) {
     BAGF_CHECK(blocks <= INT_MAX, "bagf_torch: Winograd stage ", which, " needs ", blocks, " blocks");
     void* args[] = {&xp, &wp, &bp, &yp, &p, &up, &vp, &mp, &which};
     BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, plan.threads, 1, 1, 0, stream, args,
                                  nullptr));
   };
-  stage(0, K * C);
-  stage(1, C * T);
+  stage(3, blocks_for(K * C) + blocks_for(C * T));  // filter and input transforms, one grid
   if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
     at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
   } else {
     at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
   }
-  stage(2, K * T);
+  stage(2, blocks_for(K * T));  // inverse transform with bias
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,

@@ -1,10 +1,11 @@
 """Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m = 2, 4, 5, 6, not fused
 (csrc/kernels/winograd_gemm.cuh).
 
-A plan runs four steps on the current stream: the filter transform U = G g G^T and the input transform
-V = B^T d B (stages 0 and 1 of one kernel), the E = (MT+2)^2 independent K x C by C x T products
-M[e] = U[e] V[e] as one batched SGEMM through cuBLAS (``at::bmm_out``: fp32 with TF32 off), and the inverse
-transform with bias (stage 2). U, V and M are workspaces from torch's caching allocator, allocated per call.
+A plan runs two launches of one kernel around a GEMM on the current stream: the filter transform U = G g G^T
+and the input transform V = B^T d B (stages 0 and 1, one launch), the E = (MT+2)^2 independent K x C by C x T
+products M[e] = U[e] V[e] as one batched SGEMM through cuBLAS (``at::bmm_out``: fp32 with TF32 off), and the
+inverse transform with bias (stage 2). U, V and M are workspaces from torch's caching allocator, allocated per
+call.
 
 Why a second Winograd dataflow next to the fused ones: at N >= 32 the fused kernels spend most of their time
 in the transforms and the output stage, so the products run at a fraction of the SM's FFMA rate
@@ -34,8 +35,9 @@ VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T]
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
 ========  ===============  =====================================================================
 
-No shared memory. 60 of the 64 combinations are valid: F(6x6) with 512 threads would need about 152
-registers per thread (the register rule).
+No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
+on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 60 of the 64 combinations are valid: F(6x6)
+with 512 threads would need about 152 registers per thread (the register rule).
 """
 
 from __future__ import annotations

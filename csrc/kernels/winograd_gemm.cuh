@@ -6,6 +6,8 @@
 //   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
 //   (host)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
 //   stage 2  y[n][k][..] = A^T M_kt A + bias[k]                 one thread per (k, tile), MT x MT outputs
+//   stage 3  stages 0 and 1 in one launch (blocks below ceil(K*C/TB) filters, the rest input tiles): the
+//            host's default, one launch less and the small filter transform overlapping the input's
 //
 // E = (MT+2)^2 points, T = N * ceil(P/MT) * ceil(Q/MT) tiles (tile t: image t / tiles-per-image, then tile rows,
 // then tile columns fastest). Where the fused kernels (winograd.cuh, winograd_tc.cuh) keep the transformed tiles
@@ -38,10 +40,16 @@ __global__ void __launch_bounds__(TB)
   const int tiles_q = (p.Q + MT - 1) / MT;
   const int tiles_img = ((p.P + MT - 1) / MT) * tiles_q;
   const long long T = static_cast<long long>(p.N) * tiles_img;
-  const long long idx = static_cast<long long>(blockIdx.x) * TB + threadIdx.x;
+  const long long kc = static_cast<long long>(p.K) * p.C;
+  long long block = blockIdx.x;
+  if (stage == 3) {  // stages 0 and 1 in one grid: the first ceil(K*C/TB) blocks take the filters
+    const long long filter_blocks = (kc + TB - 1) / TB;
+    stage = block < filter_blocks ? 0 : 1;
+    if (stage == 1) block -= filter_blocks;
+  }
+  const long long idx = block * TB + threadIdx.x;
 
   if (stage == 0) {  // filters: U = G g G^T
-    const long long kc = static_cast<long long>(p.K) * p.C;
     if (idx >= kc) return;
     float g[3][3], tmp[A][3], uu[A][A];
     const float* src = w + idx * 9;
