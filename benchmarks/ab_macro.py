@@ -3,8 +3,8 @@ value with ``#define MACRO value`` in front of its source (not through the cubin
 see the define), checked against float64 like every tuner candidate, and timed with CUDA events in interleaved
 rounds next to cuDNN (benchmark mode, TF32 off) on its layer.
 
-    python benchmarks/ab_macro.py --macro BAGF_WG_STAGED_OUT --values 1,0 \\
-        --plans winograd_gemm_f5_tb64_vl0_ml0_sm90@conv4:128 ... --out benchmarks/results --tag h200_s7
+    python benchmarks/ab_macro.py --macro BAGF_TC_SPLIT --values 1,0 \\
+        --plans implicit_gemm_tc_bm64_bn128_bk16_wm2_wn4_st2_s1_sm90@conv1:128 ... --out benchmarks/results
 
 A plan is ``<family name>@<layer>:<N>`` (host_floor.py). The first value is the one the tuner compiles.
 """
