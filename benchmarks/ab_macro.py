@@ -22,8 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
-from host_floor import config_of  # noqa: E402
+from host_floor import parse_plan  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.jit.compiler import KernelSpec  # noqa: E402
@@ -55,16 +54,14 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     values = [int(v) for v in args.values.split(",")]
-    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
     dev = runtime.get().device(0)
     checker = CudaChecker(dev.compiler.ext)
     bench = CudaBenchmarker()
     rows = []
     for spec in args.plans:
-        name, where = spec.split("@")
-        layer, n = where.split(":")
-        fam, cfg = config_of(name)
-        ws = Workspace(problem(layers[layer], int(n)), torch.device("cuda", 0))
+        name, layer, n = spec.replace(":", "@").split("@")
+        fam, cfg, p = parse_plan(spec)
+        ws = Workspace(p, torch.device("cuda", 0))
         handles = []
         for v in values:
             b = build(dev.compiler, fam, cfg, args.macro, v)

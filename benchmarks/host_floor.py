@@ -34,6 +34,14 @@ HOST_CALLS = 200
 SLEEP_CYCLES = 2e8
 
 
+def parse_plan(spec: str):
+    """``<family name>@<layer>:<N>`` -> (family module, config, ConvProblem)."""
+    name, where = spec.split("@")
+    layer, n = where.split(":")
+    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
+    return (*config_of(name), problem(layers[layer], int(n)))
+
+
 def config_of(plan_name: str):
     """(family module, config) whose ``name()`` is ``plan_name``."""
     for fam in FAMILIES.values():
@@ -85,16 +93,13 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
     dev = runtime.get().device(0)
     bench = CudaBenchmarker()
     checker = CudaChecker(dev.compiler.ext)
     rows = []
     for spec in args.plans:
-        plan_name, where = spec.split("@")
-        layer, n = where.split(":")
-        p = problem(layers[layer], int(n))
-        fam, cfg = config_of(plan_name)
+        plan_name, layer, n = spec.replace(":", "@").split("@")
+        fam, cfg, p = parse_plan(spec)
         built = dev.compiler.compile(fam, [cfg])[0]
         ws = Workspace(p, torch.device("cuda", 0))
         bad = checker.check(ws, built.handle)

@@ -15,8 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
-from host_floor import config_of  # noqa: E402
+from host_floor import parse_plan  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
@@ -29,15 +28,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
     dev = runtime.get().device(0)
     checker = CudaChecker(dev.compiler.ext)
     for spec in args.plans:
-        name, where = spec.split("@")
-        layer, n = where.split(":")
-        fam, cfg = config_of(name)
+        fam, cfg, p = parse_plan(spec)
+        name = fam.name(cfg)
         handle = dev.compiler.compile(fam, [cfg])[0].handle
-        ws = Workspace(problem(layers[layer], int(n)), torch.device("cuda", 0))
+        ws = Workspace(p, torch.device("cuda", 0))
         bad = checker.check(ws, handle)
         assert bad is None, (name, bad)
         call = ws.op_call(handle)

@@ -127,10 +127,16 @@ def threads(c: Mapping[str, int]) -> int:
     return (c["BK"] // c["TK"]) * (c["TH"] * c["TW"] // c["PX"])
 
 
+def geometry(c: Mapping[str, int]) -> tuple[int, int]:
+    """(KS, KU) of ``c``: the filter width and column stride its kernel is compiled for, (0, 0) for any (a config
+    without G, e.g. from an older cache, is generic)."""
+    return GEOMETRIES[c.get("G", 0)]
+
+
 def window(c: Mapping[str, int]) -> int:
     """Input words a thread holds in registers per filter row: (PX-1)*KU+KS when specialised (G > 0), else the
     PX operands of one tap."""
-    ks, ku = GEOMETRIES[c.get("G", 0)]
+    ks, ku = geometry(c)
     return (c["PX"] - 1) * ku + ks if ks else c["PX"]
 
 
@@ -143,7 +149,7 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
     """None when ``c`` may run ``problem``: any geometry for G = 0, else the problem's filter width, column stride
     and column dilation must be the ones the kernel was compiled for (the tuner searches only these)."""
-    ks, ku = GEOMETRIES[c.get("G", 0)]
+    ks, ku = geometry(c)
     if ks and (problem.s, problem.stride[1], problem.dilation[1]) != (ks, ku, 1):
         return (f"compiled for {ks}-wide filters at column stride {ku}; this problem has {problem.s} at "
                 f"{problem.stride[1]} (dilation {problem.dilation[1]})")
@@ -170,7 +176,7 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
     """Grid: x over the N * ceil(P/TH) * ceil(Q/TW) output tiles (``tile`` = TH rows, ``tile_w`` = TW columns,
     one tile per block: ``bn`` = 1), y over ceil(K/BK), z = SPLIT. Shared memory per call is
     ``smem_patch * rows * pitch + smem_taps * R * S`` (the host's ``halo_patch``); ``smem`` is the conv1 size."""
-    ks, ku = GEOMETRIES[c.get("G", 0)]
+    ks, ku = geometry(c)
     return {"bm": c["BK"], "bn": 1, "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"],
             "tile": c["TH"], "tile_w": c["TW"], "smem_patch": smem_patch(c), "smem_taps": smem_taps(c),
             "fix_s": ks, "fix_u": ku}
@@ -178,14 +184,14 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90``, or ``..._s1_w11u4_sm90`` specialised (G = 1)."""
-    ks, ku = GEOMETRIES[c.get("G", 0)]
+    ks, ku = geometry(c)
     return (f"{FAMILY}_th{c['TH']}_tw{c['TW']}_bk{c['BK']}_bc{c['BC']}_tk{c['TK']}_px{c['PX']}_db{c['DB']}"
             f"_s{c['SPLIT']}" + (f"_w{ks}u{ku}" if ks else "") + f"_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
     """``bagf::direct_conv2d<TH, ..., SPLIT>``, with ``, KS, KU`` appended when specialised."""
-    ks, ku = GEOMETRIES[c.get("G", 0)]
+    ks, ku = geometry(c)
     base = template_expression(KERNEL, TEMPLATE_ORDER, c)
     return base[:-1] + f", {ks}, {ku}>" if ks else base
 
@@ -224,8 +230,8 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     gets 4 x 16 x 32: 112 blocks), then the smallest SPLIT that gives 2 blocks per SM while each slice keeps
     at least 2 chunks (C = 3 never splits; a 256-channel layer at N=1 does). G: the kernel specialised to the
     problem's filter geometry when there is one (:func:`geometry_for`)."""
-    valid = space()
-    ladder = [dict(DEFAULT, TH=th, BK=bk, G=geometry_for(problem)) for th, bk in ((8, 64), (8, 32), (4, 64), (4, 32), (8, 16), (4, 16))]
+    valid, g = space(), geometry_for(problem)
+    ladder = [dict(DEFAULT, TH=th, BK=bk, G=g) for th, bk in ((8, 64), (8, 32), (4, 64), (4, 32), (8, 16), (4, 16))]
     ladder = [c for c in ladder if valid.is_valid(c)]
     k_blocks = {c["BK"]: -(-problem.k // c["BK"]) for c in ladder}
     blocks = [tiles(c, problem) * k_blocks[c["BK"]] for c in ladder]
