@@ -246,6 +246,11 @@ class Runtime:
             holder = cache.claim(key, self._owner, lease)
             if holder is None:
                 try:
+                    # the holder may have stored its plan and released between our look and our claim
+                    row = cache.get_plan(key)
+                    if row is not None:
+                        self.stats["cache_hits"] += 1
+                        return self._load(row, dev)
                     with _Heartbeat(cache, key, self._owner, lease):
                         return self._tune_and_store(problem, dev, key)
                 finally:

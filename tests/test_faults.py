@@ -115,6 +115,29 @@ def test_row_kill_9_mid_tuning_then_restart(cache_dir, bagf_log, counts):
     assert not [r for r in bagf_log() if r.levelno >= logging.WARNING], [r.getMessage() for r in bagf_log()]
 
 
+def test_plan_stored_between_look_and_claim_is_loaded_not_tuned_again(cache_dir):
+    """The race behind a once-seen ``tuned == 2`` in the 8-process row (CI, 2 cores): a process looks, finds no
+    plan, and by the time it claims the key the tuner has stored its plan and released its claim. The claimant
+    must load that plan, not tune the problem a second time (ranks could then run different kernels)."""
+    os.environ["BAGF_CACHE_DIR"] = str(cache_dir)  # restored by the autouse fixture's monkeypatch
+    first = runtime.install(fh.make_runtime())
+    stored = first.fake_compiler.loaded[first.plan_handle(fh.P, 0)]
+    assert first.stats["tuned"] == 1
+    late = runtime.install(fh.make_runtime())
+    cache = late.cache()
+    real_get_plan, looks = cache.get_plan, []
+
+    def get_plan(key):  # the first look happens before the plan lands; every later one sees it
+        looks.append(key)
+        return None if len(looks) == 1 else real_get_plan(key)
+
+    cache.get_plan = get_plan
+    handle = late.plan_handle(fh.P, 0)
+    assert late.stats["tuned"] == 0 and late.stats["cache_hits"] == 1 and len(looks) == 2
+    assert late.fake_compiler.loaded[handle] == stored
+    assert cache.claimed_by(looks[0]) is None  # the claim taken for the look is given back
+
+
 # ---- 8 processes, one cache, one problem -----------------------------------------------------------------
 
 
