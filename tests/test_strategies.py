@@ -752,3 +752,16 @@ def test_ax_batches_small_while_early():
     # prior 1 + local design 2, 2 (5 before the GP) + GP 3, 3 (11) + GP 6, then the budget's last 3 (the
     # budget counts the search's own evaluations, not the prior)
     assert sizes == [2, 2, 3, 3, 6, 3]
+
+
+def test_device_scripts_name_plans_by_family_name_layer_and_batch():
+    """host_floor.py, ncu_plan.py and ab_macro.py take plans as ``<family name>@<layer>:<N>``: the name must map
+    back to its configuration (a specialised direct kernel included) and the layer to bench_layers' problem."""
+    hf = _benchmark_module("host_floor")
+    fam, cfg, p = hf.parse_plan("direct_th8_tw16_bk64_bc1_tk8_px8_db0_s1_w11u4_sm90@conv1:128")
+    assert fam.FAMILY == "direct" and cfg["G"] == 1 and cfg["PX"] == 8 and cfg["DB"] == 0
+    assert (p.n, p.c, p.k, p.r, tuple(p.stride)) == (128, 3, 64, 11, (4, 4)) and fam.problem_rule(cfg, p) is None
+    fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_sm90@r3x3_256:32")
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0} and (p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
+    with pytest.raises(SystemExit, match="no configuration"):
+        hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
