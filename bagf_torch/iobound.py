@@ -741,13 +741,25 @@ reduction, use other tiles or serve operand re-reads from L2). 128 x 128 x 8 wit
 accumulators each and double-buffered operand tiles is the classic fp32 SGEMM block."""
 
 
+def winograd_gemm_tile(config: Mapping[str, int]) -> tuple[int, int, int, int]:
+    """(BM, BN, BK, stages) of the pipeline's GEMM block: the plan's own gemm_tf32x3 tile when GE > 0
+    (``kernels.winograd_gemm.GEMMS``), else the assumed cuBLAS block :data:`GEMM_TILE` with two stages."""
+    from .kernels import winograd_gemm as _wgg
+
+    tile = _wgg.gemm_tile(config) if config.get("GE", 0) else None
+    if tile is None:
+        return (*GEMM_TILE, 2)
+    bm, bn, bk, _, _, stages = tile
+    return bm, bn, bk, stages
+
+
 def winograd_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
-    """The modelled GEMM block's fast memory (the same assumption as :data:`GEMM_TILE`): its BM x BN
-    accumulators + two stages of its BK x BM and BK x BN operand tiles, 128*128 + 2*8*(128+128) = 20480 words.
-    The same for every configuration: the GEMM is cuBLAS's, and the transform stages keep one tile in registers
-    (``kernels.winograd_gemm.estimated_registers``) and no shared memory."""
-    bm, bn, bk = GEMM_TILE
-    return bm * bn + 2 * bk * (bm + bn)
+    """The GEMM block's fast memory: its BM x BN accumulators + its pipeline's stages of BK x BM and BK x BN
+    operand tiles (:func:`winograd_gemm_tile`; for cuBLAS, 128*128 + 2*8*(128+128) = 20480 words, an
+    assumption). The transform stages keep one tile in registers (``kernels.winograd_gemm.estimated_registers``)
+    and no shared memory."""
+    bm, bn, bk, stages = winograd_gemm_tile(config)
+    return bm * bn + stages * bk * (bm + bn)
 
 
 def _gemm_shape(problem: ConvProblem, config: Mapping[str, int], tiles: int) -> tuple[int, int]:
@@ -764,10 +776,10 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     * stage 0, one thread per (k, c): 9 filter words (``words_read_weight`` = 9*K*C), E words of U stored;
     * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
       -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
-    * the GEMM, E products of (K x C) by (C x T) through cuBLAS - **modelled, not read**: a block per
-      BM x BN tile of the product (:data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for
-      ML=1) reads its operand panels once each, clipped at the edges, and writes its output tile once; the
-      result is never read (beta = 0). So per point U is read ceil(T/BN) times and V ceil(K/BM) times (ML=0;
+    * the GEMM, E products of (K x C) by (C x T): a block per BM x BN tile of the product
+      (:func:`winograd_gemm_tile`: our gemm_tf32x3's tile for GE > 0; for cuBLAS **modelled, not read**,
+      :data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for ML=1) reads its operand panels once
+      each, clipped at the edges, and writes its output tile once; the result is never read (beta = 0). So per point U is read ceil(T/BN) times and V ceil(K/BM) times (ML=0;
       ML=1 swaps the ceilings, the same counts for the square tile), M written once. ATen hands the
       transposed views of V and U to cuBLAS as transpose flags (``prepare_batch_matrix_for_cublas`` accepts a
       view with one unit stride), so no copy is counted. cuBLAS's real kernel is unknown and may differ
@@ -800,7 +812,7 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     k, c = problem.k, problem.c
     tiles = problem.tiles(mt)
     rows, cols = _gemm_shape(problem, config, tiles)
-    bm, bn, _ = GEMM_TILE
+    bm, bn, _, _ = winograd_gemm_tile(config)
     gm, gn = -(-rows // bm), -(-cols // bn)
     a_reads, b_reads = gn * rows * c, gm * c * cols  # per point: row panels once per block column, and so on
     u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
@@ -862,7 +874,7 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
         v_w += sum(1 for i in range(a_) for j in range(a_))
 
     rows, cols = _gemm_shape(problem, config, nt)  # the modelled GEMM, one product per point
-    bm, bn, bk = GEMM_TILE
+    bm, bn, bk, _ = winograd_gemm_tile(config)
     bg = 0
     for _ in range(e):
         for r0 in range(0, rows, bm):

@@ -34,7 +34,7 @@ from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_t
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
-from bagf_torch.kernels import FAMILIES  # noqa: E402
+from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
 from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, Workspace  # noqa: E402
 from bagf_torch.tuning.replay import load_recording  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
@@ -74,7 +74,7 @@ def recorded_optima(paths) -> dict:
                 continue
             config, outcome = rp.evaluator().best()
             prob = ConvProblem.from_dict(rp.conv)
-            cand = (rp.family, config, outcome.time_us)
+            cand = (rp.family, complete_config(rp.family, config), outcome.time_us)
             if prob not in best or cand[2] < best[prob][2]:
                 best[prob] = cand
     return best

@@ -47,6 +47,11 @@ struct Plan {
   int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T])
   int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
   int fix_u = 0;       // (a direct plan's KS, KU); calls with another geometry are refused (ATen answers)
+  CUfunction gemm_fn = nullptr;  // gemm plans: our batched 3xTF32 GEMM (gemm_tf32x3.cuh) in place of cuBLAS's
+  int gemm_bm = 0;               // SGEMM, with its block tile, threads and dynamic shared memory (the cubin's
+  int gemm_bn = 0;               // second kernel; nullptr: at::bmm_out)
+  int gemm_threads = 0;
+  int gemm_smem = 0;
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -103,13 +108,27 @@ void make_context_current(int device) {
 
 // ---------------------------------------------------------------------------------------------- NVRTC
 
-// Compile one template instantiation to a cubin. Never throws for a bad kernel: returns
-// (ok, cubin, lowered_name, log) so the tuner records a typed "compile" failure with the log attached.
+// Split "a;b" into its parts (a plan's kernels: name expressions in, lowered names out).
+std::vector<std::string> split_names(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find(';', start);
+    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC. Never throws
+// for a bad kernel: returns (ok, cubin, lowered_names, log), the lowered names joined by ';' in the same order,
+// so the tuner records a typed "compile" failure with the log attached.
 py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
                         const std::vector<std::string>& options) {
   std::string log, lowered;
   std::string cubin;
   bool ok = false;
+  const std::vector<std::string> names = split_names(name_expr);
   {
     py::gil_scoped_release release;  // NVRTC is thread-safe: candidates compile in parallel threads
     nvrtcProgram prog = nullptr;
@@ -117,7 +136,7 @@ py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
     if (r != NVRTC_SUCCESS) {
       log = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(r);
     } else {
-      nvrtcAddNameExpression(prog, name_expr.c_str());
+      for (const auto& n : names) nvrtcAddNameExpression(prog, n.c_str());
       std::vector<const char*> opts;
       for (const auto& o : options) opts.push_back(o.c_str());
       r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
@@ -130,12 +149,17 @@ py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
       if (r != NVRTC_SUCCESS) {
         log = std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(r) + "\n" + log;
       } else {
-        const char* name = nullptr;
-        nvrtcResult rn = nvrtcGetLoweredName(prog, name_expr.c_str(), &name);
+        nvrtcResult rn = NVRTC_SUCCESS;
+        std::string joined;
+        for (size_t i = 0; i < names.size() && rn == NVRTC_SUCCESS; ++i) {
+          const char* name = nullptr;
+          rn = nvrtcGetLoweredName(prog, names[i].c_str(), &name);
+          if (rn == NVRTC_SUCCESS) joined += (i ? ";" : "") + std::string(name);
+        }
         size_t size = 0;
         nvrtcResult rs = rn == NVRTC_SUCCESS ? nvrtcGetCUBINSize(prog, &size) : rn;
         if (rs == NVRTC_SUCCESS && size > 0) {
-          lowered = name;
+          lowered = joined;
           cubin.resize(size);
           rs = nvrtcGetCUBIN(prog, &cubin[0]);
         }
@@ -189,7 +213,7 @@ py::dict device_limits(int device) {
 // the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
                    int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps, int gemm,
-                   int layout, int fix_s, int fix_u) {
+                   int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn, int gemm_threads, int gemm_smem) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -213,6 +237,12 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.layout = layout;
     plan.fix_s = fix_s;
     plan.fix_u = fix_u;
+    plan.gemm_bm = gemm_bm;
+    plan.gemm_bn = gemm_bn;
+    plan.gemm_threads = gemm_threads;
+    plan.gemm_smem = gemm_smem;
+    const std::vector<std::string> kernels = split_names(lowered_name);
+    const bool own_gemm = kernels.size() == 2;
     const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
@@ -224,6 +254,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
       err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");
+    } else if (kernels.size() > 2 || (own_gemm && (gemm != 1 || layout != 0 || gemm_bm < 16 || gemm_bn < 16 ||
+                                                   gemm_threads < 32 || gemm_smem < 0))) {
+      err = cat("a plan's second kernel is a non-fused Winograd plan's GEMM with layout 0 and a positive tile; got ",
+                kernels.size(), " kernels, gemm=", gemm, ", layout=", layout, ", tile ", gemm_bm, "x", gemm_bn,
+                ", ", gemm_threads, " threads");
     } else if (smem_patch < 0 || smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -232,8 +267,10 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     } else if ((r = cuModuleLoadData(&plan.module, cubin.data())) != CUDA_SUCCESS) {
       plan.module = nullptr;
       err = cat("cuModuleLoadData failed for ", lowered_name, ": ", cu_error(r));
-    } else if ((r = cuModuleGetFunction(&plan.fn, plan.module, lowered_name.c_str())) != CUDA_SUCCESS) {
-      err = cat("kernel ", lowered_name, " not found in its cubin: ", cu_error(r));
+    } else if ((r = cuModuleGetFunction(&plan.fn, plan.module, kernels[0].c_str())) != CUDA_SUCCESS) {
+      err = cat("kernel ", kernels[0], " not found in its cubin: ", cu_error(r));
+    } else if (own_gemm && (r = cuModuleGetFunction(&plan.gemm_fn, plan.module, kernels[1].c_str())) != CUDA_SUCCESS) {
+      err = cat("kernel ", kernels[1], " not found in its cubin: ", cu_error(r));
     } else {
       cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
       cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
@@ -254,6 +291,19 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                                          plan.smem_max)) != CUDA_SUCCESS) {
         err = cat("out of resources: ", lowered_name, " asks for ", plan.smem_max, " bytes of dynamic shared memory: ",
                   cu_error(r), ". Smaller BM/BN/BK may help.");
+      } else if (own_gemm) {
+        int gemm_max_threads = 0, gemm_regs = 0;
+        cuFuncGetAttribute(&gemm_max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.gemm_fn);
+        cuFuncGetAttribute(&gemm_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.gemm_fn);
+        if (gemm_max_threads < gemm_threads) {
+          err = cat("out of resources: ", kernels[1], " needs ", gemm_threads, " threads per block but uses ",
+                    gemm_regs, " registers per thread, so at most ", gemm_max_threads, " threads fit.");
+        } else if ((r = cuFuncSetAttribute(plan.gemm_fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           gemm_smem)) != CUDA_SUCCESS) {
+          err = cat("out of resources: ", kernels[1], " asks for ", gemm_smem, " bytes of dynamic shared memory: ",
+                    cu_error(r), ". A smaller GEMM tile may help.");
+        }
+        regs = std::max(regs, gemm_regs);
       }
     }
     if (!err.empty()) {
@@ -334,7 +384,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
-  if (plan.gemm == 1 && (at::globalContext().allowTF32CuBLAS() ||
+  if (plan.gemm == 1 && plan.gemm_fn == nullptr && (at::globalContext().allowTF32CuBLAS() ||
                          at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST))
     return "the non-fused Winograd plan's GEMM would run in TF32 (torch.backends.cuda.matmul.allow_tf32 or "
            "torch.set_float32_matmul_precision is not 'highest'); set them back for this plan's fp32 speed";
@@ -346,8 +396,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 }
 
 // A non-fused Winograd plan: filter and input transforms (stages 0 and 1 of plan.fn), the E batched products
-// M[e] = U[e] V[e] through at::bmm_out (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off), the inverse
-// transform with bias (stage 2). The workspaces come from torch's caching allocator on the current stream.
+// M[e] = U[e] V[e] -- through the plan's own 3xTF32 GEMM (plan.gemm_fn) when it has one, else through at::bmm_out
+// (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off) -- and the inverse transform with bias (stage 2).
+// The workspaces come from torch's caching allocator on the current stream.
 void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const float* xp,
                       const float* wp, const float* bp, float* yp, cudaStream_t stream) {
   const int mt = plan.tile;
@@ -371,7 +422,20 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
                                  nullptr));
   };
   stage(3, blocks_for(K * C) + blocks_for(C * T));  // filter and input transforms, one grid
-  if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
+  if (plan.gemm_fn != nullptr) {  // layout 0 (load_plan checked): M[e] (K x T) = U[e] (K x C) V[e] (C x T)
+    BAGF_CHECK(K * C <= INT_MAX && C * T <= INT_MAX && K * T <= INT_MAX, "bagf_torch: Winograd GEMM operands of ",
+               K, "x", C, "x", T, " exceed 32-bit indexing");
+    int gm = static_cast<int>(K), gn = static_cast<int>(T), gk = static_cast<int>(C);
+    long long sa = K * C, sb = C * T, sc = K * T;
+    float* mo = M.data_ptr<float>();
+    void* args[] = {&up, &vp, &mo, &gm, &gn, &gk, &sa, &sb, &sc};
+    const int64_t gx = (T + plan.gemm_bn - 1) / plan.gemm_bn, gy = (K + plan.gemm_bm - 1) / plan.gemm_bm;
+    BAGF_CHECK(gx <= INT_MAX && gy <= 65535 && E <= 65535, "bagf_torch: Winograd GEMM grid ", gx, "x", gy, "x", E,
+               " is out of range");
+    BAGF_CU_CHECK(cuLaunchKernel(plan.gemm_fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
+                                 static_cast<unsigned>(E), plan.gemm_threads, 1, 1, plan.gemm_smem, stream, args,
+                                 nullptr));
+  } else if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
     at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
   } else {
     at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
@@ -569,7 +633,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
         py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0,
         py::arg("smem_patch") = 0, py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0,
-        py::arg("fix_s") = 0, py::arg("fix_u") = 0);
+        py::arg("fix_s") = 0, py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0,
+        py::arg("gemm_threads") = 0, py::arg("gemm_smem") = 0);
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
   m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");

@@ -330,7 +330,8 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
     geo = fam.launch(fam.DEFAULT)
     assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile",
                                                                     "tile_w", "smem_patch", "smem_taps", "gemm",
-                                                                    "layout", "fix_s", "fix_u"}
+                                                                    "layout", "fix_s", "fix_u", "gemm_bm",
+                                                                    "gemm_bn", "gemm_threads", "gemm_smem"}
     assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 

@@ -228,7 +228,7 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
     ATen's backward, ATen's answer for a problem it cannot compute, and ATen's answer (bit for bit) while torch
     lets cuBLAS use TF32 for fp32 matmuls, since its GEMM would then not be fp32."""
     fam = _family("winograd_gemm")
-    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1)])[0].handle
+    handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1, GE=0)])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)
@@ -251,6 +251,51 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
         assert not torch.equal(mine, aten)  # the plan's own arithmetic (else the check below shows nothing)
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
         assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), aten)
+
+
+# Shapes where the plan's own GEMM takes its 16-byte path (C and T multiples of 4) and where it does not
+OWN_GEMM_SHAPES = [
+    (4, 64, 13, 13, 96, 3, 3, (1, 1), (1, 1), (1, 1), True),  # T = 4 * 9 (F5, F6) or 4 * 16 (F4): vector path
+    (8, 32, 12, 12, 130, 3, 3, (1, 1), (1, 1), (1, 1), False),  # K off every BM
+    (2, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),  # C % 4 != 0: scalar path
+    (1, 200, 7, 9, 33, 3, 3, (1, 1), (0, 1), (1, 1), True),  # T small and odd
+]
+
+
+def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compiler, monkeypatch):
+    """winograd_gemm with its own 3xTF32 GEMM (GE > 0), every tile of GEMMS and every MT, checked like every
+    candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the GEMM's
+    16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
+    arithmetic does not depend on that flag): the output is the same bits either way."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("winograd_gemm")
+    configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128) for ge in fam.GEMMS for mt in fam.PARAMS["MT"]]
+    assert all(fam.space().is_valid(c) for c in configs)
+    built = compiler.compile(fam, configs)
+    failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
+    assert not failures, failures
+    checker = CudaChecker(compiler.ext)
+    bad = []
+    for shape in OWN_GEMM_SHAPES:
+        ws = Workspace(_problem(shape), torch.device("cuda", 0))
+        for c, b in zip(configs, built):
+            out = checker.check(ws, b.handle)
+            if out is not None:
+                bad.append((shape, fam.name(c), out.detail))
+    assert not bad, bad[:10]
+    x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
+    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    handle = built[0].handle
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
+                                                     allow_tf32=False):
+        mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        aten = F.conv2d(x, w, b, 1, 1)
+        assert not torch.equal(mine, aten)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+        assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), mine)
 
 
 # Shapes for the direct family (issue 3 item 2): AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,

@@ -503,7 +503,7 @@ def test_winograd_gemm_terms():
     p = ConvProblem(n=3, c=6, h=18, w=14, k=200, r=3, s=3)  # P x Q = 16 x 12
     for mt in (2, 4):
         e, tiles = (mt + 2) ** 2, 3 * (16 // mt) * (12 // mt)
-        c = dict(wgg.DEFAULT, MT=mt)
+        c = dict(wgg.DEFAULT, MT=mt, GE=0)
         t = iobound.traffic(wgg, p, c)
         assert t.words_read_input * mt * mt == (mt + 2) ** 2 * p.n * p.c * 16 * 12
         assert t.words_read_weight == 9 * p.k * p.c and t.words_read_bias == p.k * tiles
@@ -516,10 +516,18 @@ def test_winograd_gemm_terms():
         assert t.total == (t.words_read_input + t.words_read_weight + t.words_read_bias + t.words_written
                            + t.words_written_workspace + t.words_read_workspace)
         for other in WGG_VALID:
-            if other["MT"] == mt:
+            if other["MT"] == mt and other["GE"] == 0:
                 assert iobound.traffic(wgg, p, other).total == t.total, other
-    assert iobound.fast_memory_words("winograd_gemm", wgg.DEFAULT) == 128 * 128 + 2 * 8 * 256 == \
-        iobound.traffic(wgg, p, wgg.DEFAULT).fast_memory_words
+        # our GEMM (GE > 0): its own block tile re-reads U ceil(T/BN) and V ceil(K/BM) times per point
+        for ge, (bm, bn, bk, _, _, stages) in wgg.GEMMS.items():
+            g = iobound.traffic(wgg, p, dict(c, GE=ge))
+            assert dict(g.workspace_read) == {"U": e * p.k * p.c * -(-tiles // bn), "V": e * p.c * tiles * -(-p.k // bm),
+                                              "M": e * p.k * tiles}
+            assert g.grid[2] == e * -(-tiles // bn) * -(-p.k // bm)
+            assert g.fast_memory_words == bm * bn + stages * bk * (bm + bn)
+    cublas = dict(wgg.DEFAULT, GE=0)
+    assert iobound.fast_memory_words("winograd_gemm", cublas) == 128 * 128 + 2 * 8 * 256 == \
+        iobound.traffic(wgg, p, cublas).fast_memory_words
     # the fused families have no workspace: their totals are what they were
     fused = iobound.winograd_traffic(p, wg.DEFAULT)
     assert fused.workspace_written == fused.workspace_read == () and fused.words_read_workspace == 0

@@ -762,6 +762,25 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     assert fam.FAMILY == "direct" and cfg["G"] == 1 and cfg["PX"] == 8 and cfg["DB"] == 0
     assert (p.n, p.c, p.k, p.r, tuple(p.stride)) == (128, 3, 64, 11, (4, 4)) and fam.problem_rule(cfg, p) is None
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_sm90@r3x3_256:32")
-    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0} and (p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 0} and (p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
+    fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_ge2_sm90@conv4:128")
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 2} and fam.name_expression(cfg).endswith(
+        "bagf::gemm_tf32x3<64, 128, 32, 1, 4, 4>")
     with pytest.raises(SystemExit, match="no configuration"):
         hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
+
+
+def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
+    """bench_layers re-times each recording's optimum: a configuration recorded before a family gained a knob
+    (winograd_gemm's GE) must come back as a valid configuration of today's space, with the knob at the value
+    that was measured (GE = 0, cuBLAS's GEMM); on the H200 a missing knob crashed the benchmark at this step."""
+    from bagf_torch.kernels import FAMILIES, complete_config
+
+    bl = _benchmark_module("bench_layers")
+    optima = bl.recorded_optima(sorted(bl.DATA.glob("*.json.gz")))
+    assert optima, "no recordings in benchmarks/data"
+    for prob, (family, config, _) in optima.items():
+        assert FAMILIES[family].space().invalid_reason(config) is None, (family, config)
+    assert any(f == "winograd_gemm" and c["GE"] == 0 for f, c, _ in optima.values())
+    assert complete_config("winograd_gemm", {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 3})["GE"] == 3
+    assert complete_config("direct", {"TH": 8}) == {"TH": 8}

@@ -122,7 +122,9 @@ class KernelCompiler:
             info = self.ext.load_plan(cubin, lowered, self.device, geo["bm"], geo["bn"], geo["threads"],
                                       geo["smem"], geo.get("split", 1), geo.get("tile", 1), geo.get("tile_w", 0),
                                       geo.get("smem_patch", 0), geo.get("smem_taps", 0), geo.get("gemm", 0),
-                                      geo.get("layout", 0), geo.get("fix_s", 0), geo.get("fix_u", 0))
+                                      geo.get("layout", 0), geo.get("fix_s", 0), geo.get("fix_u", 0),
+                                      geo.get("gemm_bm", 0), geo.get("gemm_bn", 0), geo.get("gemm_threads", 0),
+                                      geo.get("gemm_smem", 0))
         except RuntimeError as e:
             return Outcome("resources", detail=f"{spec.name}: {e}")
         if "error" in info:

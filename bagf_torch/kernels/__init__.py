@@ -28,6 +28,18 @@ def families_for(capability: tuple[int, int]) -> list:
     return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH]
 
 
+def complete_config(family: str, config) -> dict:
+    """``config`` with the knobs a family gained after it was recorded set to the value they stand for in older
+    records (the family's ``LEGACY``, e.g. winograd_gemm's GE = 0: before the knob, the GEMM was cuBLAS's), so a
+    configuration read from a recording or an old cache compiles to the kernel that was measured.
+
+    >>> complete_config("winograd_gemm", {"MT": 5, "TB": 64, "VL": 0, "ML": 0})["GE"]
+    0
+    """
+    legacy = getattr(FAMILIES.get(family), "LEGACY", {})
+    return {**{k: v for k, v in legacy.items() if k not in config}, **config}
+
+
 def family_name(family: str, config) -> str:
     """Readable name of a plan: ``aten`` or the family's instantiation name."""
     if config is None or family not in FAMILIES:
@@ -35,5 +47,5 @@ def family_name(family: str, config) -> str:
     return FAMILIES[family].name(config)
 
 
-__all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "config_key", "direct", "families_for", "family_name",
+__all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "complete_config", "config_key", "direct", "families_for", "family_name",
            "implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_gemm", "winograd_tc"]

@@ -3,9 +3,16 @@
 
 A plan runs two launches of one kernel around a GEMM on the current stream: the filter transform U = G g G^T
 and the input transform V = B^T d B (stages 0 and 1, one launch), the E = (MT+2)^2 independent K x C by C x T
-products M[e] = U[e] V[e] as one batched SGEMM through cuBLAS (``at::bmm_out``: fp32 with TF32 off), and the
-inverse transform with bias (stage 2). U, V and M are workspaces from torch's caching allocator, allocated per
-call.
+products M[e] = U[e] V[e] as one batched GEMM, and the inverse transform with bias (stage 2). U, V and M are
+workspaces from torch's caching allocator, allocated per call.
+
+The GEMM is a knob (GE). GE = 0: cuBLAS's SGEMM through ``at::bmm_out`` (fp32 on the FFMA pipe, TF32 off).
+GE > 0: our own batched GEMM on tensor cores with fp32 accuracy from three TF32 products
+(csrc/kernels/gemm_tf32x3.cuh), compiled into the same cubin as the transforms, with the block tile of
+:data:`GEMMS`. On the H200 it is 1.30-1.42x faster than cuBLAS on AlexNet's conv3/conv5 products
+(benchmarks/results/gemm_tf32x3_probe_h200.md); its error against float64 is ~5x fp32's (1.4-1.8e-6 against
+2.5-2.9e-7 on those products: the small parts are truncated to TF32), far inside the correctness check.
+It needs sm_80 (mma.sync TF32, cp.async): on older GPUs GE > 0 fails to compile and the tuner records that.
 
 Why a second Winograd dataflow next to the fused ones: at N >= 32 the fused kernels spend most of their time
 in the transforms and the output stage, so the products run at a fraction of the SM's FFMA rate
@@ -22,7 +29,7 @@ matmuls (``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul
 Accuracy is the fused families' (the same transforms, the same products in another order): the tuner's
 correctness check (relative norm < 1e-4, max < 1e-3 against float64) rejects a candidate above it.
 
-Knobs (template parameters):
+Knobs (template parameters; GE picks the second kernel):
 
 ========  ===============  =====================================================================
 knob      values           meaning
@@ -33,11 +40,14 @@ MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd poi
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
+GE        0 1 2 3 4        the GEMM: 0 cuBLAS SGEMM; 1-4 gemm_tf32x3 with GEMMS[GE]'s tile (needs
+                           VL = ML = 0: it multiplies row-major U[e] by row-major V[e])
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
-on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 60 of the 64 combinations are valid: F(6x6)
-with 512 threads would need about 152 registers per thread (the register rule).
+on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 120 of the 320 combinations are valid: F(6x6)
+with 512 threads would need about 152 registers per thread (the register rule), and GE > 0 takes only
+VL = ML = 0.
 """
 
 from __future__ import annotations
@@ -51,19 +61,33 @@ FAMILY = "winograd_gemm"
 SOURCE = "winograd_gemm.cuh"
 KERNEL = "bagf::winograd_gemm_stage"
 TEMPLATE_ORDER = ("MT", "TB", "VL", "ML")
+GEMM_KERNEL = "bagf::gemm_tf32x3"
+GEMMS: dict[int, tuple[int, int, int, int, int, int]] = {
+    1: (64, 64, 32, 2, 2, 4),
+    2: (64, 128, 32, 1, 4, 4),
+    3: (64, 64, 16, 2, 2, 4),
+    4: (128, 128, 32, 2, 4, 3),
+}
+"""GE -> gemm_tf32x3's (BM, BN, BK, WM, WN, STAGES): the four fastest of seven tiles measured on AlexNet's
+conv3/conv5 products at N = 32 and 128 (gemm_tf32x3_probe_h200.md; 1 and 2 won every shape there)."""
 MIN_ARCH = 70
 KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
 """The kernel's parameter list (the other families take the first five): x, w, bias, y, shape, the U, V and M
 workspaces, the stage (0 filters, 1 input tiles, 2 outputs)."""
+GEMM_KERNEL_ARGS = "const float*, const float*, float*, int, int, int, long long, long long, long long"
+"""gemm_tf32x3's parameter list: A, B, C, M, N, K, the three batch strides."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "MT": (2, 4, 5, 6),
     "TB": (64, 128, 256, 512),
     "VL": (0, 1),
     "ML": (0, 1),
+    "GE": (0, 1, 2, 3, 4),
 }
 
-DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0}
+DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1}
+LEGACY: Config = {"GE": 0}
+"""What a configuration recorded before the GE knob existed ran: cuBLAS's GEMM (kernels.complete_config)."""
 
 
 def applies(problem) -> str | None:
@@ -80,7 +104,23 @@ def threads(c: Mapping[str, int]) -> int:
     return c["TB"]
 
 
+def gemm_tile(c: Mapping[str, int]) -> tuple[int, int, int, int, int, int] | None:
+    """(BM, BN, BK, WM, WN, STAGES) of the plan's own GEMM, None for cuBLAS (GE = 0)."""
+    return GEMMS[c["GE"]] if c["GE"] else None
+
+
+def gemm_smem_bytes(c: Mapping[str, int]) -> int:
+    """Dynamic shared memory of the plan's own GEMM: STAGES x (BM x (BK+8) + BK x (BN+4)) floats (0 for cuBLAS)."""
+    tile = gemm_tile(c)
+    if tile is None:
+        return 0
+    bm, bn, bk, _, _, st = tile
+    return 4 * st * (bm * (bk + 8) + bk * (bn + 4))
+
+
 def smem_bytes(c: Mapping[str, int]) -> int:
+    """The transform kernel's (the plan's first kernel): none. The plan's own GEMM has its own,
+    :func:`gemm_smem_bytes`, passed to the host as ``gemm_smem``."""
     return 0
 
 
@@ -103,17 +143,35 @@ def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
 def launch(c: Mapping[str, int]) -> dict[str, int]:
     """The host's plan: ``gemm`` = 1 (three stages around a batched SGEMM, grids sized per call), ``tile`` = MT
     (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML."""
-    return {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
-            "layout": c["VL"] + 2 * c["ML"]}
+    geo = {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
+           "layout": c["VL"] + 2 * c["ML"]}
+    tile = gemm_tile(c)
+    if tile is not None:
+        bm, bn, _, wm, wn, _ = tile
+        geo.update(gemm_bm=bm, gemm_bn=bn, gemm_threads=32 * wm * wn, gemm_smem=gemm_smem_bytes(c))
+    return geo
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_sm90``."""
-    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}_{arch}"
+    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_sm90`` (cuBLAS's GEMM), ``winograd_gemm_f5_tb64_vl0_ml0_ge1_sm90``."""
+    ge = f"_ge{c['GE']}" if c["GE"] else ""
+    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}{ge}_{arch}"
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """The transform kernel's instantiation, then (GE > 0) the GEMM's, separated by ';' (one cubin)."""
+    stages = template_expression(KERNEL, TEMPLATE_ORDER, c)
+    tile = gemm_tile(c)
+    if tile is None:
+        return stages
+    return f"{stages};{GEMM_KERNEL}<{', '.join(map(str, tile))}>"
+
+
+def gemm_rule(c: Mapping[str, int]) -> str | None:
+    """Our GEMM multiplies row-major U[e] (K x C) by row-major V[e] (C x T) into M[e] (K x T): VL = ML = 0."""
+    if c["GE"] and (c["VL"] or c["ML"]):
+        return f"GE={c['GE']} (our GEMM) takes only VL=0 and ML=0, not VL={c['VL']}, ML={c['ML']}"
+    return None
 
 
 def default_for(problem, sms: int = 132) -> Config:
@@ -122,4 +180,5 @@ def default_for(problem, sms: int = 132) -> Config:
 
 
 def space(smem_limit: int = 0) -> Space:
-    return Space(FAMILY, PARAMS, (thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers)))
+    return Space(FAMILY, PARAMS, (thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers),
+                                  gemm_rule))

@@ -1,10 +1,11 @@
 // fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
-// kernel around a batched SGEMM the host runs through cuBLAS (at::bmm_out, fp32, TF32 off). NCHW input, KCRS weights, NKPQ
+// kernel around a batched GEMM, either gemm_tf32x3.cuh's (3xTF32 on tensor cores, a second kernel of the same
+// cubin) or cuBLAS's SGEMM the host runs through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ
 // output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
 //
 //   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
 //   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
-//   (host)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
+//   (GEMM)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
 //   stage 2  y[n][k][..] = A^T M_kt A + bias[k]                 one thread per (k, tile), MT x MT outputs
 //   stage 3  stages 0 and 1 in one launch (blocks below ceil(K*C/TB) filters, the rest input tiles): the
 //            host's default, one launch less and the small filter transform overlapping the input's
@@ -27,6 +28,7 @@
 #pragma once
 #include "conv_params.h"
 #include "winograd.cuh"
+#include "gemm_tf32x3.cuh"  // the plan's own GEMM (GE > 0), compiled into the same cubin
 
 namespace bagf {
 
