@@ -749,7 +749,7 @@ def winograd_gemm_tile(config: Mapping[str, int]) -> tuple[int, int, int, int]:
     tile = _wgg.gemm_tile(config) if config.get("GE", 0) else None
     if tile is None:
         return (*GEMM_TILE, 2)
-    bm, bn, bk, _, _, stages = tile
+    bm, bn, bk, _, _, stages, _ = tile
     return bm, bn, bk, stages
 
 

@@ -22,14 +22,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.cublas_emulation import shapes  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent.parent / "csrc" / "kernels"
-CONFIGS = [  # BM, BN, BK, WM, WN, STAGES
-    (128, 128, 32, 2, 4, 3),
-    (128, 128, 16, 2, 4, 4),
-    (128, 64, 32, 2, 2, 4),
-    (128, 64, 32, 2, 4, 4),
-    (64, 128, 32, 1, 4, 4),
-    (64, 64, 32, 2, 2, 4),
-    (64, 64, 16, 2, 2, 4),
+CONFIGS = [  # BM, BN, BK, WM, WN, STAGES, MINB
+    (128, 128, 32, 2, 4, 3, 1),
+    (64, 128, 32, 1, 4, 4, 1),
+    (64, 128, 32, 1, 4, 2, 1),
+    (64, 128, 16, 1, 4, 3, 1),
+    (64, 128, 32, 1, 4, 2, 4),
+    (64, 128, 16, 1, 4, 3, 4),
+    (64, 64, 32, 2, 2, 4, 1),
+    (64, 64, 32, 2, 2, 3, 4),
+    (64, 64, 32, 2, 2, 2, 4),
+    (64, 64, 16, 2, 2, 4, 1),
+    (128, 64, 32, 2, 2, 3, 2),
+    (32, 128, 32, 1, 4, 3, 4),
 ]
 
 
@@ -38,13 +43,13 @@ def expr(cfg) -> str:
 
 
 def smem_bytes(cfg) -> int:
-    bm, bn, bk, _, _, st = cfg
+    bm, bn, bk, _, _, st, _ = cfg
     return st * (bm * (bk + 8) + bk * (bn + 4)) * 4
 
 
 def launcher(fn, cfg, a, b, c):
     """A no-argument call of the kernel on (a, b, c), its arguments converted once (the timing is GPU time)."""
-    bm, bn, _, wm, wn, _ = cfg
+    bm, bn, _, wm, wn, _, _ = cfg
     e, m, k = a.shape
     n = b.shape[2]
     grid = ((n + bn - 1) // bn, (m + bm - 1) // bm, e)
@@ -80,17 +85,34 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--ncu", metavar="TILE@LAYER:N:MT",
+                    help="run one tile (e.g. 64x128x32x1x4x4) on one product a few times and exit, for ncu")
+    ap.add_argument("--define", action="append", default=[], help="-D options for the kernel (A/B of a macro)")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     src = '#include "gemm_tf32x3.cuh"\n'
-    mod = cp.RawModule(code=src, options=("-std=c++17", f"-I{KERNELS}", "-arch=sm_90"),
+    if args.ncu:
+        tile, where = args.ncu.split("@")
+        CONFIGS[:] = [tuple(int(v) for v in tile.split("x"))]
+    mod = cp.RawModule(code=src, options=("-std=c++17", f"-I{KERNELS}", "-arch=sm_90", *(f"-D{d}" for d in args.define)),
                        name_expressions=[expr(c) for c in CONFIGS])
     fns = {}
     for cfg in CONFIGS:
         fn = mod.get_function(expr(cfg))
         fn.max_dynamic_shared_size_bytes = smem_bytes(cfg)
         fns[cfg] = fn
+    if args.ncu:
+        layer, n, mt = where.split(":")
+        (s,) = [r for r in shapes([int(n)]) if r["layer"] == layer and r["MT"] == int(mt)]
+        a = torch.randn(s["E"], s["K"], s["C"], device="cuda")
+        b = torch.randn(s["E"], s["C"], s["T"], device="cuda")
+        c = torch.empty(s["E"], s["K"], s["T"], device="cuda")
+        call = launcher(fns[CONFIGS[0]], CONFIGS[0], a, b, c)
+        for _ in range(4):
+            call()
+        torch.cuda.synchronize()
+        return 0
     bad = []
     # correctness on odd shapes (scalar path: K or N not a multiple of 4; tails in every dimension)
     for (e, m, k, n) in [(3, 37, 29, 53), (2, 130, 64, 9), (5, 384, 192, 288), (1, 7, 5, 3), (2, 65, 100, 131),
@@ -103,7 +125,7 @@ def main(argv=None) -> int:
             run(fns[cfg], cfg, a, b, c)
             torch.cuda.synchronize()
             err = float(((c.double() - ref).norm() / ref.norm()).item())
-            if not err < 2e-6:
+            if not err < 1e-5:
                 bad.append({"shape": [e, m, k, n], "config": list(cfg), "err": err})
     print("odd-shape failures:", bad, flush=True)
     rows = []
@@ -123,7 +145,7 @@ def main(argv=None) -> int:
             err = float(((c.double() - ref).norm() / ref.norm()).item())
             us = median_us(launcher(fns[cfg], cfg, a, b, c), args.reps)
             row["x".join(map(str, cfg))] = {"us": us, "err": err}
-            if err < 2e-6 and (best is None or us < best[1]):
+            if err < 1e-5 and (best is None or us < best[1]):
                 best = (cfg, us)
         if best is None:
             print(json.dumps(row), flush=True)

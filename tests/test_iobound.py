@@ -519,7 +519,7 @@ def test_winograd_gemm_terms():
             if other["MT"] == mt and other["GE"] == 0:
                 assert iobound.traffic(wgg, p, other).total == t.total, other
         # our GEMM (GE > 0): its own block tile re-reads U ceil(T/BN) and V ceil(K/BM) times per point
-        for ge, (bm, bn, bk, _, _, stages) in wgg.GEMMS.items():
+        for ge, (bm, bn, bk, _, _, stages, _) in wgg.GEMMS.items():
             g = iobound.traffic(wgg, p, dict(c, GE=ge))
             assert dict(g.workspace_read) == {"U": e * p.k * p.c * -(-tiles // bn), "V": e * p.c * tiles * -(-p.k // bm),
                                               "M": e * p.k * tiles}

@@ -765,7 +765,7 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 0} and (p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_ge2_sm90@conv4:128")
     assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 2} and fam.name_expression(cfg).endswith(
-        "bagf::gemm_tf32x3<64, 128, 32, 1, 4, 4>")
+        "bagf::gemm_tf32x3<64, 128, 32, 1, 4, 2, 1>")
     with pytest.raises(SystemExit, match="no configuration"):
         hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
 

@@ -9,8 +9,8 @@ workspaces from torch's caching allocator, allocated per call.
 The GEMM is a knob (GE). GE = 0: cuBLAS's SGEMM through ``at::bmm_out`` (fp32 on the FFMA pipe, TF32 off).
 GE > 0: our own batched GEMM on tensor cores with fp32 accuracy from three TF32 products
 (csrc/kernels/gemm_tf32x3.cuh), compiled into the same cubin as the transforms, with the block tile of
-:data:`GEMMS`. On the H200 it is 1.30-1.42x faster than cuBLAS on AlexNet's conv3/conv5 products
-(benchmarks/results/gemm_tf32x3_probe_h200.md); its error against float64 is ~5x fp32's (1.4-1.8e-6 against
+:data:`GEMMS`. On the H200 its best tile is 1.32-1.53x faster than cuBLAS on AlexNet's conv3-5 products
+(benchmarks/results/gemm_tf32x3_probe_h200_s8c.md); its error against float64 is ~5x fp32's (1.4-1.8e-6 against
 2.5-2.9e-7 on those products: the small parts are truncated to TF32), far inside the correctness check.
 It needs sm_80 (mma.sync TF32, cp.async): on older GPUs GE > 0 fails to compile and the tuner records that.
 
@@ -40,12 +40,12 @@ MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd poi
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
-GE        0 1 2 3 4        the GEMM: 0 cuBLAS SGEMM; 1-4 gemm_tf32x3 with GEMMS[GE]'s tile (needs
+GE        0 1 2 3 4 5      the GEMM: 0 cuBLAS SGEMM; 1-5 gemm_tf32x3 with GEMMS[GE]'s tile (needs
                            VL = ML = 0: it multiplies row-major U[e] by row-major V[e])
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
-on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 120 of the 320 combinations are valid: F(6x6)
+on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 135 of the 384 combinations are valid: F(6x6)
 with 512 threads would need about 152 registers per thread (the register rule), and GE > 0 takes only
 VL = ML = 0.
 """
@@ -62,14 +62,16 @@ SOURCE = "winograd_gemm.cuh"
 KERNEL = "bagf::winograd_gemm_stage"
 TEMPLATE_ORDER = ("MT", "TB", "VL", "ML")
 GEMM_KERNEL = "bagf::gemm_tf32x3"
-GEMMS: dict[int, tuple[int, int, int, int, int, int]] = {
-    1: (64, 64, 32, 2, 2, 4),
-    2: (64, 128, 32, 1, 4, 4),
-    3: (64, 64, 16, 2, 2, 4),
-    4: (128, 128, 32, 2, 4, 3),
+GEMMS: dict[int, tuple[int, int, int, int, int, int, int]] = {
+    1: (64, 64, 32, 2, 2, 4, 1),
+    2: (64, 128, 32, 1, 4, 2, 1),
+    3: (128, 64, 32, 2, 2, 3, 2),
+    4: (64, 128, 32, 1, 4, 4, 1),
+    5: (128, 128, 32, 2, 4, 3, 1),
 }
-"""GE -> gemm_tf32x3's (BM, BN, BK, WM, WN, STAGES): the four fastest of seven tiles measured on AlexNet's
-conv3/conv5 products at N = 32 and 128 (gemm_tf32x3_probe_h200.md; 1 and 2 won every shape there)."""
+"""GE -> gemm_tf32x3's (BM, BN, BK, WM, WN, STAGES, MINB). Of twelve tiles measured on AlexNet's conv3-5 products
+at N = 32 and 128 (gemm_tf32x3_probe_h200_s8c.md), 1 and 3 are the fastest at N = 32 (T = 288 columns), 2 and 4
+at N = 128 (T = 1152); 5, the largest, is there for larger products (ResNet-style layers at 56 x 56)."""
 MIN_ARCH = 70
 KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
 """The kernel's parameter list (the other families take the first five): x, w, bias, y, shape, the U, V and M
@@ -82,7 +84,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "TB": (64, 128, 256, 512),
     "VL": (0, 1),
     "ML": (0, 1),
-    "GE": (0, 1, 2, 3, 4),
+    "GE": (0, 1, 2, 3, 4, 5),
 }
 
 DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1}
@@ -104,8 +106,8 @@ def threads(c: Mapping[str, int]) -> int:
     return c["TB"]
 
 
-def gemm_tile(c: Mapping[str, int]) -> tuple[int, int, int, int, int, int] | None:
-    """(BM, BN, BK, WM, WN, STAGES) of the plan's own GEMM, None for cuBLAS (GE = 0)."""
+def gemm_tile(c: Mapping[str, int]) -> tuple[int, int, int, int, int, int, int] | None:
+    """(BM, BN, BK, WM, WN, STAGES, MINB) of the plan's own GEMM, None for cuBLAS (GE = 0)."""
     return GEMMS[c["GE"]] if c["GE"] else None
 
 
@@ -114,7 +116,7 @@ def gemm_smem_bytes(c: Mapping[str, int]) -> int:
     tile = gemm_tile(c)
     if tile is None:
         return 0
-    bm, bn, bk, _, _, st = tile
+    bm, bn, bk, _, _, st, _ = tile
     return 4 * st * (bm * (bk + 8) + bk * (bn + 4))
 
 
@@ -147,7 +149,7 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
            "layout": c["VL"] + 2 * c["ML"]}
     tile = gemm_tile(c)
     if tile is not None:
-        bm, bn, _, wm, wn, _ = tile
+        bm, bn, _, wm, wn, _, _ = tile
         geo.update(gemm_bm=bm, gemm_bn=bn, gemm_threads=32 * wm * wn, gemm_smem=gemm_smem_bytes(c))
     return geo
 

@@ -12,8 +12,12 @@
 // Precision: as implicit_gemm_tc.cuh -- each operand split into a TF32 big part and the remainder (small),
 // a_small*b_big + a_big*b_small + a_big*b_big accumulated in fp32 (the dropped small*small is ~2^-22 relative).
 //
-// What is done to keep the tensor pipe busy (the implicit-GEMM tc kernel issues ~3 non-MMA instructions per
-// MMA and reaches a third of that ceiling):
+// Measured (benchmarks/results/gemm_tf32x3_probe_h200_s8c.md): the best of twelve tiles runs 42-58 TFLOP/s,
+// 1.32-1.53x cuBLAS, on those products. ncu on conv4 at N = 128 (session 8): tensor pipe 51% busy, issue slots
+// 32-40%, no eligible warp 57-65% of cycles, 2 warps per scheduler (shared memory or registers); more resident
+// warps (fewer stages, __launch_bounds__ minimum blocks), hoisted copy addressing and a cheaper split each moved
+// it by 0-5%. What is done to keep the tensor pipe busy (the implicit-GEMM tc kernel issues ~3 non-MMA
+// instructions per MMA and reaches a third of that ceiling):
 //  * The mma's k slots are mapped to physical k so that a thread's A values are adjacent pairs: step s, slot t
 //    <-> k = 8s + 2t, slot t+4 <-> k = 8s + 2t + 1. One 8-byte shared load gives a0/a2 (a1/a3), and A's row
 //    pitch BK + 8 makes a half-warp's 8-byte loads hit 32 different banks.
@@ -25,16 +29,35 @@
 //    16-byte aligned); otherwise 4-byte copies with the same zero-fill at the edges.
 //
 // Template parameters: BM x BN block tile, BK K-step (multiple of 8), WM x WN warps (warp tile BM/WM x BN/WN,
-// BN/WN = 16 or 32, i.e. NI = 2 or 4), STAGES >= 2. Shared memory (dynamic): STAGES * (BM (BK+8) + BK (BN+4))
+// BN/WN = 16 or 32, i.e. NI = 2 or 4), STAGES >= 2, MINB blocks per SM asked of the register allocator
+// (__launch_bounds__'s second argument: more resident warps to hide latency, at the risk of spills). Shared memory (dynamic): STAGES * (BM (BK+8) + BK (BN+4))
 // floats. Bounds: every row, column and k is checked; M, N, K any positive sizes with M*K, K*N, M*N < 2^31 per
 // batch entry (the batch offsets are 64-bit). Includes nothing from torch.
 #pragma once
 #include "implicit_gemm_tc.cuh"
 
-namespace bagf {
+// Order of the three products per k step (an A/B switch for benchmarks/gemm_tf32x3_probe.py --define).
+// 0: each tile's three back to back; 1: three passes over the tiles, so that no product waits for the one
+// issued just before it.
+#ifndef BAGF_GEMM_ORDER
+#define BAGF_GEMM_ORDER 1
+#endif
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES>
-__global__ void __launch_bounds__(32 * WM * WN)
+namespace bagf {
+namespace gemm {
+
+// D += A B on the tensor cores, TF32 in, fp32 accumulate. Not volatile (unlike tc::mma_16x8x8): it has no side
+// effect besides its outputs, so the compiler may interleave independent products with the loads and splits.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+}  // namespace gemm
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, int MINB>
+__global__ void __launch_bounds__(32 * WM * WN, MINB)
     gemm_tf32x3(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c, int M, int N,
                 int K, long long stride_a, long long stride_b, long long stride_c) {
   constexpr int T = 32 * WM * WN;
@@ -71,31 +94,55 @@ __global__ void __launch_bounds__(32 * WM * WN)
                      reinterpret_cast<unsigned long long>(c)) & 15ull) == 0;
   const int num_k = (K + BK - 1) / BK;
 
+  // Copy plan, fixed per thread for the whole reduction: its chunks' offsets (32-bit: M*K and K*N < 2^31) and
+  // whether their row (A) or column (B) is in range; per K-tile only the k offset and the k bound change.
+  constexpr int AV = BM * BK / 4;  // 4-float chunks per tile (vector path)
+  constexpr int BV = BK * BN / 4;
+  constexpr int AL = (AV + T - 1) / T;
+  constexpr int BL = (BV + T - 1) / T;
+  int a_off[AL], a_kq[AL], b_off[BL], b_kr[BL];
+  unsigned a_ok = 0, b_ok = 0;
+#pragma unroll
+  for (int i = 0; i < AL; ++i) {
+    const int e = tid + i * T;
+    const int r = e / (BK / 4);
+    const int q = (e - r * (BK / 4)) * 4;
+    a_off[i] = (m0 + r) * K + q;
+    a_kq[i] = q;
+    if ((AV % T == 0 || e < AV) && m0 + r < M) a_ok |= 1u << i;
+  }
+#pragma unroll
+  for (int i = 0; i < BL; ++i) {
+    const int e = tid + i * T;
+    const int r = e / (BN / 4);
+    const int q = (e - r * (BN / 4)) * 4;
+    b_off[i] = r * N + n0 + q;
+    b_kr[i] = r;
+    if ((BV % T == 0 || e < BV) && n0 + q < N) b_ok |= 1u << i;
+  }
+
   auto load_tile = [&](int kt, int st) {
     const int k0 = kt * BK;
     float* as = As + st * A_STAGE;
     float* bs = Bs + st * B_STAGE;
     if (vec) {  // whole 4-float chunks: K % 4 == 0 and N % 4 == 0, so a chunk is all in range or all out
-      constexpr int AV = BM * BK / 4;
 #pragma unroll
-      for (int i = 0; i < (AV + T - 1) / T; ++i) {
+      for (int i = 0; i < AL; ++i) {
         const int e = tid + i * T;
         if (AV % T == 0 || e < AV) {
           const int r = e / (BK / 4);
-          const int q = (e - r * (BK / 4)) * 4;
-          const bool ok = m0 + r < M && k0 + q < K;
-          tc::cp_async16(as + r * LDA + q, ok ? a + static_cast<long long>(m0 + r) * K + k0 + q : a, ok ? 16 : 0);
+          const bool ok = ((a_ok >> i) & 1u) && k0 + a_kq[i] < K;
+          tc::cp_async16(as + r * LDA + a_kq[i], ok ? a + a_off[i] + k0 : a, ok ? 16 : 0);
         }
       }
-      constexpr int BV = BK * BN / 4;
+      const long long kn = static_cast<long long>(k0) * N;
 #pragma unroll
-      for (int i = 0; i < (BV + T - 1) / T; ++i) {
+      for (int i = 0; i < BL; ++i) {
         const int e = tid + i * T;
         if (BV % T == 0 || e < BV) {
-          const int r = e / (BN / 4);
-          const int q = (e - r * (BN / 4)) * 4;
-          const bool ok = k0 + r < K && n0 + q < N;
-          tc::cp_async16(bs + r * LDB + q, ok ? b + static_cast<long long>(k0 + r) * N + n0 + q : b, ok ? 16 : 0);
+          const int q = (e - b_kr[i] * (BN / 4)) * 4;
+          const bool ok = ((b_ok >> i) & 1u) && k0 + b_kr[i] < K;
+          tc::cp_async16(bs + b_kr[i] * LDB + q, ok ? b + kn + b_off[i] : b, ok ? 16 : 0);
         }
       }
     } else {
@@ -154,14 +201,29 @@ __global__ void __launch_bounds__(32 * WM * WN)
         tc::split_tf32(r0[j], b_big[j][0], b_small[j][0]);
         tc::split_tf32(r1[j], b_big[j][1], b_small[j][1]);
       }
+      if constexpr (BAGF_GEMM_ORDER == 0) {  // each tile's three products back to back (a dependent chain)
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < NI; ++j) {
-          tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
-          tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
-          tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
-        }
+          for (int j = 0; j < NI; ++j) {
+            gemm::mma(acc[i][j], a_small[i], b_big[j]);
+            gemm::mma(acc[i][j], a_big[i], b_small[j]);
+            gemm::mma(acc[i][j], a_big[i], b_big[j]);
+          }
+      } else {  // three passes over the MI x NI tiles: consecutive products go to different accumulators
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) gemm::mma(acc[i][j], a_small[i], b_big[j]);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) gemm::mma(acc[i][j], a_big[i], b_small[j]);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int j = 0; j < NI; ++j) gemm::mma(acc[i][j], a_big[i], b_big[j]);
+      }
     }
   };
 
