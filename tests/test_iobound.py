@@ -486,9 +486,11 @@ WGG_LAYERS = [p for n in (1, 32, 128) for p in alexnet(n)[2:]] + [
 
 @pytest.mark.parametrize("problem", WGG_SMALL, ids=lambda p: p.short())
 def test_winograd_gemm_model_equals_brute_force(problem):
-    """Every MT, VL, ML (and TB but on the largest shape, where one TB keeps the replay short)."""
+    """Every MT, VL, ML and GEMM (our five tiles and cuBLAS's modelled one), and TB but on the largest shape,
+    where one TB keeps the replay short."""
     configs = WGG_VALID if problem.k < 100 else [c for c in WGG_VALID if c["TB"] == 64]
     assert {(c["MT"], c["VL"], c["ML"]) for c in configs} == {(m, v, l) for m in wgg.PARAMS["MT"] for v in (0, 1) for l in (0, 1)}
+    assert {c["GE"] for c in configs} == set(wgg.PARAMS["GE"])
     for config in configs:
         model = iobound.winograd_gemm_traffic(problem, config)
         brute = iobound.brute_force_winograd_gemm_traffic(problem, config)
