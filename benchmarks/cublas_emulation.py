@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bagf_torch.bench import fp32  # noqa: E402
+from bagf_torch.bench import fp32, time_forward  # noqa: E402
 from benchmarks.bench_layers import ALEXNET  # noqa: E402
 
 COMPUTE = {"32F": 68, "32F_FAST_TF32": 77, "32F_EMULATED_16BFX9": 78}
@@ -73,18 +72,17 @@ class Gemm:
                        ctypes.c_void_p(c.data_ptr()), CUDA_R_32F, n, m * n, batch, compute, CUBLAS_GEMM_DEFAULT)
 
 
-def median_us(fn, reps: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def median_us(fn, reps: int, batch: int = 1) -> float:
+    """Median GPU time of one call (``bagf_torch.bench.time_forward``); with ``batch`` > 1, of ``batch`` calls
+    back to back divided by ``batch``, so that a host cost above the GPU time hides behind the GPU work."""
+    if batch == 1:
+        return time_forward(fn, runs=reps, warmup=5).median_us
+
+    def calls():
+        for _ in range(batch):
+            fn()
+
+    return time_forward(calls, runs=reps, warmup=1).median_us / batch
 
 
 def shapes(ns: list[int]) -> list[dict]:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-import cupy as cp
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.cublas_emulation import shapes  # noqa: E402
+from benchmarks.cublas_emulation import median_us, shapes  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent.parent / "csrc" / "kernels"
 CONFIGS = [  # BM, BN, BK, WM, WN, STAGES, MINB
@@ -49,6 +47,8 @@ def smem_bytes(cfg) -> int:
 
 def launcher(fn, cfg, a, b, c):
     """A no-argument call of the kernel on (a, b, c), its arguments converted once (the timing is GPU time)."""
+    import cupy as cp
+
     bm, bn, _, wm, wn, _, _ = cfg
     e, m, k = a.shape
     n = b.shape[2]
@@ -63,23 +63,6 @@ def run(fn, cfg, a, b, c):
     launcher(fn, cfg, a, b, c)()
 
 
-def median_us(fn, reps: int, batch: int = 10) -> float:
-    """Median over reps of the mean time of `batch` back-to-back calls (so the host's launch cost, cupy's
-    included, hides behind the GPU work instead of showing as idle time between the events)."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(batch):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / batch)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=50)
@@ -89,6 +72,8 @@ def main(argv=None) -> int:
                     help="run one tile (e.g. 64x128x32x1x4x4) on one product a few times and exit, for ncu")
     ap.add_argument("--define", action="append", default=[], help="-D options for the kernel (A/B of a macro)")
     args = ap.parse_args(argv)
+    import cupy as cp  # on the GPU machine only (CI imports this module for its tile arithmetic)
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     src = '#include "gemm_tf32x3.cuh"\n'
@@ -135,7 +120,7 @@ def main(argv=None) -> int:
         ref = torch.bmm(a.double(), b.double())
         c = torch.empty(s["E"], s["K"], s["T"], device="cuda")
         flop = 2.0 * s["E"] * s["K"] * s["C"] * s["T"]
-        row = dict(s, bmm_us=median_us(lambda: torch.bmm(a, b, out=c), args.reps))
+        row = dict(s, bmm_us=median_us(lambda: torch.bmm(a, b, out=c), args.reps, batch=10))
         row["bmm_err"] = float(((c.double() - ref).norm() / ref.norm()).item())
         best = None
         for cfg in CONFIGS:
@@ -143,7 +128,7 @@ def main(argv=None) -> int:
             run(fns[cfg], cfg, a, b, c)
             torch.cuda.synchronize()
             err = float(((c.double() - ref).norm() / ref.norm()).item())
-            us = median_us(launcher(fns[cfg], cfg, a, b, c), args.reps)
+            us = median_us(launcher(fns[cfg], cfg, a, b, c), args.reps, batch=10)
             row["x".join(map(str, cfg))] = {"us": us, "err": err}
             if err < 1e-5 and (best is None or us < best[1]):
                 best = (cfg, us)

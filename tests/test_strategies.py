@@ -784,3 +784,23 @@ def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
     assert any(f == "winograd_gemm" and c["GE"] == 0 for f, c, _ in optima.values())
     assert complete_config("winograd_gemm", {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 3})["GE"] == 3
     assert complete_config("direct", {"TH": 8}) == {"TH": 8}
+
+
+def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
+    """benchmarks/gemm_tf32x3_probe.py measured the tiles winograd_gemm's GE picks from: each GEMMS tile is one
+    the probe times, with the same shared memory (the host launches with the family's number), and the probe's
+    products are the family's E x K x C x T for AlexNet's 3x3 layers."""
+    from bagf_torch.kernels import winograd_gemm as wgg
+
+    probe = _benchmark_module("gemm_tf32x3_probe")
+    emul = _benchmark_module("cublas_emulation")
+    for ge, tile in wgg.GEMMS.items():
+        assert tile in probe.CONFIGS, tile
+        assert probe.smem_bytes(tile) == wgg.gemm_smem_bytes(dict(wgg.DEFAULT, GE=ge))
+        assert wgg.name_expression(dict(wgg.DEFAULT, GE=ge)).split(";")[1].replace(" ", "") == probe.expr(tile)
+    bl = _benchmark_module("bench_layers")
+    for s in emul.shapes([32]):
+        layer = next(lay for lay in bl.ALEXNET if lay[0] == s["layer"])
+        p = bl.problem(layer, 32)
+        c = dict(wgg.DEFAULT, MT=s["MT"])
+        assert (s["E"], s["K"], s["C"], s["T"]) == (wgg.points(c), p.k, p.c, wgg.tiles(c, p))
