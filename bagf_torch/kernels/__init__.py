@@ -5,8 +5,10 @@ DEFAULT, space(smem_limit), name(config), name_expression(config), threads(confi
 launch(config) (the geometry the host's plan needs: bm, bn, threads, smem, split, optionally tile; a family whose
 shared memory depends on the filter geometry adds tile_w, smem_patch and smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
 cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms) (a start point sized to
-the problem), estimated_registers(config). A family whose plan is several launches around a batched SGEMM says
-so with ``gemm`` and ``layout`` in launch() (see kernels.winograd_gemm).
+the problem), estimated_registers(config). A family whose plan is several launches around a batched GEMM says
+so with ``gemm`` and ``layout`` in launch(); when the GEMM is its own kernel, name_expression() names both
+kernels ("a;b", one cubin) and launch() adds ``gemm_bm``, ``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see
+kernels.winograd_gemm). LEGACY (optional): the values of knobs added after configurations were recorded.
 """
 
 from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_gemm, winograd_tc
