@@ -779,7 +779,8 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     * the GEMM, E products of (K x C) by (C x T): a block per BM x BN tile of the product
       (:func:`winograd_gemm_tile`: our gemm_tf32x3's tile for GE > 0; for cuBLAS **modelled, not read**,
       :data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for ML=1) reads its operand panels once
-      each, clipped at the edges, and writes its output tile once; the result is never read (beta = 0). So per point U is read ceil(T/BN) times and V ceil(K/BM) times (ML=0;
+      each, clipped at the edges, and writes its output tile once; the result is never read (beta = 0). So
+      per point U is read ceil(T/BN) times and V ceil(K/BM) times (ML=0;
       ML=1 swaps the ceilings, the same counts for the square tile), M written once. ATen hands the
       transposed views of V and U to cuBLAS as transpose flags (``prepare_batch_matrix_for_cublas`` accepts a
       view with one unit stride), so no copy is counted. cuBLAS's real kernel is unknown and may differ

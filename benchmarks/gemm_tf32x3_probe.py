@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
 from benchmarks.cublas_emulation import median_us, shapes  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent.parent / "csrc" / "kernels"
@@ -41,8 +42,7 @@ def expr(cfg) -> str:
 
 
 def smem_bytes(cfg) -> int:
-    bm, bn, bk, _, _, st, _ = cfg
-    return st * (bm * (bk + 8) + bk * (bn + 4)) * 4
+    return wgg.tile_smem_bytes(cfg)
 
 
 def launcher(fn, cfg, a, b, c):

@@ -111,13 +111,17 @@ def gemm_tile(c: Mapping[str, int]) -> tuple[int, int, int, int, int, int, int] 
     return GEMMS[c["GE"]] if c["GE"] else None
 
 
-def gemm_smem_bytes(c: Mapping[str, int]) -> int:
-    """Dynamic shared memory of the plan's own GEMM: STAGES x (BM x (BK+8) + BK x (BN+4)) floats (0 for cuBLAS)."""
-    tile = gemm_tile(c)
-    if tile is None:
-        return 0
+def tile_smem_bytes(tile: tuple[int, ...]) -> int:
+    """Dynamic shared memory of gemm_tf32x3 with ``tile`` = (BM, BN, BK, WM, WN, STAGES, MINB): STAGES x
+    (BM x (BK+8) + BK x (BN+4)) floats, its padded operand tiles."""
     bm, bn, bk, _, _, st, _ = tile
     return 4 * st * (bm * (bk + 8) + bk * (bn + 4))
+
+
+def gemm_smem_bytes(c: Mapping[str, int]) -> int:
+    """Dynamic shared memory of the plan's own GEMM (0 for cuBLAS)."""
+    tile = gemm_tile(c)
+    return 0 if tile is None else tile_smem_bytes(tile)
 
 
 def smem_bytes(c: Mapping[str, int]) -> int:
@@ -143,8 +147,9 @@ def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
 
 
 def launch(c: Mapping[str, int]) -> dict[str, int]:
-    """The host's plan: ``gemm`` = 1 (three stages around a batched SGEMM, grids sized per call), ``tile`` = MT
-    (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML."""
+    """The host's plan: ``gemm`` = 1 (the transform stages around a batched GEMM, grids sized per call),
+    ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML; with our own GEMM (GE > 0)
+    also its block tile, threads and shared memory (``gemm_bm``, ``gemm_bn``, ``gemm_threads``, ``gemm_smem``)."""
     geo = {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
            "layout": c["VL"] + 2 * c["ML"]}
     tile = gemm_tile(c)
