@@ -742,24 +742,29 @@ accumulators each and double-buffered operand tiles is the classic fp32 SGEMM bl
 
 
 def winograd_gemm_tile(config: Mapping[str, int]) -> tuple[int, int, int, int]:
-    """(BM, BN, BK, stages) of the pipeline's GEMM block: the plan's own gemm_tf32x3 tile when GE > 0
-    (``kernels.winograd_gemm.GEMMS``), else the assumed cuBLAS block :data:`GEMM_TILE` with two stages."""
+    """(BM, BN, BK, stages) of the pipeline's GEMM block: the plan's own GEMM's when GE > 0
+    (``kernels.winograd_gemm.gemm_block``: gemm_tf32x3's GEMMS or gemm_wgmma's WGMMA_GEMMS), else the assumed
+    cuBLAS block :data:`GEMM_TILE` with two stages."""
     from .kernels import winograd_gemm as _wgg
 
-    tile = _wgg.gemm_tile(config) if config.get("GE", 0) else None
-    if tile is None:
-        return (*GEMM_TILE, 2)
-    bm, bn, bk, _, _, stages, _ = tile
-    return bm, bn, bk, stages
+    block = _wgg.gemm_block(config) if config.get("GE", 0) else None
+    return (*GEMM_TILE, 2) if block is None else block
+
+
+def _u_planes(config: Mapping[str, int]) -> int:
+    """U's batches per point: 2 when the plan's GEMM is gemm_wgmma (U, then its small parts), else 1."""
+    from .kernels import winograd_gemm as _wgg
+
+    return _wgg.u_planes(config) if "GE" in config else 1
 
 
 def winograd_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
-    """The GEMM block's fast memory: its BM x BN accumulators + its pipeline's stages of BK x BM and BK x BN
-    operand tiles (:func:`winograd_gemm_tile`; for cuBLAS, 128*128 + 2*8*(128+128) = 20480 words, an
+    """The GEMM block's fast memory: its BM x BN accumulators + its pipeline's stages of BK x BM (two planes,
+    big and small parts, for gemm_wgmma) and BK x BN operand tiles (:func:`winograd_gemm_tile`; for cuBLAS, 128*128 + 2*8*(128+128) = 20480 words, an
     assumption). The transform stages keep one tile in registers (``kernels.winograd_gemm.estimated_registers``)
     and no shared memory."""
     bm, bn, bk, stages = winograd_gemm_tile(config)
-    return bm * bn + stages * bk * (bm + bn)
+    return bm * bn + stages * bk * (_u_planes(config) * bm + bn)
 
 
 def _gemm_shape(problem: ConvProblem, config: Mapping[str, int], tiles: int) -> tuple[int, int]:
@@ -773,7 +778,8 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     (csrc/kernels/winograd_gemm.cuh, ``launch_gemm_plan`` in csrc/bagf_ext.cpp): four launches, every request
     once, no cache reuse (as the other models). A = MT+2, E = A^2, T = N*ceil(P/MT)*ceil(Q/MT):
 
-    * stage 0, one thread per (k, c): 9 filter words (``words_read_weight`` = 9*K*C), E words of U stored;
+    * stage 0, one thread per (k, c): 9 filter words (``words_read_weight`` = 9*K*C), E words of U stored (2E
+      with gemm_wgmma, GE 6-7: U's small parts too, which the GEMM then reads as a second A panel);
     * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
       -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
     * the GEMM, E products of (K x C) by (C x T): a block per BM x BN tile of the product
@@ -788,7 +794,8 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     * stage 2, one thread per (k, tile): E words of M, one bias word when the problem has bias
       (``words_read_bias`` = K*T), the in-bounds MT x MT outputs (``words_written`` = K*N*P*Q).
 
-    The workspaces are counted in ``workspace_written`` (U: E*K*C, V: E*C*T, M: E*K*T) and ``workspace_read``
+    The workspaces are counted in ``workspace_written`` (U: E*K*C, twice with gemm_wgmma; V: E*C*T, M: E*K*T)
+    and ``workspace_read``
     (U and V: the GEMM's operand reads, M: E*K*T); VL, ML and TB change no count (only coalescing and the
     transform stages' block counts). ``grid``: the blocks of stage 0, stage 1, the modelled GEMM and stage 2.
 
@@ -817,6 +824,7 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     gm, gn = -(-rows // bm), -(-cols // bn)
     a_reads, b_reads = gn * rows * c, gm * c * cols  # per point: row panels once per block column, and so on
     u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
+    planes = _u_planes(config)  # gemm_wgmma: stage 0 writes U's small parts too, the GEMM reads both
     patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
     grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn, -(-k * tiles // tb))
     return Traffic(
@@ -827,8 +835,8 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
         fast_memory_words=winograd_gemm_fast_memory_words(config),
         blocks=sum(grid),
         grid=grid,
-        workspace_written=(("U", e * k * c), ("V", e * c * tiles), ("M", e * k * tiles)),
-        workspace_read=(("U", e * u_reads), ("V", e * v_reads), ("M", e * k * tiles)),
+        workspace_written=(("U", planes * e * k * c), ("V", e * c * tiles), ("M", e * k * tiles)),
+        workspace_read=(("U", planes * e * u_reads), ("V", e * v_reads), ("M", e * k * tiles)),
     )
 
 
@@ -840,6 +848,7 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
     operand tile's and output tile's elements bounds-checked. Small shapes only."""
     _check_winograd_problem(problem)
     mt, tb, vl, ml = config["MT"], config["TB"], config["VL"], config["ML"]
+    planes = _u_planes(config)  # gemm_wgmma's A: U and its small parts, each written by stage 0, read per tile
     a_ = mt + 2
     e = a_ * a_
     p, q = problem.out_hw
@@ -859,7 +868,7 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
         if idx >= k_ * c_:
             continue
         n_w += sum(1 for i in range(3) for j in range(3))
-        u_w += sum(1 for i in range(a_) for j in range(a_))
+        u_w += sum(1 for plane in range(planes) for i in range(a_) for j in range(a_))  # US: small parts too
 
     b1, ids = threads_of(c_ * nt)  # stage 1: input tiles
     for idx in ids:
@@ -882,7 +891,8 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
             for c0 in range(0, cols, bn):
                 bg += 1
                 for k0 in range(0, c_, bk):
-                    a_r += sum(1 for i in range(r0, r0 + bm) for kk in range(k0, k0 + bk) if i < rows and kk < c_)
+                    a_r += sum(1 for plane in range(planes) for i in range(r0, r0 + bm) for kk in range(k0, k0 + bk)
+                               if i < rows and kk < c_)
                     b_r += sum(1 for kk in range(k0, k0 + bk) for j in range(c0, c0 + bn) if kk < c_ and j < cols)
                 m_w += sum(1 for i in range(r0, r0 + bm) for j in range(c0, c0 + bn) if i < rows and j < cols)
     u_r, v_r = (a_r, b_r) if ml == 0 else (b_r, a_r)

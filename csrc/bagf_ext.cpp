@@ -44,7 +44,8 @@ struct Plan {
   int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
   int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
                        // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
-  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T])
+  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T]),
+                       // bit 2 U followed by its small parts (2E batches: the wgmma GEMM's A, own GEMM only)
   int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
   int fix_u = 0;       // (a direct plan's KS, KU); calls with another geometry are refused (ATen answers)
   CUfunction gemm_fn = nullptr;  // gemm plans: our batched 3xTF32 GEMM (gemm_tf32x3.cuh) in place of cuBLAS's
@@ -250,11 +251,12 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 3 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6))) {
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 7 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) ||
+               ((layout & 4) && !own_gemm)) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
       err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");
-    } else if (kernels.size() > 2 || (own_gemm && (gemm != 1 || layout != 0 || gemm_bm < 16 || gemm_bn < 16 ||
+    } else if (kernels.size() > 2 || (own_gemm && (gemm != 1 || (layout & 3) != 0 || gemm_bm < 16 || gemm_bn < 16 ||
                                                    gemm_threads < 32 || gemm_smem < 0))) {
       err = cat("a plan's second kernel is a non-fused Winograd plan's GEMM with layout 0 and a positive tile; got ",
                 kernels.size(), " kernels, gemm=", gemm, ", layout=", layout, ", tile ", gemm_bm, "x", gemm_bn,
@@ -405,9 +407,9 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
   const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
   const int64_t K = p.K, C = p.C;
-  const bool v_tc = plan.layout & 1, m_tk = plan.layout & 2;
+  const bool v_tc = plan.layout & 1, m_tk = plan.layout & 2, u_small = plan.layout & 4;
   auto opts = x.options();
-  at::Tensor U = at::empty({E, K, C}, opts);
+  at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U
   at::Tensor V = v_tc ? at::empty({E, T, C}, opts) : at::empty({E, C, T}, opts);
   at::Tensor M = m_tk ? at::empty({E, T, K}, opts) : at::empty({E, K, T}, opts);
   float* up = U.data_ptr<float>();

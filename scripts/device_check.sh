@@ -14,6 +14,8 @@
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
 #   wgprofile = benchmarks/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
+#   gemmprobe = benchmarks/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
+#   $GEMMPROBE_ARGS, e.g. "--tag h200_s9").
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
@@ -29,7 +31,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -99,6 +101,12 @@ fi
 if has tests; then
   timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has gemmprobe; then
+  # shellcheck disable=SC2086  # GEMMPROBE_ARGS is a list of arguments
+  timeout ${GEMMPROBE_TIMEOUT:-240} python3 benchmarks/gemm_wgmma_probe.py --out "$OUT" ${GEMMPROBE_ARGS:-} \
+    > "$OUT/gemmprobe.log" 2>&1 || rc=1
+  grep -E "^correct|^\| conv" "$OUT/gemmprobe.log"
 fi
 if has bench2; then
   # shellcheck disable=SC2086  # BENCH2_ARGS is a list of arguments

@@ -286,6 +286,33 @@ def test_tuner_searches_only_the_specialisations_of_the_problem():
     assert "compiled for" in space.invalid_reason(dict(dr.DEFAULT, G=2))
 
 
+def test_tuner_gives_winograd_gemm_the_wgmma_gemm_on_sm90_only():
+    """winograd_gemm's wgmma GEMM (GE 6-7) compiles for sm_90a only: on an sm_90 GPU the tuner starts the family
+    there and KernelSpec hands NVRTC sm_90a for it; on another GPU those configurations are out of the search
+    space (they could only fail to compile) and the start point is the mma.sync GEMM."""
+    from types import SimpleNamespace
+
+    from bagf_torch.jit.compiler import KernelSpec
+    from bagf_torch.kernels import winograd_gemm as wgg
+    from bagf_torch.tuning.tuner import Tuner
+
+    conv4 = ConvProblem(n=32, c=384, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    for arch, ges in (("sm_90", set(wgg.PARAMS["GE"])), ("sm_80", set(wgg.PARAMS["GE"]) - set(wgg.WGMMA_GEMMS))):
+        tuner = Tuner(SimpleNamespace(arch=arch), None, None, lambda p: None, wgg, sms=132)
+        start = tuner.start_config(wgg, conv4)
+        assert start == (dict(wgg.DEFAULT, GE=6) if arch == "sm_90" else wgg.DEFAULT)
+        space, _ = tuner.search_space(wgg, conv4)
+        assert {c["GE"] for c in space.valid_configs()} == ges and space.is_valid(start)
+        if arch == "sm_80":
+            assert "needs an sm_90 GPU" in space.invalid_reason(dict(wgg.DEFAULT, GE=7))
+    assert Tuner(None, None, None, lambda p: None, wgg).start_config(wgg, conv4) == wgg.DEFAULT  # arch unknown
+    for ge, target in ((0, "sm_90"), (3, "sm_90"), (6, "sm_90a"), (7, "sm_90a")):
+        spec = KernelSpec(wgg, dict(wgg.DEFAULT, GE=ge), "sm_90")
+        assert spec.target == target and f"--gpu-architecture={target}" in spec.options()
+        assert spec.name.endswith("_sm90")
+    assert KernelSpec(wgg, dict(wgg.DEFAULT, GE=6), "sm_80").target == "sm_80"  # fails to compile, with why
+
+
 def test_direct_applies_and_start_points():
     from bagf_torch.kernels import direct as dr
 

@@ -263,14 +263,16 @@ OWN_GEMM_SHAPES = [
 
 
 def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compiler, monkeypatch):
-    """winograd_gemm with its own 3xTF32 GEMM (GE > 0), every tile of GEMMS and every MT, checked like every
+    """winograd_gemm with its own 3xTF32 GEMM (GE > 0), every tile of GEMMS (and of WGMMA_GEMMS on sm_90, whose
+    plans also make stage 0 write U's small parts into a workspace twice U's size) and every MT, checked like every
     candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the GEMM's
     16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
     arithmetic does not depend on that flag): the output is the same bits either way."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
     fam = _family("winograd_gemm")
-    configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128) for ge in fam.GEMMS for mt in fam.PARAMS["MT"]]
+    ges = list(fam.GEMMS) + (list(fam.WGMMA_GEMMS) if torch.cuda.get_device_capability() == (9, 0) else [])
+    configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128) for ge in ges for mt in fam.PARAMS["MT"]]
     assert all(fam.space().is_valid(c) for c in configs)
     built = compiler.compile(fam, configs)
     failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
@@ -287,15 +289,17 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)
-    handle = built[0].handle
-    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
-    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
-                                                     allow_tf32=False):
-        mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        aten = F.conv2d(x, w, b, 1, 1)
-        assert not torch.equal(mine, aten)
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-        assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), mine)
+    for ge in {ges[0], ges[-1]}:  # a gemm_tf32x3 plan and (on sm_90) a gemm_wgmma one
+        handle = built[ges.index(ge) * len(fam.PARAMS["MT"])].handle
+        torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
+        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
+                                                         allow_tf32=False):
+            mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+            aten = F.conv2d(x, w, b, 1, 1)
+            assert not torch.equal(mine, aten)
+            monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+            assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), mine)
+            monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
 
 
 # Shapes for the direct family (issue 3 item 2): AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,

@@ -486,7 +486,7 @@ WGG_LAYERS = [p for n in (1, 32, 128) for p in alexnet(n)[2:]] + [
 
 @pytest.mark.parametrize("problem", WGG_SMALL, ids=lambda p: p.short())
 def test_winograd_gemm_model_equals_brute_force(problem):
-    """Every MT, VL, ML and GEMM (our five tiles and cuBLAS's modelled one), and TB but on the largest shape,
+    """Every MT, VL, ML and GEMM (our seven tiles and cuBLAS's modelled one), and TB but on the largest shape,
     where one TB keeps the replay short."""
     configs = WGG_VALID if problem.k < 100 else [c for c in WGG_VALID if c["TB"] == 64]
     assert {(c["MT"], c["VL"], c["ML"]) for c in configs} == {(m, v, l) for m in wgg.PARAMS["MT"] for v in (0, 1) for l in (0, 1)}
@@ -527,6 +527,18 @@ def test_winograd_gemm_terms():
                                               "M": e * p.k * tiles}
             assert g.grid[2] == e * -(-tiles // bn) * -(-p.k // bm)
             assert g.fast_memory_words == bm * bn + stages * bk * (bm + bn)
+        # the wgmma GEMM (GE 6-7): stage 0 writes U's small parts as E more batches, which the GEMM reads
+        # with U (two A panels per block), and its block holds both planes
+        for ge, (wn, nb, wgs, stages) in wgg.WGMMA_GEMMS.items():
+            bm, bn = wn * nb, 64 * wgs
+            cw = dict(c, GE=ge)
+            g = iobound.traffic(wgg, p, cw)
+            assert dict(g.workspace_written) == wgg.workspace_words(cw, p) == {
+                "U": 2 * e * p.k * p.c, "V": e * p.c * tiles, "M": e * p.k * tiles}
+            assert dict(g.workspace_read) == {"U": 2 * e * p.k * p.c * -(-tiles // bn),
+                                              "V": e * p.c * tiles * -(-p.k // bm), "M": e * p.k * tiles}
+            assert g.fast_memory_words == bm * bn + stages * 32 * (2 * bm + bn)
+            assert wgg.launch(cw)["layout"] == 4 and wgg.launch(dict(c, GE=1))["layout"] == 0
     cublas = dict(wgg.DEFAULT, GE=0)
     assert iobound.fast_memory_words("winograd_gemm", cublas) == 128 * 128 + 2 * 8 * 256 == \
         iobound.traffic(wgg, p, cublas).fast_memory_words

@@ -28,37 +28,72 @@ def _sample(fam, n=16, seed=0):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
+    """Each configuration compiles for the target the tuner would give NVRTC on an sm_90 GPU (sm_90, or sm_90a
+    for winograd_gemm's wgmma GEMM: ``gpu_arch``), one cubin per target."""
     fam = FAMILIES[family]
     configs = _sample(fam)
-    src = tmp_path / "inst.cu"
-    lines = [f'#include "{fam.SOURCE}"']
-    seen = set()
+    if family == "winograd_gemm":  # both GEMM kinds, whatever the sample drew
+        configs += [dict(fam.DEFAULT, GE=ge) for ge in fam.WGMMA_GEMMS] + [dict(fam.DEFAULT, GE=1)]
+        configs = list({fam.name(c): c for c in configs}.values())
+    gpu_arch = getattr(fam, "gpu_arch", lambda c, arch: arch)
+    by_target: dict[str, list] = {}
     for c in configs:
-        # a plan may have a second kernel (winograd_gemm's own GEMM): "stages<...>;gemm<...>", each instantiated
-        # once (several configurations share a GEMM tile)
-        kernels = fam.name_expression(c).split(";")
-        arg_lists = [getattr(fam, "KERNEL_ARGS", "const float*, const float*, const float*, float*, "
-                                                 "const bagf::Conv2dParams"), getattr(fam, "GEMM_KERNEL_ARGS", "")]
-        for expr, args in zip(kernels, arg_lists):
-            if expr not in seen:
-                seen.add(expr)
-                lines.append(f"template __global__ void {expr}({args});")
-    src.write_text("\n".join(lines) + "\n")
-    cmd = [shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90,code=sm_90", f"-I{kernels_dir()}",
-           "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "inst.cubin")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
-    # every instantiation was emitted; the default configuration keeps its tiles in registers (a spill is a
-    # speed problem the tuner measures, not a correctness one: implicit_gemm's bm128_bn64_bk32_tm8_tn2_db1_v1
-    # spills 480 bytes under its 512-thread register cap, so spills are not asserted for the whole sample)
-    entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
-    assert len(set(entries)) == len(seen)
-    frames = dict(re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame", res.stderr))
+        by_target.setdefault(gpu_arch(c, "sm_90"), []).append(c)
+    frames = {}
+    for target, group in sorted(by_target.items()):
+        src = tmp_path / f"inst_{target}.cu"
+        lines = [f'#include "{fam.SOURCE}"']
+        seen = set()
+        for c in group:
+            # a plan may have a second kernel (winograd_gemm's own GEMM): "stages<...>;gemm<...>", each
+            # instantiated once (several configurations share a GEMM tile)
+            kernels = fam.name_expression(c).split(";")
+            arg_lists = [getattr(fam, "KERNEL_ARGS", "const float*, const float*, const float*, float*, "
+                                                     "const bagf::Conv2dParams"), getattr(fam, "GEMM_KERNEL_ARGS", "")]
+            for expr, args in zip(kernels, arg_lists):
+                if expr not in seen:
+                    seen.add(expr)
+                    lines.append(f"template __global__ void {expr}({args});")
+        src.write_text("\n".join(lines) + "\n")
+        num = target.split("_")[1]
+        cmd = [shutil.which("nvcc"), "-std=c++17", f"-gencode=arch=compute_{num},code={target}", f"-I{kernels_dir()}",
+               "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / f"inst_{target}.cubin")]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-4000:]
+        # every instantiation was emitted; the default configuration keeps its tiles in registers (a spill is a
+        # speed problem the tuner measures, not a correctness one: implicit_gemm's bm128_bn64_bk32_tm8_tn2_db1_v1
+        # spills 480 bytes under its 512-thread register cap, so spills are not asserted for the whole sample)
+        entries = re.findall(r"Compiling entry function '(\w+)'", res.stderr)
+        assert len(set(entries)) == len(seen)
+        frames.update(re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame", res.stderr))
     kernel = fam.KERNEL.split("::")[-1]
     args = "".join(f"Li{fam.DEFAULT[k]}E" for k in fam.TEMPLATE_ORDER)
     mangled = f"_ZN4bagf{len(kernel)}{kernel}I{args}"
     default = [v for k, v in frames.items() if k.startswith(mangled)]
-    assert default == ["0"], (mangled, res.stderr[-3000:])
+    assert default and set(default) == {"0"}, (mangled, frames)
+
+
+def test_gemm_wgmma_tiles_compile_for_sm90a_only(tmp_path):
+    """winograd_gemm's wgmma GEMM tiles compile for sm_90a without spills and without ptxas serialising the
+    wgmmas (warning C7515: the pipelining the kernel is built on would be lost); for plain sm_90 the compile
+    fails with the static_assert that says what it needs (the tuner records that as a compile failure, never
+    a launch)."""
+    from bagf_torch.kernels import winograd_gemm as wgg
+
+    src = tmp_path / "wgmma.cu"
+    src.write_text('#include "gemm_wgmma.cuh"\n' + "".join(
+        f"template __global__ void {wgg.WGMMA_GEMM_KERNEL}<{', '.join(map(str, t))}>({wgg.GEMM_KERNEL_ARGS});\n"
+        for t in wgg.WGMMA_GEMMS.values()))
+    base = [shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o",
+            str(tmp_path / "wgmma.cubin")]
+    res = subprocess.run(base + ["-gencode=arch=compute_90a,code=sm_90a"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "C7515" not in res.stderr and "serialized" not in res.stderr, res.stderr[-3000:]
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", res.stderr)
+    assert len(frames) == len(wgg.WGMMA_GEMMS) and all(f == ("0", "0") for f in frames), frames
+    res = subprocess.run(base + ["-gencode=arch=compute_90,code=sm_90"], capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "needs sm_90a" in res.stderr, res.stderr[-2000:]
 
 
 _WINO_HOST = r"""

@@ -787,9 +787,10 @@ def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
 
 
 def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
-    """benchmarks/gemm_tf32x3_probe.py measured the tiles winograd_gemm's GE picks from: each GEMMS tile is one
-    the probe times, with the same shared memory (the host launches with the family's number), and the probe's
-    products are the family's E x K x C x T for AlexNet's 3x3 layers."""
+    """benchmarks/gemm_tf32x3_probe.py and gemm_wgmma_probe.py measured the tiles winograd_gemm's GE picks from:
+    each GEMMS and WGMMA_GEMMS tile is one a probe times, with the same shared memory and grid (the host launches
+    with the family's numbers); the wgmma probe's A carries its small parts as stage 0 writes them; and the
+    probes' products are the family's E x K x C x T for AlexNet's 3x3 layers."""
     from bagf_torch.kernels import winograd_gemm as wgg
 
     probe = _benchmark_module("gemm_tf32x3_probe")
@@ -798,6 +799,21 @@ def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
         assert tile in probe.CONFIGS, tile
         assert probe.smem_bytes(tile) == wgg.gemm_smem_bytes(dict(wgg.DEFAULT, GE=ge))
         assert wgg.name_expression(dict(wgg.DEFAULT, GE=ge)).split(";")[1].replace(" ", "") == probe.expr(tile)
+    wprobe = _benchmark_module("gemm_wgmma_probe")
+    for ge, tile in wgg.WGMMA_GEMMS.items():
+        assert tile in wprobe.CONFIGS, tile
+        c = dict(wgg.DEFAULT, GE=ge)
+        assert wgg.name_expression(c).split(";")[1].replace(" ", "") == wprobe.expr(tile)
+        assert wgg.launch(c)["gemm_smem"] == wgg.wgmma_smem_bytes(tile) <= 227 * 1024
+        assert wprobe.geometry(tile, 256, 512, 36) == ((512 // wgg.launch(c)["gemm_bn"], 256 // wgg.launch(c)["gemm_bm"],
+                                                       36), (wgg.launch(c)["gemm_threads"],))
+    import torch
+
+    a = torch.randn(3, 5, 7) * torch.logspace(-3, 3, 7)
+    both = wprobe.with_small_parts(a)
+    truncated = (a.view(torch.int32) & -8192).view(torch.float32)  # what the tensor cores read of an fp32 A
+    assert torch.equal(both[0], a) and torch.equal(truncated + both[1], a)  # big + small is A, exactly
+    assert (both[1].abs() < a.abs() * 2.0 ** -10).all() and (both[1] != 0).any()  # below one TF32 ulp of A
     bl = _benchmark_module("bench_layers")
     for s in emul.shapes([32]):
         layer = next(lay for lay in bl.ALEXNET if lay[0] == s["layer"])

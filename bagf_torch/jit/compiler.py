@@ -37,8 +37,15 @@ class KernelSpec:
     def name_expression(self) -> str:
         return self.family.name_expression(self.config)
 
+    @property
+    def target(self) -> str:
+        """The NVRTC architecture: the GPU's, or the family's architecture-specific variant of it for this
+        configuration (winograd_gemm's wgmma GEMM needs sm_90a)."""
+        gpu_arch = getattr(self.family, "gpu_arch", None)
+        return gpu_arch(self.config, self.arch) if gpu_arch else self.arch
+
     def options(self) -> list[str]:
-        return [f"--gpu-architecture={self.arch}", "-std=c++17", f"--include-path={extension.kernels_dir()}"]
+        return [f"--gpu-architecture={self.target}", "-std=c++17", f"--include-path={extension.kernels_dir()}"]
 
     def source(self) -> str:
         return f'#include "{self.family.SOURCE}"\n'

@@ -14,6 +14,13 @@ GE > 0: our own batched GEMM on tensor cores with fp32 accuracy from three TF32 
 2.5-2.9e-7 on those products: the small parts are truncated to TF32), far inside the correctness check.
 It needs sm_80 (mma.sync TF32, cp.async): on older GPUs GE > 0 fails to compile and the tuner records that.
 
+GE = 6, 7: the same product on Hopper's warpgroup instruction (csrc/kernels/gemm_wgmma.cuh, wgmma with TF32,
+compiled for sm_90a; on any other GPU it fails to compile, which the tuner records). wgmma reads its
+shared-memory operand as it is, so U's small parts (U - trunc_tf32(U)) come from memory: stage 0 writes them as
+E more batches after U (template flag US, host layout bit 2), doubling U's workspace. On the H200 its tiles
+are 1.26-1.48x gemm_tf32x3's best at N = 128 and 1.02-1.23x at N = 32 on AlexNet's conv3-5 products
+(benchmarks/results/gemm_wgmma_probe_h200_s9_final.md); error against float64 1.6-3.0e-6.
+
 Why a second Winograd dataflow next to the fused ones: at N >= 32 the fused kernels spend most of their time
 in the transforms and the output stage, so the products run at a fraction of the SM's FFMA rate
 (bench_layers_h200_s5_final.md: F(4x4) at 93-94% of the direct fp32 roof is ~18 TFLOP/s of real work). Here
@@ -40,12 +47,13 @@ MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd poi
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
 ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][T][K] (V^T U^T)
-GE        0 1 2 3 4 5      the GEMM: 0 cuBLAS SGEMM; 1-5 gemm_tf32x3 with GEMMS[GE]'s tile (needs
-                           VL = ML = 0: it multiplies row-major U[e] by row-major V[e])
+GE        0 1 ... 7        the GEMM: 0 cuBLAS SGEMM; 1-5 gemm_tf32x3 with GEMMS[GE]'s tile; 6-7
+                           gemm_wgmma with WGMMA_GEMMS[GE]'s tile (sm_90a; stage 0 then also writes
+                           U's small parts). GE > 0 needs VL = ML = 0 (row-major U[e] times V[e])
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
-on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 135 of the 384 combinations are valid: F(6x6)
+on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 165 of the 512 combinations are valid: F(6x6)
 with 512 threads would need about 152 registers per thread (the register rule), and GE > 0 takes only
 VL = ML = 0.
 """
@@ -72,6 +80,14 @@ GEMMS: dict[int, tuple[int, int, int, int, int, int, int]] = {
 """GE -> gemm_tf32x3's (BM, BN, BK, WM, WN, STAGES, MINB). Of twelve tiles measured on AlexNet's conv3-5 products
 at N = 32 and 128 (gemm_tf32x3_probe_h200_s8c.md), 1 and 3 are the fastest at N = 32 (T = 288 columns), 2 and 4
 at N = 128 (T = 1152); 5, the largest, is there for larger products (ResNet-style layers at 56 x 56)."""
+WGMMA_GEMM_KERNEL = "bagf::gemm_wgmma"
+WGMMA_GEMMS: dict[int, tuple[int, int, int, int]] = {
+    6: (128, 1, 2, 4),
+    7: (64, 1, 1, 4),
+}
+"""GE -> gemm_wgmma's (WN, NB, WG, STAGES): block tile WN*NB output channels x 64*WG Winograd tiles, k tile 32. Of
+seven tiles measured on AlexNet's conv3-5 products (gemm_wgmma_probe_h200_s9_final.md), 6 is the fastest on
+15 of 18 (N = 32 and 128), 7 on the three N = 32, F(5x5) products (T = 288: more, smaller blocks)."""
 MIN_ARCH = 70
 KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
 """The kernel's parameter list (the other families take the first five): x, w, bias, y, shape, the U, V and M
@@ -84,7 +100,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "TB": (64, 128, 256, 512),
     "VL": (0, 1),
     "ML": (0, 1),
-    "GE": (0, 1, 2, 3, 4, 5),
+    "GE": (0, 1, 2, 3, 4, 5, 6, 7),
 }
 
 DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1}
@@ -106,9 +122,31 @@ def threads(c: Mapping[str, int]) -> int:
     return c["TB"]
 
 
+def uses_wgmma(c: Mapping[str, int]) -> bool:
+    """True when the plan's GEMM is gemm_wgmma (GE 6-7): sm_90a, and U carries its small parts."""
+    return c["GE"] in WGMMA_GEMMS
+
+
+def u_planes(c: Mapping[str, int]) -> int:
+    """U's batches per point in the workspace: 2 with gemm_wgmma (U, then U - trunc_tf32(U)), else 1."""
+    return 2 if uses_wgmma(c) else 1
+
+
 def gemm_tile(c: Mapping[str, int]) -> tuple[int, int, int, int, int, int, int] | None:
-    """(BM, BN, BK, WM, WN, STAGES, MINB) of the plan's own GEMM, None for cuBLAS (GE = 0)."""
-    return GEMMS[c["GE"]] if c["GE"] else None
+    """(BM, BN, BK, WM, WN, STAGES, MINB) of the plan's gemm_tf32x3 (GE 1-5), None otherwise."""
+    return GEMMS.get(c["GE"])
+
+
+def gemm_block(c: Mapping[str, int]) -> tuple[int, int, int, int] | None:
+    """(BM, BN, BK, STAGES) of the plan's own GEMM block, None for cuBLAS (GE = 0)."""
+    if uses_wgmma(c):
+        wn, nb, wg, stages = WGMMA_GEMMS[c["GE"]]
+        return wn * nb, 64 * wg, 32, stages
+    tile = gemm_tile(c)
+    if tile is None:
+        return None
+    bm, bn, bk, _, _, stages, _ = tile
+    return bm, bn, bk, stages
 
 
 def tile_smem_bytes(tile: tuple[int, ...]) -> int:
@@ -118,8 +156,25 @@ def tile_smem_bytes(tile: tuple[int, ...]) -> int:
     return 4 * st * (bm * (bk + 8) + bk * (bn + 4))
 
 
+def wgmma_smem_bytes(tile: tuple[int, int, int, int]) -> int:
+    """Dynamic shared memory of gemm_wgmma with ``tile`` = (WN, NB, WG, STAGES): STAGES x (2 planes of BM x 32
+    + 32 x (BN + 8)) floats (A's big and small parts, B's padded tile)."""
+    wn, nb, wg, st = tile
+    return 4 * st * (2 * wn * nb * 32 + 32 * (64 * wg + 8))
+
+
+def gemm_threads(c: Mapping[str, int]) -> int:
+    """Threads per block of the plan's own GEMM (0 for cuBLAS)."""
+    if uses_wgmma(c):
+        return 128 * WGMMA_GEMMS[c["GE"]][2]
+    tile = gemm_tile(c)
+    return 0 if tile is None else 32 * tile[3] * tile[4]
+
+
 def gemm_smem_bytes(c: Mapping[str, int]) -> int:
     """Dynamic shared memory of the plan's own GEMM (0 for cuBLAS)."""
+    if uses_wgmma(c):
+        return wgmma_smem_bytes(WGMMA_GEMMS[c["GE"]])
     tile = gemm_tile(c)
     return 0 if tile is None else tile_smem_bytes(tile)
 
@@ -141,21 +196,21 @@ def tiles(c: Mapping[str, int], problem) -> int:
 
 
 def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
-    """Words of the three per-call workspaces: U (E x K x C), V (E x C x T), M (E x K x T)."""
+    """Words of the three per-call workspaces: U (E x K x C, twice with gemm_wgmma), V (E x C x T), M (E x K x T)."""
     e, t = points(c), tiles(c, problem)
-    return {"U": e * problem.k * problem.c, "V": e * problem.c * t, "M": e * problem.k * t}
+    return {"U": u_planes(c) * e * problem.k * problem.c, "V": e * problem.c * t, "M": e * problem.k * t}
 
 
 def launch(c: Mapping[str, int]) -> dict[str, int]:
     """The host's plan: ``gemm`` = 1 (the transform stages around a batched GEMM, grids sized per call),
-    ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML; with our own GEMM (GE > 0)
+    ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML + 4*(U carries its small
+    parts, gemm_wgmma); with our own GEMM (GE > 0)
     also its block tile, threads and shared memory (``gemm_bm``, ``gemm_bn``, ``gemm_threads``, ``gemm_smem``)."""
     geo = {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
-           "layout": c["VL"] + 2 * c["ML"]}
-    tile = gemm_tile(c)
-    if tile is not None:
-        bm, bn, _, wm, wn, _, _ = tile
-        geo.update(gemm_bm=bm, gemm_bn=bn, gemm_threads=32 * wm * wn, gemm_smem=gemm_smem_bytes(c))
+           "layout": c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1)}
+    block = gemm_block(c)
+    if block is not None:
+        geo.update(gemm_bm=block[0], gemm_bn=block[1], gemm_threads=gemm_threads(c), gemm_smem=gemm_smem_bytes(c))
     return geo
 
 
@@ -166,12 +221,23 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """The transform kernel's instantiation, then (GE > 0) the GEMM's, separated by ';' (one cubin)."""
+    """The transform kernel's instantiation (with US = 1 for gemm_wgmma), then (GE > 0) the GEMM's, separated by
+    ';' (one cubin)."""
+    if uses_wgmma(c):
+        stages = template_expression(KERNEL, TEMPLATE_ORDER, c)[:-1] + ", 1>"  # US = 1: U's small parts too
+        return f"{stages};{WGMMA_GEMM_KERNEL}<{', '.join(map(str, WGMMA_GEMMS[c['GE']]))}>"
     stages = template_expression(KERNEL, TEMPLATE_ORDER, c)
     tile = gemm_tile(c)
     if tile is None:
         return stages
     return f"{stages};{GEMM_KERNEL}<{', '.join(map(str, tile))}>"
+
+
+def gpu_arch(c: Mapping[str, int], arch: str) -> str:
+    """The NVRTC target for this configuration on a GPU of ``arch`` ("sm_90"): gemm_wgmma needs the
+    architecture-specific sm_90a; anything else compiles for ``arch`` (where gemm_wgmma's static_assert then
+    makes the compile fail with its reason)."""
+    return arch + "a" if uses_wgmma(c) and arch == "sm_90" else arch
 
 
 def gemm_rule(c: Mapping[str, int]) -> str | None:
@@ -181,9 +247,17 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
     return None
 
 
-def default_for(problem, sms: int = 132) -> Config:
-    """DEFAULT whatever the problem: nothing in it depends on the problem's size."""
-    return dict(DEFAULT)
+def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
+    """DEFAULT whatever the problem (nothing in it depends on the problem's size), with the wgmma GEMM (GE = 6)
+    on an sm_90 GPU, where it is the faster of the two (gemm_wgmma_probe_h200_s9_final.md)."""
+    return dict(DEFAULT, GE=6) if arch == "sm_90" else dict(DEFAULT)
+
+
+def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
+    """gemm_wgmma (GE 6-7) compiles only for sm_90a: on another GPU the tuner leaves it out of the search."""
+    if uses_wgmma(c) and arch != "sm_90":
+        return f"GE={c['GE']} (wgmma) needs an sm_90 GPU, not {arch}"
+    return None
 
 
 def space(smem_limit: int = 0) -> Space:

@@ -12,6 +12,7 @@ interleaved with cuDNN; and returns the winner, which is "aten" when nothing bea
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -163,6 +164,9 @@ class Tuner:
         rule = getattr(family, "problem_rule", None)
         if rule is not None:  # configurations compiled for one problem geometry (direct's G) only where they apply
             space = Space(space.family, space.params, tuple(space.rules) + (lambda c: rule(c, problem),))
+        arch_rule, arch = getattr(family, "arch_rule", None), getattr(self.compiler, "arch", None)
+        if arch_rule is not None and arch:  # configurations that compile for one GPU only (winograd_gemm's wgmma)
+            space = Space(space.family, space.params, tuple(space.rules) + (lambda c: arch_rule(c, arch),))
         if not self.prune_factor or not iobound.has_model(family):
             return space, None
         valid = space.valid_configs()
@@ -178,10 +182,14 @@ class Tuner:
         return [f for f in self.families if getattr(f, "applies", None) is None or f.applies(problem) is None]
 
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
-        """Where a family's search starts: ``default_for(problem, sms)`` when the family sizes its default to
-        the problem (implicit_gemm_tc's split-K), else its DEFAULT."""
+        """Where a family's search starts: ``default_for(problem, sms[, arch])`` when the family sizes its default
+        to the problem (implicit_gemm_tc's split-K) or the GPU (winograd_gemm's GEMM), else its DEFAULT."""
         if hasattr(family, "default_for"):
-            start = family.default_for(problem, self.sms) if self.sms else family.default_for(problem)
+            kw = {}
+            arch = getattr(self.compiler, "arch", None)
+            if arch and "arch" in inspect.signature(family.default_for).parameters:
+                kw["arch"] = arch  # a start point that depends on the GPU (winograd_gemm's GEMM)
+            start = family.default_for(problem, self.sms, **kw) if self.sms else family.default_for(problem, **kw)
             if self.spaces[family.FAMILY].is_valid(start):
                 return start
         return family.DEFAULT

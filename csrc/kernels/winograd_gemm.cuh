@@ -1,7 +1,7 @@
 // fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
-// kernel around a batched GEMM, either gemm_tf32x3.cuh's (3xTF32 on tensor cores, a second kernel of the same
-// cubin) or cuBLAS's SGEMM the host runs through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ
-// output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
+// kernel around a batched GEMM, either ours (3xTF32 on tensor cores, a second kernel of the same cubin:
+// gemm_tf32x3.cuh with mma.sync, or gemm_wgmma.cuh with wgmma on sm_90a) or cuBLAS's SGEMM the host runs
+// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
 //
 //   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
 //   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
@@ -23,16 +23,19 @@
 //   VL  0: V[e][c][t], consecutive threads take consecutive tiles (coalesced stores, overlapping loads);
 //       1: V[e][t][c], consecutive threads take consecutive channels (the GEMM reads V transposed)
 //   ML  0: M[e][k][t], stage 2's consecutive threads take consecutive tiles; 1: M[e][t][k], consecutive k
+//   US  1: stage 0 also writes U's small parts, U - trunc_tf32(U), as E more batches after U (the host then
+//       allocates 2 E K C words): gemm_wgmma's A operand. Not a knob: set by the GEMM (GE 6-7).
 // Offsets are 64-bit: the workspaces may exceed 2^31 elements even when every tensor the user sees does not.
 // The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
 #pragma once
 #include "conv_params.h"
 #include "winograd.cuh"
-#include "gemm_tf32x3.cuh"  // the plan's own GEMM (GE > 0), compiled into the same cubin
+#include "gemm_tf32x3.cuh"  // the plan's own GEMM (GE 1-5), compiled into the same cubin
+#include "gemm_wgmma.cuh"   // or its wgmma GEMM (GE 6-7, sm_90a), which reads U's small parts (US = 1)
 
 namespace bagf {
 
-template <int MT, int TB, int VL, int ML>
+template <int MT, int TB, int VL, int ML, int US = 0>
 __global__ void __launch_bounds__(TB)
     winograd_gemm_stage(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                         float* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
@@ -65,6 +68,14 @@ __global__ void __launch_bounds__(TB)
     for (int i = 0; i < A; ++i)
 #pragma unroll
       for (int j = 0; j < A; ++j) u[(i * A + j) * kc + idx] = uu[i][j];
+    if (US) {  // U's small parts after its E batches: U - trunc_tf32(U), exact in fp32 (gemm_wgmma's A)
+      float* us = u + static_cast<long long>(A * A) * kc;
+#pragma unroll
+      for (int i = 0; i < A; ++i)
+#pragma unroll
+        for (int j = 0; j < A; ++j)
+          us[(i * A + j) * kc + idx] = uu[i][j] - __uint_as_float(__float_as_uint(uu[i][j]) & 0xffffe000u);
+    }
     return;
   }
 
