@@ -160,7 +160,7 @@ if [ -n "$bg_pid" ]; then
 fi
 if has sanitize; then
   timeout ${SANITIZE_TIMEOUT:-300} python3 scripts/sanitize_space.py --count ${SANITIZE_COUNT:-64} \
-    ${SANITIZE_FAMILIES:+--families "$SANITIZE_FAMILIES"} \
+    ${SANITIZE_FAMILIES:+--families "$SANITIZE_FAMILIES"} ${SANITIZE_ONLY:+--only "$SANITIZE_ONLY"} \
     --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -53,15 +53,23 @@ def _shapes(fam) -> list:
     return [sh for sh in SHAPES if applies is None or applies(_problem(sh)) is None]
 
 
-def _configs(fam, count: int, seed: int):
+def _configs(fam, count: int, seed: int, only: str = ""):
+    """The family's DEFAULT and a seeded sample of its valid configurations; with ``only`` = "KNOB=v1,v2" the
+    sample is drawn from the configurations with KNOB in those values (DEFAULT not forced in), e.g. "GE=6,7"
+    for winograd_gemm's wgmma GEMM."""
     valid = fam.space().valid_configs()
+    first = [fam.DEFAULT]
+    if only:
+        knob, values = only.split("=")
+        valid = [c for c in valid if str(c.get(knob)) in values.split(",")]
+        first = []
     if count >= len(valid):
         return valid
     rng = random.Random(seed)
-    return [fam.DEFAULT] + rng.sample([c for c in valid if c != fam.DEFAULT], count - 1)
+    return first + rng.sample([c for c in valid if c not in first], count - len(first))
 
 
-def child(cache_dir: str, families: list[str], count: int, seed: int) -> int:
+def child(cache_dir: str, families: list[str], count: int, seed: int, only: str = "") -> int:
     import torch
     import torch.nn.functional as F
 
@@ -73,7 +81,7 @@ def child(cache_dir: str, families: list[str], count: int, seed: int) -> int:
     wrong, launched = [], 0
     for fname in families:
         fam = FAMILIES[fname]
-        configs = _configs(fam, count, seed)
+        configs = _configs(fam, count, seed, only)
         built = compiler.compile(fam, configs)
         assert STATS.nvrtc_compiles == 0, "child should only load cached cubins"
         for n, c, h, w, k, r, s, st, pd, dl in _shapes(fam):
@@ -110,6 +118,7 @@ def main() -> int:
                     help="configurations to sweep per family (all if >= its space size)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="sanitize.json")
+    ap.add_argument("--only", default="", help='sample only configurations with KNOB in values, "KNOB=v1,v2"')
     ap.add_argument("--child", metavar="CACHE_DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     families = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -117,7 +126,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown families {unknown}; known: {sorted(FAMILIES)}")
     if args.child:
-        return child(args.child, families, args.count, args.seed)
+        return child(args.child, families, args.count, args.seed, args.only)
 
     from bagf_torch.cache import Cache
     from bagf_torch.jit.compiler import KernelCompiler
@@ -129,7 +138,7 @@ def main() -> int:
     per_family, failed = {}, []
     for fname in families:
         fam = FAMILIES[fname]
-        configs = _configs(fam, args.count, args.seed)
+        configs = _configs(fam, args.count, args.seed, args.only)
         built = compiler.compile(fam, configs)
         failed += [(fam.name(c), b.status) for c, b in zip(configs, built) if not hasattr(b, "handle")]
         for b in built:
@@ -141,7 +150,7 @@ def main() -> int:
     t0 = time.perf_counter()
     cmd = [sanitizer, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "20",
            sys.executable, __file__, "--families", ",".join(families), "--count", str(args.count),
-           "--seed", str(args.seed), "--child", scratch]
+           "--seed", str(args.seed), "--only", args.only, "--child", scratch]
     res = subprocess.run(cmd, capture_output=True, text=True)
     report = {
         "families": per_family, "compile_failures": failed, "compile_seconds": round(compile_s, 1),
