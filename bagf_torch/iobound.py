@@ -751,6 +751,13 @@ def winograd_gemm_tile(config: Mapping[str, int]) -> tuple[int, int, int, int]:
     return (*GEMM_TILE, 2) if block is None else block
 
 
+def _wgg_staged_images(config: Mapping[str, int], problem: ConvProblem) -> int:
+    """Whole images per block of winograd_gemm's staged stage 2 (SO = 1), 0 when it runs per tile."""
+    from .kernels import winograd_gemm as _wgg
+
+    return _wgg.staged_images(config, problem)
+
+
 def _u_planes(config: Mapping[str, int]) -> int:
     """U's batches per point: 2 when the plan's GEMM is gemm_wgmma (U, then its small parts), else 1."""
     from .kernels import winograd_gemm as _wgg
@@ -826,7 +833,9 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
     planes = _u_planes(config)  # gemm_wgmma: stage 0 writes U's small parts too, the GEMM reads both
     patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
-    grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn, -(-k * tiles // tb))
+    g_imgs = _wgg_staged_images(config, problem)  # SO = 1: stage 2's blocks take whole images
+    grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn,
+            k * -(-problem.n // g_imgs) if g_imgs else -(-k * tiles // tb))
     return Traffic(
         words_read_input=problem.n * c * patch,
         words_read_weight=9 * k * c,
@@ -897,7 +906,22 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
                 m_w += sum(1 for i in range(r0, r0 + bm) for j in range(c0, c0 + bn) if i < rows and j < cols)
     u_r, v_r = (a_r, b_r) if ml == 0 else (b_r, a_r)
 
-    b2, ids = threads_of(k_ * nt)  # stage 2: outputs
+    g_imgs = tb // tpq if config.get("SO") and ml == 0 else 0
+    if g_imgs:  # stage 2 staged (SO = 1): a block per (k, G whole images), a thread per tile, then the planes
+        nblk = -(-problem.n // g_imgs)
+        b2 = k_ * nblk
+        for blk in range(b2):
+            kk, n0 = blk // nblk, (blk % nblk) * g_imgs
+            imgs = min(g_imgs, problem.n - n0)
+            for tid in range(tb):
+                if kk < k_ and tid // tpq < imgs:
+                    m_r += sum(1 for i in range(a_) for j in range(a_))
+                    n_b += 1 if problem.bias else 0
+            if kk < k_:  # the write-out loop: thread tid stores elements tid, tid + TB, ... of the planes
+                n_out += sum(len(range(tid, imgs * p * q, tb)) for tid in range(tb))
+        ids = ()
+    else:
+        b2, ids = threads_of(k_ * nt)  # stage 2: outputs, a thread per (k, tile)
     for idx in ids:
         if idx >= k_ * nt:
             continue

@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bagf_torch import iobound  # noqa: E402
 from bagf_torch.cache import Cache  # noqa: E402
 from bagf_torch.jit.compiler import KernelCompiler  # noqa: E402
 from bagf_torch.kernels import winograd_gemm as wgf  # noqa: E402
@@ -28,7 +29,9 @@ from record_space import MORE_PROBLEMS, PROBLEMS  # noqa: E402
 
 
 def stage_times(fn, reps: int = 20) -> dict[str, float]:
-    """Mean GPU microseconds per call of each kernel ``fn`` launches (grouped by kernel name)."""
+    """Mean GPU microseconds per call of each kernel ``fn`` launches, by kernel name; the transform kernel's
+    launches (one kernel for every stage) are told apart by their order in a call: "transforms in" (filters and
+    input, the first) and "inverse transform" (the last)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -36,12 +39,16 @@ def stage_times(fn, reps: int = 20) -> dict[str, float]:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
+    kernels = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA
+               and ev.time_range.elapsed_us() > 0]
+    kernels.sort(key=lambda ev: ev.time_range.start)
     out: dict[str, float] = {}
-    for ev in prof.key_averages():
-        if ev.device_type == torch.autograd.DeviceType.CUDA or getattr(ev, "device_time_total", 0) > 0:
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t > 0:
-                out[ev.key[:90]] = t / reps
+    per_call = len(kernels) // reps if reps else 0
+    for i, ev in enumerate(kernels):
+        name = ev.name[:90]
+        if "winograd_gemm_stage" in name and per_call:
+            name = "transforms in" if i % per_call == 0 else "inverse transform"
+        out[name] = out.get(name, 0.0) + ev.time_range.elapsed_us() / reps
     return out
 
 
@@ -52,6 +59,8 @@ def main() -> None:
                                           "conv3x3_256_56_n32")
     ap.add_argument("--tiles", default="2,4,5,6")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--ge", type=int, default=wgf.DEFAULT["GE"], help="the GEMM knob (0 cuBLAS, 1-5 mma.sync, "
+                    "6-7 wgmma)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -63,7 +72,7 @@ def main() -> None:
         ws = Workspace(p, torch.device("cuda", 0))
         cudnn = bench.measure(ws, ATEN).time_us
         for mt in map(int, args.tiles.split(",")):
-            cfg = dict(wgf.DEFAULT, MT=mt)
+            cfg = dict(wgf.DEFAULT, MT=mt, GE=args.ge)
             built = compiler.compile(wgf, [cfg])[0]
             if not hasattr(built, "handle"):
                 rows.append({"problem": name, "config": wgf.name(cfg), "error": built.detail[:300]})
@@ -72,11 +81,17 @@ def main() -> None:
             total = bench.measure(ws, built.handle).time_us
             stages = stage_times(ws.op_call(built.handle))
             e, t = wgf.points(cfg), wgf.tiles(cfg, p)
-            gemm_us = sum(v for k, v in stages.items() if "winograd_gemm" not in k)
+            gemm_us = sum(v for k, v in stages.items() if k not in ("transforms in", "inverse transform"))
             row = {"problem": name, "config": wgf.name(cfg), "check": None if bad is None else bad.detail,
                    "total_us": total, "cudnn_us": cudnn, "speedup": cudnn / total, "stages_us": stages,
                    "gemm_us": gemm_us, "gemm_tflops": 2 * e * p.k * p.c * t / gemm_us / 1e6 if gemm_us else None,
                    "workspace_mb": {k: 4 * v / 2**20 for k, v in wgf.workspace_words(cfg, p).items()}}
+            # the transforms' compulsory bytes (iobound's words for them): in = weights + input read, U and V
+            # written; inverse = M read (+ bias), output written
+            tr = iobound.winograd_gemm_traffic(p, cfg)
+            ws_w = dict(tr.workspace_written)
+            row["mb_in"] = 4e-6 * (tr.words_read_weight + tr.words_read_input + ws_w["U"] + ws_w["V"])
+            row["mb_inverse"] = 4e-6 * (ws_w["M"] + tr.words_read_bias + tr.words_written)
             rows.append(row)
             print(f"{name} {wgf.name(cfg)}: {total:.1f} us (cuDNN {cudnn:.1f}, x{cudnn / total:.2f}); GEMM "
                   f"{gemm_us:.1f} us = {row['gemm_tflops'] or 0:.1f} TFLOP/s; "
@@ -91,15 +106,19 @@ def main() -> None:
     lines = [f"# winograd_gemm: time per launch ({meta['gpu']})", "",
              f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; fp32, TF32 off. "
              "Totals: CUDA-event medians of the whole call; stages: torch.profiler GPU time per call, mean of 20.",
-             "", "| problem | config | total us | cuDNN us | speedup | GEMM us | GEMM TFLOP/s | transforms us |",
-             "|---|---|---|---|---|---|---|---|"]
+             "", "| problem | config | total us | cuDNN us | speedup | GEMM us | GEMM TFLOP/s | transforms in us | "
+             "inverse us | transforms MB (in / inverse) | GB/s (in / inverse) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['problem']} | `{r['config']}` | {r['error'][:60]} | | | | | |")
             continue
-        tr = sum(v for k, v in r["stages_us"].items() if "winograd_gemm" in k)
+        t_in, t_inv = r["stages_us"].get("transforms in", 0.0), r["stages_us"].get("inverse transform", 0.0)
+        mb_in, mb_inv = r["mb_in"], r["mb_inverse"]
         lines.append(f"| {r['problem']} | `{r['config']}` | {r['total_us']:.1f} | {r['cudnn_us']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['gemm_us']:.1f} | {r['gemm_tflops'] or 0:.1f} | {tr:.1f} |")
+                     f"{r['speedup']:.2f}x | {r['gemm_us']:.1f} | {r['gemm_tflops'] or 0:.1f} | {t_in:.1f} | "
+                     f"{t_inv:.1f} | {mb_in:.0f} / {mb_inv:.0f} | {mb_in * 1e3 / max(t_in, 1e-9):.0f} / "
+                     f"{mb_inv * 1e3 / max(t_inv, 1e-9):.0f} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -45,7 +45,8 @@ struct Plan {
   int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
                        // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
   int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T]),
-                       // bit 2 U followed by its small parts (2E batches: the wgmma GEMM's A, own GEMM only)
+                       // bit 2 U followed by its small parts (2E batches: the wgmma GEMM's A, own GEMM only),
+                       // bit 3 stage 2 staged through shared memory, whole images per block (M stored [E][K][T])
   int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
   int fix_u = 0;       // (a direct plan's KS, KU); calls with another geometry are refused (ATen answers)
   CUfunction gemm_fn = nullptr;  // gemm plans: our batched 3xTF32 GEMM (gemm_tf32x3.cuh) in place of cuBLAS's
@@ -251,8 +252,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 7 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) ||
-               ((layout & 4) && !own_gemm)) {
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 15 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) ||
+               ((layout & 4) && !own_gemm) || ((layout & 8) && (layout & 2))) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
       err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");
@@ -442,7 +443,11 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   } else {
     at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
   }
-  stage(2, blocks_for(K * T));  // inverse transform with bias
+  // inverse transform with bias; staged (layout bit 3, the kernel's SO): K * ceil(N / G) blocks of G whole images
+  // each, G = threads / tiles per image, when an image's tiles fit in a block (else per tile, as unstaged)
+  const int64_t tiles_img = static_cast<int64_t>((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
+  const int64_t g_imgs = tb / tiles_img;
+  stage(2, (plan.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,

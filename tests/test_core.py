@@ -300,7 +300,7 @@ def test_tuner_gives_winograd_gemm_the_wgmma_gemm_on_sm90_only():
     for arch, ges in (("sm_90", set(wgg.PARAMS["GE"])), ("sm_80", set(wgg.PARAMS["GE"]) - set(wgg.WGMMA_GEMMS))):
         tuner = Tuner(SimpleNamespace(arch=arch), None, None, lambda p: None, wgg, sms=132)
         start = tuner.start_config(wgg, conv4)
-        assert start == (dict(wgg.DEFAULT, GE=6) if arch == "sm_90" else wgg.DEFAULT)
+        assert start == (dict(wgg.DEFAULT, GE=6, SO=1) if arch == "sm_90" else wgg.DEFAULT)
         space, _ = tuner.search_space(wgg, conv4)
         assert {c["GE"] for c in space.valid_configs()} == ges and space.is_valid(start)
         if arch == "sm_80":

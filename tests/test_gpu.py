@@ -259,12 +259,15 @@ OWN_GEMM_SHAPES = [
     (8, 32, 12, 12, 130, 3, 3, (1, 1), (1, 1), (1, 1), False),  # K off every BM
     (2, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),  # C % 4 != 0: scalar path
     (1, 200, 7, 9, 33, 3, 3, (1, 1), (0, 1), (1, 1), True),  # T small and odd
+    (2, 8, 50, 47, 12, 3, 3, (1, 1), (1, 1), (1, 1), True),  # more tiles per image than TB: SO=1 runs per tile
 ]
 
 
 def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compiler, monkeypatch):
     """winograd_gemm with its own 3xTF32 GEMM (GE > 0), every tile of GEMMS (and of WGMMA_GEMMS on sm_90, whose
-    plans also make stage 0 write U's small parts into a workspace twice U's size) and every MT, checked like every
+    plans also make stage 0 write U's small parts into a workspace twice U's size), every MT, with stage 2 per
+    tile and staged (SO = 1: whole images per block, partial last blocks, and per tile when an image has more
+    tiles than the block threads), checked like every
     candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the GEMM's
     16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
     arithmetic does not depend on that flag): the output is the same bits either way."""
@@ -272,7 +275,8 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
 
     fam = _family("winograd_gemm")
     ges = list(fam.GEMMS) + (list(fam.WGMMA_GEMMS) if torch.cuda.get_device_capability() == (9, 0) else [])
-    configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128) for ge in ges for mt in fam.PARAMS["MT"]]
+    configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=so) for ge in ges for mt in fam.PARAMS["MT"]
+               for so in (0, 1)]
     assert all(fam.space().is_valid(c) for c in configs)
     built = compiler.compile(fam, configs)
     failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
@@ -290,7 +294,7 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)
     for ge in {ges[0], ges[-1]}:  # a gemm_tf32x3 plan and (on sm_90) a gemm_wgmma one
-        handle = built[ges.index(ge) * len(fam.PARAMS["MT"])].handle
+        handle = built[configs.index(dict(fam.DEFAULT, MT=fam.PARAMS["MT"][0], GE=ge, TB=128, SO=1))].handle
         torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
         with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
                                                          allow_tf32=False):

@@ -50,12 +50,17 @@ ML        0 1              M layout: 0 [E][K][T] (the GEMM computes U V), 1 [E][
 GE        0 1 ... 7        the GEMM: 0 cuBLAS SGEMM; 1-5 gemm_tf32x3 with GEMMS[GE]'s tile; 6-7
                            gemm_wgmma with WGMMA_GEMMS[GE]'s tile (sm_90a; stage 0 then also writes
                            U's small parts). GE > 0 needs VL = ML = 0 (row-major U[e] times V[e])
+SO        0 1              1: stage 2 (inverse transform) takes whole images of one channel per block and
+                           writes them out through shared memory in contiguous runs (needs ML = 0 and
+                           TB*MT*MT floats <= 48 KB of static shared memory)
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
-on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md). 165 of the 512 combinations are valid: F(6x6)
-with 512 threads would need about 152 registers per thread (the register rule), and GE > 0 takes only
-VL = ML = 0.
+on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md), except SO = 1's whole-image planes of stage 2,
+static: ncu on conv4 at N = 128 (session 9) found the per-tile stores writing 6-8 L2 sectors per sector of output
+and stage 2 at 1.0-1.5 TB/s with F(5x5). 291 of the 1024 combinations are valid: F(6x6) with 512 threads would
+need about 152 registers per thread (the register rule), GE > 0 takes only VL = ML = 0, and SO = 1 takes ML = 0
+and TB*MT*MT <= 12288.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ from .space import Config, Space, register_rule, template_expression, thread_cou
 FAMILY = "winograd_gemm"
 SOURCE = "winograd_gemm.cuh"
 KERNEL = "bagf::winograd_gemm_stage"
-TEMPLATE_ORDER = ("MT", "TB", "VL", "ML")
+TEMPLATE_ORDER = ("MT", "TB", "VL", "ML", "SO")
 GEMM_KERNEL = "bagf::gemm_tf32x3"
 GEMMS: dict[int, tuple[int, int, int, int, int, int, int]] = {
     1: (64, 64, 32, 2, 2, 4, 1),
@@ -101,11 +106,13 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "VL": (0, 1),
     "ML": (0, 1),
     "GE": (0, 1, 2, 3, 4, 5, 6, 7),
+    "SO": (0, 1),
 }
 
-DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1}
-LEGACY: Config = {"GE": 0}
-"""What a configuration recorded before the GE knob existed ran: cuBLAS's GEMM (kernels.complete_config)."""
+DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1, "SO": 0}
+LEGACY: Config = {"GE": 0, "SO": 0}
+"""What a configuration recorded before the GE and SO knobs existed ran: cuBLAS's GEMM, unstaged outputs
+(kernels.complete_config)."""
 
 
 def applies(problem) -> str | None:
@@ -179,9 +186,22 @@ def gemm_smem_bytes(c: Mapping[str, int]) -> int:
     return 0 if tile is None else tile_smem_bytes(tile)
 
 
+def staged_smem_bytes(c: Mapping[str, int]) -> int:
+    """Static shared memory of the transform kernel: stage 2's output planes when SO = 1 (TB*MT*MT floats)."""
+    return 4 * c["TB"] * c["MT"] ** 2 if c.get("SO") else 0
+
+
+def staged_images(c: Mapping[str, int], problem) -> int:
+    """Whole images per block of the staged stage 2 (SO = 1): TB // tiles per image; 0 when an image has more
+    tiles than the block threads (that launch then runs per tile, as SO = 0)."""
+    per_img = -(-problem.out_hw[0] // c["MT"]) * -(-problem.out_hw[1] // c["MT"])
+    return c["TB"] // per_img if c.get("SO") and c["ML"] == 0 else 0
+
+
 def smem_bytes(c: Mapping[str, int]) -> int:
-    """The transform kernel's (the plan's first kernel): none. The plan's own GEMM has its own,
-    :func:`gemm_smem_bytes`, passed to the host as ``gemm_smem``."""
+    """The transform kernel's (the plan's first kernel) dynamic shared memory: none (SO = 1's planes are static,
+    :func:`staged_smem_bytes`). The plan's own GEMM has its own, :func:`gemm_smem_bytes`, passed to the host as
+    ``gemm_smem``."""
     return 0
 
 
@@ -204,10 +224,10 @@ def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
 def launch(c: Mapping[str, int]) -> dict[str, int]:
     """The host's plan: ``gemm`` = 1 (the transform stages around a batched GEMM, grids sized per call),
     ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML + 4*(U carries its small
-    parts, gemm_wgmma); with our own GEMM (GE > 0)
+    parts, gemm_wgmma) + 8*SO (staged stage 2, whose grid the host sizes); with our own GEMM (GE > 0)
     also its block tile, threads and shared memory (``gemm_bm``, ``gemm_bn``, ``gemm_threads``, ``gemm_smem``)."""
     geo = {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
-           "layout": c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1)}
+           "layout": c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1) + 8 * c["SO"]}
     block = gemm_block(c)
     if block is not None:
         geo.update(gemm_bm=block[0], gemm_bn=block[1], gemm_threads=gemm_threads(c), gemm_smem=gemm_smem_bytes(c))
@@ -215,9 +235,11 @@ def launch(c: Mapping[str, int]) -> dict[str, int]:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_sm90`` (cuBLAS's GEMM), ``winograd_gemm_f5_tb64_vl0_ml0_ge1_sm90``."""
+    """e.g. ``winograd_gemm_f4_tb256_vl0_ml0_sm90`` (cuBLAS's GEMM), ``winograd_gemm_f5_tb64_vl0_ml0_ge6_so1_sm90``
+    (the names of configurations from before the GE and SO knobs are unchanged)."""
     ge = f"_ge{c['GE']}" if c["GE"] else ""
-    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}{ge}_{arch}"
+    so = "_so1" if c.get("SO") else ""
+    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}{ge}{so}_{arch}"
 
 
 def name_expression(c: Mapping[str, int]) -> str:
@@ -231,6 +253,16 @@ def name_expression(c: Mapping[str, int]) -> str:
     if tile is None:
         return stages
     return f"{stages};{GEMM_KERNEL}<{', '.join(map(str, tile))}>"
+
+
+def staging_rule(c: Mapping[str, int]) -> str | None:
+    """SO = 1 stages stage 2's outputs along tiles of one channel (M stored [E][K][T]) in TB*MT*MT floats of
+    static shared memory, at most 48 KB."""
+    if c["SO"] and c["ML"]:
+        return f"SO=1 (staged outputs) needs ML=0, not ML={c['ML']}"
+    if staged_smem_bytes(c) > 48 * 1024:
+        return f"SO=1 with TB={c['TB']}, MT={c['MT']} needs {staged_smem_bytes(c)} bytes of static shared memory (> 48 KB)"
+    return None
 
 
 def gpu_arch(c: Mapping[str, int], arch: str) -> str:
@@ -248,9 +280,9 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
 
 
 def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
-    """DEFAULT whatever the problem (nothing in it depends on the problem's size), with the wgmma GEMM (GE = 6)
-    on an sm_90 GPU, where it is the faster of the two (gemm_wgmma_probe_h200_s9_final.md)."""
-    return dict(DEFAULT, GE=6) if arch == "sm_90" else dict(DEFAULT)
+    """DEFAULT whatever the problem (nothing in it depends on the problem's size); on an sm_90 GPU with the wgmma
+    GEMM (GE = 6), the faster of the two there (gemm_wgmma_probe_h200_s9_final.md), and staged outputs (SO = 1)."""
+    return dict(DEFAULT, GE=6, SO=1) if arch == "sm_90" else dict(DEFAULT)
 
 
 def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
@@ -262,4 +294,4 @@ def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
 
 def space(smem_limit: int = 0) -> Space:
     return Space(FAMILY, PARAMS, (thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers),
-                                  gemm_rule))
+                                  gemm_rule, staging_rule))

@@ -23,6 +23,8 @@
 //   VL  0: V[e][c][t], consecutive threads take consecutive tiles (coalesced stores, overlapping loads);
 //       1: V[e][t][c], consecutive threads take consecutive channels (the GEMM reads V transposed)
 //   ML  0: M[e][k][t], stage 2's consecutive threads take consecutive tiles; 1: M[e][t][k], consecutive k
+//   SO  1: stage 2 stages a block's outputs (whole images of one channel) in shared memory and writes them out
+//       contiguously (needs ML = 0 and TB*MT*MT floats <= 48 KB; the host sizes that launch's grid)
 //   US  1: stage 0 also writes U's small parts, U - trunc_tf32(U), as E more batches after U (the host then
 //       allocates 2 E K C words): gemm_wgmma's A operand. Not a knob: set by the GEMM (GE 6-7).
 // Offsets are 64-bit: the workspaces may exceed 2^31 elements even when every tensor the user sees does not.
@@ -35,7 +37,7 @@
 
 namespace bagf {
 
-template <int MT, int TB, int VL, int ML, int US = 0>
+template <int MT, int TB, int VL, int ML, int SO = 0, int US = 0>
 __global__ void __launch_bounds__(TB)
     winograd_gemm_stage(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                         float* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
@@ -119,6 +121,58 @@ __global__ void __launch_bounds__(TB)
 
   // stage 2, outputs: y = A^T M A + bias
   const long long kt = static_cast<long long>(p.K) * T;
+  if constexpr (SO == 1 && ML == 0) {
+    // Staged: a block takes G = TB / tiles-per-image whole images of one channel k (thread = tile), puts their
+    // outputs into shared memory as G planes of P x Q, then writes the planes out contiguously (y[n][k] is one
+    // P*Q run). Per tile the stores are MT-float pieces of different rows and images, 6-8 L2 sectors written
+    // per sector of output (ncu, benchmarks/results/ncu_winograd_gemm_stages_h200_s9.log); staged, whole
+    // sectors. The host launches K * ceil(N / G) blocks for this stage; G = 0 (an image has more tiles than
+    // the block threads) takes the per-tile path below with its K*T/TB blocks, as the host does.
+    static_assert(TB * MT * MT * 4 <= 48 * 1024, "staged outputs: TB*MT*MT floats of static shared memory");
+    const int g_imgs = TB / tiles_img;
+    if (g_imgs > 0) {
+      __shared__ float planes[TB * MT * MT];  // G*P*Q <= G*tiles_img*MT*MT <= TB*MT*MT
+      const long long nblk = (p.N + g_imgs - 1) / g_imgs;
+      const long long k = block / nblk;
+      const int n0 = static_cast<int>(block - k * nblk) * g_imgs;
+      const int imgs = min(g_imgs, p.N - n0);
+      const int PQ = p.P * p.Q;
+      const int gi = threadIdx.x / tiles_img;
+      const int r = threadIdx.x - gi * tiles_img;
+      if (k < p.K && gi < imgs) {
+        const long long off = k * T + static_cast<long long>(n0 + gi) * tiles_img + r;
+        float mm[A][A], tmp[MT][A], o[MT][MT];
+#pragma unroll
+        for (int i = 0; i < A; ++i)
+#pragma unroll
+          for (int j = 0; j < A; ++j) mm[i][j] = __ldg(m + (i * A + j) * kt + off);
+        wino::left<MT, A, A>(typename Co::At(), mm, tmp);
+        wino::right<MT, A, MT>(typename Co::At(), tmp, o);
+        const float b = p.has_bias ? __ldg(bias + k) : 0.f;
+        const int tp = r / tiles_q;
+        const int p0 = tp * MT;
+        const int q0 = (r - tp * tiles_q) * MT;
+        float* dst = planes + gi * PQ;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          if (p0 + i >= p.P) break;
+#pragma unroll
+          for (int j = 0; j < MT; ++j)
+            if (q0 + j < p.Q) dst[(p0 + i) * p.Q + q0 + j] = o[i][j] + b;
+        }
+      }
+      __syncthreads();
+      if (k < p.K) {
+        float* out = y + (static_cast<long long>(n0) * p.K + k) * PQ;
+        const long long img_stride = static_cast<long long>(p.K) * PQ;
+        for (int e = threadIdx.x; e < imgs * PQ; e += TB) {
+          const int gi2 = e / PQ;
+          out[gi2 * img_stride + (e - gi2 * PQ)] = planes[e];
+        }
+      }
+      return;
+    }
+  }
   if (idx >= kt) return;
   long long k, t;
   if (ML == 0) {
