@@ -767,7 +767,8 @@ def _u_planes(config: Mapping[str, int]) -> int:
 
 def winograd_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
     """The GEMM block's fast memory: its BM x BN accumulators + its pipeline's stages of BK x BM (two planes,
-    big and small parts, for gemm_wgmma) and BK x BN operand tiles (:func:`winograd_gemm_tile`; for cuBLAS, 128*128 + 2*8*(128+128) = 20480 words, an
+    big and small parts, for gemm_wgmma) and BK x BN operand tiles (:func:`winograd_gemm_tile`; for cuBLAS,
+    128*128 + 2*8*(128+128) = 20480 words, an
     assumption). The transform stages keep one tile in registers (``kernels.winograd_gemm.estimated_registers``)
     and no shared memory."""
     bm, bn, bk, stages = winograd_gemm_tile(config)

@@ -44,7 +44,8 @@ struct Plan {
   int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
   int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
                        // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
-  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K] (else [E][K][T]),
+  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K]
+                       // (else [E][K][T]),
                        // bit 2 U followed by its small parts (2E batches: the wgmma GEMM's A, own GEMM only),
                        // bit 3 stage 2 staged through shared memory, whole images per block (M stored [E][K][T])
   int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
@@ -252,8 +253,9 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("split-K of ", split, " slices is out of range");
     } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
       err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 15 || (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) ||
-               ((layout & 4) && !own_gemm) || ((layout & 8) && (layout & 2))) {
+    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 15 ||
+               (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) || ((layout & 4) && !own_gemm) ||
+               ((layout & 8) && (layout & 2))) {
       err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
     } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
       err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");

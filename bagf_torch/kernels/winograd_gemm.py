@@ -261,7 +261,8 @@ def staging_rule(c: Mapping[str, int]) -> str | None:
     if c["SO"] and c["ML"]:
         return f"SO=1 (staged outputs) needs ML=0, not ML={c['ML']}"
     if staged_smem_bytes(c) > 48 * 1024:
-        return f"SO=1 with TB={c['TB']}, MT={c['MT']} needs {staged_smem_bytes(c)} bytes of static shared memory (> 48 KB)"
+        return (f"SO=1 with TB={c['TB']}, MT={c['MT']} needs {staged_smem_bytes(c)} bytes of static shared memory "
+                "(> 48 KB)")
     return None
 
 

@@ -26,7 +26,8 @@
 //
 // What the measurements chose (gemm_wgmma_probe_h200_s9*.md, AlexNet's 18 products):
 //  * A's small parts from memory, not split in the kernel: splitting A on its way to shared memory (registers
-//    one tile ahead, two planes stored by the threads) ran at 33-62 TFLOP/s, this at 47-82 (N = 128: 53-62 against 69-82).
+//    one tile ahead, two planes stored by the threads) ran at 33-62 TFLOP/s, this at 47-82 (N = 128: 53-62
+//    against 69-82).
 //  * One wgmma group in flight (wait_group 1) while the next tile's fragments are loaded and split, with the
 //    loop unrolled by two so that the fragment registers alternate; copies issued after the group and a
 //    fixed per-thread copy plan (the loop with per-chunk index arithmetic cost 10-15%).

@@ -1,7 +1,8 @@
 // fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
 // kernel around a batched GEMM, either ours (3xTF32 on tensor cores, a second kernel of the same cubin:
 // gemm_tf32x3.cuh with mma.sync, or gemm_wgmma.cuh with wgmma on sm_90a) or cuBLAS's SGEMM the host runs
-// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; stride 1, dilation 1, 3x3 filters, any padding (the host refuses other problems: ATen answers).
+// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; stride 1, dilation 1, 3x3
+// filters, any padding (the host refuses other problems: ATen answers).
 //
 //   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
 //   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
