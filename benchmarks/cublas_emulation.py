@@ -85,12 +85,12 @@ def median_us(fn, reps: int, batch: int = 1) -> float:
     return time_forward(calls, runs=reps, warmup=1).median_us / batch
 
 
-def shapes(ns: list[int]) -> list[dict]:
+def shapes(ns: list[int], mts: tuple[int, ...] = (5, 6)) -> list[dict]:
     """winograd_gemm's products for the AlexNet 3x3 layers: E = (MT+2)^2 batches of K x C by C x T."""
     out = []
     for layer, c, h, k, *_ in ALEXNET[2:]:
         for n in ns:
-            for mt in (5, 6):
+            for mt in mts:
                 t = n * ((h + mt - 1) // mt) ** 2
                 out.append({"layer": layer, "N": n, "MT": mt, "E": (mt + 2) ** 2, "K": k, "C": c, "T": t})
     return out

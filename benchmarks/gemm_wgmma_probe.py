@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
-from benchmarks.cublas_emulation import ALEXNET, median_us  # noqa: E402
+from benchmarks.cublas_emulation import median_us, shapes as _products  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent.parent / "csrc" / "kernels"
 CONFIGS = [  # WN, NB, WG, STAGES
@@ -65,13 +65,7 @@ def with_small_parts(a: torch.Tensor) -> torch.Tensor:
 
 def shapes(ns):
     """winograd_gemm's products E x (K x C) (C x T) for AlexNet's 3x3 layers, F(4x4), F(5x5), F(6x6)."""
-    out = []
-    for layer, c, h, k, *_ in ALEXNET[2:]:
-        for n in ns:
-            for mt in (4, 5, 6):
-                t = n * ((h + mt - 1) // mt) ** 2
-                out.append({"layer": layer, "N": n, "MT": mt, "E": (mt + 2) ** 2, "K": k, "C": c, "T": t})
-    return out
+    return _products(ns, mts=(4, 5, 6))
 
 
 def main(argv=None) -> int:
