@@ -4,8 +4,10 @@ A family module has FAMILY, SOURCE (its .cuh), MIN_ARCH (compute capability as 1
 DEFAULT, space(smem_limit), name(config), name_expression(config), threads(config), smem_bytes(config) and
 launch(config) (the geometry the host's plan needs: bm, bn, threads, smem, split, optionally tile; a family whose
 shared memory depends on the filter geometry adds tile_w, smem_patch and smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
-cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms) (a start point sized to
-the problem), estimated_registers(config). A family whose plan is several launches around a batched GEMM says
+cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms[, arch]) (a start point sized to
+the problem, or to the GPU when it takes ``arch``), estimated_registers(config), problem_rule(config, problem) and
+arch_rule(config, arch) (configurations the tuner searches only for some problems or GPUs), and
+gpu_arch(config, arch) (the NVRTC target for a configuration, e.g. winograd_gemm's wgmma GEMM: sm_90a). A family whose plan is several launches around a batched GEMM says
 so with ``gemm`` and ``layout`` in launch(); when the GEMM is its own kernel, name_expression() names both
 kernels ("a;b", one cubin) and launch() adds ``gemm_bm``, ``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see
 kernels.winograd_gemm). LEGACY (optional): the values of knobs added after configurations were recorded.
