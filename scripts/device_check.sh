@@ -17,7 +17,7 @@
 #   gemmprobe = benchmarks/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
 #   $GEMMPROBE_ARGS, e.g. "--tag h200_s9").
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
-#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`. bench2 = a second bench_layers.py run on GPU 0
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
 #   pre-tuning of issue 6), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
@@ -99,7 +99,7 @@ if has alexnet; then
   tail -n 60 "$OUT/alexnet.log"
 fi
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q -x --durations=10 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_cuda.log"
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has gemmprobe; then
