@@ -158,7 +158,10 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
     sub-computations' bounds add. Approximate where: a fully fused kernel that transforms in fast memory
     never stores the transformed operands, so this is a bound for the unfused (or seed-style) pipeline,
     not for every schedule; the Hong-Kung constant is taken as in the direct bound.
-    Requires stride 1, dilation 1, groups 1 and an r x r kernel.
+    Requires stride 1, dilation 1, groups 1 and an r x r kernel; or stride s > 1 on both axes and a kernel of at
+    most rs x rs, the polyphase form (``winograd.polyphase``: C s^2 channels of r x r filters, zero past the
+    real taps) with C s^2 in the core term and the original problem's compulsory words. That is a bound for
+    the polyphase algorithm, not for the convolution: a schedule that skipped the zero taps could move less.
 
     ``fused=True`` is the bound for a kernel that transforms in fast memory (the ``winograd`` family): its
     only global reads are raw input and weights, each transformed word being made from about one raw word
@@ -171,15 +174,17 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
     >>> winograd_lower_bound(p, 4, 3, 8192) > 0
     True
     """
-    if problem.stride != (1, 1) or problem.dilation != (1, 1) or problem.groups != 1:
-        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs stride 1, dilation 1 and groups 1; got "
+    st = problem.stride[0]
+    if problem.stride != (st, st) or problem.dilation != (1, 1) or problem.groups != 1:
+        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs equal strides, dilation 1 and groups 1; got "
                          f"stride {problem.stride}, dilation {problem.dilation}, groups {problem.groups}")
-    if (problem.r, problem.s) != (r, r):
-        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) needs an {r}x{r} kernel; got {problem.r}x{problem.s}")
+    if (st == 1 and (problem.r, problem.s) != (r, r)) or max(problem.r, problem.s) > r * st:
+        raise ValueError(f"Winograd F({m}x{m}, {r}x{r}) at stride {st} needs an {r}x{r} kernel (at stride 1) or one "
+                         f"of at most {r * st}x{r * st} (polyphase); got {problem.r}x{problem.s}")
     if m < 1 or fast_memory_words <= 0:
         raise ValueError(f"need m >= 1 and fast_memory_words > 0; got m={m}, M={fast_memory_words}")
     tiles = problem.tiles(m)
-    core = 2.0 * (m + r - 1) ** 2 * problem.k * problem.c * tiles / math.sqrt(fast_memory_words)
+    core = 2.0 * (m + r - 1) ** 2 * problem.k * problem.c * st * st * tiles / math.sqrt(fast_memory_words)
     comp = compulsory_words(problem)
     if fused:
         return max(core, comp["input"] + comp["weight"] + comp["bias"]) + comp["output"]
@@ -583,6 +588,15 @@ def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> T
     return _counted(n_in, n_w, n_b, n_out, out, implicit_gemm_tc_fast_memory_words(config), (gx, gy, split))
 
 
+def _check_winograd_gemm_problem(problem: ConvProblem) -> None:
+    from .kernels import winograd_gemm as wgg
+
+    why = wgg.applies(problem)
+    if why is not None:
+        raise ValueError(f"the winograd_gemm family computes 3x3 stride-1 convolutions and strided ones through "
+                         f"their polyphase components only: {why} (the tuner skips the family there)")
+
+
 # --------------------------------------------------------------------------- winograd: traffic model
 def _check_winograd_problem(problem: ConvProblem) -> None:
     from .kernels import winograd as wg
@@ -604,6 +618,14 @@ def _halo_in_bounds(out: int, tile: int, stride: int, pad: int, span: int, size:
 def _patch_rows_in_bounds(out: int, mt: int, pad: int, size: int) -> int:
     """:func:`_halo_in_bounds` of Winograd F(MT x MT, 3x3): stride 1, an A = MT+2 row patch per tile."""
     return _halo_in_bounds(out, mt, 1, pad, mt + 2, size)
+
+
+def _phase_rows_in_bounds(out: int, mt: int, st: int, pad: int, size: int) -> int:
+    """:func:`_patch_rows_in_bounds` summed over the ``st`` polyphase components of one axis (winograd_gemm at
+    stride s): component ph's patch of a tile reads rows s*(tile_index*MT + a) + ph - pad, a in [0, MT+2)."""
+    a = st * (np.arange(-(-out // mt))[:, None, None] * mt + np.arange(mt + 2)[None, :, None])
+    idx = a + np.arange(st)[None, None, :] - pad
+    return int(((idx >= 0) & (idx < size)).sum())
 
 
 def winograd_fast_memory_words(config: Mapping[str, int], family: "ModuleType | None" = None) -> int:
@@ -790,6 +812,9 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
       with gemm_wgmma, GE 6-7: U's small parts too, which the GEMM then reads as a second A panel);
     * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
       -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
+    * at stride s > 1 (the polyphase form, ``winograd.polyphase``) C is C' = C s^2 everywhere above except the
+      raw reads: stage 0 reads each of the K*C*R*S filter words once (a phase's taps past R or S are zeros, not
+      loads), stage 1 the in-bounds rows s*(tile*MT + a) + ph - pad of each component;
     * the GEMM, E products of (K x C) by (C x T): a block per BM x BN tile of the product
       (:func:`winograd_gemm_tile`: our gemm_tf32x3's tile for GE > 0; for cuBLAS **modelled, not read**,
       :data:`GEMM_TILE`; rows K and columns T for ML=0, the transpose for ML=1) reads its operand panels once
@@ -820,12 +845,13 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     >>> t.total >= winograd_lower_bound(p, 4, 3, t.fast_memory_words)
     True
     """
-    _check_winograd_problem(problem)
+    _check_winograd_gemm_problem(problem)
     mt, tb = config["MT"], config["TB"]
     e = (mt + 2) ** 2
     p, q = problem.out_hw
     (ph, pw) = problem.padding
-    k, c = problem.k, problem.c
+    st = problem.stride[0]
+    k, c = problem.k, problem.c * st * st  # the GEMM's reduction: C' = C s^2 polyphase channels at stride s
     tiles = problem.tiles(mt)
     rows, cols = _gemm_shape(problem, config, tiles)
     bm, bn, _, _ = winograd_gemm_tile(config)
@@ -833,13 +859,13 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
     a_reads, b_reads = gn * rows * c, gm * c * cols  # per point: row panels once per block column, and so on
     u_reads, v_reads = (a_reads, b_reads) if config["ML"] == 0 else (b_reads, a_reads)
     planes = _u_planes(config)  # gemm_wgmma: stage 0 writes U's small parts too, the GEMM reads both
-    patch = _patch_rows_in_bounds(p, mt, ph, problem.h) * _patch_rows_in_bounds(q, mt, pw, problem.w)
+    patch = _phase_rows_in_bounds(p, mt, st, ph, problem.h) * _phase_rows_in_bounds(q, mt, st, pw, problem.w)
     g_imgs = _wgg_staged_images(config, problem)  # SO = 1: stage 2's blocks take whole images
     grid = (-(-k * c // tb), -(-c * tiles // tb), e * gm * gn,
             k * -(-problem.n // g_imgs) if g_imgs else -(-k * tiles // tb))
     return Traffic(
-        words_read_input=problem.n * c * patch,
-        words_read_weight=9 * k * c,
+        words_read_input=problem.n * problem.c * patch,
+        words_read_weight=k * problem.c * problem.r * problem.s,
         words_read_bias=k * tiles if problem.bias else 0,
         words_written=k * problem.n * p * q,
         fast_memory_words=winograd_gemm_fast_memory_words(config),
@@ -856,14 +882,15 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
     stage 2's ML index split, the patch's bounds checks, the bias condition, the output row ``break`` and
     column checks), and the modelled GEMM (:data:`GEMM_TILE`) block by block, reduction step by step, each
     operand tile's and output tile's elements bounds-checked. Small shapes only."""
-    _check_winograd_problem(problem)
+    _check_winograd_gemm_problem(problem)
     mt, tb, vl, ml = config["MT"], config["TB"], config["VL"], config["ML"]
     planes = _u_planes(config)  # gemm_wgmma's A: U and its small parts, each written by stage 0, read per tile
     a_ = mt + 2
     e = a_ * a_
     p, q = problem.out_hw
     (ph, pw) = problem.padding
-    k_, c_ = problem.k, problem.c
+    st = problem.stride[0]
+    k_, c_ = problem.k, problem.c * st * st  # C' = C s^2 (polyphase channels c' = (c*s + phase row)*s + column)
     tq = -(-q // mt)
     tpq = -(-p // mt) * tq
     nt = problem.n * tpq
@@ -877,20 +904,27 @@ def brute_force_winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str,
     for idx in ids:
         if idx >= k_ * c_:
             continue
-        n_w += sum(1 for i in range(3) for j in range(3))
+        ci = idx % c_
+        fr, fc = (ci // st) % st, ci % st  # the filter phase: taps st*i + fr, st*j + fc, loads inside R x S only
+        n_w += sum(1 for i in range(3) for j in range(3) if st * i + fr < problem.r and st * j + fc < problem.s)
         u_w += sum(1 for plane in range(planes) for i in range(a_) for j in range(a_))  # US: small parts too
 
     b1, ids = threads_of(c_ * nt)  # stage 1: input tiles
     for idx in ids:
         if idx >= c_ * nt:
             continue
-        t = idx % nt if vl == 0 else idx // c_
+        if vl == 0:  # the kernel's split: s = 1 (c', t) with t fastest; s > 1 column phase, then t, fastest
+            cph, t = divmod(idx // st, nt)
+            cc = cph * st + idx % st
+        else:
+            t, cc = divmod(idx, c_)
+        fr, fc = (cc // st) % st, cc % st
         r = t - (t // tpq) * tpq
         tp = r // tq
-        h0, w0 = tp * mt - ph, (r - tp * tq) * mt - pw
+        h0, w0 = st * tp * mt + fr - ph, st * (r - tp * tq) * mt + fc - pw
         for i in range(a_):
-            row = 0 <= h0 + i < problem.h
-            n_in += sum(1 for j in range(a_) if row and 0 <= w0 + j < problem.w)
+            row = 0 <= h0 + st * i < problem.h
+            n_in += sum(1 for j in range(a_) if row and 0 <= w0 + st * j < problem.w)
         v_w += sum(1 for i in range(a_) for j in range(a_))
 
     rows, cols = _gemm_shape(problem, config, nt)  # the modelled GEMM, one product per point

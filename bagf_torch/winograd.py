@@ -15,7 +15,10 @@ F6 3.7e-6; max 1.4e-5 at most: all far inside the tuner's check). F(5x5) matters
 conv3-5): 3 x 3 tiles of 49 points make 441 products per channel pair where F(4x4)'s 4 x 4 tiles of 36 make
 576 (and F(6x6)'s 3 x 3 of 64 also 576). Only the non-fused family (kernels.winograd_gemm) offers 5 and 6.
 
-Only stride 1, dilation 1, 3x3 filters and groups=1 qualify (:func:`applies`).
+Only stride 1, dilation 1, 3x3 filters and groups=1 qualify (:func:`applies`) for the fused families; the
+non-fused one also takes a stride-s problem with filters of up to 3s x 3s as the stride-1 3x3 convolution of
+its s x s polyphase components (:func:`polyphase`, :func:`polyphase_applies`): AlexNet's conv1 (11x11, stride
+4, 3 channels) becomes 3x3 over 48 channels, 1.19x the products before Winograd's 4-5x fewer.
 """
 
 from __future__ import annotations
@@ -125,16 +128,94 @@ def applies(problem: ConvProblem) -> str | None:
     return None
 
 
+MAX_PHASE_STRIDE = 8
+"""The largest stride the non-fused family runs through its polyphase components (:func:`polyphase_applies`)."""
+PHASE_INFLATION = 2.0
+"""A stride-s problem qualifies for the polyphase form when its 3s x 3s zero-padded filter has at most this many
+times the real taps (9 s^2 <= PHASE_INFLATION * R * S): AlexNet's conv1, 11x11 at stride 4, pads 121 taps to
+144 (1.19x), which F(4x4, 3x3)'s 4x fewer products repay; a 3x3 filter at stride 2 would pad 9 taps to 36, eating
+all of F(4x4)'s saving (the tuner then spends no evaluations on it)."""
+
+
+def polyphase_applies(problem: ConvProblem) -> str | None:
+    """None when the non-fused Winograd family (``kernels.winograd_gemm``) computes ``problem``: a 3x3 stride-1
+    problem (:func:`applies`), or a stride-s one (s > 1 on both axes, dilation 1, groups 1, R and S at most 3s,
+    :data:`PHASE_INFLATION`) as the stride-1 3x3 convolution of its s x s polyphase components
+    (:func:`polyphase`); else why not.
+
+    >>> polyphase_applies(ConvProblem(n=1, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2)))
+    >>> polyphase_applies(ConvProblem(n=1, c=3, h=224, w=224, k=64, r=3, s=3, stride=(2, 2), padding=(1, 1)))
+    'the 6x6 polyphase filter would be 4.0x the 3x3 real taps (more than 2.0x)'
+    """
+    sh, sw = problem.stride
+    if (sh, sw) == (1, 1):
+        return applies(problem)
+    if sh != sw:
+        return f"strides {sh} and {sw} differ"
+    if tuple(problem.dilation) != (1, 1):
+        return "dilation must be 1"
+    if problem.groups != 1:
+        return "groups must be 1"
+    if sh > MAX_PHASE_STRIDE:
+        return f"stride {sh} is above {MAX_PHASE_STRIDE}"
+    if max(problem.r, problem.s) > 3 * sh:
+        return f"filter {problem.r}x{problem.s} is larger than 3s x 3s = {3 * sh}x{3 * sh}"
+    inflation = 9 * sh * sh / (problem.r * problem.s)
+    if inflation > PHASE_INFLATION:
+        return (f"the {3 * sh}x{3 * sh} polyphase filter would be {inflation:.1f}x the {problem.r}x{problem.s} real "
+                f"taps (more than {PHASE_INFLATION}x)")
+    return None
+
+
+def phase_stride(problem: ConvProblem) -> int:
+    """s of the polyphase form: the problem's stride (1 for a plain 3x3 problem)."""
+    return problem.stride[0]
+
+
+def polyphase(x: torch.Tensor, w: torch.Tensor, stride: int, padding: tuple[int, int]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x', w')`` with ``F.conv2d(x', w') == F.conv2d(x, w, stride=s, padding=padding)`` (stride 1, no padding
+    on the right): the s x s polyphase components of the padded input as C s^2 channels, channel
+    ``c' = (c*s + ph)*s + pw`` holding ``x_padded[c][s*h + ph][s*w + pw]`` (P+2 x Q+2 of them; rows past the
+    padded input are zeros), and the filter's taps ``w[k][c][s*i + ph][s*j + pw]`` as 3x3 filters over the same
+    channels (zero past R and S). This is the index map csrc/kernels/winograd_gemm.cuh's stages 0 and 1 use.
+
+    >>> x, w = torch.randn(2, 3, 23, 21, dtype=torch.float64), torch.randn(5, 3, 11, 10, dtype=torch.float64)
+    >>> xp, wp = polyphase(x, w, 4, (2, 1))
+    >>> tuple(xp.shape), tuple(wp.shape)
+    ((2, 48, 7, 6), (5, 48, 3, 3))
+    >>> bool(torch.allclose(F.conv2d(xp, wp), F.conv2d(x, w, stride=4, padding=(2, 1))))
+    True
+    """
+    s = stride
+    n, c, h, wd = x.shape
+    k, _, r, sk = w.shape
+    if max(r, sk) > 3 * s:
+        raise ValueError(f"a {r}x{sk} filter does not fit the 3x3 polyphase form at stride {s} (needs <= {3 * s})")
+    p = (h + 2 * padding[0] - r) // s + 1
+    q = (wd + 2 * padding[1] - sk) // s + 1
+    hp, wp = s * (p + 2), s * (q + 2)  # rows and columns the polyphase 3x3 windows read (F.pad crops if fewer)
+    xs = F.pad(x, (padding[1], wp - wd - padding[1], padding[0], hp - h - padding[0]))
+    xs = xs.reshape(n, c, p + 2, s, q + 2, s).permute(0, 1, 3, 5, 2, 4).reshape(n, c * s * s, p + 2, q + 2)
+    ws = F.pad(w, (0, 3 * s - sk, 0, 3 * s - r))
+    ws = ws.reshape(k, c, 3, s, 3, s).permute(0, 1, 3, 5, 2, 4).reshape(k, c * s * s, 3, 3)
+    return xs.contiguous(), ws.contiguous()
+
+
 def multiplies(problem: ConvProblem, m: int) -> int:
     """Elementwise products of the Winograd domain: (m+2)^2 per (output tile, K, C)."""
     return (m + 2) ** 2 * problem.tiles(m) * problem.k * problem.c
 
 
-def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int
-           ) -> torch.Tensor:
+def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,
+           stride: int = 1) -> torch.Tensor:
     """Stride-1 3x3 convolution by Winograd F(m x m, 3 x 3), computed in ``x``'s dtype (all transforms and
     the elementwise products included), NCHW in, NKPQ out. The reference the GPU kernels are checked
-    against, and what :func:`fp32_error` measures."""
+    against, and what :func:`fp32_error` measures. ``stride`` s > 1: the convolution of an up to 3s x 3s
+    filter at stride s, through its :func:`polyphase` components (as the non-fused family computes it)."""
+    if stride > 1:
+        x, w = polyphase(x, w, stride, padding)
+        padding = (0, 0)
     bt, g, at = matrices(m, x.dtype, x.device)
     a = m + 2
     n, c, h, wd = x.shape
@@ -159,21 +240,22 @@ def fp32_error(problem: ConvProblem, m: int, seed: int = 0) -> dict[str, float]:
     (unit-normal input, weights scaled by 1/sqrt(fan-in), as the tuner's check uses), with the error of a
     float32 direct convolution (``F.conv2d``) on the same data beside it. Errors are relative to the
     reference: ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref|| (the tuner's check)."""
-    why = applies(problem)
+    why = polyphase_applies(problem)
     if why is not None:
         raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g)
-    w = torch.randn(problem.k, problem.c, 3, 3, generator=g) / (9 * problem.c) ** 0.5
+    fan_in = problem.c * problem.r * problem.s
+    w = torch.randn(problem.k, problem.c, problem.r, problem.s, generator=g) / fan_in ** 0.5
     b = torch.randn(problem.k, generator=g) if problem.bias else None
-    pad = tuple(problem.padding)
-    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), 1, pad)
+    pad, s = tuple(problem.padding), phase_stride(problem)
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), s, pad)
 
     def err(y: torch.Tensor) -> tuple[float, float]:
         e = y.double() - ref
         return float(e.abs().max() / ref.abs().max()), float(e.norm() / ref.norm())
 
-    wino_max, wino_norm = err(conv2d(x, w, b, pad, m))
-    direct_max, direct_norm = err(F.conv2d(x, w, b, 1, pad))
+    wino_max, wino_norm = err(conv2d(x, w, b, pad, m, s))
+    direct_max, direct_norm = err(F.conv2d(x, w, b, s, pad))
     return {"winograd_max": wino_max, "winograd_norm": wino_norm, "direct_max": direct_max,
             "direct_norm": direct_norm}

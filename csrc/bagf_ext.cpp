@@ -376,9 +376,18 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
   if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
-  if (plan.tile > 1 && plan.tile_w == 0 && (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 ||
-                        dilation[0] != 1 || dilation[1] != 1))
+  if (plan.tile > 1 && plan.tile_w == 0 && plan.gemm == 1) {
+    // the non-fused plan also takes stride s > 1 with R, S <= 3s, as 3x3 over the s x s polyphase components
+    const int64_t s = stride[0];
+    if (stride[1] != s || dilation[0] != 1 || dilation[1] != 1 || s < 1 || s > 8 ||
+        (s == 1 ? (w.size(2) != 3 || w.size(3) != 3) : (w.size(2) > 3 * s || w.size(3) > 3 * s)))
+      return "a non-fused Winograd plan takes dilation-1 convolutions with 3x3 filters at stride 1, or equal strides "
+             "s of 2 to 8 with filters of at most 3s x 3s";
+  } else if (plan.tile > 1 && plan.tile_w == 0 &&
+             (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 || dilation[0] != 1 ||
+              dilation[1] != 1)) {
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
+  }
   if (plan.fix_s > 0 && (w.size(3) != plan.fix_s || stride[1] != plan.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
   if (plan.smem_patch > 0 || plan.smem_taps > 0) {
@@ -403,13 +412,14 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 // A non-fused Winograd plan: filter and input transforms (stages 0 and 1 of plan.fn), the E batched products
 // M[e] = U[e] V[e] -- through the plan's own 3xTF32 GEMM (plan.gemm_fn) when it has one, else through at::bmm_out
 // (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off) -- and the inverse transform with bias (stage 2).
-// The workspaces come from torch's caching allocator on the current stream.
+// The workspaces come from torch's caching allocator on the current stream. At stride s > 1 the products reduce
+// over the C s^2 polyphase channels (winograd_gemm.cuh).
 void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const float* xp,
                       const float* wp, const float* bp, float* yp, cudaStream_t stream) {
   const int mt = plan.tile;
   const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
   const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
-  const int64_t K = p.K, C = p.C;
+  const int64_t K = p.K, C = static_cast<int64_t>(p.C) * p.stride_h * p.stride_h;
   const bool v_tc = plan.layout & 1, m_tk = plan.layout & 2, u_small = plan.layout & 4;
   auto opts = x.options();
   at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U

@@ -71,6 +71,11 @@ WINO_SHAPES = [
     (1, 1, 3, 3, 7, 3, 3, (1, 1), (0, 0), (1, 1), True),
     (2, 130, 11, 7, 9, 3, 3, (1, 1), (1, 0), (1, 1), True),
     (1, 2, 4, 1100, 3, 3, 3, (1, 1), (1, 1), (1, 1), True),  # more tiles per row than threads per block
+    # strided, for winograd_gemm's polyphase form (ODD_SHAPES adds 11x11 at stride 4 and 5x5 at stride 2):
+    # AlexNet's conv1 at N = 2, 7x6 at stride 3 (C' = 9 C: the GEMM's 4-byte path), padding above the stride
+    (2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),
+    (2, 1, 40, 37, 10, 7, 6, (3, 3), (1, 2), (1, 1), False),
+    (1, 2, 26, 19, 5, 4, 6, (2, 2), (3, 0), (1, 1), True),
 ]
 
 
@@ -216,6 +221,17 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
     g = torch.randn_like(ref)
     for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    # the same plan at stride 4 with an 11x10 filter (the polyphase form over 80 channels), gradients too
+    w11 = torch.randn(7, 5, 11, 10, device="cuda", requires_grad=True)
+    x4 = torch.randn(2, 5, 37, 41, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x4, w11, b, [4, 4], [2, 1], [1, 1], handle))
+    out4 = torch.ops.bagf.conv2d(x4, w11, b, [4, 4], [2, 1], [1, 1], handle)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref4 = F.conv2d(x4, w11, b, 4, (2, 1))
+    torch.testing.assert_close(out4, ref4, rtol=1e-4, atol=1e-4)
+    g4 = torch.randn_like(ref4)
+    for a, e in zip(torch.autograd.grad(out4, (x4, w11), g4), torch.autograd.grad(ref4, (x4, w11), g4)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         w5 = torch.randn(7, 5, 5, 5, device="cuda")
         for args, want in (((w5, b, [1, 1], [2, 2], [1, 1]), F.conv2d(x, w5, b, 1, 2)),
@@ -244,11 +260,27 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
     g = torch.randn_like(ref)
     for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    # the same plan at stride 4 with an 11x10 filter (the polyphase form over 80 channels), gradients too
+    w11 = torch.randn(7, 5, 11, 10, device="cuda", requires_grad=True)
+    x4 = torch.randn(2, 5, 37, 41, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x4, w11, b, [4, 4], [2, 1], [1, 1], handle))
+    out4 = torch.ops.bagf.conv2d(x4, w11, b, [4, 4], [2, 1], [1, 1], handle)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref4 = F.conv2d(x4, w11, b, 4, (2, 1))
+    torch.testing.assert_close(out4, ref4, rtol=1e-4, atol=1e-4)
+    g4 = torch.randn_like(ref4)
+    for a, e in zip(torch.autograd.grad(out4, (x4, w11), g4), torch.autograd.grad(ref4, (x4, w11), g4)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
                                                      allow_tf32=False):
         w5 = torch.randn(7, 5, 5, 5, device="cuda")
         torch.testing.assert_close(torch.ops.bagf.conv2d(x, w5, b, [1, 1], [2, 2], [1, 1], handle),
                                    F.conv2d(x, w5, b, 1, 2), rtol=1e-4, atol=1e-4)
+        w3 = w.detach()  # 3x3 at stride 2: the host computes it in the polyphase form (the tuner does not
+        # offer it there, winograd.polyphase_applies); at unequal strides ATen answers
+        for st in ([2, 2], [2, 1]):
+            torch.testing.assert_close(torch.ops.bagf.conv2d(x, w3, b, st, [1, 1], [1, 1], handle),
+                                       F.conv2d(x, w3, b, st, 1), rtol=1e-4, atol=1e-4)
         mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         aten = F.conv2d(x, w, b, 1, 1)
         assert not torch.equal(mine, aten)  # the plan's own arithmetic (else the check below shows nothing)
@@ -263,6 +295,8 @@ OWN_GEMM_SHAPES = [
     (2, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),  # C % 4 != 0: scalar path
     (1, 200, 7, 9, 33, 3, 3, (1, 1), (0, 1), (1, 1), True),  # T small and odd
     (2, 8, 50, 47, 12, 3, 3, (1, 1), (1, 1), (1, 1), True),  # more tiles per image than TB: SO=1 runs per tile
+    (4, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),  # conv1, polyphase: C' = 48
+    (2, 1, 40, 37, 10, 7, 6, (3, 3), (1, 2), (1, 1), False),  # polyphase C' = 9: scalar path
 ]
 
 
@@ -395,6 +429,17 @@ def test_direct_opcheck_autograd_and_refusal_of_a_patch_too_large(compiler):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     g = torch.randn_like(ref)
     for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    # the same plan at stride 4 with an 11x10 filter (the polyphase form over 80 channels), gradients too
+    w11 = torch.randn(7, 5, 11, 10, device="cuda", requires_grad=True)
+    x4 = torch.randn(2, 5, 37, 41, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x4, w11, b, [4, 4], [2, 1], [1, 1], handle))
+    out4 = torch.ops.bagf.conv2d(x4, w11, b, [4, 4], [2, 1], [1, 1], handle)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref4 = F.conv2d(x4, w11, b, 4, (2, 1))
+    torch.testing.assert_close(out4, ref4, rtol=1e-4, atol=1e-4)
+    g4 = torch.randn_like(ref4)
+    for a, e in zip(torch.autograd.grad(out4, (x4, w11), g4), torch.autograd.grad(ref4, (x4, w11), g4)):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
     with torch.no_grad():  # 8 x 16 tile, 31x31 filter, stride 8: (7*8+31) x (15*8+31) patch, 2 stages x 961 taps
         xb = torch.randn(1, 2, 300, 300, device="cuda")

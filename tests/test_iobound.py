@@ -121,8 +121,10 @@ def test_winograd_sanity():
     direct = iobound.direct_lower_bound(p, 4096)
     # F(4x4,3x3): (6/4)^2/3 = 0.75 of the direct core; F(2x2,3x3): (4/2)^2/3 = 1.33 of it
     assert iobound.winograd_lower_bound(p, 4, 3, 4096) < direct < iobound.winograd_lower_bound(p, 2, 3, 4096)
-    with pytest.raises(ValueError, match="stride 1"):
-        iobound.winograd_lower_bound(alexnet(1)[0], 2, 3, 4096)
+    with pytest.raises(ValueError, match="at stride 1"):  # conv2: 5x5 at stride 1
+        iobound.winograd_lower_bound(alexnet(1)[1], 2, 3, 4096)
+    with pytest.raises(ValueError, match="equal strides"):
+        iobound.winograd_lower_bound(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, stride=(2, 1)), 2, 3, 4096)
 
 
 def test_prune_keeps_best_and_reports_cut():
@@ -477,9 +479,13 @@ WGG_SMALL = [
     ConvProblem(n=1, c=9, h=5, w=8, k=13, r=3, s=3, padding=(2, 1)),
     ConvProblem(n=2, c=11, h=5, w=6, k=7, r=3, s=3, padding=(2, 2), bias=False),
     ConvProblem(n=3, c=2, h=17, w=15, k=130, r=3, s=3, padding=(0, 1)),
+    # strided, through the polyphase components: conv1-like 11x10 at stride 4, 5x5 at stride 2 without bias
+    ConvProblem(n=2, c=3, h=23, w=21, k=5, r=11, s=10, stride=(4, 4), padding=(2, 1)),
+    ConvProblem(n=1, c=2, h=13, w=11, k=3, r=5, s=5, stride=(2, 2), padding=(2, 2), bias=False),
 ]
-# AlexNet conv3-5 and ResNet-like 3x3 layers (64@56, 128@28, 256@14, 512@7 and 256@56), N = 1, 32, 128.
-WGG_LAYERS = [p for n in (1, 32, 128) for p in alexnet(n)[2:]] + [
+# AlexNet conv1 (polyphase) and conv3-5, ResNet-like 3x3 layers (64@56, 128@28, 256@14, 512@7 and 256@56),
+# N = 1, 32, 128.
+WGG_LAYERS = [p for n in (1, 32, 128) for i, p in enumerate(alexnet(n)) if i != 1] + [
     ConvProblem(n=n, c=c, h=h, w=h, k=c, r=3, s=3, padding=(1, 1))
     for n in (1, 32) for c, h in ((64, 56), (128, 28), (256, 14), (512, 7), (256, 56))]
 
@@ -554,7 +560,36 @@ def test_winograd_gemm_terms():
     fused = iobound.winograd_traffic(p, wg.DEFAULT)
     assert fused.workspace_written == fused.workspace_read == () and fused.words_read_workspace == 0
     with pytest.raises(ValueError, match="stride-1"):
-        iobound.winograd_gemm_traffic(alexnet(1)[0], wgg.DEFAULT)
+        iobound.winograd_gemm_traffic(alexnet(1)[1], wgg.DEFAULT)  # conv2, 5x5 at stride 1
+
+
+def test_winograd_gemm_polyphase_terms():
+    # conv1 (11x11, stride 4, C = 3) runs over C' = 48 polyphase channels: the workspaces and the GEMM's reads
+    # are those of the 3x3 problem over 48 channels; the filters are read once (121 taps per (k, c), not 9 per
+    # (k, c')); each component reads only its in-bounds rows and columns.
+    p = alexnet(32)[0]
+    q3 = ConvProblem(n=32, c=48, h=57, w=57, k=64, r=3, s=3)  # the polyphase problem, 55 x 55 outputs
+    assert p.out_hw == q3.out_hw == (55, 55) and wgg.channels(p) == 48 and wgg.applies(p) is None
+    for config in (wgg.DEFAULT, dict(wgg.DEFAULT, MT=5, GE=6, SO=1, TB=128)):
+        t, t3 = iobound.traffic(wgg, p, config), iobound.traffic(wgg, q3, config)
+        assert t.workspace_written == t3.workspace_written and t.workspace_read == t3.workspace_read
+        assert dict(t.workspace_written) == wgg.workspace_words(config, p)
+        assert t.grid == t3.grid and t.words_written == t3.words_written
+        assert t.words_read_weight == 64 * 3 * 121
+        # rows s*(tile*MT + a) + ph - 2 in [0, 224): per component, the A-row patches of ceil(55/MT) tiles
+        mt, a = config["MT"], config["MT"] + 2
+        rows = sum(0 <= 4 * (ti * mt + i) + ph - 2 < 224 for ph in range(4) for ti in range(-(-55 // mt))
+                   for i in range(a))
+        assert t.words_read_input == 32 * 3 * rows * rows
+        # the bound: the polyphase problem's core term (C' = 48), the real problem's compulsory words
+        bound = iobound.winograd_lower_bound(p, mt, 3, t.fast_memory_words)
+        bound3 = iobound.winograd_lower_bound(q3, mt, 3, t.fast_memory_words)
+        comp, comp3 = iobound.compulsory_words(p), iobound.compulsory_words(q3)
+        assert bound <= t.total
+        assert bound - bound3 == pytest.approx(sum(comp.values()) - sum(comp3.values()))
+    with pytest.raises(ValueError, match="at most 8x8"):
+        iobound.winograd_lower_bound(alexnet(1)[0], 4, 2, 8192)
+
 
 
 def test_winograd_gemm_bound_below_every_config():

@@ -3,6 +3,7 @@ odd shapes), the applicability rule, the multiply count, and the fp32 error boun
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,3 +89,131 @@ def test_fp32_error_is_within_the_check_and_f4_is_the_larger(m):
     assert e["winograd_norm"] < REL_TOL / 10 and e["winograd_max"] < REL_TOL
     if m == 4:
         assert e["winograd_norm"] > wg.fp32_error(p, 2)["winograd_norm"]
+
+
+# ------------------------------------------------------------------ polyphase form (winograd_gemm at stride s)
+STRIDED = [  # n, c, h, w, k, r, s, stride, padding
+    (2, 3, 23, 21, 5, 11, 10, 4, (2, 1)),  # conv1-like: 11 x 10 taps at stride 4
+    (1, 2, 13, 11, 3, 5, 5, 2, (2, 2)),
+    (3, 2, 19, 17, 3, 7, 6, 3, (0, 1)),
+    (1, 1, 11, 11, 2, 11, 11, 4, (0, 0)),  # one output, no padding
+    (2, 2, 9, 14, 3, 4, 6, 2, (3, 0)),     # padding larger than the stride, rectangular filter
+]
+
+
+@pytest.mark.parametrize("shape", STRIDED)
+def test_polyphase_form_equals_strided_convolution(shape):
+    """The polyphase components (C s^2 channels, 3x3 filters) convolved at stride 1 are the strided convolution
+    exactly, and so is Winograd over them in float64 for every tile size."""
+    n, c, h, w, k, r, s, st, pad = shape
+    g = torch.Generator().manual_seed(hash(shape) % 2**31)
+    x = torch.randn(n, c, h, w, dtype=torch.float64, generator=g)
+    wt = torch.randn(k, c, r, s, dtype=torch.float64, generator=g)
+    b = torch.randn(k, dtype=torch.float64, generator=g)
+    ref = F.conv2d(x, wt, b, st, pad)
+    xp, wp = wg.polyphase(x, wt, st, pad)
+    assert xp.shape[1] == wp.shape[1] == c * st * st and wp.shape[2:] == (3, 3)
+    torch.testing.assert_close(F.conv2d(xp, wp, b), ref, rtol=1e-12, atol=1e-12)
+    for m in wg.TILES:
+        torch.testing.assert_close(wg.conv2d(x, wt, b, pad, m, st), ref, rtol=1e-11, atol=1e-11)
+
+
+def test_polyphase_applies():
+    def prob(r, s, st, **kw):
+        return ConvProblem(n=1, c=3, h=64, w=64, k=8, r=r, s=s, stride=(st, st) if isinstance(st, int) else st, **kw)
+
+    assert wg.polyphase_applies(prob(3, 3, 1)) is None and wg.polyphase_applies(prob(11, 11, 4)) is None
+    assert wg.polyphase_applies(prob(5, 5, 2)) is None and wg.polyphase_applies(prob(7, 6, 3)) is None
+    assert "3x3" in wg.polyphase_applies(prob(5, 5, 1))             # stride 1: only 3x3 (as the fused families)
+    assert "more than 2.0x" in wg.polyphase_applies(prob(3, 3, 2))  # 36 taps for 9 real ones
+    assert "larger than" in wg.polyphase_applies(prob(7, 7, 2))     # 7 > 3*2
+    assert "differ" in wg.polyphase_applies(prob(11, 11, (4, 2)))
+    assert "dilation" in wg.polyphase_applies(prob(5, 5, 2, dilation=(2, 2)))
+    assert "groups" in wg.polyphase_applies(prob(5, 5, 2, groups=3))
+    assert "above" in wg.polyphase_applies(prob(27, 27, 9))
+    assert wg.applies(prob(11, 11, 4)) is not None  # the fused families stay 3x3 stride 1
+    with pytest.raises(ValueError, match="3x3 polyphase"):
+        wg.polyphase(torch.zeros(1, 1, 9, 9), torch.zeros(1, 1, 7, 7), 2, (0, 0))
+
+
+@pytest.mark.parametrize("m", wg.TILES)
+def test_fp32_error_of_the_polyphase_form_on_conv1(m):
+    """AlexNet conv1 (11x11, stride 4, 3 channels, as 3x3 over 48 polyphase channels) in float32: measured norm
+    1.6e-7 (F2) to 2.0e-6 (F6), max 7.4e-6 at most, far inside the tuner's check."""
+    p = ConvProblem(n=2, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    e = wg.fp32_error(p, m)
+    assert e["winograd_norm"] < REL_TOL / 10 and e["winograd_max"] < REL_TOL
+
+
+def _emulate_winograd_gemm(x, w, b, stride, pad, mt, vl):
+    """csrc/kernels/winograd_gemm.cuh's stages 0, 1 and 2 replayed thread by thread in float64 with the kernel's
+    index arithmetic (stage 1's split for VL and the stride, stage 0's filter phases), the GEMM as a matmul."""
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    st, a = stride, mt + 2
+    p, q = (h + 2 * pad[0] - r) // st + 1, (wd + 2 * pad[1] - s) // st + 1
+    tiles_q = -(-q // mt)
+    tiles_img = -(-p // mt) * tiles_q
+    t_all, cc = n * tiles_img, c * st * st
+    bt, g, at = (m.numpy() for m in wg.matrices(mt))
+    xs, ws = x.numpy().ravel(), w.numpy().ravel()
+    u = np.full((a * a, k, cc), np.nan)
+    for idx in range(k * cc):  # stage 0
+        kk, ci = divmod(idx, cc)
+        cin, ph, pw = ci // (st * st), (ci // st) % st, ci % st
+        gg = np.zeros((3, 3))
+        for i in range(3):
+            for j in range(3):
+                rr, qq = st * i + ph, st * j + pw
+                if rr < r and qq < s:
+                    gg[i, j] = ws[((kk * c + cin) * r + rr) * s + qq]
+        u[:, kk, ci] = (g @ gg @ g.T).ravel()
+    v = np.full((a * a, cc, t_all), np.nan)
+    for idx in range(cc * t_all):  # stage 1
+        ph = pw = 0
+        if vl == 0:
+            if st == 1:
+                ci, t = divmod(idx, t_all)
+            else:
+                pw = idx % st
+                cph, t = divmod(idx // st, t_all)
+                ph, ci = cph % st, cph * st + pw
+        else:
+            t, ci = divmod(idx, cc)
+            if st > 1:
+                ph, pw = (ci // st) % st, ci % st
+        nn, rem = divmod(t, tiles_img)
+        tp = rem // tiles_q
+        h0, w0 = st * tp * mt + ph - pad[0], st * (rem - tp * tiles_q) * mt + pw - pad[1]
+        d = np.zeros((a, a))
+        for i in range(a):
+            for j in range(a):
+                hh, ww = h0 + st * i, w0 + st * j
+                if 0 <= hh < h and 0 <= ww < wd:
+                    d[i, j] = xs[((nn * c + ci // (st * st)) * h + hh) * wd + ww]
+        v[:, ci, t] = (bt @ d @ bt.T).ravel()
+    mm = np.einsum("ekc,ect->ekt", u, v)  # the batched GEMM
+    y = np.full((n, k, p, q), np.nan)
+    for kk in range(k):  # stage 2 (per tile)
+        for t in range(t_all):
+            nn, rem = divmod(t, tiles_img)
+            tp = rem // tiles_q
+            o = at @ mm[:, kk, t].reshape(a, a) @ at.T + b[kk].item()
+            p0, q0 = tp * mt, (rem - tp * tiles_q) * mt
+            rows, cols = min(mt, p - p0), min(mt, q - q0)
+            y[nn, kk, p0:p0 + rows, q0:q0 + cols] = o[:rows, :cols]
+    return torch.from_numpy(y)
+
+
+@pytest.mark.parametrize("vl", (0, 1))
+@pytest.mark.parametrize("shape", [STRIDED[0], STRIDED[2], (2, 3, 7, 9, 4, 3, 3, 1, (1, 1))])
+def test_kernel_index_map_computes_the_convolution(shape, vl):
+    """The kernel's own index arithmetic (emulated), every output written, equal to F.conv2d in float64."""
+    n, c, h, w, k, r, s, st, pad = shape
+    g = torch.Generator().manual_seed(1 + vl)
+    x = torch.randn(n, c, h, w, dtype=torch.float64, generator=g)
+    wt = torch.randn(k, c, r, s, dtype=torch.float64, generator=g)
+    b = torch.randn(k, dtype=torch.float64, generator=g)
+    for mt in (2, 4):
+        got = _emulate_winograd_gemm(x, wt, b, st, pad, mt, vl)
+        torch.testing.assert_close(got, F.conv2d(x, wt, b, st, pad), rtol=1e-10, atol=1e-10)

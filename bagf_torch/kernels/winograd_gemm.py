@@ -1,6 +1,13 @@
 """Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m = 2, 4, 5, 6, not fused
 (csrc/kernels/winograd_gemm.cuh).
 
+It computes 3x3 stride-1 convolutions, and strided ones with filters of up to 3s x 3s at stride s as the 3x3
+stride-1 convolution of their s x s polyphase components (``winograd.polyphase``: C s^2 channels, the filter
+zero-padded to 3s x 3s; :func:`applies`). AlexNet's conv1 (11x11, stride 4, C = 3) runs as 3x3 over 48
+channels: 1.19x its direct products before F(4x4)'s 4x (F(5x5)'s 4.6x) fewer, where implicit GEMM on it runs
+at about half the fp32 roof (bench_layers_h200_s9_so.md). The transforms read the input and the filters in
+place through that index map; nothing is copied.
+
 A plan runs two launches of one kernel around a GEMM on the current stream: the filter transform U = G g G^T
 and the input transform V = B^T d B (stages 0 and 1, one launch), the E = (MT+2)^2 independent K x C by C x T
 products M[e] = U[e] V[e] as one batched GEMM, and the inverse transform with bias (stage 2). U, V and M are
@@ -116,8 +123,14 @@ LEGACY: Config = {"GE": 0, "SO": 0}
 
 
 def applies(problem) -> str | None:
-    """None when the family computes ``problem`` (3x3, stride 1, dilation 1, groups 1), else why not."""
-    return _transforms.applies(problem)
+    """None when the family computes ``problem`` (3x3, stride 1, dilation 1, groups 1; or stride s > 1 with
+    filters of up to 3s x 3s through their polyphase components, ``winograd.polyphase_applies``), else why not."""
+    return _transforms.polyphase_applies(problem)
+
+
+def channels(problem) -> int:
+    """C' = C s^2, the GEMM's reduction: the input channels, times s^2 polyphase components at stride s."""
+    return problem.c * _transforms.phase_stride(problem) ** 2
 
 
 def points(c: Mapping[str, int]) -> int:
@@ -216,9 +229,10 @@ def tiles(c: Mapping[str, int], problem) -> int:
 
 
 def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
-    """Words of the three per-call workspaces: U (E x K x C, twice with gemm_wgmma), V (E x C x T), M (E x K x T)."""
-    e, t = points(c), tiles(c, problem)
-    return {"U": u_planes(c) * e * problem.k * problem.c, "V": e * problem.c * t, "M": e * problem.k * t}
+    """Words of the three per-call workspaces: U (E x K x C', twice with gemm_wgmma), V (E x C' x T), M (E x K x T);
+    C' = :func:`channels`."""
+    e, t, cc = points(c), tiles(c, problem), channels(problem)
+    return {"U": u_planes(c) * e * problem.k * cc, "V": e * cc * t, "M": e * problem.k * t}
 
 
 def launch(c: Mapping[str, int]) -> dict[str, int]:

@@ -1,11 +1,13 @@
 // fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
 // kernel around a batched GEMM, either ours (3xTF32 on tensor cores, a second kernel of the same cubin:
 // gemm_tf32x3.cuh with mma.sync, or gemm_wgmma.cuh with wgmma on sm_90a) or cuBLAS's SGEMM the host runs
-// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; stride 1, dilation 1, 3x3
-// filters, any padding (the host refuses other problems: ATen answers).
+// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; dilation 1, any padding, and
+// either stride 1 with 3x3 filters or stride s > 1 (both axes) with R, S <= 3s: that convolution runs as the
+// stride-1 3x3 one over its s x s polyphase components, C' = C s^2 channels (AlexNet's conv1, 11x11 stride 4:
+// 48 channels of 3x3). The host refuses other problems: ATen answers.
 //
-//   stage 0  U[e][k][c]  = (G g_kc G^T)[e]                    one thread per (k, c)
-//   stage 1  V[e][c][t]  = (B^T d_ct B)[e]   (VL=1: V[e][t][c]) one thread per (c, tile)
+//   stage 0  U[e][k][c']  = (G g_kc' G^T)[e]                  one thread per (k, c')
+//   stage 1  V[e][c'][t]  = (B^T d_c't B)[e] (VL=1: V[e][t][c']) one thread per (c', tile)
 //   (GEMM)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
 //   stage 2  y[n][k][..] = A^T M_kt A + bias[k]                 one thread per (k, tile), MT x MT outputs
 //   stage 3  stages 0 and 1 in one launch (blocks below ceil(K*C/TB) filters, the rest input tiles): the
@@ -48,7 +50,13 @@ __global__ void __launch_bounds__(TB)
   const int tiles_q = (p.Q + MT - 1) / MT;
   const int tiles_img = ((p.P + MT - 1) / MT) * tiles_q;
   const long long T = static_cast<long long>(p.N) * tiles_img;
-  const long long kc = static_cast<long long>(p.K) * p.C;
+  // Phases: a stride-s convolution with R, S <= 3s is the stride-1 3x3 convolution of its s x s polyphase
+  // components (channel c' = (c*s + ph)*s + pw sees x[c][s*h + ph][s*w + pw], and filter tap (i, j) of c' is
+  // w[c][s*i + ph][s*j + pw], zero past R and S), so the GEMM's reduction runs over C' = C s^2 channels.
+  // s = p.stride_h (the host checks stride_w == stride_h for a Winograd GEMM plan); s = 1 is the plain 3x3.
+  const int st = p.stride_h;
+  const long long cc = static_cast<long long>(p.C) * st * st;
+  const long long kc = static_cast<long long>(p.K) * cc;
   long long block = blockIdx.x;
   if (stage == 3) {  // stages 0 and 1 in one grid: the first ceil(K*C/TB) blocks take the filters
     const long long filter_blocks = (kc + TB - 1) / TB;
@@ -60,11 +68,25 @@ __global__ void __launch_bounds__(TB)
   if (stage == 0) {  // filters: U = G g G^T
     if (idx >= kc) return;
     float g[3][3], tmp[A][3], uu[A][A];
-    const float* src = w + idx * 9;
+    if (st == 1) {
+      const float* src = w + idx * 9;
 #pragma unroll
-    for (int i = 0; i < 3; ++i)
+      for (int i = 0; i < 3; ++i)
 #pragma unroll
-      for (int j = 0; j < 3; ++j) g[i][j] = __ldg(src + 3 * i + j);
+        for (int j = 0; j < 3; ++j) g[i][j] = __ldg(src + 3 * i + j);
+    } else {  // phase (ph, pw) of filter (k, c): taps s*i + ph, s*j + pw of the R x S filter, zero past it
+      const long long k = idx / cc;
+      const int ci = static_cast<int>(idx - k * cc);
+      const int c = ci / (st * st), ph = (ci / st) % st, pw = ci % st;
+      const float* src = w + (k * p.C + c) * p.R * p.S;
+#pragma unroll
+      for (int i = 0; i < 3; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          const int r = st * i + ph, q = st * j + pw;
+          g[i][j] = r < p.R && q < p.S ? __ldg(src + r * p.S + q) : 0.f;
+        }
+    }
     wino::left<A, 3, 3>(typename Co::G(), g, tmp);
     wino::right<A, 3, A>(typename Co::G(), tmp, uu);
 #pragma unroll
@@ -83,36 +105,49 @@ __global__ void __launch_bounds__(TB)
   }
 
   if (stage == 1) {  // input tiles: V = B^T d B
-    const long long ct = static_cast<long long>(p.C) * T;
+    const long long ct = cc * T;
     if (idx >= ct) return;
-    long long c, t;
+    long long c, t;  // c: the GEMM's channel c' (= the input channel when s = 1)
+    int ph = 0, pw = 0;
     if (VL == 0) {
-      c = idx / T;
-      t = idx - c * T;
+      if (st == 1) {
+        c = idx / T;
+        t = idx - c * T;
+      } else {  // phase column pw fastest, then tiles: a warp reads s adjacent columns per tile and writes
+        pw = static_cast<int>(idx % st);  // runs of consecutive tiles per channel c'
+        const long long q = idx / st, cph = q / T;
+        t = q - cph * T;
+        ph = static_cast<int>(cph % st);
+        c = cph * st + pw;
+      }
     } else {
-      t = idx / p.C;
-      c = idx - t * p.C;
+      t = idx / cc;
+      c = idx - t * cc;
+      if (st > 1) {
+        ph = static_cast<int>((c / st) % st);
+        pw = static_cast<int>(c % st);
+      }
     }
     const int n = static_cast<int>(t / tiles_img);
     const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
     const int tp = r / tiles_q;
-    const int h0 = tp * MT - p.pad_h;
-    const int w0 = (r - tp * tiles_q) * MT - p.pad_w;
-    const float* src = x + (static_cast<long long>(n) * p.C + c) * p.H * p.W;
+    const int h0 = st * tp * MT + ph - p.pad_h;  // the patch's rows h0 + s*i, columns w0 + s*j
+    const int w0 = st * (r - tp * tiles_q) * MT + pw - p.pad_w;
+    const float* src = x + (static_cast<long long>(n) * p.C + c / (st * st)) * p.H * p.W;
     float d[A][A], tmp[A][A], vv[A][A];
 #pragma unroll
     for (int i = 0; i < A; ++i) {
-      const int h = h0 + i;
+      const int h = h0 + st * i;
       const bool row = h >= 0 && h < p.H;
 #pragma unroll
       for (int j = 0; j < A; ++j) {
-        const int ww = w0 + j;
+        const int ww = w0 + st * j;
         d[i][j] = row && ww >= 0 && ww < p.W ? __ldg(src + static_cast<long long>(h) * p.W + ww) : 0.f;
       }
     }
     wino::left<A, A, A>(typename Co::Bt(), d, tmp);
     wino::right<A, A, A>(typename Co::Bt(), tmp, vv);
-    const long long off = VL == 0 ? c * T + t : t * p.C + c;
+    const long long off = VL == 0 ? c * T + t : t * cc + c;
 #pragma unroll
     for (int i = 0; i < A; ++i)
 #pragma unroll
