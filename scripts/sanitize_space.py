@@ -5,7 +5,8 @@ The parent compiles the configurations (into a scratch cache) and then runs itse
 ``compute-sanitizer --tool memcheck`` as a child that loads every cubin from that cache and launches it on
 shapes chosen to hit every edge (partial tiles in K and N*P*Q, C*R*S not a multiple of BK or 4, padding
 reaching outside the input, misaligned weights; for the Winograd family 3x3 stride-1 shapes with output
-sizes that are not multiples of its tiles, a 1x1 output and C off every chunk). Each family is swept on
+sizes that are not multiples of its tiles, a 1x1 output and C off every chunk; for winograd_gemm also strided
+shapes, which it computes through their polyphase components). Each family is swept on
 the shapes it applies to. Any out-of-bounds access fails the run.
 
     python scripts/sanitize_space.py --count 256 --out sanitize.json       (on the GPU machine)
@@ -37,8 +38,13 @@ SHAPES = [  # n, c, h, w, k, r, s, stride, pad, dil
     (2, 130, 7, 6, 33, 3, 3, 1, 2, 1),
     (1, 3, 21, 19, 9, 7, 7, 2, 3, 1),
     (2, 4, 9, 12, 11, 5, 5, 1, 2, 1),
+    (2, 3, 26, 22, 10, 5, 5, 2, 2, 1),
+    (1, 2, 20, 17, 6, 7, 7, 3, 1, 1),
+    (1, 2, 15, 13, 5, 6, 6, 2, 4, 1),
 ]
-"""Every specialised direct geometry (11/4, 7/2, 5/1, 3/1: kernels.direct.GEOMETRIES) has a shape here."""
+"""Every specialised direct geometry (11/4, 7/2, 5/1, 3/1: kernels.direct.GEOMETRIES) has a shape here, and
+winograd_gemm's polyphase form (stride s, filters up to 3s x 3s) four: 11x11/4, 5x5/2, 7x7/3 (C' = 18, off the
+GEMM's 16-byte path) and 6x6/2 with padding larger than the stride."""
 
 
 def _problem(shape):

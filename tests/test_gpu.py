@@ -230,6 +230,19 @@ def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, fam
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _op_and_gradients_match_aten(handle, x, w, b, stride, padding):
+    """opcheck of the plan's call, then its output and the gradients (through ATen's backward) against
+    F.conv2d with TF32 off, at 1e-4."""
+    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, stride, padding, [1, 1], handle))
+    out = torch.ops.bagf.conv2d(x, w, b, stride, padding, [1, 1], handle)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref = F.conv2d(x, w, b, stride, padding)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        g = torch.randn_like(ref)
+        for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("mt", [2, 4, 5, 6])
 def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, monkeypatch):
     """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
@@ -240,28 +253,13 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)
-    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, b, [1, 1], [1, 0], [1, 1], handle))
     torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 2], [1, 1], handle))
-    out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 0], [1, 1], handle)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        ref = F.conv2d(x, w, b, 1, (1, 0))
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    g = torch.randn_like(ref)
-    for a, e in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-    # the same plan at stride 4 with an 11x10 filter (the polyphase form over 80 channels), gradients too;
-    # weights scaled to unit-variance outputs (as the tuner's check data) so that 1e-4 is relative
+    _op_and_gradients_match_aten(handle, x, w, b, [1, 1], [1, 0])
+    # the same plan at stride 4 with an 11x10 filter (the polyphase form over 80 channels); weights scaled to
+    # unit-variance outputs (as the tuner's check data) so that 1e-4 is relative
     w11 = (torch.randn(7, 5, 11, 10, device="cuda") / 550 ** 0.5).requires_grad_()
-    x4 = torch.randn(2, 5, 37, 41, device="cuda", requires_grad=True)
-    torch.library.opcheck(torch.ops.bagf.conv2d.default, (x4, w11, b, [4, 4], [2, 1], [1, 1], handle))
-    out4 = torch.ops.bagf.conv2d(x4, w11, b, [4, 4], [2, 1], [1, 1], handle)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        ref4 = F.conv2d(x4, w11, b, 4, (2, 1))
-    torch.testing.assert_close(out4, ref4, rtol=1e-4, atol=1e-4)
-    g4 = torch.randn_like(ref4)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        for a, e in zip(torch.autograd.grad(out4, (x4, w11), g4), torch.autograd.grad(ref4, (x4, w11), g4)):
-            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    _op_and_gradients_match_aten(handle, torch.randn(2, 5, 37, 41, device="cuda", requires_grad=True), w11, b,
+                                 [4, 4], [2, 1])
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
                                                      allow_tf32=False):
         w5 = torch.randn(7, 5, 5, 5, device="cuda")
