@@ -118,7 +118,8 @@ def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | No
                    traffic_over_bound=words / bound)
         if family in ("winograd", "winograd_tc", "winograd_gemm"):
             # also against the bound of its own algorithm: the fused form for the fused kernels, the summed
-            # (unfused) form for the one that stores its transformed operands (iobound docs)
+            # (unfused) form for the one that stores its transformed operands (iobound docs); a strided
+            # problem's is that of its polyphase form (winograd_gemm computes it so)
             wb = iobound.winograd_lower_bound(problem, config["MT"], 3, fast, fused=family != "winograd_gemm")
             out.update(winograd_bound_words=wb, traffic_over_winograd_bound=words / wb,
                        winograd_bound_form="unfused" if family == "winograd_gemm" else "fused")

@@ -203,8 +203,9 @@ def polyphase(x: torch.Tensor, w: torch.Tensor, stride: int, padding: tuple[int,
 
 
 def multiplies(problem: ConvProblem, m: int) -> int:
-    """Elementwise products of the Winograd domain: (m+2)^2 per (output tile, K, C)."""
-    return (m + 2) ** 2 * problem.tiles(m) * problem.k * problem.c
+    """Elementwise products of the Winograd domain: (m+2)^2 per (output tile, K, C); C s^2 channels at stride s
+    (the polyphase form)."""
+    return (m + 2) ** 2 * problem.tiles(m) * problem.k * problem.c * phase_stride(problem) ** 2
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,

@@ -227,7 +227,8 @@ def main(argv=None) -> int:
                   "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
                   "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
                   "Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound: fused=True for the fused "
-                  "families, fused=False for winograd_gemm, which stores its transformed operands).", "",
+                  "families, fused=False for winograd_gemm, which stores its transformed operands; at stride s "
+                  "> 1 the bound of its polyphase form over C s^2 channels).", "",
                   "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound "
                   "| traffic / Winograd bound |",
                   "|---|---|---|---|---|---|---|---|"]

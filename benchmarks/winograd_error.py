@@ -1,4 +1,5 @@
-"""fp32 error of Winograd F(2x2,3x3) and F(4x4,3x3) against float64, next to direct fp32, on real layer shapes.
+"""fp32 error of Winograd F(2x2,3x3) to F(6x6,3x3) against float64, next to direct fp32, on real layer shapes
+(AlexNet's conv1 through its polyphase components: 3x3 over 48 channels, as winograd_gemm computes it).
 
 Runs anywhere (the arithmetic is bagf_torch.winograd's plain-torch reference, in float32 on the CPU), so the
 numbers are the algorithm's rounding, not any GPU kernel's; a GPU kernel that sums in another order lands
@@ -24,12 +25,13 @@ from bagf_torch import winograd  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.measure import REL_TOL  # noqa: E402
 
-LAYERS = {  # name: (C, H=W, K); all 3x3, stride 1, padding 1
-    "alexnet_conv3": (192, 13, 384),
-    "alexnet_conv4": (384, 13, 256),
-    "alexnet_conv5": (256, 13, 256),
-    "r3x3_128_28": (128, 28, 128),
-    "r3x3_256_56": (256, 56, 256),
+LAYERS = {  # name: (C, H=W, K, R=S, stride, padding); the strided one through its polyphase components
+    "alexnet_conv1": (3, 224, 64, 11, 4, 2),
+    "alexnet_conv3": (192, 13, 384, 3, 1, 1),
+    "alexnet_conv4": (384, 13, 256, 3, 1, 1),
+    "alexnet_conv5": (256, 13, 256, 3, 1, 1),
+    "r3x3_128_28": (128, 28, 128, 3, 1, 1),
+    "r3x3_256_56": (256, 56, 256, 3, 1, 1),
 }
 
 
@@ -41,8 +43,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
-    for name, (c, hw, k) in LAYERS.items():
-        p = ConvProblem(n=args.batch, c=c, h=hw, w=hw, k=k, r=3, s=3, padding=(1, 1))
+    for name, (c, hw, k, r, st, pd) in LAYERS.items():
+        p = ConvProblem(n=args.batch, c=c, h=hw, w=hw, k=k, r=r, s=r, stride=(st, st), padding=(pd, pd))
         for m in winograd.TILES:
             errs = [winograd.fp32_error(p, m, seed) for seed in range(args.seeds)]
             worst = {key: max(e[key] for e in errs) for key in errs[0]}
@@ -59,7 +61,9 @@ def main(argv=None) -> int:
     lines = ["# Winograd fp32 error against float64 (CPU reference arithmetic)", "",
              f"{meta['date']}; torch {meta['torch']}; N={args.batch}, worst of {args.seeds} seeds of unit-normal "
              "input and 1/sqrt(fan-in) weights. `max` = max|err| / max|ref|, `norm` = ||err|| / ||ref|| (what "
-             f"the tuner's check bounds by {REL_TOL:.0e}, and max by {10 * REL_TOL:.0e}).", "",
+             f"the tuner's check bounds by {REL_TOL:.0e}, and max by {10 * REL_TOL:.0e}). alexnet_conv1 (11x11, "
+             "stride 4) is computed through its 4 x 4 polyphase components (3x3 filters over 48 channels, "
+             "`winograd.polyphase`); its multiplies saved count the padded filter's zeros as products.", "",
              "| layer | F(m,3) | multiplies saved | Winograd max | Winograd norm | direct fp32 max | direct fp32 norm |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

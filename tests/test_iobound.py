@@ -623,3 +623,8 @@ def test_layer_analysis_takes_winograd_gemm():
     p = alexnet(32)[3]
     a = layer_analysis(p, 300.0, Ceilings(fp32_flops=50e12, bandwidth=4e12), wgg.FAMILY, wgg.DEFAULT)
     assert a["traffic_words"] == iobound.traffic(wgg, p, wgg.DEFAULT).total and a["traffic_over_bound"] >= 1.0
+    # conv1 through the polyphase form: against the direct bound and its own (polyphase, unfused) bound
+    c1 = alexnet(32)[0]
+    a = layer_analysis(c1, 100.0, Ceilings(fp32_flops=50e12, bandwidth=4e12), wgg.FAMILY, dict(wgg.DEFAULT, MT=5))
+    assert a["traffic_over_bound"] >= 1.0 and a["traffic_over_winograd_bound"] >= 1.0
+    assert a["winograd_bound_form"] == "unfused"

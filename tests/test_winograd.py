@@ -78,6 +78,11 @@ def test_multiplies_saved():
     p = ConvProblem(n=1, c=256, h=16, w=16, k=256, r=3, s=3, padding=(1, 1))  # 16x16 output: whole tiles
     assert p.macs / wg.multiplies(p, 2) == pytest.approx(9 * 4 / 16)
     assert p.macs / wg.multiplies(p, 4) == pytest.approx(9 * 16 / 36)
+    # conv1 through its polyphase components: 48 channels of 3x3 (121 taps padded to 144), F(5x5)'s 11 x 11
+    # tiles of 49 points cover the 55 x 55 output: 3.86x fewer products than direct
+    c1 = ConvProblem(n=1, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    assert wg.multiplies(c1, 5) == 49 * 121 * 64 * 48
+    assert c1.macs / wg.multiplies(c1, 5) == pytest.approx(3025 * 363 / (49 * 121 * 48))
 
 
 @pytest.mark.parametrize("m", wg.TILES)
