@@ -8,9 +8,9 @@
 //
 //   stage 0  U[e][k][c']  = (G g_kc' G^T)[e]                  one thread per (k, c')
 //   stage 1  V[e][c'][t]  = (B^T d_c't B)[e] (VL=1: V[e][t][c']) one thread per (c', tile)
-//   (GEMM)   M[e]        = U[e] V[e]         E batched K x C by C x T products (ML=1: stored as M[e][t][k])
+//   (GEMM)   M[e]        = U[e] V[e]         E batched K x C' by C' x T products (ML=1: stored as M[e][t][k])
 //   stage 2  y[n][k][..] = A^T M_kt A + bias[k]                 one thread per (k, tile), MT x MT outputs
-//   stage 3  stages 0 and 1 in one launch (blocks below ceil(K*C/TB) filters, the rest input tiles): the
+//   stage 3  stages 0 and 1 in one launch (blocks below ceil(K*C'/TB) filters, the rest input tiles): the
 //            host's default, one launch less and the small filter transform overlapping the input's
 //
 // E = (MT+2)^2 points, T = N * ceil(P/MT) * ceil(Q/MT) tiles (tile t: image t / tiles-per-image, then tile rows,
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(TB)
   const long long cc = static_cast<long long>(p.C) * st * st;
   const long long kc = static_cast<long long>(p.K) * cc;
   long long block = blockIdx.x;
-  if (stage == 3) {  // stages 0 and 1 in one grid: the first ceil(K*C/TB) blocks take the filters
+  if (stage == 3) {  // stages 0 and 1 in one grid: the first ceil(K*C'/TB) blocks take the filters
     const long long filter_blocks = (kc + TB - 1) / TB;
     stage = block < filter_blocks ? 0 : 1;
     if (stage == 1) block -= filter_blocks;
