@@ -103,19 +103,19 @@ def _sample_configs(fam, n: int, seed: int):
     return [fam.DEFAULT, by_threads[0], by_threads[-1], by_smem[0], by_smem[-1]] + picked
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_sampled_configs_correct_on_odd_shapes(compiler, family):
+def _compile_and_check(compiler, fam, configs, shapes):
+    """Compile ``configs`` (every one must build), then run each on every shape the tuner would run it on, fresh
+    random data per shape, NaN-poisoned output against float64 (tuning.measure.CudaChecker); returns the
+    builds."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
-    fam = _family(family)
-    configs = _sample_configs(fam, 40, seed=int(os.environ.get("BAGF_TEST_SEED", "1234")))
     built = compiler.compile(fam, configs)
     failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
     assert not failures, failures
     checker = CudaChecker(compiler.ext)
     bad = []
-    for shape in _shapes_for(fam):
-        ws = Workspace(_problem(shape), torch.device("cuda", 0))  # fresh random data per shape
+    for shape in shapes:
+        ws = Workspace(_problem(shape), torch.device("cuda", 0))
         for c, b in zip(configs, built):
             if not _runs(fam, c, shape):
                 continue
@@ -123,6 +123,14 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
             if out is not None:
                 bad.append((shape, fam.name(c), out.detail))
     assert not bad, bad[:10]
+    return built
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_sampled_configs_correct_on_odd_shapes(compiler, family):
+    fam = _family(family)
+    configs = _sample_configs(fam, 40, seed=int(os.environ.get("BAGF_TEST_SEED", "1234")))
+    _compile_and_check(compiler, fam, configs, _shapes_for(fam))
 
 
 def test_3xtf32_has_fp32_accuracy(compiler):
@@ -297,25 +305,12 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
     candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the GEMM's
     16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
     arithmetic does not depend on that flag): the output is the same bits either way."""
-    from bagf_torch.tuning.measure import CudaChecker, Workspace
-
     fam = _family("winograd_gemm")
     ges = list(fam.GEMMS) + (list(fam.WGMMA_GEMMS) if torch.cuda.get_device_capability() == (9, 0) else [])
     configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=so) for ge in ges for mt in fam.PARAMS["MT"]
                for so in (0, 1)]
     assert all(fam.space().is_valid(c) for c in configs)
-    built = compiler.compile(fam, configs)
-    failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
-    assert not failures, failures
-    checker = CudaChecker(compiler.ext)
-    bad = []
-    for shape in OWN_GEMM_SHAPES:
-        ws = Workspace(_problem(shape), torch.device("cuda", 0))
-        for c, b in zip(configs, built):
-            out = checker.check(ws, b.handle)
-            if out is not None:
-                bad.append((shape, fam.name(c), out.detail))
-    assert not bad, bad[:10]
+    built = _compile_and_check(compiler, fam, configs, OWN_GEMM_SHAPES)
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
     w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(7, device="cuda", requires_grad=True)
@@ -353,8 +348,6 @@ DIRECT_SHAPES = [
 def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
     """Sampled direct configurations (the start points of the shapes included) into a NaN-poisoned output,
     against float64 F.conv2d on fresh random data (tuning.measure.CudaChecker)."""
-    from bagf_torch.tuning.measure import CudaChecker, Workspace
-
     fam = _family("direct")
     seed = int(os.environ.get("BAGF_TEST_SEED", "4321"))
     configs = _sample_configs(fam, 24, seed=seed)
@@ -367,20 +360,7 @@ def test_direct_configs_correct_on_conv1_and_odd_shapes(compiler):
     geometries = {fam.geometry_for(_problem(s)) for s in DIRECT_SHAPES}
     assert geometries == set(fam.GEOMETRIES)  # every specialisation runs on some shape (and G=0 on all)
     assert all(sum(c["G"] == g for c in configs) >= 7 for g in geometries)
-    built = compiler.compile(fam, configs)
-    failures = [(fam.name(c), b.status, b.detail[:300]) for c, b in zip(configs, built) if not hasattr(b, "handle")]
-    assert not failures, failures
-    checker = CudaChecker(compiler.ext)
-    bad = []
-    for shape in DIRECT_SHAPES:
-        ws = Workspace(_problem(shape), torch.device("cuda", 0))
-        for c, b in zip(configs, built):
-            if not _runs(fam, c, shape):
-                continue
-            out = checker.check(ws, b.handle)
-            if out is not None:
-                bad.append((shape, fam.name(c), out.detail))
-    assert not bad, bad[:10]
+    _compile_and_check(compiler, fam, configs, DIRECT_SHAPES)
 
 
 def test_direct_specialised_plan_refuses_other_geometries(compiler):
