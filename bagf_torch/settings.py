@@ -131,7 +131,7 @@ def tune_enabled() -> bool:
     return get_bool("BAGF_TUNE", True)
 
 
-# The defaults are issue 4's first-call bar: a layer tuned in at most 30 s of wall time (the time budget ends the
+# The defaults bound a first call: a layer tuned in at most 30 s of wall time (the time budget ends the
 # search; the batch in flight and the finalists' re-timing follow it), with enough evaluations for six families.
 DEFAULT_BUDGET = 80
 DEFAULT_TIME_BUDGET = 25.0

@@ -550,7 +550,7 @@ def main(argv=None) -> int:
     files = [Path(p) for p in args.data] if args.data else sorted(DATA.glob("*.json.gz"))
     if not files:
         print(f"no recorded spaces under {DATA}; record them on a GPU (benchmarks/record_space.py) or make a "
-              "SYNTHETIC one for development (benchmarks/make_synthetic_space.py) and pass it with --data",
+              "SYNTHETIC one for development (bagf_torch.tuning.replay.synthetic_recording) and pass it with --data",
               file=sys.stderr)
         return 2
     strategies = [s for s in args.strategies.split(",") if s]

@@ -8,19 +8,19 @@
 #   stages: tests = pytest -m cuda; precision = cuDNN's fp32 modes; bench = bench_layers.py (extra arguments go
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
 #   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
-#   benchmarks/profile_tc.py (an A/B of a kernel macro at large N, $PROFILE_ARGS) and ncu on two of its kernels
+#   benchmarks/probes/profile_tc.py (an A/B of a kernel macro at large N, $PROFILE_ARGS) and ncu on two of its kernels
 #   (PROFILE_NCU=0: not); contexts =
-#   benchmarks/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
+#   benchmarks/probes/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
-#   wgprofile = benchmarks/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
-#   gemmprobe = benchmarks/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
-#   $GEMMPROBE_ARGS, e.g. "--tag h200_s9").
+#   wgprofile = benchmarks/probes/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
+#   gemmprobe = benchmarks/probes/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
+#   $GEMMPROBE_ARGS, e.g. "--tag h200").
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
-#   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (the multi-GPU
-#   pre-tuning of issue 6), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
+#   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
+#   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
 # Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image, plus tqdm for the
 # alexnet stage: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl tqdm
@@ -104,7 +104,7 @@ if has tests; then
 fi
 if has gemmprobe; then
   # shellcheck disable=SC2086  # GEMMPROBE_ARGS is a list of arguments
-  timeout ${GEMMPROBE_TIMEOUT:-240} python3 benchmarks/gemm_wgmma_probe.py --out "$OUT" ${GEMMPROBE_ARGS:-} \
+  timeout ${GEMMPROBE_TIMEOUT:-240} python3 benchmarks/probes/gemm_wgmma_probe.py --out "$OUT" ${GEMMPROBE_ARGS:-} \
     > "$OUT/gemmprobe.log" 2>&1 || rc=1
   grep -E "^correct|^\| conv" "$OUT/gemmprobe.log"
 fi
@@ -120,7 +120,7 @@ if has record; then
   grep -vE "^  " "$OUT/record.log" | tail -n 40
 fi
 if has precision; then
-  timeout 240 python3 benchmarks/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
+  timeout 240 python3 benchmarks/probes/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has bench && [ -z "$bg_pid" ]; then
@@ -129,16 +129,16 @@ if has bench && [ -z "$bg_pid" ]; then
 fi
 if has profile; then
   # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments (e.g. "--macro BAGF_TC_SPLIT --values 0,1,2")
-  { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/profile_tc.py --out "$OUT" ${PROFILE_ARGS:-}
+  { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/probes/profile_tc.py --out "$OUT" ${PROFILE_ARGS:-}
     [ "${PROFILE_NCU:-1}" = 1 ] && timeout 150 ncu --clock-control none --kernel-name regex:implicit_gemm_tc --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      python3 benchmarks/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
+      python3 benchmarks/probes/profile_tc.py --ncu alexnet_conv3_n128; } > "$OUT/profile.log" 2>&1 || rc=1
   grep -E "passes=|split=|cuDNN" "$OUT/profile.log" | head -80
 fi
 if has wgprofile; then
   # shellcheck disable=SC2086  # WGPROFILE_ARGS is a list of arguments
-  timeout ${WGPROFILE_TIMEOUT:-200} python3 benchmarks/profile_winograd_gemm.py --out "$OUT" ${WGPROFILE_ARGS:-} \
+  timeout ${WGPROFILE_TIMEOUT:-200} python3 benchmarks/probes/profile_winograd_gemm.py --out "$OUT" ${WGPROFILE_ARGS:-} \
     > "$OUT/wgprofile.log" 2>&1 || rc=1
   tail -n 25 "$OUT/wgprofile.log"
 fi
@@ -149,7 +149,7 @@ if has hostfloor; then
   tail -n 15 "$OUT/hostfloor.log"
 fi
 if has contexts; then
-  timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
+  timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/probes/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
     2>&1 | tee "$OUT/contexts.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 5): each test is one row, named ``test_row_<row>_...``; benchmarks/faults.py runs
+"""The fault matrix: each test is one row, named ``test_row_<row>_...``; benchmarks/faults.py runs
 them and prints the matrix. CPU rows drive the runtime with a replaying fake tuner (tests/fault_helpers.py);
 GPU rows (marked cuda) use the real kernels, the NVRTC path and a deliberately faulty kernel.
 

@@ -66,8 +66,8 @@ WINO_SHAPES = [
     (1, 19, 6, 5, 33, 3, 3, (1, 1), (2, 1), (1, 1), True),
     (3, 37, 13, 13, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),
     # a 1x1 output with C = 1, over K = 7 channels: over a single output value (K = 1) the relative check is
-    # ill-conditioned, nine products can nearly cancel, and F(4x4)/F(5x5) then failed it at 1.4-1.6e-4 on fresh
-    # random data (benchmarks/results/pytest_cuda_h200_s9_so.log)
+    # ill-conditioned, nine products can nearly cancel, and F(4x4)/F(5x5) can fail it (1.4-1.6e-4 on the H200
+    # with fresh random data)
     (1, 1, 3, 3, 7, 3, 3, (1, 1), (0, 0), (1, 1), True),
     (2, 130, 11, 7, 9, 3, 3, (1, 1), (1, 0), (1, 1), True),
     (1, 2, 4, 1100, 3, 3, 3, (1, 1), (1, 1), (1, 1), True),  # more tiles per row than threads per block
@@ -327,7 +327,7 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
             monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
 
 
-# Shapes for the direct family (issue 3 item 2): AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,
+# Shapes for the direct family: AlexNet conv1 and odd ones -- strides 1, 2, 4 and mixed,
 # padding, dilation, 1x1, 11x11, C=3, K off every BK, P and Q off every tile, N up to 3, bias or not.
 DIRECT_SHAPES = [
     (2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),
@@ -541,7 +541,7 @@ def test_fallbacks_are_correct_on_gpu(case, caplog):
     assert len([r for r in caplog.records if "TunedConv2d" in r.getMessage()]) == 1
 
 
-# ---- whole models: tune_model, torch.compile, CUDA graphs, a warm second process (issue 6) ---------------
+# ---- whole models: tune_model, torch.compile, CUDA graphs, a warm second process ------------------------
 
 def _small_model():
     torch.manual_seed(0)

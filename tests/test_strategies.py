@@ -194,7 +194,7 @@ def test_ax_failures_are_reported_and_not_reproposed(invalid):
     assert stats["generations"] >= 1
 
 
-# Measured with benchmarks/compare_invalid_handling.py on this landscape (docs/strategies.md): with the
+# Measured with benchmarks/probes/compare_invalid_handling.py on this landscape (docs/strategies.md): with the
 # default options Ax was within 95% of the optimum after a median of 16.5 evaluations (10 seeds, worst 27,
 # seeds 0-2 needing 16, 21 and 27) and at the optimum after 40 for all 10; random search needs a median
 # of 576. Runs stop once the target is reached. Only the first two seeds run here: each costs 13 s, and
@@ -407,7 +407,7 @@ def test_strategies_benchmark_leaves_out_spaces_the_budget_exhausts(tmp_path, ca
 
 
 def test_param_analysis_end_to_end(tmp_path):
-    bench = _benchmark_module("param_analysis")
+    bench = _benchmark_module("probes/param_analysis")
     _, rec = _tiny_recording(tmp_path)
     r = bench.analyse(rec.problems[0])
     ok = [row for row in rec.problems[0].rows if row["status"] == "ok"]
@@ -462,7 +462,7 @@ def test_benchmarks_exclude_partial_problems_by_default(tmp_path):
     doc = json.loads(out.read_text())
     assert {r["problem"] for r in doc["runs"]} == {"tiny_a/implicit_gemm", "tiny_b/implicit_gemm PARTIAL 60/3568"}
 
-    analysis = _benchmark_module("param_analysis")
+    analysis = _benchmark_module("probes/param_analysis")
     out = tmp_path / "p.json"
     assert analysis.main(["--data", str(path), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
@@ -755,7 +755,7 @@ def test_ax_batches_small_while_early():
 
 
 def test_device_scripts_name_plans_by_family_name_layer_and_batch():
-    """host_floor.py, ncu_plan.py and ab_macro.py take plans as ``<family name>@<layer>:<N>``: the name must map
+    """host_floor.py, probes/ncu_plan.py and probes/ab_macro.py take plans as ``<family name>@<layer>:<N>``: the name must map
     back to its configuration (a specialised direct kernel included) and the layer to bench_layers' problem."""
     hf = _benchmark_module("host_floor")
     fam, cfg, p = hf.parse_plan("direct_th8_tw16_bk64_bc1_tk8_px8_db0_s1_w11u4_sm90@conv1:128")
@@ -790,19 +790,19 @@ def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
 
 
 def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
-    """benchmarks/gemm_tf32x3_probe.py and gemm_wgmma_probe.py measured the tiles winograd_gemm's GE picks from:
+    """benchmarks/probes/gemm_tf32x3_probe.py and gemm_wgmma_probe.py measured the tiles winograd_gemm's GE picks from:
     each GEMMS and WGMMA_GEMMS tile is one a probe times, with the same shared memory and grid (the host launches
     with the family's numbers); the wgmma probe's A carries its small parts as stage 0 writes them; and the
     probes' products are the family's E x K x C x T for AlexNet's 3x3 layers."""
     from bagf_torch.kernels import winograd_gemm as wgg
 
-    probe = _benchmark_module("gemm_tf32x3_probe")
-    emul = _benchmark_module("cublas_emulation")
+    probe = _benchmark_module("probes/gemm_tf32x3_probe")
+    emul = _benchmark_module("probes/cublas_emulation")
     for ge, tile in wgg.GEMMS.items():
         assert tile in probe.CONFIGS, tile
         assert probe.smem_bytes(tile) == wgg.gemm_smem_bytes(dict(wgg.DEFAULT, GE=ge))
         assert wgg.name_expression(dict(wgg.DEFAULT, GE=ge)).split(";")[1].replace(" ", "") == probe.expr(tile)
-    wprobe = _benchmark_module("gemm_wgmma_probe")
+    wprobe = _benchmark_module("probes/gemm_wgmma_probe")
     for ge, tile in wgg.WGMMA_GEMMS.items():
         assert tile in wprobe.CONFIGS, tile
         c = dict(wgg.DEFAULT, GE=ge)

@@ -208,7 +208,7 @@ def test_two_families_share_the_budget_by_start_speed():
     assert {t.family for t in r.trials if t.config is not None} == {"fast", "slow"}
 
 
-# ------------------------------------------------------------------------- bound-guided pruning (issue 3)
+# ------------------------------------------------------------------------- bound-guided pruning ----------
 RECORDING = Path(__file__).resolve().parent.parent / "benchmarks/data/implicit_gemm_tc_h200.json.gz"
 
 

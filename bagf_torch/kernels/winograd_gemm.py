@@ -5,7 +5,7 @@ It computes 3x3 stride-1 convolutions, and strided ones with filters of up to 3s
 stride-1 convolution of their s x s polyphase components (``winograd.polyphase``: C s^2 channels, the filter
 zero-padded to 3s x 3s; :func:`applies`). AlexNet's conv1 (11x11, stride 4, C = 3) runs as 3x3 over 48
 channels: 1.19x its direct products before F(4x4)'s 4x (F(5x5)'s 4.6x) fewer, where implicit GEMM on it runs
-at about half the fp32 roof (bench_layers_h200_s9_so.md). The transforms read the input and the filters in
+at about half the fp32 roof (671 us at N = 128: benchmarks/results/profile_ncu_h200.md). The transforms read the input and the filters in
 place through that index map; nothing is copied.
 
 A plan runs two launches of one kernel around a GEMM on the current stream: the filter transform U = G g G^T
@@ -17,7 +17,7 @@ The GEMM is a knob (GE). GE = 0: cuBLAS's SGEMM through ``at::bmm_out`` (fp32 on
 GE > 0: our own batched GEMM on tensor cores with fp32 accuracy from three TF32 products
 (csrc/kernels/gemm_tf32x3.cuh), compiled into the same cubin as the transforms, with the block tile of
 :data:`GEMMS`. On the H200 its best tile is 1.32-1.53x faster than cuBLAS on AlexNet's conv3-5 products
-(benchmarks/results/gemm_tf32x3_probe_h200_s8c.md); its error against float64 is ~5x fp32's (1.4-1.8e-6 against
+(benchmarks/results/gemm_tf32x3_probe_h200.md); its error against float64 is ~5x fp32's (1.4-1.8e-6 against
 2.5-2.9e-7 on those products: the small parts are truncated to TF32), far inside the correctness check.
 It needs sm_80 (mma.sync TF32, cp.async): on older GPUs GE > 0 fails to compile and the tuner records that.
 
@@ -26,15 +26,16 @@ compiled for sm_90a; on any other GPU it fails to compile, which the tuner recor
 shared-memory operand as it is, so U's small parts (U - trunc_tf32(U)) come from memory: stage 0 writes them as
 E more batches after U (template flag US, host layout bit 2), doubling U's workspace. On the H200 its tiles
 are 1.26-1.48x gemm_tf32x3's best at N = 128 and 1.02-1.23x at N = 32 on AlexNet's conv3-5 products
-(benchmarks/results/gemm_wgmma_probe_h200_s9_final.md); error against float64 1.6-3.0e-6.
+(benchmarks/results/gemm_wgmma_probe_h200.md); error against float64 1.6-3.0e-6.
 
 Why a second Winograd dataflow next to the fused ones: at N >= 32 the fused kernels spend most of their time
 in the transforms and the output stage, so the products run at a fraction of the SM's FFMA rate
-(bench_layers_h200_s5_final.md: F(4x4) at 93-94% of the direct fp32 roof is ~18 TFLOP/s of real work). Here
+(F(4x4) at 93-94% of the direct fp32 roof is ~18 TFLOP/s of real work on AlexNet's conv3-5 at N = 128;
+benchmarks/results/winograd_tc_sample_h200.md has the fused families' best sampled times). Here
 the products run as one large GEMM near the SGEMM roof and the transforms are memory-bound passes; the price
 is the global-memory round trip of V and M (iobound.winograd_gemm_traffic), which the fused kernels avoid.
-The GEMM is cuBLAS's, not a template of ours: its tile shapes are cuBLAS's heuristic, and this family tunes
-what is ours (the tile size, the workspace layouts the GEMM reads and writes, the transforms' blocks).
+With GE = 0 the GEMM is cuBLAS's: its tile shapes are cuBLAS's heuristic, and this family tunes what is ours
+(the tile size, the workspace layouts the GEMM reads and writes, the transforms' blocks).
 
 TF32: the host refuses the plan (ATen answers, one warning) while torch lets cuBLAS use TF32 for fp32
 matmuls (``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` other than
@@ -63,9 +64,9 @@ SO        0 1              1: stage 2 (inverse transform) takes whole images of 
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
-on the H200: benchmarks/results/ab_bagf_wg_staged_out_h200_s7.md), except SO = 1's whole-image planes of stage 2,
-static: ncu on conv4 at N = 128 (session 9) found the per-tile stores writing 6-8 L2 sectors per sector of output
-and stage 2 at 1.0-1.5 TB/s with F(5x5). 291 of the 1024 combinations are valid: F(6x6) with 512 threads would
+on the H200: benchmarks/results/ab_winograd_gemm_staged_out_h200.md), except SO = 1's whole-image planes of stage 2,
+static: without them, on conv4 at N = 128 with F(5x5), the per-tile stores write 6-8 L2 sectors per sector of
+output and stage 2 runs at 1.0-1.5 TB/s (ncu: benchmarks/results/ncu_winograd_gemm_stages_h200.log). 291 of the 1024 combinations are valid: F(6x6) with 512 threads would
 need about 152 registers per thread (the register rule), GE > 0 takes only VL = ML = 0, and SO = 1 takes ML = 0
 and TB*MT*MT <= 12288.
 """
@@ -90,7 +91,7 @@ GEMMS: dict[int, tuple[int, int, int, int, int, int, int]] = {
     5: (128, 128, 32, 2, 4, 3, 1),
 }
 """GE -> gemm_tf32x3's (BM, BN, BK, WM, WN, STAGES, MINB). Of twelve tiles measured on AlexNet's conv3-5 products
-at N = 32 and 128 (gemm_tf32x3_probe_h200_s8c.md), 1 and 3 are the fastest at N = 32 (T = 288 columns), 2 and 4
+at N = 32 and 128 (benchmarks/results/gemm_tf32x3_probe_h200.md), 1 and 3 are the fastest at N = 32 (T = 288 columns), 2 and 4
 at N = 128 (T = 1152); 5, the largest, is there for larger products (ResNet-style layers at 56 x 56)."""
 WGMMA_GEMM_KERNEL = "bagf::gemm_wgmma"
 WGMMA_GEMMS: dict[int, tuple[int, int, int, int]] = {
@@ -98,7 +99,7 @@ WGMMA_GEMMS: dict[int, tuple[int, int, int, int]] = {
     7: (64, 1, 1, 4),
 }
 """GE -> gemm_wgmma's (WN, NB, WG, STAGES): block tile WN*NB output channels x 64*WG Winograd tiles, k tile 32. Of
-seven tiles measured on AlexNet's conv3-5 products (gemm_wgmma_probe_h200_s9_final.md), 6 is the fastest on
+seven tiles measured on AlexNet's conv3-5 products (benchmarks/results/gemm_wgmma_probe_h200.md), 6 is the fastest on
 15 of 18 (N = 32 and 128), 7 on the three N = 32, F(5x5) products (T = 288: more, smaller blocks)."""
 MIN_ARCH = 70
 KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
@@ -296,7 +297,7 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
 
 def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     """DEFAULT whatever the problem (nothing in it depends on the problem's size); on an sm_90 GPU with the wgmma
-    GEMM (GE = 6), the faster of the two there (gemm_wgmma_probe_h200_s9_final.md), and staged outputs (SO = 1)."""
+    GEMM (GE = 6), the faster of the two there (benchmarks/results/gemm_wgmma_probe_h200.md), and staged outputs (SO = 1)."""
     return dict(DEFAULT, GE=6, SO=1) if arch == "sm_90" else dict(DEFAULT)
 
 

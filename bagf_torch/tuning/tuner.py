@@ -126,8 +126,8 @@ class Tuner:
 
     ``finalists``: the fastest this many candidates, and cuDNN, are re-timed in interleaved rounds before the
     winner is chosen. Five, not three: at batch 1 the best candidates are within 1-2 us of each other at ~30 us
-    and one search-time sample can misorder them (bench_layers_h200_s5_final.md: conv2 N=1 kept a neighbour
-    of the optimum 5% slower); the extra re-timing costs well under a second.
+    and one search-time sample can misorder them (with three, AlexNet conv2 at N=1 kept a neighbour of the
+    optimum 5% slower on 2 of 4 seeds); the extra re-timing costs well under a second.
 
     A family that defines ``applies(problem)`` (Winograd: 3x3 stride 1 only) is left out of a problem it does
     not apply to; when none applies the winner is cuDNN.

@@ -12,8 +12,8 @@
 // Precision: as implicit_gemm_tc.cuh -- each operand split into a TF32 big part and the remainder (small),
 // a_small*b_big + a_big*b_small + a_big*b_big accumulated in fp32 (the dropped small*small is ~2^-22 relative).
 //
-// Measured (benchmarks/results/gemm_tf32x3_probe_h200_s8c.md): the best of twelve tiles runs 42-58 TFLOP/s,
-// 1.32-1.53x cuBLAS, on those products. ncu on conv4 at N = 128 (session 8): tensor pipe 51% busy, issue slots
+// Measured (benchmarks/results/gemm_tf32x3_probe_h200.md): the best of twelve tiles runs 42-58 TFLOP/s,
+// 1.32-1.53x cuBLAS, on those products. ncu on conv4's product at N = 128: tensor pipe 51% busy, issue slots
 // 32-40%, no eligible warp 57-65% of cycles, 2 warps per scheduler (shared memory or registers); more resident
 // warps (fewer stages, __launch_bounds__ minimum blocks), hoisted copy addressing and a cheaper split each moved
 // it by 0-5%. What is done to keep the tensor pipe busy (the implicit-GEMM tc kernel issues ~3 non-MMA
@@ -36,7 +36,7 @@
 #pragma once
 #include "implicit_gemm_tc.cuh"
 
-// Order of the three products per k step (an A/B switch for benchmarks/gemm_tf32x3_probe.py --define).
+// Order of the three products per k step (an A/B switch for benchmarks/probes/gemm_tf32x3_probe.py --define).
 // 0: each tile's three back to back; 1: three passes over the tiles, so that no product waits for the one
 // issued just before it.
 #ifndef BAGF_GEMM_ORDER

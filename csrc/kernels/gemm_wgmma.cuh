@@ -11,7 +11,7 @@
 // three products per fp32 product have a ~104 TFLOP/s ceiling, of which it reaches about half (two warps per
 // scheduler, no eligible warp most cycles). wgmma's dense TF32 rate on sm_90 is ~495 TFLOP/s (~165 for three
 // products), and one instruction, issued once by a warpgroup, keeps the SM's tensor cores busy for 32-64 cycles.
-// Measured on AlexNet's conv3-5 products (benchmarks/results/gemm_wgmma_probe_h200_s9_final.md): 1.26-1.48x
+// Measured on AlexNet's conv3-5 products (benchmarks/results/gemm_wgmma_probe_h200.md): 1.26-1.48x
 // gemm_tf32x3's best tile at N = 128 (69-82 TFLOP/s), 1.02-1.23x at N = 32.
 //
 // The product as wgmma sees it: D (64 x BM per warpgroup) = B^T A^T. wgmma's M is our N (Winograd tiles, 64 per
@@ -24,7 +24,7 @@
 // (truncation to TF32); A's small part A - trunc(A) is exact in fp32 and truncated in turn (~2^-20 relative).
 // Measured error against float64: 1.6-3.0e-6 relative on those products (gemm_tf32x3: 1.4-2.8e-6).
 //
-// What the measurements chose (gemm_wgmma_probe_h200_s9*.md, AlexNet's 18 products):
+// The design choices, each measured with benchmarks/probes/gemm_wgmma_probe.py on AlexNet's 18 products:
 //  * A's small parts from memory, not split in the kernel: splitting A on its way to shared memory (registers
 //    one tile ahead, two planes stored by the threads) ran at 33-62 TFLOP/s, this at 47-82 (N = 128: 53-62
 //    against 69-82).

@@ -25,7 +25,7 @@
 #pragma once
 #include "conv_params.h"
 
-// Order of the three TF32 products per K-step (an A/B switch for benchmarks/profile_tc.py; the tuner always
+// Order of the three TF32 products per K-step (an A/B switch for benchmarks/probes/profile_tc.py; the tuner always
 // compiles the default). 0: each tile's three products back to back on its accumulator (a dependent chain
 // of three mma.sync). 1: three passes over the MI x NI tiles, so consecutive products go to different
 // accumulators.
@@ -42,7 +42,7 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
   return r;
 }
 
-// How x is split into big + small (an A/B switch for benchmarks/profile_tc.py; the tuner compiles the
+// How x is split into big + small (an A/B switch for benchmarks/probes/profile_tc.py; the tuner compiles the
 // default, 1). 0: both parts rounded with cvt.rna.tf32.f32. 1: integer ops only: big rounds the magnitude
 // half up at mantissa bit 13 (add 0x1000, clear the low 13 bits; exact TF32), small = x - big (exact in
 // fp32) truncated to TF32 by a mask. |small| <= 2^-11 |x| and the mask loses < 2^-10 |small|, so a product's

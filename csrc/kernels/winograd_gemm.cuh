@@ -16,10 +16,10 @@
 // E = (MT+2)^2 points, T = N * ceil(P/MT) * ceil(Q/MT) tiles (tile t: image t / tiles-per-image, then tile rows,
 // then tile columns fastest). Where the fused kernels (winograd.cuh, winograd_tc.cuh) keep the transformed tiles
 // on chip and run the products on the SM's own units inside the same block, this dataflow writes U, V and M to
-// global memory once each (issue 3's "start with transform + batched GEMM") and in exchange the products run in
-// a full-size GEMM: at N >= 32 the fused kernels spend most of their time in the transforms and the output
-// stage, not in the products (benchmarks/results/bench_layers_h200_s5_final.md: 93-94% of the direct fp32
-// roof, i.e. about 18 TFLOP/s of real FFMA work for F(4x4)).
+// global memory once each (transform + batched GEMM) and in exchange the products run in a full-size GEMM:
+// at N >= 32 the fused kernels spend most of their time in the transforms and the output stage, not in the
+// products (F(4x4) at 93-94% of the direct fp32 roof on AlexNet's conv3-5 at N = 128, i.e. about 18 TFLOP/s
+// of real FFMA work).
 //
 // Template parameters are the tuning knobs (bagf_torch/kernels/winograd_gemm.py):
 //   MT  output tile: F(MT x MT, 3x3), MT in 2, 4, 5, 6     TB  threads per block of every stage
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(TB)
     // Staged: a block takes G = TB / tiles-per-image whole images of one channel k (thread = tile), puts their
     // outputs into shared memory as G planes of P x Q, then writes the planes out contiguously (y[n][k] is one
     // P*Q run). Per tile the stores are MT-float pieces of different rows and images, 6-8 L2 sectors written
-    // per sector of output (ncu, benchmarks/results/ncu_winograd_gemm_stages_h200_s9.log); staged, whole
+    // per sector of output (ncu, benchmarks/results/ncu_winograd_gemm_stages_h200.log); staged, whole
     // sectors. The host launches K * ceil(N / G) blocks for this stage; G = 0 (an image has more tiles than
     // the block threads) takes the per-tile path below with its K*T/TB blocks, as the host does.
     static_assert(TB * MT * MT * 4 <= 48 * 1024, "staged outputs: TB*MT*MT floats of static shared memory");

@@ -127,7 +127,7 @@ default. A seeded 64-sample Sobol QMC sampler cut a generation of 4 from 2.55 s 
 40 trials, one thread; 128: 0.94 s, 32: 0.82 s) and did not cost quality: penalty handling reached 95% in a
 median of 31.5 evaluations with 64 samples and 38 with 512 (1 of 10 missed).
 
-Reproduce: ``python benchmarks/compare_invalid_handling.py`` (and ``--timing-only``); see
+Reproduce: ``python benchmarks/probes/compare_invalid_handling.py`` (and ``--timing-only``); see
 docs/strategies.md. Ax's sequences do not depend on PYTHONHASHSEED (same trials under 0, 1, 12345 and
 random); ``Client(random_seed=seed)`` and the seeded samplers make a run reproducible.
 
