@@ -180,3 +180,86 @@ class _FakeWorkerBackend:
 def cpu_backend(device):
     """The isolated worker's backend for CPU tests: see CRASH_BM and friends."""
     return _FakeWorkerBackend(device)
+
+
+# ---- an isolated worker whose parent dies while it is busy (tests/test_isolated_orphan.py) ---------------
+
+BUSY_FILE_ENV = "BAGF_TEST_BUSY_FILE"
+"""Where the busy backends' never-ending check writes the worker's pid when it starts blocking."""
+
+
+class _BusyChecker:
+    """Checks pass, except BM=HANG_BM, which writes the worker's pid to $BAGF_TEST_BUSY_FILE and blocks the
+    worker's main thread for an hour: in a C call that keeps the GIL (``hold_gil``: no Python thread of the
+    worker can run, so only the kernel's parent-death signal can end it), or in one that releases it, as
+    torch's stream wait on a spinning kernel does (the worker's own watchdog thread can run)."""
+
+    def __init__(self, compiler, hold_gil):
+        self.compiler = compiler
+        self.hold_gil = hold_gil
+
+    def check(self, ws, handle):
+        if self.compiler.loaded[handle]["BM"] != HANG_BM:
+            return None
+        path = os.environ[BUSY_FILE_ENV]
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
+        if self.hold_gil:
+            import ctypes
+
+            ctypes.PyDLL(None).sleep(3600)  # PyDLL: the GIL is held during the call
+        else:
+            time.sleep(3600)
+        return None
+
+
+def _busy_backend(hold_gil):
+    backend = _FakeWorkerBackend(0)
+    backend.checker = _BusyChecker(backend.compiler, hold_gil)
+    return backend
+
+
+def busy_backend_holding_gil(device):
+    """The worker blocks in C with the GIL held: only PR_SET_PDEATHSIG (Linux) ends it with its parent."""
+    return _busy_backend(hold_gil=True)
+
+
+def busy_backend_watchdog_only(device):
+    """The worker's parent-death signal is cleared (as on a system without one) and its check blocks with the
+    GIL released: only the worker's watchdog thread can end it with its parent."""
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                                ctypes.c_ulong(0))
+    return _busy_backend(hold_gil=False)
+
+
+def orphan_parent(backend, start_from, status_path):
+    """The parent process the orphan tests SIGKILL: start a worker with ``backend`` (from the main thread, or
+    from a thread that ends before the worker is used: ``start_from`` "main" | "thread"), check a good
+    candidate, write the pool's counters to ``status_path``, then check the BM=HANG_BM one (never returns)."""
+    import json
+
+    from bagf_torch.tuning.isolated import WorkerPool
+
+    pool = WorkerPool(0, timeout_s=3600.0, backend=backend)
+    configs = [dict(ig.DEFAULT), dict(ig.DEFAULT, BM=HANG_BM)]
+    built = []
+    if start_from == "thread":
+        t = threading.Thread(target=lambda: built.extend(pool.compiler().compile(ig, configs)))
+        t.start()
+        t.join()
+        time.sleep(0.5)  # a death signal armed against that thread would have landed by now
+    else:
+        built.extend(pool.compiler().compile(ig, configs))
+    ws = pool.workspace(P)
+    good = pool.checker().check(ws, built[0].handle)
+    with open(status_path, "w") as f:
+        json.dump({"good": None if good is None else good.status, "crashes": pool.crashes,
+                   "restarts": pool.restarts, "worker": pool._proc.pid}, f)
+    pool.checker().check(ws, built[1].handle)

@@ -22,16 +22,27 @@ The worker is a ``multiprocessing`` "spawn" child, so, as with any spawn start m
 ``python script.py`` must keep its work under ``if __name__ == "__main__":`` (the child imports the main
 module to unpickle its arguments).
 
+The worker dies with the process that started it, also while it is blocked on a spinning kernel (which would
+otherwise hold the GPU for ever): on Linux the kernel SIGKILLs it (``PR_SET_PDEATHSIG``), and everywhere a
+watchdog thread in it exits the process when the parent is gone (see ``_die_with_parent``).
+
 Cost: the worker's start (spawn, import torch, CUDA context, extension load) takes a few seconds, once per
 device and process (the pool is kept between problems); each candidate costs a pipe round trip (~0.1 ms).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
+import queue
+import signal
+import sys
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -44,6 +55,11 @@ logger = logging.getLogger("bagf_torch")
 DEFAULT_BACKEND = "bagf_torch.tuning.isolated:cuda_backend"
 START_TIMEOUT_S = 300.0
 """Worker start: spawn, import torch, create the CUDA context, load the (already built) extension."""
+ORPHAN_EXIT = 4
+"""The worker's exit code when it ends itself because its parent is gone."""
+WATCHDOG_POLL_S = 0.25
+"""How often the worker's watchdog also compares getppid() with its parent (the pipe wakes it at once)."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class WorkerFailed(RuntimeError):
@@ -96,9 +112,9 @@ class WorkerPool:
     # ---- the worker's life ------------------------------------------------------------------------------
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.device, self.backend), daemon=True,
-                                 name=f"bagf-isolated-worker-{self.device}")
-        proc.start()
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.device, self.backend, os.getpid()),
+                                 daemon=True, name=f"bagf-isolated-worker-{self.device}")
+        _start_process(proc)
         child.close()
         self._proc, self._conn = proc, parent
         self._in_worker = set()
@@ -289,7 +305,102 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _start_process(proc) -> None:
+    """``proc.start()`` from a thread that lives as long as this process.
+
+    The worker arms PR_SET_PDEATHSIG, and Linux sends that signal when the *thread* that forked the worker
+    ends, not the process. Pools are used from whatever thread tunes: the main thread, a user's thread that
+    ends after its first convolution while the runtime keeps the pool, the BAGF_BACKGROUND tuner thread (it
+    lives as long as the process, but nothing here can tell it from one that does not), or a restart after a
+    crash on any of these. Started from such a thread, the worker would be killed when that
+    thread ended and the next candidate would be blamed for a "crash". So a worker is forked by the main
+    thread when that is the caller (it ends only with the process), and otherwise by one launcher thread per
+    process that never ends. (The watchdog alone would not need this, but it is a Python thread: it cannot
+    run while the worker's main thread holds the GIL in a long C call, and only the kernel's signal can.)
+    """
+    if threading.current_thread() is threading.main_thread():
+        proc.start()
+    else:
+        _Launcher.instance().run(proc.start)
+
+
+class _Launcher:
+    """A daemon thread that runs the calls given to it (worker starts) one at a time, for ever."""
+
+    _lock = threading.Lock()
+    _current: tuple[int, "_Launcher"] | None = None  # (pid, launcher): a forked child needs its own thread
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, daemon=True, name="bagf-isolated-launcher").start()
+
+    @classmethod
+    def instance(cls) -> "_Launcher":
+        with cls._lock:
+            if cls._current is None or cls._current[0] != os.getpid():
+                cls._current = (os.getpid(), cls())
+            return cls._current[1]
+
+    def run(self, fn):
+        done: Future = Future()
+        self._jobs.put((fn, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                done.set_exception(e)
+
+
 # ---- the worker process ---------------------------------------------------------------------------------
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this worker end when ``parent_pid`` (the process that started it) ends, even while busy.
+
+    1. Linux: PR_SET_PDEATHSIG makes the kernel SIGKILL this process when its parent thread ends (the
+       parent forks workers from a thread that lives as long as it: ``_start_process``). This works
+       whatever the worker's main thread is doing, GIL held or not. The parent may have died before the
+       prctl call, and then no signal will come, so getppid() is compared with ``parent_pid`` right after.
+    2. Everywhere: a watchdog thread that calls os._exit once the parent is gone. It wakes when the parent's
+       end of the pipe multiprocessing gave this child closes (the parent's death, on any platform), and
+       also compares getppid() every WATCHDOG_POLL_S (re-parenting, should a fork of the parent hold that
+       pipe open). os._exit, not an exception: the main thread may be blocked in a C call (a stream wait on
+       a spinning kernel; torch releases the GIL there), and os._exit ends the process from any thread.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+                logger.debug("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+        except (OSError, AttributeError) as e:  # no libc prctl: the watchdog alone
+            logger.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", e)
+    if os.getppid() != parent_pid:
+        os._exit(ORPHAN_EXIT)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="bagf-parent-watchdog").start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    try:  # readable (EOF) once every copy of the parent's end is closed
+        sentinel = multiprocessing.parent_process().sentinel
+    except (AttributeError, ValueError):  # not started by multiprocessing: getppid() alone
+        sentinel = None
+    pause = threading.Event()
+    while True:
+        gone = False
+        if sentinel is not None:
+            try:
+                gone = bool(multiprocessing.connection.wait([sentinel], timeout=WATCHDOG_POLL_S))
+            except OSError:  # the descriptor is unusable: getppid() alone
+                sentinel = None
+        else:
+            pause.wait(WATCHDOG_POLL_S)
+        if gone or os.getppid() != parent_pid:
+            os._exit(ORPHAN_EXIT)
 
 
 def _resolve(spec: str):
@@ -297,7 +408,8 @@ def _resolve(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def _worker_main(conn, device: int, backend_spec: str) -> None:
+def _worker_main(conn, device: int, backend_spec: str, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)  # first: importing the backend (torch, CUDA) takes seconds
     try:
         backend = _resolve(backend_spec)(device)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises WorkerFailed
