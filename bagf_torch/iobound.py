@@ -1,5 +1,5 @@
-"""I/O lower bounds for convolution and a per-configuration global-memory traffic model (DESIGN.md, "The I/O
-lower bound (seed 2)"; docs/iobound.md has the derivation).
+"""I/O lower bounds for convolution and a per-configuration global-memory traffic model (docs/architecture.md,
+"The I/O lower bound"; docs/iobound.md has the derivation).
 
 Everything is counted in *words* (one fp32 element = one word) of global-memory traffic:
 
@@ -18,7 +18,7 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   ``winograd_gemm`` pipeline (transform stages, a batched SGEMM through cuBLAS modelled with an assumed block
   tile, :data:`GEMM_TILE`, and the inverse transform; the U, V, M workspaces in ``Traffic.workspace_*``);
 * :func:`traffic` / :func:`fast_memory_words` - dispatch on the family (module or ``FAMILY`` name);
-* :func:`prune` - bound-guided pruning of a family's search space (issue 3): drop configurations whose
+* :func:`prune` - bound-guided pruning of a family's search space: drop configurations whose
   modelled traffic is more than ``factor`` times the best modelled traffic for the problem. Measured on the
   H200 tc recording it is a weak predictor (split-K wins while adding traffic), so the tuner's
   ``BAGF_PRUNE_FACTOR`` is off by default (docs/iobound.md).
@@ -96,7 +96,7 @@ def compulsory_words(problem: ConvProblem) -> dict[str, int]:
 def effective_stride(stride: int, dil: int, taps: int) -> int:
     """Distinct input elements per output element along one axis, asymptotically, for a long run of outputs.
 
-    DESIGN.md uses ``u`` (valid when u <= R and dilation is 1). In general the indices o*u + r*d lie in the
+    docs/architecture.md uses ``u`` (valid when u <= R and dilation is 1). In general the indices o*u + r*d lie in the
     lattice gcd(u, d)*Z (at most u/gcd(u, d) new ones per output) and there are only ``taps`` of them per
     output, so the density is at most min(u / gcd(u, d), taps). E.g. u=4, R=3: 3 (not 4: a 3-wide window
     stepping by 4 skips a column); u=2, d=2: 1 (only even columns are ever read)."""
@@ -114,13 +114,13 @@ def direct_lower_bound(problem: ConvProblem, fast_memory_words: float) -> float:
     """Lower bound on global-memory words moved by any direct convolution with ``fast_memory_words`` (M) words
     of fast memory.
 
-    Exactly what is computed (eh, ew from :func:`effective_stride`; eh = ew = u for DESIGN.md's case u <= R,
+    Exactly what is computed (eh, ew from :func:`effective_stride`; eh = ew = u for docs/architecture.md's case u <= R,
     dilation 1)::
 
         core  = 2 * MACs / sqrt(R*S*M / (eh*ew))         # reads of input + weights
         bound = max(core, |I_used| + |W| + |bias|) + |O|  # plus the output written once
 
-    ``core`` is DESIGN.md's ``2*MACs/sqrt(R*S*M/u^2)``: minimising :func:`direct_tile_reads_per_mac` under
+    ``core`` is docs/architecture.md's ``2*MACs/sqrt(R*S*M/u^2)``: minimising :func:`direct_tile_reads_per_mac` under
     x*y*z = M gives x*y*u^2 = z*R*S and 2*u/sqrt(R*S*M) reads per MAC. It counts *reads* of input and
     weights only (the tile's outputs live in fast memory), so the output writes are added, not maxed.
     The compulsory reads are combined with ``max``, not a sum: the core term already counts every input
@@ -1143,7 +1143,7 @@ def fast_memory_words(family: "str | ModuleType", config: Mapping[str, int]) -> 
 def prune(family: "str | ModuleType", configs: Iterable[Mapping[str, int]], problem: ConvProblem,
           factor: float = 4.0, always: Iterable[Mapping[str, int]] = (),
           ) -> tuple[list[dict[str, int]], list[tuple[dict[str, int], float]]]:
-    """Bound-guided pruning (issue 3): keep the configurations of ``family`` whose modelled traffic
+    """Bound-guided pruning: keep the configurations of ``family`` whose modelled traffic
     (:func:`traffic`, requested words) is within ``factor`` of the best one for ``problem``.
 
     Returns ``(kept, pruned)``; ``pruned`` lists ``(config, traffic / best_traffic)`` so the caller can log

@@ -1,6 +1,6 @@
 """Winograd F(m x m, 3 x 3) convolution in plain torch: the transforms, a reference implementation, its error.
 
-This is the numerical design of the Winograd families of issue 3, kept apart from the GPU kernels so that
+This is the numerical design of the Winograd families, kept apart from the GPU kernels so that
 its accuracy can be measured anywhere (CPU included) and the kernels can be checked against it:
 
     Y = A^T [ (G g G^T) . (B^T d B) ] A        per (m+2) x (m+2) input tile d, 3x3 filter g, m x m output tile

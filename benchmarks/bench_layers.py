@@ -240,7 +240,7 @@ def main(argv=None) -> int:
                             + (f"{o['traffic_over_winograd_bound']:.2f} |" if "traffic_over_winograd_bound" in o
                                else "- |") if o else "- | - | - | - |"))
         if with_opt:
-            lines += ["", "First-call tuning against the recorded optimum (issue 4): the best configuration of the "
+            lines += ["", "First-call tuning against the recorded optimum: the best configuration of the "
                       "complete recording (benchmarks/data) is re-timed in the same interleaved rounds; fraction = "
                       "min(optimum kernel, cuDNN) / tuned (the tuner may keep cuDNN). Tune s is the whole first "
                       "call: compile, check, measure, strategy.", "",

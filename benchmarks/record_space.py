@@ -61,7 +61,7 @@ MORE_PROBLEMS: dict[str, ConvProblem] = {
     "conv3x3_128_28_n1": _conv(1, 128, 28, 128, 3, 1, 1),
     "conv3x3_128_28_n32": _conv(32, 128, 28, 128, 3, 1, 1),
 }
-"""Problems recorded only when named in --problems: the other batch size and layers of issue 3's tables."""
+"""Problems recorded only when named in --problems: the other batch size and the ResNet-style layers."""
 
 
 class Partial:

@@ -1,5 +1,5 @@
 """Run kernel configurations under compute-sanitizer (memcheck) on odd shapes: the evidence behind running
-tuning candidates in the user's process (DESIGN.md: "the space only holds configurations proven in-bounds").
+tuning candidates in the user's process (docs/architecture.md, "Contracts": the space only holds configurations that are in bounds).
 
 The parent compiles the configurations (into a scratch cache) and then runs itself under
 ``compute-sanitizer --tool memcheck`` as a child that loads every cubin from that cache and launches it on

@@ -198,7 +198,7 @@ def test_tc_bound_below_every_config(n):
     ConvProblem(n=2, c=16, h=16, w=16, k=128, r=1, s=1),
 ], ids=lambda p: p.short())
 def test_tc_balance(problem):
-    """Implicit GEMM reads R*S input words per (pixel, channel) (no halo reuse), so DESIGN.md's balance
+    """Implicit GEMM reads R*S input words per (pixel, channel) (no halo reuse), so docs/architecture.md's balance
     x*y*e^2 = z*R*S with e^2 = R*S reads x*y = z: BN (pixels) = BM (channels). Among SPLIT=1 tiles of the
     same accumulator size BM*BN, the minimum-traffic tile is square up to the factor-2 grid of the space."""
     p, q = problem.out_hw

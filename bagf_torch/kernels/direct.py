@@ -1,6 +1,6 @@
 """Kernel family ``direct``: fp32 direct convolution with 2-D output tiles (csrc/kernels/direct.cuh).
 
-Issue 3's near-I/O-optimal direct dataflow: a block keeps TH x TW output pixels of one image times BK output
+The near-I/O-optimal direct dataflow of the I/O lower-bound paper (docs/iobound.md): a block keeps TH x TW output pixels of one image times BK output
 channels in registers and streams the input channels through shared memory BC at a time; the input patch of
 the tile, halo included, is copied once per chunk ((TH-1)*stride+(R-1)*dil+1 by (TW-1)*stride+(S-1)*dil+1 words
 per channel), the chunk's BK x BC x R x S weights too, and each thread accumulates TK output channels x PX
@@ -34,7 +34,7 @@ G         0 1 2 3 4              0: any filter geometry (run-time loops over the
 Why G: with the filter width and stride known at compile time, a thread loads the (PX-1)*KU+KS input words its
 PX pixels read along one filter row into registers once and runs the KS taps fully unrolled on them, so AlexNet
 conv1 (TK=PX=8) does 704 FMAs per 61 shared-memory loads per filter row, where the run-time loop does 64 FMAs
-per 10 loads and recomputes its addresses per tap (direct_sample_h200.md: the run-time kernel reached 16.5
+per 10 loads and recomputes its addresses per tap (benchmarks/results/direct_sample_h200.md: the run-time kernel reached 16.5
 TFLOP/s on conv1, a third of the SGEMM ceiling).
 
 Shared memory depends on the problem: ``STAGES*4*BC*(R*S*(BK+4) + rows*pitch)`` bytes (:func:`smem_bytes`,

@@ -156,8 +156,8 @@ def name_expression(c: Mapping[str, int]) -> str:
 
 
 # The tuner's start point before split sizing: F(4x4), 32 channels x 16 tiles, 4 x 8 register tiles, the 36
-# points over 12 groups (192 threads, 96 accumulators each). On the H200 samples
-# (benchmarks/data/samples/winograd_*_s4*.json.gz) it was the best sampled configuration (with SPLIT 2) on
+# points over 12 groups (192 threads, 96 accumulators each). In the H200 samples (benchmarks/data/samples/,
+# benchmarks/results/winograd_sample_h200.md) it is the best sampled configuration (with SPLIT 2) on
 # AlexNet conv4/conv5 at N=32, conv3 at N=128 and the 3x3 256@56 layer at N=32, 1-5% ahead of the best
 # TK=TT=4 ones (EG=4); cuDNN still wins at N=128 (FFT).
 START: Config = {"MT": 4, "BK": 32, "BT": 16, "BC": 8, "TK": 4, "TT": 8, "EG": 12, "DB": 0, "SPLIT": 1}

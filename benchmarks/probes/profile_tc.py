@@ -1,5 +1,5 @@
 """Where does the tensor-core family lose time at large N? Times a fixed set of implicit_gemm_tc
-configurations in several builds of the kernel (needs a GPU), for issue 3.
+configurations in several builds of the kernel (needs a GPU).
 
 The builds differ only in one A/B macro of csrc/kernels/implicit_gemm_tc.cuh (``--macro``, ``--values``; the
 first value is what the tuner compiles): BAGF_TC_MMA_PASSES (0: each tile's three TF32 products back to back

@@ -1,6 +1,6 @@
 """Bound-guided pruning (bagf_torch.iobound.prune) evaluated on a recorded space: how much of the space each
 factor cuts, and what the best recorded time among the kept configurations loses against the recording's
-true optimum (issue 3: keep the optimum or lose < 2%).
+true optimum (the bar: keep the optimum or lose < 2%).
 
 Runs on a CPU from a recording (benchmarks/data/README.md); the times are the recording's medians, nothing is
 measured here. A problem whose recording is partial (``complete: false``: the recorder's time limit was hit)
@@ -34,7 +34,7 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.replay import load_recording  # noqa: E402
 
 FACTORS = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
-BAR = 0.02  # issue 3: lose < 2% against the optimum
+BAR = 0.02  # lose < 2% against the optimum
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

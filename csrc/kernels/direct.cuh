@@ -1,7 +1,7 @@
 // fp32 direct convolution with a 2-D output tile per block: NCHW input, KCRS weights, NKPQ output. Any kernel
 // size, stride, padding and dilation (groups 1); every global access is bounds-checked.
 //
-// Dataflow (issue 3's near-I/O-optimal direct schedule, DESIGN.md "The I/O lower bound"): a block keeps a
+// Dataflow (the near-I/O-optimal direct schedule, docs/iobound.md and docs/architecture.md): a block keeps a
 // TH x TW tile of output pixels of one image times BK output channels in registers (x*y*z accumulators) and
 // streams the input channels through shared memory BC at a time. For each chunk it copies, once, the input
 // patch the tile reads -- (TH-1)*stride+(R-1)*dil+1 rows by (TW-1)*stride+(S-1)*dil+1 columns per channel,

@@ -3,7 +3,7 @@
 //
 //   Y = A^T [ sum_c (G g_kc G^T) . (B^T d_c B) ] A      per MT x MT output tile, A = MT + 2
 //
-// Dataflow (issue 3's "transformed tiles stay on chip"): a block owns BT output tiles (over N x tile rows x
+// Dataflow (the transformed tiles stay on chip): a block owns BT output tiles (over N x tile rows x
 // tile columns) and BK output channels, and streams input channels through shared memory BC at a time. For
 // each chunk it gathers the BT input tiles (A x A, halo included; the padding reads zeros), transforms them
 // to V = B^T d B and the BK x BC filters to U = G g G^T, both into shared memory; then the E = A*A Winograd
