@@ -23,9 +23,17 @@ How it stays safe:
 - On open, ``PRAGMA quick_check`` detects a truncated, garbage or damaged file; it is moved aside to
   ``<name>.corrupt-<timestamp>`` and a fresh cache is created. A file of another schema version
   (``PRAGMA user_version``), or another program's SQLite file, is moved aside to
-  ``<name>.schema-v<N>-<timestamp>`` the same way. Each cubin carries a sha256 checked on every read,
-  and a plan whose JSON does not parse is dropped: damage SQLite cannot see costs a re-compile or a
-  re-tune, never a garbage kernel on the GPU.
+  ``<name>.schema-v<N>-<timestamp>`` the same way, and so is a file of our version number whose tables
+  are not ours (``<name>.not-bagf-<timestamp>``). Each cubin carries a sha256 checked on every read.
+- Every row read is checked against one schema (``cache_schema``: types, ranges, the family's knobs); a
+  row that fails is skipped with one log line naming its key and the field, and the next ``put_plan`` for
+  its key replaces it. Damage SQLite cannot see, or a row another program wrote, costs a re-compile or a
+  re-tune, never a crash or a garbage kernel on the GPU.
+- A ``-wal`` file left beside a cache file that was since replaced (copied or moved over) belongs to the
+  old file; applying it would overwrite the new file's pages, so it is moved aside
+  (``<name>-wal.stale-<timestamp>``) before opening (see ``_set_aside_stale_wal``).
+- Export and import (``cache_io``) treat an export file as input from another party: docs/cache.md is the
+  trust model.
 - A directory that cannot be created or written, a file that cannot be opened, or a write that fails later
   (disk full, read-only file system) makes the cache fall back to memory for the rest of the process:
   what the file held is copied in when it can still be read, and tuning goes on; results are simply not
@@ -37,7 +45,9 @@ would hide a repeat from the same line). Nothing happens at import: directories 
 is opened.
 
 >>> cache = Cache(None)                       # in memory; Cache.for_dir(d) for the real one
->>> cache.put_plan("k", problem={"n": 1}, env={"gpu": "X"}, family="aten", config=None, time_us=10.0,
+>>> from bagf_torch.problem import ConvProblem
+>>> problem = ConvProblem(n=1, c=3, h=32, w=32, k=8, r=3, s=3).as_dict()
+>>> cache.put_plan("k", problem=problem, env={"gpu": "X"}, family="aten", config=None, time_us=10.0,
 ...                aten_us=10.0, default_us=None, evaluations=3, tune_seconds=0.5)
 True
 >>> cache.get_plan("k")["family"]
@@ -47,7 +57,6 @@ True
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -61,12 +70,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+from .cache_schema import PLAN_FIELDS, PlanRecord, SchemaError, check_cubin_row, check_trial_row
+
 try:  # POSIX only; elsewhere opening is not serialised between processes (see _open_lock)
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-__all__ = ["Cache", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "default_cache_path", "owner_id"]
+__all__ = ["Cache", "CacheUnavailable", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "FOREIGN_DIGEST_PREFIX",
+           "default_cache_path", "owner_id"]
 
 logger = logging.getLogger("bagf_torch")
 
@@ -75,6 +87,15 @@ SCHEMA_VERSION = 1
 """Bump on any change to the tables below; a file of another version is moved aside, never migrated
 (a tuning cache is cheap to rebuild and a half-understood one is worse than none)."""
 EXPORT_FORMAT = "bagf_torch.cache"
+FOREIGN_DIGEST_PREFIX = "foreign:"
+"""Cubins imported with ``--trust-cubins`` are stored under this prefix + our digest. Our compiler writes
+only bare sha256 hex digests (``put_cubin`` refuses this prefix), so a foreign binary can never occupy the
+name of a kernel we compile; the compiler reads the prefixed name only when it has no cubin of its own."""
+
+
+class CacheUnavailable(RuntimeError):
+    """An operation whose whole point is the file (``clear``, ``import_``) could not change it: the cache is
+    in memory (``fallback_reason`` says why). Nothing pretends to have succeeded."""
 
 BUSY_TIMEOUT_MS = 30_000
 """How long a writer waits for another process's transaction. Writes here last milliseconds (a plan row, a
@@ -129,9 +150,7 @@ CREATE TABLE IF NOT EXISTS claims (
 )
 """
 
-_PLAN_COLUMNS = ("key", "problem", "env", "family", "config", "time_us", "aten_us", "default_us",
-                 "evaluations", "tune_seconds", "cubin_digests", "created")
-_JSON_PLAN_COLUMNS = ("problem", "env", "config", "cubin_digests")
+_PLAN_COLUMNS = PLAN_FIELDS
 
 
 def default_cache_path(cache_dir: str | os.PathLike) -> Path:
@@ -229,18 +248,35 @@ def _connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    def create(c: sqlite3.Connection) -> None:
         # Another process may have created it between our check and our write lock.
-        if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+        if c.execute("PRAGMA user_version").fetchone()[0] == 0:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+                    c.execute(statement)
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # _transaction, not a bare ROLLBACK: on a full disk SQLite has already rolled back, and "cannot rollback -
+    # no transaction is active" would replace the real reason ("database or disk is full") in the warning.
+    _transaction(conn, create)
+
+
+_TABLE_COLUMNS = {
+    "plans": _PLAN_COLUMNS,
+    "trials": ("id", "key", "family", "config", "status", "time_us", "detail", "created"),
+    "cubins": ("digest", "name", "lowered_name", "cubin", "sha256", "created"),
+}
+
+
+def _foreign_tables(conn: sqlite3.Connection) -> str | None:
+    """None when the file has our tables with our columns, else what is wrong: a file may carry our
+    user_version and still be someone else's (or a half-made one), and every query would then fail with
+    "no such table" in every process."""
+    for table, columns in _TABLE_COLUMNS.items():
+        found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+        if found != columns:
+            return f"table {table} {'is missing' if not found else f'has columns {list(found)}'}"
+    return None
 
 
 def _memory_connection() -> sqlite3.Connection:
@@ -288,6 +324,10 @@ def _open_file(path: Path) -> sqlite3.Connection:
         elif version != SCHEMA_VERSION:
             what = "not a bagf_torch cache" if version == 0 else f"schema version {version}"
             raise _Damaged(f"schema-v{version}", f"{what}, this bagf_torch uses version {SCHEMA_VERSION}")
+        else:
+            wrong = _foreign_tables(conn)
+            if wrong is not None:
+                raise _Damaged("not-bagf", f"schema version {version} but not a bagf_torch cache ({wrong})")
         conn.execute(_CLAIMS)
         return conn
     except BaseException:
@@ -298,13 +338,28 @@ def _open_file(path: Path) -> sqlite3.Connection:
 def _read_only_copy(path: Path) -> sqlite3.Connection | None:
     """An in-memory copy of a cache file we may read but not write (a warm cache baked into a read-only
     image), or None. ``immutable=1`` because a WAL file cannot be opened read-only without its -shm file,
-    which a read-only directory may lack; nobody can be writing it there anyway."""
+    which a read-only directory may lack; nobody can be writing it there anyway. But ``immutable=1`` also
+    ignores the WAL, and a warm cache whose last commits are still in its ``-wal`` (never checkpointed)
+    would come back empty or stale: then the file and its WAL are copied to a temporary directory and
+    that copy is opened normally, so SQLite applies the WAL to it."""
     if not path.is_file():
         return None
     source = None
+    scratch = None
     try:
-        source = _connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-        if source.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        wal = path.with_name(path.name + "-wal")
+        if wal.is_file() and wal.stat().st_size > 0:
+            import shutil
+            import tempfile
+
+            scratch = tempfile.TemporaryDirectory(prefix="bagf_cache_ro_")
+            copy = Path(scratch.name) / path.name
+            shutil.copyfile(path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+            source = _connect(str(copy))
+        else:
+            source = _connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+        if source.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION or _foreign_tables(source):
             return None
         if source.execute("PRAGMA quick_check").fetchone()[0] != "ok":
             return None
@@ -317,6 +372,8 @@ def _read_only_copy(path: Path) -> sqlite3.Connection | None:
     finally:
         if source is not None:
             source.close()
+        if scratch is not None:
+            scratch.cleanup()
 
 
 class Cache:
@@ -340,6 +397,7 @@ class Cache:
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._closed = False
+        self._reported: set[str] = set()  # keys of rows already reported as failing the schema
         self._conn: sqlite3.Connection | None = self._open()
 
     @classmethod
@@ -455,8 +513,8 @@ class Cache:
     # ---- plans --------------------------------------------------------------------------------
 
     def get_plan(self, key: str) -> dict | None:
-        """The stored winner for ``key``, or None. Keys are as in ``put_plan``; JSON fields come back as
-        dicts (``config`` None for family "aten")."""
+        """The stored winner for ``key``, or None (also when its row fails the schema: see ``_decode_plan``).
+        Keys are as in ``put_plan``; JSON fields come back as dicts (``config`` None for family "aten")."""
         row = self._read(lambda c: c.execute(f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans WHERE key = ?",
                                              (key,)).fetchone())
         return None if row is None else self._decode_plan(row)
@@ -469,30 +527,49 @@ class Cache:
         Several processes may tune the same problem at once: the first to call this wins, the others get
         False and should use ``get_plan(key)`` so that every process runs the same kernel. Family "aten"
         with ``config`` None means "use torch's own conv". ``cubin_digests`` names the cubins the plan
-        launches, so ``export`` can carry them to another machine.
+        launches, so ``export`` can carry them to another machine. The plan is checked against the same
+        schema reads use (``cache_schema.PlanRecord``; ValueError says which field fails), so nothing is
+        written that would be skipped when read back. A row already there that fails the schema does not
+        count as a winner: it is replaced (else its key could never be stored again).
         """
-        row = _plan_row(key, problem=problem, env=env, family=family, config=config, time_us=time_us,
-                        aten_us=aten_us, default_us=default_us, evaluations=evaluations,
-                        tune_seconds=tune_seconds, cubin_digests=cubin_digests, created=time.time())
-        return self._write(lambda c: _insert_plan(c, row))
+        record = _plan_record(key, problem=problem, env=env, family=family, config=config, time_us=time_us,
+                              aten_us=aten_us, default_us=default_us, evaluations=evaluations,
+                              tune_seconds=tune_seconds, cubin_digests=cubin_digests, created=time.time())
+        row = record.row()
+
+        def put(c: sqlite3.Connection) -> bool:
+            if _insert_plan(c, row):
+                return True
+            existing = c.execute(f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans WHERE key = ?", (key,)).fetchone()
+            try:
+                PlanRecord.from_row(existing)
+                return False
+            except SchemaError:
+                c.execute(f"INSERT OR REPLACE INTO plans ({', '.join(_PLAN_COLUMNS)}) "
+                          f"VALUES ({', '.join('?' * len(_PLAN_COLUMNS))})", row)
+                return True
+
+        return self._write(put)
 
     def plans(self) -> list[dict]:
-        """Every plan, oldest first (for listing and reports)."""
+        """Every plan that passes the schema, oldest first (for listing, reports, warm starts, export)."""
         rows = self._read(lambda c: c.execute(
             f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans ORDER BY created, key").fetchall())
         return [plan for plan in map(self._decode_plan, rows) if plan is not None]
 
     def _decode_plan(self, row: Sequence) -> dict | None:
-        """The plan in ``row``, or None after dropping it (with a warning) if its JSON is damaged: kept, it
-        would block every later put_plan for its key (first writer wins) and the problem would be tuned
-        in every process without ever being stored."""
+        """The plan in ``row``, or None when it fails the schema (damaged JSON, wrong types, a knob outside
+        its family's space, a stride of 0...). It is skipped, not deleted: it may be another program's
+        business, and ``put_plan`` replaces it when its key is tuned again. One warning per key and Cache,
+        naming the field (``plans()`` runs for every new problem's warm start)."""
         try:
-            return _plan_from_row(row)
-        except ValueError as e:
-            key = row[0]
-            self._write(lambda c: c.execute("DELETE FROM plans WHERE key = ?", (key,)))
-            logger.warning("bagf_torch cache %s: plan %s is damaged (%s); dropped it, it will be tuned again",
-                           self.path or "in memory", key, e)
+            return PlanRecord.from_row(row).as_dict()
+        except SchemaError as e:
+            key = str(row[0])[:64] if row else "?"
+            if key not in self._reported:
+                self._reported.add(key)
+                logger.warning("bagf_torch cache %s: plan %s is damaged or malformed (%s); skipped, it will be "
+                               "tuned again", self.path or "in memory", key, e)
             return None
 
     # ---- trials -------------------------------------------------------------------------------
@@ -511,17 +588,16 @@ class Cache:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)", rows))
 
     def trials(self, key: str) -> list[dict]:
-        """Every trial stored for ``key``, in the order stored."""
+        """Every trial stored for ``key`` that passes the schema, in the order stored."""
         rows = self._read(lambda c: c.execute(
             "SELECT family, config, status, time_us, detail, created FROM trials WHERE key = ? ORDER BY id",
             (key,)).fetchall())
         out = []
-        for f, cfg, s, t, d, ts in rows:
+        for row in rows:
             try:
-                config = None if cfg is None else json.loads(cfg)
-            except ValueError:
+                out.append(check_trial_row(row))
+            except SchemaError:
                 continue  # a damaged trial is only history: leave it out, no need to repair
-            out.append({"family": f, "config": config, "status": s, "time_us": t, "detail": d, "created": ts})
         return out
 
     # ---- cubins -------------------------------------------------------------------------------
@@ -530,26 +606,44 @@ class Cache:
         """``(cubin, lowered_name)`` stored under ``digest``, or None.
 
         The bytes are checked against the sha256 stored with them: a damaged cubin handed to
-        ``cuModuleLoadData`` could run garbage on the GPU, so one that fails the check is dropped (with a
-        warning) and reported absent, and the caller compiles it again.
+        ``cuModuleLoadData`` could run garbage on the GPU, so one that fails the check (or whose row has the
+        wrong types) is dropped (with a warning) and reported absent, and the caller compiles it again.
         """
-        row = self._read(lambda c: c.execute("SELECT cubin, lowered_name, sha256 FROM cubins WHERE digest = ?",
-                                             (digest,)).fetchone())
+        row = self._cubin_row(digest)
+        return None if row is None else (row[2], row[1])
+
+    def _cubin_row(self, digest: str) -> tuple[str, str, bytes] | None:
+        """``(name, lowered_name, cubin)`` under ``digest`` when it passes its checks, else None."""
+        row = self._read(lambda c: c.execute("SELECT name, cubin, lowered_name, sha256 FROM cubins "
+                                             "WHERE digest = ?", (digest,)).fetchone())
         if row is None:
             return None
-        cubin, lowered_name, sha = bytes(row[0]), row[1], row[2]
-        if hashlib.sha256(cubin).hexdigest() != sha:
+        try:
+            cubin, lowered_name, sha = check_cubin_row(row[1], row[2], row[3])
+            if hashlib.sha256(cubin).hexdigest() != sha:
+                raise SchemaError("sha256", "mismatch")
+            if not isinstance(row[0], str):
+                raise SchemaError("name", "must be text")
+        except SchemaError as e:
             self._write(lambda c: c.execute("DELETE FROM cubins WHERE digest = ?", (digest,)))
-            logger.warning("bagf_torch cache %s: cubin %s is damaged (sha256 mismatch); dropped it, it will "
-                           "be compiled again", self.path or "in memory", digest)
+            logger.warning("bagf_torch cache %s: cubin %s is damaged (%s); dropped it, it will be compiled "
+                           "again", self.path or "in memory", digest, "sha256 mismatch"
+                           if e.field == "sha256" else e)
             return None
-        return cubin, lowered_name
+        return row[0], lowered_name, cubin
 
     def put_cubin(self, digest: str, name: str, lowered_name: str, cubin: bytes) -> None:
         """Store a compiled kernel under its content ``digest``; storing the same digest again is a no-op
-        (same digest, same content)."""
+        (same digest, same content). Digests starting with ``FOREIGN_DIGEST_PREFIX`` are refused: that
+        namespace is only written by ``import_(..., trust_cubins=True)``."""
         if not isinstance(cubin, (bytes, bytearray, memoryview)):
             raise TypeError(f"cubin must be bytes, got {type(cubin).__name__}")
+        if not isinstance(digest, str) or not digest or digest.startswith(FOREIGN_DIGEST_PREFIX):
+            raise ValueError(f"cubin digest {digest!r} is not a digest our compiler makes (names starting "
+                             f"with {FOREIGN_DIGEST_PREFIX!r} are reserved for imported cubins)")
+        if not isinstance(name, str):
+            raise TypeError(f"cubin name must be a string, got {type(name).__name__}")
+        check_cubin_row(bytes(cubin), lowered_name, "0" * 64)
         row = (digest, name, lowered_name, bytes(cubin))
         self._write(lambda c: _insert_cubins(c, [row]))
 
@@ -598,107 +692,66 @@ class Cache:
     # ---- moving results between machines ------------------------------------------------------
 
     def export(self, path: str | os.PathLike) -> int:
-        """Write every plan and the cubins they name to a JSON file (cubins base64); returns the number of
-        plans. The file is written whole or not at all (temp file, then rename)."""
-        def collect(c: sqlite3.Connection) -> tuple[list, list]:
-            plans = c.execute(f"SELECT {', '.join(_PLAN_COLUMNS)} FROM plans ORDER BY created, key").fetchall()
-            wanted = sorted({d for row in plans for d in json.loads(row[_PLAN_COLUMNS.index("cubin_digests")])})
-            cubins = []
-            for digest in wanted:
-                row = c.execute("SELECT digest, name, lowered_name, cubin, sha256 FROM cubins WHERE digest = ?",
-                                (digest,)).fetchone()
-                if row is not None and hashlib.sha256(row[3]).hexdigest() == row[4]:
-                    cubins.append(row)  # a damaged one is left out; plans naming it are skipped on import
-            return plans, cubins
+        """Write every plan that passes the schema and the cubins they name to a JSON file (cubins base64);
+        returns the number of plans. The file is written whole or not at all (a unique temp file, then a
+        rename; a symlink is written through, a special file written directly): ``cache_io.export_cache``."""
+        from .cache_io import export_cache
 
-        plans, cubins = self._read(collect)
-        document = {
-            "format": EXPORT_FORMAT,
-            "schema": SCHEMA_VERSION,
-            "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "plans": [_plan_from_row(row) for row in plans],
-            "cubins": [{"digest": d, "name": n, "lowered_name": ln, "sha256": sha,
-                        "cubin": base64.b64encode(b).decode("ascii")} for d, n, ln, b, sha in cubins],
-        }
-        target = Path(path).expanduser()
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(document, sort_keys=True, indent=1), encoding="utf-8")
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return len(plans)
+        return export_cache(self, path)
 
-    def import_(self, path: str | os.PathLike, env: dict) -> tuple[int, list[str]]:
+    def import_(self, path: "str | os.PathLike | Any", env: dict, *, compiler: Any = None,
+                trust_cubins: bool = False) -> tuple[int, list[str]]:
         """Import the plans of an ``export`` file that were tuned on a machine like this one.
 
-        A plan is imported only if its ``env`` equals ``env`` (this machine's: GPU, versions, kernel source
+        The file is input from another machine, maybe another party (docs/cache.md): every entry is checked
+        against the row schema and the family's space, its key is recomputed from its problem and env (a
+        mismatch is refused) and its cubin digest from its family and configuration with our sources. A
+        plan is imported only if its ``env`` equals ``env`` (this machine's: GPU, versions, kernel source
         hash...), since a plan tuned elsewhere may be slow or invalid here. Plans already in this cache are
-        kept. Returns ``(imported, skipped)``, ``skipped`` holding one line per plan left out saying why,
-        e.g. ``"3f2a9c01d4e5b6a7 (implicit_gemm): gpu 'NVIDIA A100' != 'NVIDIA H200'"``.
+        kept.
+
+        Cubins: by default none of the file's bytes are stored; ``compiler`` (``cache_io.local_compiler``
+        on a GPU machine) rebuilds each winner here with NVRTC from our own kernel sources, and a plan
+        whose kernel does not build is skipped. Without a compiler the plans are stored alone and the
+        runtime compiles each kernel on first use. ``trust_cubins=True`` takes the file's cubins as they
+        are, stored under ``FOREIGN_DIGEST_PREFIX`` + our digest (never under a name our compiler
+        writes); plans whose cubin the file lacks are rebuilt as by default.
+
+        Returns ``(imported, skipped)``, ``skipped`` holding one line per plan left out saying why, e.g.
+        ``"3f2a9c01d4e5b6a7 (implicit_gemm): gpu 'NVIDIA A100' != 'NVIDIA H200'"``. ValueError when the
+        file is not an export at all; CacheUnavailable when the file cannot be written (nothing imported).
         """
-        source = Path(path).expanduser()
-        try:
-            document = json.loads(source.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot import {source}: {e}") from e
-        if not isinstance(document, dict) or document.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"cannot import {source}: not a bagf_torch cache export "
-                             f"(expected \"format\": {EXPORT_FORMAT!r})")
-        if document.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"cannot import {source}: export of schema version {document.get('schema')!r}, "
-                             f"this bagf_torch reads version {SCHEMA_VERSION}; export it again with this "
-                             f"version")
-        here = _normalise(env)
-        cubins: dict[str, tuple] = {}
-        for entry in document.get("cubins") or []:
-            try:
-                blob = base64.b64decode(entry["cubin"], validate=True)
-                if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-                    continue  # damaged in the file: a plan that names it reports it missing below
-                cubins[entry["digest"]] = (entry["digest"], entry["name"], entry["lowered_name"], blob)
-            except (KeyError, TypeError, ValueError):
-                continue
-        skipped: list[str] = []
-        accepted: list[tuple[tuple, list[tuple]]] = []
-        for n, entry in enumerate(document.get("plans") or []):
-            label = f"entry {n}"
-            try:
-                label = f"{str(entry['key'])[:16]} ({entry['family']})"
-                row = _plan_row(str(entry["key"]), **{k: entry[k] for k in _PLAN_COLUMNS[1:-1]},
-                                created=float(entry.get("created") or time.time()))
-            except (KeyError, TypeError, ValueError) as e:
-                skipped.append(f"{label}: malformed entry ({_describe(e)})")
-                continue
-            why = _env_difference(_normalise(entry["env"]), here)
-            if why:
-                skipped.append(f"{label}: {why}")
-                continue
-            digests = entry["cubin_digests"]
-            missing = [d for d in digests if d not in cubins]
-            if missing:
-                skipped.append(f"{label}: cubin {missing[0]} is not in the file (or fails its sha256)")
-                continue
-            accepted.append((row, [cubins[d] for d in digests]))
+        from .cache_io import import_into
 
-        def store(c: sqlite3.Connection) -> list[bool]:
-            written = []
-            for row, plan_cubins in accepted:
-                _insert_cubins(c, plan_cubins)
-                written.append(_insert_plan(c, row))
-            return written
-
-        written = self._write(store) if accepted else []
-        for (row, _), ok in zip(accepted, written):
-            if not ok:
-                skipped.append(f"{row[0][:16]} ({row[3]}): this cache already has a plan for it (kept)")
-        return sum(written), skipped
+        return import_into(self, path, env, compiler=compiler, trust_cubins=trust_cubins)
 
     # ---- housekeeping -------------------------------------------------------------------------
 
-    def clear(self) -> None:
-        """Delete every plan, trial and cubin (the file stays, empty)."""
-        self._write(lambda c: [c.execute(f"DELETE FROM {table}") for table in ("plans", "trials", "cubins")])
+    def clear(self) -> int:
+        """Delete every plan, trial and cubin (the file stays, empty); returns how many plans it held.
+        CacheUnavailable when the file could not be changed (read-only, disk full...): a cleared copy in
+        memory would report success with the file untouched."""
+        def wipe(c: sqlite3.Connection) -> int:
+            n = c.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
+            for table in ("plans", "trials", "cubins"):
+                c.execute(f"DELETE FROM {table}")
+            return n
+
+        return self._write_to_file("clear", wipe)
+
+    def _write_to_file(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``_write`` for operations that only mean something on the file: CacheUnavailable, instead of a
+        silent success in memory, when the cache already is or falls back to memory during the write (an
+        in-memory cache by request, ``Cache(None)``, is written as usual)."""
+        with self._locked():
+            if self.path is not None and self.in_memory:
+                raise CacheUnavailable(f"cannot {what} {self.path}: {self.fallback_reason}; the file was not "
+                                       f"changed (fix the directory's permissions or free space, then retry)")
+            result = self._write(fn)
+            if self.path is not None and self.in_memory:
+                raise CacheUnavailable(f"cannot {what} {self.path}: {self.fallback_reason}; the file was not "
+                                       f"changed (fix the directory's permissions or free space, then retry)")
+            return result
 
     def close(self) -> None:
         """Close the connection (idempotent). The cache cannot be used afterwards."""
@@ -747,36 +800,11 @@ def _number(name: str, value: Any, *, optional: bool = False, infinite: bool = F
     return value
 
 
-def _plan_row(key: str, *, problem: dict, env: dict, family: str, config: dict | None, time_us: float,
-              aten_us: float | None, default_us: float | None, evaluations: int, tune_seconds: float,
-              cubin_digests: Sequence[str], created: float) -> tuple:
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"plan key must be a non-empty string, got {key!r}")
-    if not isinstance(family, str) or not family:
-        raise ValueError(f"plan family must be a non-empty string, got {family!r}")
-    if not isinstance(problem, dict) or not isinstance(env, dict):
-        raise TypeError("plan problem and env must be dicts")
-    if config is None and family != "aten":
-        raise ValueError(f"plan for family {family!r} has no config: only family 'aten' (torch's own conv) "
-                         f"may have config None")
-    if config is not None and not isinstance(config, dict):
-        raise TypeError(f"plan config must be a dict or None, got {type(config).__name__}")
-    if isinstance(cubin_digests, str) or not all(isinstance(d, str) for d in cubin_digests):
-        raise TypeError(f"cubin_digests must be a sequence of digest strings, got {cubin_digests!r}")
-    if isinstance(evaluations, bool) or int(evaluations) != evaluations or evaluations < 0:
-        raise ValueError(f"evaluations must be a count >= 0, got {evaluations!r}")
-    return (key, _dumps(problem), _dumps(env), family, None if config is None else _dumps(config),
-            _number("time_us", time_us), _number("aten_us", aten_us, optional=True),
-            _number("default_us", default_us, optional=True), int(evaluations),
-            _number("tune_seconds", tune_seconds), _dumps(list(cubin_digests)), created)
-
-
-def _plan_from_row(row: Sequence) -> dict:
-    plan = dict(zip(_PLAN_COLUMNS, row))
-    for column in _JSON_PLAN_COLUMNS:
-        if plan[column] is not None:
-            plan[column] = json.loads(plan[column])
-    return plan
+def _plan_record(key: str, **fields: Any) -> PlanRecord:
+    """``put_plan``'s arguments as a checked record. They are first put through the JSON the row will hold
+    (numpy scalars become Python numbers, tuples lists; an object JSON cannot hold is a TypeError), so the
+    check sees exactly what a later read will."""
+    return PlanRecord.from_mapping({"key": key, **_normalise(fields)})
 
 
 def _trial_row(key: str, index: int, trial: dict, now: float) -> tuple:

@@ -12,9 +12,10 @@ matplotlib is an optional extra (``pip install bagf_torch[plot]``); the tables n
 
 from __future__ import annotations
 
+import logging
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .kernels import FAMILIES
 from .problem import ConvProblem
@@ -136,19 +137,40 @@ class LayerPoint:
     plan_flops: float
 
 
+def _checked(plans: Sequence[dict]) -> Iterator[tuple[dict, ConvProblem]]:
+    """The plans that pass the cache's row schema, each with its problem. ``Cache.plans()`` already skips
+    rows that fail it; plans handed in from elsewhere (a JSON report, a hand-made list) get the same check
+    here, so one bad row is one log line, not a crashed report."""
+    from .cache_schema import PlanRecord, SchemaError
+
+    for n, plan in enumerate(plans):
+        try:
+            entry = dict(plan)
+            entry.setdefault("created", 0.0)
+            entry.setdefault("key", f"row {n}")
+            record = PlanRecord.from_mapping(entry)
+        except (SchemaError, TypeError, ValueError) as e:
+            key = plan.get("key") if isinstance(plan, dict) else None
+            logging.getLogger("bagf_torch").warning("report: plan %s skipped (%s)", str(key or f"row {n}")[:64], e)
+            continue
+        yield record.as_dict(), ConvProblem.from_dict(record.problem)
+
+
 def plan_name(plan: dict) -> str:
     fam = FAMILIES.get(plan["family"])
-    return "aten (cuDNN)" if plan["config"] is None or fam is None else fam.name(plan["config"])
+    if plan["config"] is None or fam is None:
+        return "aten (cuDNN)"
+    from .kernels import complete_config
+
+    return fam.name(complete_config(plan["family"], plan["config"]))  # an older plan may lack newer knobs
 
 
 def points_from_plans(plans: Sequence[dict]) -> list[LayerPoint]:
     """One point per cached plan (cache rows: problem, family, config, time_us, aten_us)."""
     points = []
-    for plan in plans:
-        try:
-            p = ConvProblem.from_dict(plan["problem"])
-        except (TypeError, KeyError, ValueError):
-            continue
+    for plan, p in _checked(plans):
+        if not plan["time_us"]:
+            continue  # a zero time has no FLOP/s to plot
         aten = plan.get("aten_us")
         points.append(LayerPoint(problem=p, label=f"N{p.n} C{p.c}->K{p.k} {p.r}x{p.s}", plan=plan_name(plan),
                                  intensity=p.flops / compulsory_bytes(p),
@@ -162,16 +184,12 @@ def plans_table(plans: Sequence[dict]) -> str:
     head = (f"{'gpu':<18} {'problem':<44} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'TFLOP/s':>8} "
             f"{'FLOP/B':>7} {'trials':>6} {'tune s':>7}  plan")
     lines = [head, "-" * len(head)]
-    for plan in sorted(plans, key=lambda r: (str(r["env"].get("gpu")), r["problem"].get("n", 0), r["created"])):
-        try:
-            p = ConvProblem.from_dict(plan["problem"])
-        except (TypeError, KeyError, ValueError):
-            continue
-        aten = plan.get("aten_us")
-        speed = f"{aten / plan['time_us']:.2f}x" if aten else "-"
+    for plan, p in sorted(_checked(plans), key=lambda r: (str(r[0]["env"].get("gpu")), r[1].n, r[0]["created"])):
+        aten, t = plan.get("aten_us"), plan["time_us"]
+        speed = f"{aten / t:.2f}x" if aten and t else "-"
         lines.append(f"{str(plan['env'].get('gpu', '?'))[:18]:<18} {p.short():<44} "
-                     f"{aten if aten else float('nan'):9.1f} {plan['time_us']:9.1f} {speed:>8} "
-                     f"{p.flops / plan['time_us'] / 1e6:8.2f} {p.flops / compulsory_bytes(p):7.1f} "
+                     f"{aten if aten else float('nan'):9.1f} {t:9.1f} {speed:>8} "
+                     f"{p.flops / t / 1e6 if t else float('nan'):8.2f} {p.flops / compulsory_bytes(p):7.1f} "
                      f"{plan['evaluations']:6d} {plan['tune_seconds']:7.1f}  {plan_name(plan)}")
     return "\n".join(lines)
 

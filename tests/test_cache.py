@@ -22,11 +22,15 @@ from bagf_torch import cache as cache_mod
 from bagf_torch.cache import CACHE_FILENAME, SCHEMA_VERSION, Cache, default_cache_path
 
 ENV = {"gpu": "NVIDIA H200", "cc": "9.0", "cuda": "13.0", "torch": "2.11", "bagf": "0.1", "src": "abc"}
-PROBLEM = {"n": 1, "c": 3, "h": 224, "w": 224, "k": 64, "r": 11, "s": 11, "stride": 4, "dtype": "float32"}
+# A problem as ConvProblem.as_dict() writes it, and implicit_gemm's default configuration: every row is checked
+# against the cache schema (cache_schema), so the fixtures are real ones.
+PROBLEM = {"n": 1, "c": 3, "h": 224, "w": 224, "k": 64, "r": 11, "s": 11, "stride": [4, 4], "padding": [2, 2],
+           "dilation": [1, 1], "groups": 1, "bias": True, "dtype": "float32", "layout": "nchw", "tf32": False}
+IG = {"BM": 64, "BN": 64, "BK": 8, "TM": 4, "TN": 4, "DB": 1, "VEC": 4}
 
 
 def plan_kwargs(**overrides):
-    kwargs = dict(problem=PROBLEM, env=ENV, family="implicit_gemm", config={"bm": 64, "bn": 64, "bk": 8},
+    kwargs = dict(problem=PROBLEM, env=ENV, family="implicit_gemm", config=dict(IG),
                   time_us=12.5, aten_us=20.0, default_us=30.0, evaluations=40, tune_seconds=3.5)
     kwargs.update(overrides)
     return kwargs
@@ -74,7 +78,7 @@ def test_round_trip_survives_reopening(cache_dir, warnings_log):
     with Cache(path) as cache:
         plan = cache.get_plan("k1")
         assert plan["problem"] == PROBLEM and plan["env"] == ENV
-        assert plan["family"] == "implicit_gemm" and plan["config"] == {"bm": 64, "bn": 64, "bk": 8}
+        assert plan["family"] == "implicit_gemm" and plan["config"] == IG
         assert (plan["time_us"], plan["aten_us"], plan["default_us"]) == (12.5, 20.0, 30.0)
         assert (plan["evaluations"], plan["tune_seconds"], plan["cubin_digests"]) == (40, 3.5, ["d1"])
         aten = cache.get_plan("k2")
@@ -97,9 +101,9 @@ def test_round_trip_survives_reopening(cache_dir, warnings_log):
 
 def test_json_is_canonical_so_equal_dicts_match(cache_dir):
     with Cache.for_dir(cache_dir) as cache:
-        cache.put_plan("k", **plan_kwargs(config={"b": 2, "a": 1}))
+        cache.put_plan("k", **plan_kwargs(config=dict(reversed(IG.items()))))
         raw = sqlite3.connect(cache_dir / CACHE_FILENAME).execute("SELECT config FROM plans").fetchone()[0]
-        assert raw == '{"a":1,"b":2}'
+        assert raw == '{"BK":8,"BM":64,"BN":64,"DB":1,"TM":4,"TN":4,"VEC":4}'
 
 
 def test_in_memory_cache_touches_no_file(cache_dir):
@@ -107,7 +111,7 @@ def test_in_memory_cache_touches_no_file(cache_dir):
         assert cache.in_memory and cache.path is None and cache.fallback_reason is None
         assert cache.put_plan("k", **plan_kwargs())
         cache.add_trials("k", [trial(0)])
-        assert cache.get_plan("k")["config"]["bm"] == 64 and len(cache.trials("k")) == 1
+        assert cache.get_plan("k")["config"]["BM"] == 64 and len(cache.trials("k")) == 1
     assert list(cache_dir.iterdir()) == []
 
 
@@ -128,8 +132,12 @@ def test_bad_arguments_are_refused_with_the_reason(cache_dir):
     with Cache(None) as cache:
         with pytest.raises(ValueError, match="only family 'aten'"):
             cache.put_plan("k", **plan_kwargs(config=None))
-        with pytest.raises(ValueError, match="time_us must be finite"):
+        with pytest.raises(ValueError, match="time_us: must be finite"):
             cache.put_plan("k", **plan_kwargs(time_us=float("nan")))
+        with pytest.raises(ValueError, match="config.BM: 7 is not one of implicit_gemm's"):
+            cache.put_plan("k", **plan_kwargs(config=dict(IG, BM=7)))
+        with pytest.raises(ValueError, match="problem.stride: must be in"):
+            cache.put_plan("k", **plan_kwargs(problem=dict(PROBLEM, stride=[0, 0])))
         with pytest.raises(ValueError, match="lacks 'status'"):
             cache.add_trials("k", [{"family": "x", "config": None}])
         with pytest.raises(TypeError, match="cannot store"):
@@ -143,10 +151,10 @@ def test_bad_arguments_are_refused_with_the_reason(cache_dir):
 def test_put_plan_first_writer_wins(cache_dir):
     path = default_cache_path(cache_dir)
     with Cache(path) as first, Cache(path) as second:
-        assert first.put_plan("k", **plan_kwargs(config={"who": 1}))
-        assert not second.put_plan("k", **plan_kwargs(config={"who": 2}, time_us=1.0))
+        assert first.put_plan("k", **plan_kwargs(evaluations=1))
+        assert not second.put_plan("k", **plan_kwargs(evaluations=2, time_us=1.0))
         assert not first.put_plan("k", **plan_kwargs(family="aten", config=None))
-        assert second.get_plan("k")["config"] == {"who": 1}
+        assert second.get_plan("k")["evaluations"] == 1
         assert len(first.plans()) == 1
 
 
@@ -159,7 +167,7 @@ def test_threads_share_one_cache(cache_dir):
         try:
             for k in range(10):
                 cache.add_trials(f"k{k}", [trial(t * 100 + i) for i in range(5)])
-                if cache.put_plan(f"k{k}", **plan_kwargs(config={"thread": t})):
+                if cache.put_plan(f"k{k}", **plan_kwargs(evaluations=t)):
                     wins.append(k)
                 assert cache.get_plan(f"k{k}") is not None
         except BaseException as e:  # pragma: no cover - reported below
@@ -194,9 +202,9 @@ ENV = {ENV!r}
 PROBLEM = {PROBLEM!r}
 def trial(i):
     return {{"family": "implicit_gemm", "config": {{"i": i}}, "status": "ok", "time_us": 1.0, "detail": ""}}
-def plan_kwargs(config):
-    return dict(problem=PROBLEM, env=ENV, family="implicit_gemm", config=config, time_us=12.5, aten_us=20.0,
-                default_us=30.0, evaluations=40, tune_seconds=3.5)
+def plan_kwargs(who):  # family "aten": checking a family's configuration would import the kernels (torch)
+    return dict(problem=PROBLEM, env=ENV, family="aten", config=None, time_us=12.5, aten_us=20.0,
+                default_us=30.0, evaluations=who, tune_seconds=3.5)
 """
 
 
@@ -219,7 +227,7 @@ with Cache(path) as cache:
         for i in range({TRIALS_PER_KEY}):
             cache.add_trials(f"k{{k}}", [trial(worker * 1000 + i)])
         cache.put_cubin(f"shared{{k}}", "n", "ln", b"same for everyone")
-        if cache.put_plan(f"k{{k}}", **plan_kwargs({{"worker": worker}})):
+        if cache.put_plan(f"k{{k}}", **plan_kwargs(worker)):
             won.append(f"k{{k}}")
         assert cache.get_plan(f"k{{k}}") is not None
 results.put((worker, won))
@@ -250,7 +258,7 @@ def test_processes_write_concurrently(cache_dir, workers, warnings_log):
             assert sorted(t["config"]["i"] for t in stored) == sorted(
                 w * 1000 + i for w in range(workers) for i in range(TRIALS_PER_KEY))
             winner = next(w for w, keys in won.items() if f"k{k}" in keys)
-            assert cache.get_plan(f"k{k}")["config"] == {"worker": winner}
+            assert cache.get_plan(f"k{k}")["evaluations"] == winner
             assert cache.get_cubin(f"shared{k}") == (b"same for everyone", "ln")
     assert warnings_log == []
 
@@ -261,7 +269,7 @@ with Cache(path) as cache:
     i = 0
     while True:
         cache.add_trials("k", [trial(i), trial(i + 1)])
-        cache.put_plan(f"k{i}", **plan_kwargs({"i": i}))
+        cache.put_plan(f"k{i}", **plan_kwargs(i))
         cache.put_cubin(f"d{i}", "n", "ln", os.urandom(4096))
         i += 2
         committed.value = i  # after the transactions returned: these rows are on disk
@@ -298,12 +306,12 @@ c = Cache(path)
 c.get_plan("parent")
 pid = os.fork()
 if pid == 0:
-    ok = c.get_plan("parent") is not None and c.put_plan("child", **plan_kwargs({}))
+    ok = c.get_plan("parent") is not None and c.put_plan("child", **plan_kwargs(0))
     os._exit(0 if ok else 1)
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
 assert c.get_plan("child") is not None
-c.put_plan("parent2", **plan_kwargs({}))
+c.put_plan("parent2", **plan_kwargs(0))
 c.close()
 """
 
@@ -550,36 +558,47 @@ def test_failed_write_falls_back_to_memory_and_keeps_going(cache_dir, warnings_l
 # ---- export / import -------------------------------------------------------------------------------
 
 
+def _key(problem=PROBLEM, env=ENV):
+    """The key the runtime stores a plan under (import recomputes it and refuses any other)."""
+    from bagf_torch.problem import ConvProblem, fingerprint
+
+    return fingerprint(ConvProblem.from_dict(problem), env)
+
+
 def test_export_import_round_trip_with_skips_explained(cache_dir, tmp_path):
     a100 = dict(ENV, gpu="NVIDIA A100", cc="8.0")
+    other = dict(PROBLEM, n=8)
+    here, here_aten, already, elsewhere = _key(), _key(dict(PROBLEM, n=2)), _key(other), _key(env=a100)
     with Cache(cache_dir / "a.sqlite") as source:
         source.put_cubin("d1", "implicit_gemm_bm64", "_Z1", b"\x00\x01\xff" * 100)
         source.put_cubin("unused", "x", "_Zx", b"not exported")
-        source.put_plan("here", **plan_kwargs(cubin_digests=["d1"]))
-        source.put_plan("here-aten", **plan_kwargs(family="aten", config=None))
-        source.put_plan("elsewhere", **plan_kwargs(env=a100))
-        source.put_plan("already", **plan_kwargs(config={"from": "file"}))
-        source.add_trials("here", [trial(0)])
+        source.put_plan(here, **plan_kwargs(cubin_digests=["d1"]))
+        source.put_plan(here_aten, **plan_kwargs(problem=dict(PROBLEM, n=2), family="aten", config=None))
+        source.put_plan(elsewhere, **plan_kwargs(env=a100))
+        source.put_plan(already, **plan_kwargs(problem=other, evaluations=1))
+        source.add_trials(here, [trial(0)])
         assert source.export(tmp_path / "export.json") == 4
 
     document = json.loads((tmp_path / "export.json").read_text())
     assert [c["digest"] for c in document["cubins"]] == ["d1"]
 
     with Cache(cache_dir / "b.sqlite") as target:
-        target.put_plan("already", **plan_kwargs(config={"from": "target"}))
+        target.put_plan(already, **plan_kwargs(problem=other, evaluations=2))
         imported, skipped = target.import_(tmp_path / "export.json", env=dict(ENV))
         assert imported == 2
-        with Cache(cache_dir / "a.sqlite") as source:  # imported plans are the exported ones, field for field
-            assert target.get_plan("here") == source.get_plan("here")
-        assert target.trials("here") == []  # trials stay on the machine that tuned
-        assert target.get_plan("here-aten")["family"] == "aten"
-        assert target.get_cubin("d1") == (b"\x00\x01\xff" * 100, "_Z1")
-        assert target.get_cubin("unused") is None
-        assert target.get_plan("elsewhere") is None
-        assert target.get_plan("already")["config"] == {"from": "target"}
+        with Cache(cache_dir / "a.sqlite") as source:  # the plan is the exported one, field for field...
+            want = source.get_plan(here)
+        got = target.get_plan(here)
+        # ...except the cubin digests, which are recomputed here (this ENV names no kernel sources: none)
+        assert got["cubin_digests"] == [] and dict(got, cubin_digests=["d1"]) == want
+        assert target.trials(here) == []  # trials stay on the machine that tuned
+        assert target.get_plan(here_aten)["family"] == "aten"
+        assert target.get_cubin("d1") is None and target.get_cubin("unused") is None  # no foreign bytes stored
+        assert target.get_plan(elsewhere) is None
+        assert target.get_plan(already)["evaluations"] == 2
         assert sorted(skipped) == sorted([
-            "elsewhere (implicit_gemm): cc '8.0' != '9.0'; gpu 'NVIDIA A100' != 'NVIDIA H200'",
-            "already (implicit_gemm): this cache already has a plan for it (kept)",
+            f"{elsewhere[:16]} (implicit_gemm): cc '8.0' != '9.0'; gpu 'NVIDIA A100' != 'NVIDIA H200'",
+            f"{already[:16]} (implicit_gemm): this cache already has a plan for it (kept)",
         ])
         again = target.import_(tmp_path / "export.json", env=ENV)
         assert again[0] == 0 and len(again[1]) == 4
@@ -593,22 +612,41 @@ def test_import_refuses_what_is_not_an_export(cache_dir, tmp_path):
         (tmp_path / "y.json").write_text('{"plans": []}')
         with pytest.raises(ValueError, match="not a bagf_torch cache export"):
             cache.import_(tmp_path / "y.json", env=ENV)
+        for bad in ('"plans": {"a": 1}', '"plans": "abc"', '"cubins": 7'):
+            (tmp_path / "z.json").write_text(f'{{"format": "bagf_torch.cache", "schema": {SCHEMA_VERSION}, {bad}}}')
+            with pytest.raises(ValueError, match="must be a list"):
+                cache.import_(tmp_path / "z.json", env=ENV)
+        (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(ValueError, match="nested too deeply"):
+            cache.import_(tmp_path / "deep.json", env=ENV)
 
 
-def test_import_explains_malformed_entries_and_missing_cubins(cache_dir, tmp_path):
+def test_import_explains_malformed_entries(cache_dir, tmp_path):
     with Cache(None) as source:
-        source.put_plan("k", **plan_kwargs(cubin_digests=["gone"]))
-        source.put_cubin("d", "n", "ln", b"cubin bytes")
-        source.put_plan("tampered", **plan_kwargs(cubin_digests=["d"]))
+        source.put_plan(_key(), **plan_kwargs())
         source.export(tmp_path / "e.json")
     document = json.loads((tmp_path / "e.json").read_text())
-    document["plans"].append({"key": "broken", "family": "implicit_gemm"})
-    document["cubins"][0]["cubin"] = base64.b64encode(b"cubin bytez").decode()
+    good = document["plans"][0]
+    document["plans"] += [
+        {"key": "broken", "family": "implicit_gemm"},                                   # fields missing
+        dict(good, evaluations=1e30),                                                   # out of range
+        dict(good, created=float("nan")),                                               # NaN timestamp
+        dict(good, problem=dict(PROBLEM, stride=[0, 0])),                               # stride 0
+        dict(good, config=dict(IG, BM="64")),                                           # text knob
+        dict(good, key="f" * 64),                                                       # key of nothing
+        good,                                                                           # the same key again
+        [1, 2, 3],                                                                      # not an object
+    ]
     (tmp_path / "e.json").write_text(json.dumps(document))
     with Cache(None) as target:
         imported, skipped = target.import_(tmp_path / "e.json", env=ENV)
-        assert target.get_cubin("d") is None
-    assert imported == 0
-    assert skipped[0] == "k (implicit_gemm): cubin gone is not in the file (or fails its sha256)"
-    assert skipped[1] == "tampered (implicit_gemm): cubin d is not in the file (or fails its sha256)"
-    assert skipped[2].startswith("broken (implicit_gemm): malformed entry")
+        assert target.get_plan(_key()) is not None  # the good entry got through all the bad ones
+    assert imported == 1 and len(skipped) == 8, skipped
+    assert skipped[0].startswith("broken (implicit_gemm): malformed entry (problem: is missing)")
+    assert "evaluations: must be in" in skipped[1]
+    assert "created: must be a finite timestamp" in skipped[2]
+    assert "problem.stride: must be in" in skipped[3]
+    assert "config.BM: must be an integer" in skipped[4]
+    assert "key does not match its problem and env" in skipped[5]
+    assert "duplicate of entry 0" in skipped[6]
+    assert skipped[7].startswith("entry 8: malformed entry (plan: must be an object")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -162,5 +163,22 @@ def loader_rule(threads: Callable[[Mapping[str, int]], int]) -> Rule:
 
 
 def template_expression(kernel: str, order: tuple[str, ...], c: Mapping[str, int]) -> str:
-    """The C++ name NVRTC instantiates, e.g. ``bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>``."""
-    return f"{kernel}<{', '.join(str(c[k]) for k in order)}>"
+    """The C++ name NVRTC instantiates, e.g. ``bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>``.
+
+    Every value must be an integer (numpy integers too; not bool, float or text): this string is compiled,
+    and a configuration read from a cache or an import file must never put anything but numbers into it.
+
+    >>> template_expression("k", ("A", "B"), {"A": 64, "B": 2})
+    'k<64, 2>'
+    >>> template_expression("k", ("A",), {"A": "1>(); evil<1"})
+    Traceback (most recent call last):
+    ...
+    TypeError: knob A of k must be an integer, got '1>(); evil<1'
+    """
+    return f"{kernel}<{', '.join(str(_integer(kernel, k, c[k])) for k in order)}>"
+
+
+def _integer(kernel: str, knob: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"knob {knob} of {kernel} must be an integer, got {value!r}")
+    return int(value)

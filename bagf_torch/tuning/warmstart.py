@@ -41,20 +41,32 @@ def distance(a: ConvProblem, b: ConvProblem) -> float:
 def neighbour_seeds(problem: ConvProblem, plans: Iterable[Mapping], env: Mapping, limit: int = 3,
                     max_distance: float = MAX_DISTANCE) -> list[tuple[str, dict]]:
     """Up to ``limit`` distinct ``(family, config)`` winners of the stored ``plans`` (cache rows with
-    "problem", "env", "family", "config") nearest to ``problem``, nearest first."""
+    "problem", "env", "family", "config") nearest to ``problem``, nearest first.
+
+    A warm start is an optimisation, so a plan that cannot serve as one is passed over, never raised
+    about: ``Cache.plans()`` already checks every row against the cache schema, but ``plans`` may come from
+    elsewhere, and one row with a stride of 0 or an env that is a list must not stop every later tuning of
+    the machine (it did: ZeroDivisionError on each new problem)."""
+    from ..cache_schema import SchemaError, check_config, check_problem
+
     ranked = []
     for plan in plans:
-        if plan.get("config") is None or plan.get("family") in (None, "aten") or dict(plan.get("env") or {}) != dict(env):
-            continue
         try:
-            other = ConvProblem.from_dict(plan["problem"])
-        except (KeyError, TypeError, ValueError):
+            if not isinstance(plan, Mapping) or not isinstance(plan.get("env"), Mapping):
+                continue
+            family = plan.get("family")
+            if plan.get("config") is None or not isinstance(family, str) or family == "aten" \
+                    or dict(plan["env"]) != dict(env):
+                continue
+            config = check_config(family, plan["config"])
+            other = ConvProblem.from_dict(check_problem(plan["problem"]))
+            if other == problem or other.dtype != problem.dtype or other.groups != problem.groups:
+                continue
+            d = distance(problem, other)
+        except (SchemaError, KeyError, TypeError, ValueError, ArithmeticError):
             continue
-        if other == problem or other.dtype != problem.dtype or other.groups != problem.groups:
-            continue
-        d = distance(problem, other)
         if d <= max_distance:
-            ranked.append((d, plan["family"], dict(plan["config"])))
+            ranked.append((d, family, config))
     ranked.sort(key=lambda t: t[0])
     out: list[tuple[str, dict]] = []
     for _, family, config in ranked:
