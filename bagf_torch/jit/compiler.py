@@ -4,6 +4,12 @@ Describe, build, load: a ``KernelSpec`` names one instantiation (family, config,
 expression and readable name; ``KernelCompiler.compile`` turns specs into loaded plans, compiling only the
 cubins the cache does not hold (in parallel threads: the extension releases the GIL around NVRTC), and
 loading each with ``cuModuleLoadData``. Failures come back as typed ``Outcome``s, never exceptions.
+
+Which bytes get loaded (docs/cache.md): a cubin is looked up under its digest, which this compiler computes
+from our kernel sources, the name expression, options, NVRTC version and architecture, and only this
+compiler writes cubins under such a digest. Cubins imported with ``cache import --trust-cubins`` live under
+``FOREIGN_DIGEST_PREFIX`` + digest and are read only when the cache holds no cubin of our own for that
+digest; ``build`` (what import uses to rebuild winners) never reads them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Mapping, Sequence
 
+from ..cache import FOREIGN_DIGEST_PREFIX
 from ..kernels.space import Config
 from ..tuning.common import Outcome
 from . import extension
@@ -106,9 +113,13 @@ class KernelCompiler:
         """The cache digest of one configuration's cubin on this device."""
         return KernelSpec(family, dict(config), self.arch).digest(self.source_hash, self.nvrtc_version)
 
-    def _cubin(self, spec: KernelSpec) -> tuple[bytes, str, float] | Outcome:
+    def _cubin(self, spec: KernelSpec, foreign: bool = True) -> tuple[bytes, str, float] | Outcome:
+        """The cubin of ``spec``: ours from the cache, else (``foreign``) one imported with --trust-cubins
+        for the same digest, else compiled now with NVRTC and stored under the digest."""
         digest = spec.digest(self.source_hash, self.nvrtc_version)
         hit = self.cache.get_cubin(digest)
+        if hit is None and foreign:
+            hit = self.cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest)
         if hit is not None:
             STATS.add(cubin_cache_hits=1)
             return hit[0], hit[1], 0.0
@@ -149,6 +160,25 @@ class KernelCompiler:
             cubins = [self._cubin(s) for s in specs]
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
+
+    def build(self, family: ModuleType, configs: Sequence[Config]) -> list[str | None]:
+        """Compile every config with NVRTC from our own kernel sources into the cache, without loading it
+        (``cache import`` rebuilds imported winners so; ``cache_io.KernelBuilder``): per config None when
+        the cache now holds our cubin under ``digest(family, config)``, else the first lines of why not.
+        An imported foreign cubin for the same digest is ignored: this is how a machine gets its own."""
+        specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
+
+        def one(spec: KernelSpec) -> str | None:
+            try:
+                got = self._cubin(spec, foreign=False)
+            except (TypeError, KeyError, ValueError) as e:  # a configuration the family cannot name
+                return f"{type(e).__name__}: {e}"
+            return got.detail if isinstance(got, Outcome) else None
+
+        if len(specs) > 1 and self.workers > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
+                return list(pool.map(one, specs))
+        return [one(s) for s in specs]
 
     def unload(self, handle: int) -> None:
         self.ext.unload_plan(handle)
