@@ -31,10 +31,9 @@ level with or ahead of ax at budgets 7-18 (one batch of 7 neighbours, then the G
 from 8 points): on the H200 replay, 7 problems x seeds 0-39, the mean fraction of the optimum at
 evaluations 8/12/16/20/24 went from 0.871/0.889/0.899/0.924/0.932 to 0.883/0.891/0.912/0.930/0.938 (the
 walk alone: 0.883/0.891/0.901/0.919/0.928) and ax's lowest margin over annealing at budgets 2-24 from
--0.0034 (at 16) to +0.0006 (at 12). Chosen on seeds 0-39; on held-out seeds 40-59 ax is above annealing at
-budgets 2-30 but below it at 31-48 by up to 0.0043 (conv3x3_256 reaches 95% later than with one batch of
-8), within the seed noise: over seeds 0-59 never significantly below annealing at any budget
-(docs/strategies.md, "bo-robust").
+-0.0034 (at 16) to +0.0006 (at 12). On held-out seeds 40-59 ax is above annealing at budgets 2-30 and below it at
+31-48 by up to 0.0043 (conv3x3_256 reaches 95% later than with one batch of 8), within the seed noise: over
+seeds 0-59 it is never significantly below annealing at any budget (docs/strategies.md).
 
 Which neighbours first (options ``initial_order``, ``initial_ranked``; the tuner passes the family's
 ``warps_in_flight(problem, config)``). Before any time is known the local design tries the two neighbours
@@ -44,7 +43,7 @@ optimum at evaluations 3/5/7 from 0.834/0.853/0.859 to 0.859/0.861/0.865, above 
 algorithm at every budget up to 50 (before: below annealing at 5-7, 15, 16 and the GA at 3), @20/@50
 0.925/0.969 -> 0.928/0.971; ranking the whole design that way (or only moving the neighbours that lower
 it last) was better up to evaluation 8 but left out the neighbours on the way to most optima (BM=128)
-and fell to 0.906 @20 (docs/strategies.md, "bo-init").
+and fell to 0.906 @20 (docs/strategies.md).
 
 Problem-aware inputs (option ``features``; the tuner passes the family's ``features(problem, config)``).
 The knobs alone do not say how they combine on a problem: the fastest SPLIT depends on BM and BN through
@@ -55,7 +54,7 @@ input transform looked up per configuration). On the H200 replay (7 problems x 2
 mean fraction of the optimum @30/@40/@50 from 0.943/0.952/0.964 to 0.946/0.959/0.969 and the budgets where
 it is below annealing from 20 to 5 (all in the initial design or just after: 5-7, 15, 16); offline, the
 8 best-predicted configurations held a better one (0.889 vs 0.855 of the optimum) than with the knobs
-alone (docs/strategies.md, "bo-bar2").
+alone (docs/strategies.md).
 
 Candidates (options ``candidates``, ``trust_region``). Each generation Ax's acquisition scores the valid
 configurations it does not hold yet (our own list through Ax's ``candidate_set`` path, so an invalid
@@ -79,7 +78,7 @@ resources, launch, wrong), never proposed again because Ax deduplicates against 
   that ran; for one that did not (invalid, or a failure) it is the number of validity rules broken, at
   least 1. Ax fits a second GP and weights the acquisition by the modelled feasibility, so it learns
   where the invalid region is and stops proposing into it.
-- "abandon" (default since the H200 recording, see below): ``mark_trial_abandoned``. Ax keeps the arm
+- "abandon" (default, see below): ``mark_trial_abandoned``. Ax keeps the arm
   as pending (never re-proposed) but learns nothing about the region, so it keeps proposing neighbours
   of invalid points.
 - "penalty": complete the trial with time = 2 x the slowest time seen (Ax's winsorisation clips it to
@@ -92,18 +91,18 @@ Generation cost (options ``acquisition``, ``fit_maxiter``). Profiled on the 2-co
 trials: BoTorch's default GP fit ran 258 L-BFGS iterations (3.1 s) and qLogNEI over 5120 points with 512
 QMC samples took 4.4 s for a batch of 4; with qLogEI, 64 samples and at most 40 fit iterations a
 generation took 1.0-3.0 s. In ``invalid="constraint"`` mode BoTorch cannot build qLogEI
-and qLogNEI is used. The measurements below predate the linear constraints and these options.
+and qLogNEI is used.
 
-Defaults (2026-11-30, REAL H200 recording of implicit_gemm_tc replayed, docs/strategies.md): with the
-linear constraints Ax proposed 0 invalid configurations in 140 runs, so "abandon" (one GP, qLogEI) loses
-nothing against "constraint" (two GPs, qLogNEI: 34 s per run of 50 evaluations on the 2-core CPU), and
-batch 8 with a 20-iteration fit took a run from 27 s (batch 4, fit 40) to 14.7 s at the same quality
-(median 46 vs 42 evaluations to 95%, 46% vs 43% never within 50). The synthetic measurements below chose
-"constraint" before the linear constraints existed, when invalid proposals were common.
-
-MEASURED on a synthetic landscape (``replay.synthetic_times``, implicit_gemm, AlexNet conv2 N=128,
-landscape seed 0: 4 of 3568 valid configurations within 95% of the optimum), 10 seeds each, evaluations
-until the best time is within 95% of the optimum (cap 120), this 2-core shared CPU::
+Why "abandon" (the H200 recording of implicit_gemm_tc replayed, docs/strategies.md): with valid-only
+candidates and the linear constraints Ax proposed 0 invalid configurations in 140 runs, so "abandon" (one GP,
+qLogEI) loses nothing against "constraint" (two GPs, qLogNEI: 34 s per run of 50 evaluations on the 2-core
+CPU), and batch 8 with a 20-iteration fit takes a run from 27 s (batch 4, fit 40) to 14.7 s at the same
+quality (median 46 vs 42 evaluations to 95%, 46% vs 43% never within 50). Where invalid proposals are
+common (no linear constraints, raw candidates), the outcome constraint does best, as measured on a
+SYNTHETIC landscape without the linear constraints and the options above (``replay.synthetic_times``,
+implicit_gemm, AlexNet conv2 N=128, landscape seed 0: 4 of 3568 valid configurations within 95% of the
+optimum), 10 seeds each, evaluations until the best time is within 95% of the optimum (cap 120), a 2-core
+CPU::
 
     invalid=     median evals  worst   invalid proposals/run   s per generation of 4
     constraint   16.5          27      7.5                     2.38 (two GPs)
@@ -113,12 +112,12 @@ until the best time is within 95% of the optimum (cap 120), this 2-core shared C
 
 With a fixed budget of 40 evaluations both constraint and abandon found the true optimum for all 10
 seeds, but abandon made 70.7 invalid proposals per run against 25.4 and so spent 2x the generations: Ax's
-wall time per run averaged 105 s against 56 s. Hence "constraint": fewest evaluations and invalid
+wall time per run averaged 105 s against 56 s: there "constraint" has the fewest evaluations and invalid
 proposals, and the least Ax time per run despite the dearer generation. On a harder landscape (AlexNet
 conv1 at N=1: 1 configuration within 95%, random search needs a median of 1773) constraint still did best
 (3 of 10 seeds within 95% by 120 evaluations vs 1 of 10 for penalty, 0 for random; median best 0.912 vs
 0.910 vs 0.859) but proposed 46 invalid configurations per run against 14 and spent about 6x penalty's
-Ax time there; abandon's pending arms made its runs so slow there that the run was stopped unfinished.
+Ax time there; abandon's pending arms piled up and made every generation slower than the last.
 
 Acquisition cost (option ``mc_samples``). For a fully discrete space of at most 10 000 raw combinations
 Ax enumerates them all, so ``num_restarts``/``raw_samples`` do not apply (Ax drops them); a generation is
