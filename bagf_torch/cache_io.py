@@ -113,7 +113,9 @@ def read_export(path: str | os.PathLike) -> ExportFile:
         raise ValueError(f"cannot import {source}: not a bagf_torch cache export "
                          f"(expected \"format\": {EXPORT_FORMAT!r})")
     if document.get("schema") != SCHEMA_VERSION:
-        raise ValueError(f"cannot import {source}: export of schema version {str(document.get('schema'))[:20]!r}, "
+        schema = document.get("schema")
+        shown = schema if isinstance(schema, int) else repr(str(schema)[:20])
+        raise ValueError(f"cannot import {source}: export of schema version {shown}, "
                          f"this bagf_torch reads version {SCHEMA_VERSION}; export it again with this version")
     for name in ("plans", "cubins"):
         if not isinstance(document.get(name, []), list):

@@ -145,9 +145,9 @@ def _checked(plans: Sequence[dict]) -> Iterator[tuple[dict, ConvProblem]]:
 
     for n, plan in enumerate(plans):
         try:
-            entry = dict(plan)
-            entry.setdefault("created", 0.0)
-            entry.setdefault("key", f"row {n}")
+            # the fields a table or a point does not show may be left out of a hand-made plan
+            entry = {"key": f"row {n}", "env": {}, "default_us": None, "evaluations": 0, "tune_seconds": 0.0,
+                     "cubin_digests": [], "created": 0.0, **plan}
             record = PlanRecord.from_mapping(entry)
         except (SchemaError, TypeError, ValueError) as e:
             key = plan.get("key") if isinstance(plan, dict) else None

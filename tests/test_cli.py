@@ -3,7 +3,6 @@ validation with a synthetic cache, and the report's table and roofline plot with
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
@@ -11,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from bagf_torch import cli
+from bagf_torch import cache_io, cli
 from bagf_torch.cache import Cache
 from bagf_torch.kernels import implicit_gemm as ig
-from bagf_torch.problem import ConvProblem
+from bagf_torch.problem import ConvProblem, fingerprint
 
 ENV = {"gpu": "NVIDIA H200", "cc": "9.0", "driver": 13000, "runtime": 13000, "nvrtc": "13.0", "torch": "2.11.0",
        "bagf_torch": "0.1.0", "kernels": "abc", "os": "posix"}
@@ -123,11 +122,28 @@ def _synthetic_cache(directory, env=ENV):
     cubin = b"\x7fELF fake cubin"
     with Cache.for_dir(directory) as cache:
         cache.put_cubin("d1", ig.name(ig.DEFAULT), "_Z1k", cubin)
-        cache.put_plan("a" * 64, problem=P1.as_dict(), env=env, family="implicit_gemm", config=ig.DEFAULT,
-                       time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20, tune_seconds=8.0,
-                       cubin_digests=["d1"])
-        cache.put_plan("b" * 64, problem=P2.as_dict(), env=env, family="aten", config=None, time_us=200.0,
-                       aten_us=200.0, default_us=480.0, evaluations=20, tune_seconds=7.0)
+        cache.put_plan(fingerprint(P1, env), problem=P1.as_dict(), env=env, family="implicit_gemm",
+                       config=ig.DEFAULT, time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20,
+                       tune_seconds=8.0, cubin_digests=["d1"])
+        cache.put_plan(fingerprint(P2, env), problem=P2.as_dict(), env=env, family="aten", config=None,
+                       time_us=200.0, aten_us=200.0, default_us=480.0, evaluations=20, tune_seconds=7.0)
+
+
+class _FakeBuilder:
+    """Stands in for the NVRTC compiler that ``cache import`` rebuilds winners with (cache_io.local_compiler):
+    it stores its own bytes under its own digest, as the real one stores what NVRTC made."""
+
+    def __init__(self, cache):
+        self.cache, self.built = cache, []
+
+    def digest(self, family, config):
+        return "ours-" + family.name(config)
+
+    def build(self, family, configs):
+        for config in configs:
+            self.built.append(family.name(config))
+            self.cache.put_cubin(self.digest(family, config), family.name(config), "_Zours", b"built here")
+        return [None] * len(configs)
 
 
 def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypatch, capsys):
@@ -136,13 +152,18 @@ def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypat
     assert cli.main(["cache", "export", str(tmp_path / "x.json")]) == 0
     assert "exported 2 plans" in capsys.readouterr().out
     monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    builders = []
+    monkeypatch.setattr(cache_io, "local_compiler", lambda cache: builders.append(_FakeBuilder(cache)) or builders[-1])
     assert cli.main(["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "prod")]) == 0
     out = capsys.readouterr().out
-    assert "imported 2 plans" in out and "skipped 0" in out
+    assert "imported 2 plans" in out and "skipped 0" in out and "rebuilt here from our own sources" in out
+    assert builders[0].built == [ig.name(ig.DEFAULT)]
     with Cache.for_dir(tmp_path / "prod") as prod:
-        assert prod.get_plan("a" * 64)["config"] == ig.DEFAULT
-        assert prod.get_cubin("d1") == (b"\x7fELF fake cubin", "_Z1k")
-        assert prod.get_plan("b" * 64)["family"] == "aten"
+        plan = prod.get_plan(fingerprint(P1, ENV))
+        assert plan["config"] == ig.DEFAULT and plan["cubin_digests"] == ["ours-" + ig.name(ig.DEFAULT)]
+        assert prod.get_cubin(plan["cubin_digests"][0]) == (b"built here", "_Zours")
+        assert prod.get_cubin("d1") is None  # the file's bytes were not stored
+        assert prod.get_plan(fingerprint(P2, ENV))["family"] == "aten"
     # importing again keeps what is there and says so
     assert cli.main(["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "prod")]) == 0
     out = capsys.readouterr().out
@@ -151,28 +172,30 @@ def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypat
 
 def test_import_says_what_it_skipped_and_why(tmp_path, monkeypatch, capsys):
     _synthetic_cache(tmp_path / "a100", env=dict(ENV, gpu="NVIDIA A100", cc="8.0"))
+    _synthetic_cache(tmp_path / "torch29", env=dict(ENV, torch="2.9.0"))
     _synthetic_cache(tmp_path / "h200")
-    with Cache.for_dir(tmp_path / "a100") as a, Cache.for_dir(tmp_path / "h200") as h:
+    with Cache.for_dir(tmp_path / "a100") as a, Cache.for_dir(tmp_path / "h200") as h, \
+            Cache.for_dir(tmp_path / "torch29") as t:
         a.export(tmp_path / "a.json")
         h.export(tmp_path / "h.json")
+        t.export(tmp_path / "t.json")
     doc = json.loads((tmp_path / "h.json").read_text())
     other = json.loads((tmp_path / "a.json").read_text())
-    doc["plans"][0]["key"] = "c" * 64
-    doc["plans"][1]["env"]["torch"] = "2.9.0"                      # another torch version
-    doc["plans"].append(dict(other["plans"][0], key="d" * 64))      # another GPU
+    older = json.loads((tmp_path / "t.json").read_text())
+    doc["plans"][0]["key"] = "c" * 64                              # a key that is not its problem's
+    doc["plans"].append(older["plans"][1])                         # another torch version
+    doc["plans"].append(other["plans"][0])                         # another GPU
     doc["plans"].append({"key": "e" * 64, "family": "implicit_gemm"})  # malformed
-    broken = dict(doc["plans"][0], key="f" * 64, cubin_digests=["missing"])
-    doc["plans"].append(broken)                                    # cubin not in the file
-    doc["cubins"][0]["cubin"] = base64.b64encode(b"\x7fELF fake cubin").decode()
     (tmp_path / "mixed.json").write_text(json.dumps(doc))
     monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    monkeypatch.setattr(cache_io, "local_compiler", _FakeBuilder)
     monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "prod"))
     assert cli.main(["cache", "import", str(tmp_path / "mixed.json")]) == 0
     out = capsys.readouterr().out
     assert "imported 1 plans" in out and "skipped 4" in out
     assert "torch '2.9.0' != '2.11.0'" in out
     assert "gpu 'NVIDIA A100' != 'NVIDIA H200'" in out and "cc '8.0' != '9.0'" in out
-    assert "malformed entry" in out and "cubin missing is not in the file" in out
+    assert "malformed entry" in out and "key does not match its problem and env" in out
     # nothing importable: the hint says how to get plans for this machine
     assert cli.main(["cache", "import", str(tmp_path / "a.json"), "--cache", str(tmp_path / "prod2")]) == 0
     out = capsys.readouterr().out
