@@ -234,12 +234,43 @@ def report_command(args) -> int:
 
 # ---- cache ---------------------------------------------------------------------------------------------
 
-def cache_command(action: str, path: str | None) -> int:
-    from .cache import Cache
-    from .kernels import FAMILIES
+def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> int:
+    """``cache list | export FILE | import FILE [--trust-cubins] | check FILE | clear``.
+
+    ``check`` reads an export file and says what import would refuse (structure, types, the families'
+    spaces, recomputed keys), on any machine: it needs no GPU; exit status 1 when some entry would be
+    skipped. ``import`` runs the same checks first and reports them before it needs this machine's GPU
+    (to compare each plan's env, and to rebuild the winners' kernels from our own sources, the default;
+    ``--trust-cubins`` takes the file's cubins instead, see docs/cache.md).
+    """
+    from .cache import Cache, CacheUnavailable
+    from .cache_io import local_compiler, read_export
+    from .kernels import FAMILIES, complete_config
     from .problem import ConvProblem
 
+    document = None
+    if action in ("import", "check"):
+        if not path:
+            raise UsageError(f"cache {action} needs a FILE (an export written by python -m bagf_torch cache export)")
+        try:
+            document = read_export(path)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if action == "check":
+        print(f"{path}: {len(document.plans)} plans pass the checks, {len(document.problems)} would be skipped")
+        for line in document.problems:
+            print(f"  would skip {line}")
+        for line in document.cubin_problems:
+            print(f"  unusable cubin entry (only --trust-cubins reads the file's cubins): {line}")
+        print("  (import also compares each plan's env with the machine's, which needs its GPU)")
+        return 1 if document.problems else 0
+    early: list[str] = []
     if action == "import":
+        # What the file itself gets wrong is reported before anything needs a GPU, so a CPU machine can
+        # tell a damaged file from a missing GPU.
+        early, document.problems = document.problems, []
+        for line in early:
+            print(f"  skipped {line}")
         env = this_machine_env()  # before opening anything: a refused import leaves the cache untouched
     cache = Cache.for_dir(_cache_dir())
     try:
@@ -249,30 +280,43 @@ def cache_command(action: str, path: str | None) -> int:
             print(f"{'key':<16} {'gpu':<20} {'problem':<44} {'plan':<48} {'us':>9} {'cuDNN us':>9} {'evals':>5}")
             for p in sorted(plans, key=lambda p: p["created"]):
                 fam = FAMILIES.get(p["family"])
-                plan = "aten (cuDNN)" if p["config"] is None or fam is None else fam.name(p["config"])
-                try:
-                    problem = ConvProblem.from_dict(p["problem"]).short()
-                except (TypeError, KeyError, ValueError):
-                    problem = str(p["problem"])[:44]
+                plan = "aten (cuDNN)" if p["config"] is None or fam is None else \
+                    fam.name(complete_config(p["family"], p["config"]))
+                problem = ConvProblem.from_dict(p["problem"]).short()  # plans() checked every row
                 print(f"{p['key'][:16]:<16} {str(p['env'].get('gpu', '?'))[:20]:<20} {problem:<44} {plan:<48} "
                       f"{p['time_us']:9.1f} {p['aten_us'] or float('nan'):9.1f} {p['evaluations']:5d}")
         elif action == "export":
-            n = cache.export(path)
+            try:
+                n = cache.export(path)
+            except OSError as e:
+                raise UsageError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from None
             print(f"exported {n} plans from {cache.path} to {path}")
         elif action == "import":
+            compiler = None
+            if document.plans:
+                try:
+                    compiler = local_compiler(cache)
+                except Exception as e:  # noqa: BLE001 - any failure to set up NVRTC here is one line
+                    raise UsageError(f"cannot rebuild the plans' kernels here ({str(e).splitlines()[0][:200]}); "
+                                     f"fix the CUDA setup, or import with --trust-cubins to take the file's "
+                                     f"cubins as they are") from None
             try:
-                n, skipped = cache.import_(path, env)
-            except ValueError as e:
+                n, skipped = cache.import_(document, env, compiler=compiler, trust_cubins=trust_cubins)
+            except (ValueError, CacheUnavailable) as e:
                 raise UsageError(str(e)) from None
-            print(f"imported {n} plans from {path} into {cache.path}; skipped {len(skipped)}")
+            print(f"imported {n} plans from {path} into {cache.path}; skipped {len(early) + len(skipped)}"
+                  + (" (kernels taken from the file: --trust-cubins)" if trust_cubins else
+                     " (kernels rebuilt here from our own sources)" if n else ""))
             for line in skipped:
                 print(f"  skipped {line}")
-            if skipped and not n:
+            if (early or skipped) and not n:
                 print("  (a plan is only valid on the GPU, driver, CUDA, torch and bagf_torch versions it was tuned "
                       "with; pre-tune on a machine like this one, or run python -m bagf_torch tune here)")
         elif action == "clear":
-            n = len(cache.plans())
-            cache.clear()
+            try:
+                n = cache.clear()
+            except CacheUnavailable as e:
+                raise UsageError(str(e)) from None
             print(f"cleared {cache.path} ({n} plans)")
     finally:
         cache.close()
@@ -392,8 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bandwidth-gbs", type=float, default=None, help="memory ceiling instead of measuring it")
 
     c = sub.add_parser("cache", parents=[common], help="list, export, import or clear the tuning cache")
-    c.add_argument("action", choices=["list", "export", "import", "clear"])
-    c.add_argument("file", nargs="?", help="JSON file for export / import")
+    c.add_argument("action", choices=["list", "export", "import", "check", "clear"],
+                   help="check FILE: what import would refuse, without a GPU")
+    c.add_argument("file", nargs="?", help="JSON file for export / import / check")
+    c.add_argument("--trust-cubins", action="store_true",
+                   help="import: take the file's cubins as they are instead of rebuilding the kernels here "
+                        "(only for files from a party you trust; see docs/cache.md)")
 
     d = sub.add_parser("demo", parents=[common], help="tune and run AlexNet's conv layers at one batch size")
     d.add_argument("--batch", type=int, default=32)
@@ -427,7 +475,7 @@ def main(argv=None) -> int:
         if args.cmd == "report":
             return report_command(args)
         if args.cmd == "cache":
-            return cache_command(args.action, args.file)
+            return cache_command(args.action, args.file, trust_cubins=args.trust_cubins)
         return demo(args.batch, args.budget)
     except UsageError as e:
         print(f"bagf_torch: {e}", file=sys.stderr)
