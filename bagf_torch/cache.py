@@ -29,9 +29,6 @@ How it stays safe:
   row that fails is skipped with one log line naming its key and the field, and the next ``put_plan`` for
   its key replaces it. Damage SQLite cannot see, or a row another program wrote, costs a re-compile or a
   re-tune, never a crash or a garbage kernel on the GPU.
-- A ``-wal`` file left beside a cache file that was since replaced (copied or moved over) belongs to the
-  old file; applying it would overwrite the new file's pages, so it is moved aside
-  (``<name>-wal.stale-<timestamp>``) before opening (see ``_set_aside_stale_wal``).
 - Export and import (``cache_io``) treat an export file as input from another party: docs/cache.md is the
   trust model.
 - A directory that cannot be created or written, a file that cannot be opened, or a write that fails later

@@ -1,0 +1,405 @@
+"""A cache you can trust: an imported file runs no foreign code, and no row can break tuning.
+
+Security: import recomputes keys and digests, refuses configurations outside the family's space, stores no
+byte of the file's cubins unless --trust-cubins (and then only under the foreign: namespace), and rebuilds the
+winners with the compiler seam production uses (``cache_io.local_compiler``; a fake builder here, NVRTC in the
+``cuda`` test). Robustness: rows of the right JSON but the wrong shape are skipped with one log line, and the
+file-level failures (foreign tables, a read-only cache, a WAL the read-only copy would skip, a full disk) say
+what happened instead of succeeding in memory. CPU tests except the one marked ``cuda``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import threading
+
+import pytest
+
+from bagf_torch import cache as cache_mod
+from bagf_torch import cache_io, cli
+from bagf_torch.cache import FOREIGN_DIGEST_PREFIX, SCHEMA_VERSION, Cache, CacheUnavailable, default_cache_path
+from bagf_torch.jit import extension
+from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.kernels.space import template_expression
+from bagf_torch.problem import ConvProblem, fingerprint
+from bagf_torch.tuning.warmstart import neighbour_seeds
+
+# An env naming our own kernel sources: digests computed from it are the ones our compiler uses on such a GPU.
+ENV = {"gpu": "NVIDIA H200", "cc": "9.0", "driver": 13000, "runtime": 13000, "nvrtc": "13.0", "torch": "2.11.0",
+       "bagf_torch": "0.1.0", "kernels": extension.source_hash(), "os": "posix"}
+P1 = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+P2 = ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+P1_N2 = ConvProblem(n=2, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))  # P1's neighbour for warm starts
+EVIL = b"\x7fELF attacker's kernel"
+
+
+def real_digest(config=ig.DEFAULT, env=ENV):
+    """The digest our compiler gives ``config`` of implicit_gemm on a machine with ``env``."""
+    from bagf_torch.jit.compiler import KernelSpec
+
+    return KernelSpec(ig, dict(config), "sm_" + env["cc"].replace(".", "")).digest(env["kernels"], env["nvrtc"])
+
+
+def plan(problem=P1, config=ig.DEFAULT, family="implicit_gemm", **fields):
+    entry = {"key": fingerprint(problem, ENV), "problem": problem.as_dict(), "env": dict(ENV), "family": family,
+             "config": config, "time_us": 30.0, "aten_us": 45.0, "default_us": 40.0, "evaluations": 20,
+             "tune_seconds": 8.0, "cubin_digests": [], "created": 1.7e9}
+    entry.update(fields)
+    return entry
+
+
+def export_file(tmp_path, plans, cubins=(), name="x.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"format": "bagf_torch.cache", "schema": SCHEMA_VERSION, "plans": list(plans),
+                                "cubins": list(cubins)}))
+    return path
+
+
+def cubin_entry(digest, blob=EVIL):
+    import base64
+    import hashlib
+
+    return {"digest": digest, "name": "implicit_gemm_x", "lowered_name": "_Zevil", "sha256": hashlib.sha256(blob).hexdigest(),
+            "cubin": base64.b64encode(blob).decode()}
+
+
+class FakeBuilder:
+    """The compiler seam (``cache_io.KernelBuilder``): stores its own bytes under the real digest, as NVRTC
+    would; ``fail`` names configurations whose build fails."""
+
+    def __init__(self, cache, fail=()):
+        self.cache, self.fail, self.built = cache, set(fail), []
+
+    def digest(self, family, config):
+        return real_digest(config)
+
+    def build(self, family, configs):
+        out = []
+        for config in configs:
+            self.built.append(dict(config))
+            if family.name(config) in self.fail:
+                out.append(f"{family.name(config)}: NVRTC failed (error: too many resources)")
+                continue
+            self.cache.put_cubin(self.digest(family, config), family.name(config), "_Zours", b"built here")
+            out.append(None)
+        return out
+
+
+def all_cubin_bytes(path):
+    with sqlite3.connect(path) as raw:
+        return {d: bytes(b) for d, b in raw.execute("SELECT digest, cubin FROM cubins")}
+
+
+@pytest.fixture
+def warnings_log():
+    records = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    log = logging.getLogger("bagf_torch")
+    handler = Collect(level=logging.WARNING)
+    log.addHandler(handler)
+    old = log.level
+    log.setLevel(logging.WARNING)
+    yield records
+    log.removeHandler(handler)
+    log.setLevel(old)
+
+
+# ---- security: what an imported file may not do ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_builder", [False, True])
+def test_a_foreign_cubin_under_a_real_digest_never_reaches_the_cache(cache_dir, tmp_path, with_builder):
+    # The attack: a plan naming the digest of implicit_gemm's default configuration (which every tuning
+    # compiles as a start point), with the attacker's bytes under that digest. First writer wins, so the
+    # old import planted them and the next tuning loaded and ran them.
+    digest = real_digest()
+    path = export_file(tmp_path, [plan(cubin_digests=[digest])], [cubin_entry(digest)])
+    with Cache.for_dir(cache_dir) as cache:
+        builder = FakeBuilder(cache) if with_builder else None
+        imported, skipped = cache.import_(path, ENV, compiler=builder)
+        assert (imported, skipped) == (1, [])
+        stored = cache.get_plan(fingerprint(P1, ENV))
+        assert stored["cubin_digests"] == [digest]  # recomputed, here equal to ours
+        if with_builder:
+            assert builder.built == [ig.DEFAULT] and cache.get_cubin(digest) == (b"built here", "_Zours")
+        else:  # no compiler: the plan alone; the runtime compiles the kernel from our sources on first use
+            assert cache.get_cubin(digest) is None
+    assert EVIL not in all_cubin_bytes(default_cache_path(cache_dir)).values()
+
+
+def test_trusted_cubins_live_in_their_own_namespace(cache_dir, tmp_path):
+    digest = real_digest()
+    path = export_file(tmp_path, [plan(cubin_digests=["their-name"])], [cubin_entry("their-name")])
+    with Cache.for_dir(cache_dir) as cache:
+        assert cache.import_(path, ENV, compiler=FakeBuilder(cache), trust_cubins=True) == (1, [])
+        assert cache.get_cubin(digest) is None  # never under a name our compiler writes or builds
+        assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest) == (EVIL, "_Zevil")
+        assert cache.get_plan(fingerprint(P1, ENV))["cubin_digests"] == [digest]
+        with pytest.raises(ValueError, match="reserved for imported cubins"):
+            cache.put_cubin(FOREIGN_DIGEST_PREFIX + "x", "n", "_Z", b"x")
+        # our own compile of the same configuration is stored beside it, and is what the compiler prefers
+        cache.put_cubin(digest, "n", "_Zours", b"ours")
+        assert cache.get_cubin(digest) == (b"ours", "_Zours")
+
+
+def test_trust_mode_rebuilds_what_the_file_lacks(cache_dir, tmp_path):
+    path = export_file(tmp_path, [plan(cubin_digests=["missing"])])
+    with Cache.for_dir(cache_dir) as cache:
+        builder = FakeBuilder(cache)
+        assert cache.import_(path, ENV, compiler=builder, trust_cubins=True) == (1, [])
+        assert builder.built == [ig.DEFAULT] and cache.get_cubin(real_digest()) == (b"built here", "_Zours")
+
+
+def test_configurations_outside_the_space_are_refused(cache_dir, tmp_path):
+    bad = [dict(ig.DEFAULT, BM=7), dict(ig.DEFAULT, BM="64, 64>(); evil<1"), dict(ig.DEFAULT, BM=64.0),
+           dict(ig.DEFAULT, BM=True), dict(ig.DEFAULT, EXTRA=1), {k: v for k, v in ig.DEFAULT.items() if k != "BM"},
+           dict(ig.DEFAULT, TM=8, BM=16, TN=8, BN=16)]  # 4 threads per block: values in range, rule fails
+    path = export_file(tmp_path, [plan(P1 if i % 2 else P2, config=c, evaluations=i) for i, c in enumerate(bad)])
+    with Cache(None) as cache:
+        imported, skipped = cache.import_(path, ENV)
+        assert imported == 0 and cache.plans() == []
+    assert len(skipped) == len(bad)
+    assert "config.BM: 7 is not one of implicit_gemm's" in skipped[0]
+    assert all("config" in line for line in skipped), skipped
+    assert "outside implicit_gemm's space" in skipped[-1]
+
+
+def test_a_key_that_is_not_its_problems_is_refused(cache_dir, tmp_path):
+    # A plan for P1 stored under P2's key would make every P2 call launch P1's winner.
+    path = export_file(tmp_path, [plan(P1, key=fingerprint(P2, ENV))])
+    with Cache(None) as cache:
+        imported, skipped = cache.import_(path, ENV)
+        assert imported == 0 and cache.get_plan(fingerprint(P2, ENV)) is None
+    assert "key does not match its problem and env" in skipped[0]
+
+
+def test_a_plan_whose_kernel_does_not_build_here_is_skipped(cache_dir, tmp_path):
+    other = dict(ig.DEFAULT, BK=16)
+    path = export_file(tmp_path, [plan(P1), plan(P2, config=other)])
+    with Cache(None) as cache:
+        builder = FakeBuilder(cache, fail={ig.name(other)})
+        imported, skipped = cache.import_(path, ENV, compiler=builder)
+        assert imported == 1 and cache.get_plan(fingerprint(P2, ENV)) is None
+    assert len(skipped) == 1 and "its kernel did not build here" in skipped[0] and "too many resources" in skipped[0]
+
+
+def test_the_name_expression_takes_integers_only():
+    assert ig.name_expression(ig.DEFAULT) == "bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>"
+    for value in ("64>(); int x<1", 64.0, True, None):
+        with pytest.raises(TypeError, match="must be an integer"):
+            template_expression("bagf::k", ("A",), {"A": value})
+
+
+def test_cache_check_runs_without_a_gpu_and_import_reports_before_needing_one(tmp_path, monkeypatch, capsys):
+    path = export_file(tmp_path, [plan(), plan(P2, config=dict(ig.DEFAULT, BM=7))])
+    assert cli.main(["cache", "check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 plans pass the checks, 1 would be skipped" in out and "config.BM: 7 is not one of" in out
+
+    def no_gpu():
+        raise cli.UsageError("cache import needs this machine's CUDA GPU to check entries against it")
+
+    monkeypatch.setattr(cli, "this_machine_env", no_gpu)
+    assert cli.main(["cache", "import", str(path), "--cache", str(tmp_path / "p")]) == 2
+    captured = capsys.readouterr()
+    assert "config.BM: 7 is not one of" in captured.out and "needs this machine's CUDA GPU" in captured.err
+    assert not (tmp_path / "p").exists()
+    (tmp_path / "bad.json").write_text('{"format": "bagf_torch.cache", "schema": 1, "plans": 5}')
+    assert cli.main(["cache", "import", str(tmp_path / "bad.json")]) == 2  # the file's fault, not the GPU's
+    assert "\"plans\" must be a list" in capsys.readouterr().err
+
+
+# ---- robustness: rows of the right JSON and the wrong shape --------------------------------------------
+
+
+BAD_COLUMNS = {
+    "time_us": "'fast'",
+    "evaluations": "3.5",
+    "config": "'{\"BM\": 64}'",
+    "cubin_digests": "'null'",
+    "env": "'[1, 2]'",
+    "problem": "'" + json.dumps(dict(P1.as_dict(), stride=[0, 0])) + "'",
+}
+
+
+def test_rows_of_the_wrong_shape_are_skipped_with_one_line_each(cache_dir, tmp_path, warnings_log, capsys,
+                                                                 monkeypatch):
+    path = default_cache_path(cache_dir)
+    with Cache(path) as cache:
+        cache.put_plan("good", **{k: v for k, v in plan(P1_N2).items() if k not in ("key", "created")})
+        for column in BAD_COLUMNS:
+            cache.put_plan(column, **{k: v for k, v in plan().items() if k not in ("key", "created")})
+    with sqlite3.connect(path) as raw:
+        for column, value in BAD_COLUMNS.items():
+            raw.execute(f"UPDATE plans SET {column} = {value} WHERE key = ?", (column,))
+    with Cache(path) as cache:
+        assert [p["key"] for p in cache.plans()] == ["good"]
+        assert all(cache.get_plan(column) is None for column in BAD_COLUMNS)
+        lines = [r.getMessage() for r in warnings_log]
+        assert len(lines) == len(BAD_COLUMNS)  # one per key, however often it is read
+        for column in BAD_COLUMNS:
+            assert any(f"plan {column} is damaged or malformed ({column}" in line for line in lines), (column, lines)
+        # every consumer goes on: warm start, export, list, report
+        assert neighbour_seeds(P1, cache.plans(), ENV) == [("implicit_gemm", ig.DEFAULT)]
+        assert cache.export(tmp_path / "e.json") == 1
+        # the next put_plan for a bad row's key replaces it
+        assert cache.put_plan("time_us", **{k: v for k, v in plan().items() if k not in ("key", "created")})
+        assert cache.get_plan("time_us")["time_us"] == 30.0
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(cache_dir))
+    assert cli.main(["cache", "list"]) == 0 and "2 plans" in capsys.readouterr().out
+    assert cli.main(["report", "--peak-tflops", "60", "--bandwidth-gbs", "4000"]) == 0
+
+
+def test_warm_start_survives_plans_that_did_not_come_through_the_cache():
+    good = plan(P1_N2)
+    rows = [dict(good, problem=dict(P1_N2.as_dict(), stride=[0, 0])), dict(good, env=[1, 2]), dict(good, config={"BM": 7}),
+            dict(good, problem="nope"), "not a dict", dict(good, family=None), good]
+    assert neighbour_seeds(P1, rows, ENV) == [("implicit_gemm", ig.DEFAULT)]
+
+
+def test_a_file_of_our_version_with_other_tables_is_moved_aside(cache_dir, warnings_log):
+    path = default_cache_path(cache_dir)
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE notes (t TEXT)")
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    with Cache(path) as cache:
+        assert not cache.in_memory and cache.plans() == []
+        assert cache.put_plan("k", **{k: v for k, v in plan().items() if k not in ("key", "created")})
+    assert len(list(cache_dir.glob("*.not-bagf-*"))) == 1
+    assert len(warnings_log) == 1 and "table plans is missing" in warnings_log[0].getMessage()
+
+
+def test_read_only_copy_includes_what_is_still_in_the_wal(cache_dir, warnings_log, monkeypatch):
+    path = default_cache_path(cache_dir)
+    writer = Cache(path)
+    writer._conn.execute("PRAGMA wal_autocheckpoint = 0")  # keep the commit in the WAL, as a crash would
+    writer.put_plan("warm", **{k: v for k, v in plan().items() if k not in ("key", "created")})
+    snapshot = cache_dir / "ro"
+    snapshot.mkdir()
+    for suffix in ("", "-wal"):  # the image a read-only deployment would get: file and WAL, no -shm
+        shutil.copyfile(str(path) + suffix, snapshot / (path.name + suffix))
+    writer.close()
+
+    def refuse(p):
+        raise PermissionError(13, "Permission denied", str(p) + ".lock")
+
+    monkeypatch.setattr(cache_mod, "_open_lock", refuse)
+    with Cache(snapshot / path.name) as cache:
+        assert cache.in_memory and cache.get_plan("warm") is not None
+
+
+def test_clear_and_import_say_when_the_file_cannot_be_changed(cache_dir, tmp_path, monkeypatch, capsys):
+    path = default_cache_path(cache_dir)
+    with Cache(path) as cache:
+        cache.put_plan("k", **{k: v for k, v in plan().items() if k not in ("key", "created")})
+
+    def refuse(p):
+        raise PermissionError(13, "Permission denied", str(p) + ".lock")
+
+    monkeypatch.setattr(cache_mod, "_open_lock", refuse)
+    with Cache(path) as cache:
+        with pytest.raises(CacheUnavailable, match="cannot clear"):
+            cache.clear()
+        with pytest.raises(CacheUnavailable, match="cannot import into"):
+            cache.import_(export_file(tmp_path, [plan()]), ENV)
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(cache_dir))
+    assert cli.main(["cache", "clear"]) == 2 and "cannot clear" in capsys.readouterr().err
+    monkeypatch.undo()
+    with Cache(path) as cache:
+        assert cache.get_plan("k") is not None  # untouched, and nobody said otherwise
+
+
+def test_import_into_a_cache_that_falls_back_mid_import_reports_failure(cache_dir, tmp_path):
+    path = default_cache_path(cache_dir)
+    cache = Cache(path)
+    pages = cache._conn.execute("PRAGMA page_count").fetchone()[0]
+    cache._conn.execute(f"PRAGMA max_page_count = {pages}")  # disk full at the first write
+    big = [plan(ConvProblem(n=n, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2)), tune_seconds=float(n))
+           for n in range(1, 200)]
+    with pytest.raises(CacheUnavailable, match="the file was not changed"):
+        cache.import_(export_file(tmp_path, big), ENV)
+    cache.close()
+    with Cache(path) as reopened:
+        assert reopened.plans() == []
+
+
+def test_disk_full_while_creating_the_schema_reports_the_real_reason():
+    conn = cache_mod._connect(":memory:")
+    conn.execute("PRAGMA max_page_count = 1")
+    with pytest.raises(sqlite3.Error) as e:
+        cache_mod._create_schema(conn)
+    assert "full" in str(e.value) and "cannot rollback" not in str(e.value)
+
+
+def test_export_from_threads_to_one_path_and_through_a_symlink(cache_dir, tmp_path):
+    with Cache.for_dir(cache_dir) as cache:
+        cache.put_plan(fingerprint(P1, ENV), **{k: v for k, v in plan().items() if k not in ("key", "created")})
+        errors = []
+
+        def export():
+            try:
+                for _ in range(20):
+                    cache.export(tmp_path / "same.json")
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=export) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and len(json.loads((tmp_path / "same.json").read_text())["plans"]) == 1
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+        real = tmp_path / "real.json"
+        real.write_text("old")
+        link = tmp_path / "link.json"
+        link.symlink_to(real)
+        cache.export(link)
+        assert link.is_symlink() and json.loads(real.read_text())["plans"][0]["family"] == "implicit_gemm"
+        if hasattr(os, "mkfifo"):  # a special file is written, not replaced by a regular one
+            fifo = tmp_path / "fifo"
+            os.mkfifo(fifo)
+            chunks = []
+            reader = threading.Thread(target=lambda: chunks.append(open(fifo).read()))
+            reader.start()
+            cache.export(fifo)
+            reader.join(timeout=10)
+            assert fifo.is_fifo() and json.loads(chunks[0])["plans"]
+
+
+# ---- GPU: the real rebuild ---------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_gpu_import_rebuilds_with_nvrtc_and_never_loads_the_files_bytes(cache_dir, tmp_path):
+    import torch
+
+    from bagf_torch import runtime
+    from bagf_torch.jit.compiler import STATS
+    from bagf_torch.jit.extension import environment
+
+    env = environment(torch.cuda.current_device())
+    problem = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+    entry = dict(plan(problem), env=env, key=fingerprint(problem, env))
+    with Cache.for_dir(cache_dir) as cache:
+        compiler = cache_io.local_compiler(cache)
+        digest = compiler.digest(ig, ig.DEFAULT)
+        path = export_file(tmp_path, [dict(entry, cubin_digests=[digest])], [cubin_entry(digest)])
+        before = STATS.nvrtc_compiles
+        assert cache.import_(path, env, compiler=compiler) == (1, [])
+        assert STATS.nvrtc_compiles == before + 1  # rebuilt here from our sources
+        cubin, _ = cache.get_cubin(digest)
+        assert cubin != EVIL and cubin[:4] == b"\x7fELF"
+        built = compiler.compile(ig, [ig.DEFAULT])[0]  # what the runtime does with the plan: loads ours
+        assert hasattr(built, "handle"), built
+        compiler.unload(built.handle)
+    runtime.reset()
