@@ -70,6 +70,27 @@ ROWS = [
       "tests/test_runtime.py::test_tune_disabled"]),
     ("serve-while-tuning (BAGF_BACKGROUND=1)", "ATen at once, then the winner; thread-safe",
      ["tests/test_faults.py::test_row_serve_while_tuning", "tests/test_faults.py::test_row_background_failure"]),
+    # Import tampering (docs/cache.md): an export file is another party's input. Each test asserts that no
+    # byte of the file's cubins is stored under a digest our compiler uses (0 foreign code run), that the
+    # valid entries beside the bad ones are imported (0 entries lost), and that nothing raises (0 crashes).
+    ("import: foreign cubin under a real kernel's digest", "file's bytes never stored there; rebuilt from our sources",
+     ["tests/test_cache_trust.py::test_a_foreign_cubin_under_a_real_digest",
+      "tests/test_cache_trust.py::test_trusted_cubins_live_in_their_own_namespace",
+      "tests/test_cache_trust.py::test_trust_mode_rebuilds", "tests/test_cache_trust.py::test_a_plan_whose_kernel",
+      "tests/test_cache_trust.py::test_gpu_import_rebuilds_with_nvrtc"]),
+    ("import: config outside the family's space", "entry skipped with the field named; ints only in NVRTC names",
+     ["tests/test_cache_trust.py::test_configurations_outside_the_space",
+      "tests/test_cache_trust.py::test_the_name_expression_takes_integers_only",
+      "tests/test_cache_trust.py::test_cache_check_runs_without_a_gpu"]),
+    ("import: wrong key or malformed entries", "key recomputed, mismatch refused; the rest imported",
+     ["tests/test_cache_trust.py::test_a_key_that_is_not_its_problems", "tests/test_cache.py::test_import_",
+      "tests/test_cache_fuzz.py::test_import_of_any_file"]),
+    ("bad DB rows (wrong types, stride 0, foreign tables)", "row skipped with one log line; tuning, list, report go on",
+     ["tests/test_cache_trust.py::test_rows_of_the_wrong_shape", "tests/test_cache_trust.py::test_warm_start_survives",
+      "tests/test_cache_trust.py::test_a_file_of_our_version", "tests/test_cache_fuzz.py::test_rows_of_any_shape",
+      "tests/test_cache_trust.py::test_read_only_copy", "tests/test_cache_trust.py::test_clear_and_import_say",
+      "tests/test_cache_trust.py::test_import_into_a_cache_that_falls_back",
+      "tests/test_cache_trust.py::test_disk_full_while_creating"]),
 ]
 COUNTS = ("faults", "crashed", "wrong_cached", "lost")
 
