@@ -31,7 +31,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|firstcall) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -152,6 +152,40 @@ if has contexts; then
   timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/probes/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
     2>&1 | tee "$OUT/contexts.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has overhead; then
+  # overhead = benchmarks/bench_overhead.py: TunedConv2d against stock nn.Conv2d for every plan kind (tuned kernel,
+  # cached aten plan, BAGF_TUNE=0 miss, bf16 / channels_last), eager and CUDA graph, N=1,8,32,128 by default;
+  # $OVERHEAD_ARGS (e.g. "--batch 1,8 --kinds kernel,miss"). Results: $OUT/bench_overhead_h200.{json,md} (top level);
+  # its log goes into logs.tgz.
+  # shellcheck disable=SC2086  # OVERHEAD_ARGS is a list of arguments
+  timeout ${OVERHEAD_TIMEOUT:-420} python3 benchmarks/bench_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-} \
+    > "$OUT/overhead.log" 2>&1 || rc=1
+  tail -n 48 "$OUT/overhead.log"
+fi
+if has firstcall; then
+  # firstcall = benchmarks/first_call.py: the whole first call per grad context against the time budget, the plans
+  # re-timed against cuDNN at the end; $FIRSTCALL_ARGS (e.g. "--seconds 10"); FIRSTCALL_ONLY_ALEXNET=1 skips it.
+  # Then, with FIRSTCALL_ALEXNET="5 25" (seconds per problem), its --alexnet mode once per value: the tune command's
+  # per-problem seconds (FIRSTCALL_ALEXNET_TIMEOUT: seconds per value, default 15 x (1.1 s + 9) + 120).
+  # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet results and the tune command's output
+  # go into $OUT/first_call_alexnet.tgz (a device call returns at most 8 files); the logs into logs.tgz.
+  if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
+    # shellcheck disable=SC2086  # FIRSTCALL_ARGS is a list of arguments
+    timeout ${FIRSTCALL_TIMEOUT:-540} python3 benchmarks/first_call.py --out "$OUT" ${FIRSTCALL_ARGS:-} \
+      > "$OUT/firstcall.log" 2>&1 || rc=1
+    tail -n 16 "$OUT/firstcall.log"
+  fi
+  if [ -n "${FIRSTCALL_ALEXNET:-}" ]; then
+    mkdir -p "$OUT/first_call_alexnet"
+    for s in $FIRSTCALL_ALEXNET; do
+      ta=${FIRSTCALL_ALEXNET_TIMEOUT:-$(awk -v s="$s" 'BEGIN { printf "%d", 15 * (1.1 * s + 9) + 120 }')}
+      timeout $((ta + 30)) python3 benchmarks/first_call.py --alexnet --seconds "$s" --alexnet-timeout "$ta" \
+        --out "$OUT/first_call_alexnet" > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
+      tail -n 24 "$OUT/firstcall_alexnet_${s}s.log"
+    done
+    ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )
+  fi
 fi
 if [ -n "$bg_pid" ]; then
   wait "$bg_pid" || rc=1
