@@ -66,7 +66,8 @@ def test_import_of_any_file_raises_nothing_and_keeps_every_valid_entry(tmp_path,
     order = data.draw(st.permutations(range(len(plans))))
     document = {"format": "bagf_torch.cache", "schema": SCHEMA_VERSION, "plans": [plans[i] for i in order],
                 "cubins": data.draw(st.lists(json_values, max_size=2))}
-    if data.draw(st.booleans()):  # sometimes the top level itself is damaged
+    damaged = data.draw(st.booleans())
+    if damaged:  # sometimes the top level itself is damaged (then the good entries may be gone with it)
         document[data.draw(st.sampled_from(["plans", "cubins", "schema", "format"]))] = data.draw(json_values)
     path = tmp_path / "fuzz.json"
     path.write_text(json.dumps(document))
@@ -78,7 +79,8 @@ def test_import_of_any_file_raises_nothing_and_keeps_every_valid_entry(tmp_path,
             return
         stored = {p["key"] for p in cache.plans()}
         # a mutation may leave an entry valid (an equal value drawn): then it is the valid entry of that key
-        assert {e["key"] for e in good} <= stored, skipped
+        if not damaged:
+            assert {e["key"] for e in good} <= stored, skipped
         assert imported == len(stored) and all(isinstance(line, str) for line in skipped)
 
 
