@@ -1,0 +1,352 @@
+"""CPU tests of benchmarks/bench_overhead.py and benchmarks/first_call.py through their --dry-run modes: argument
+parsing, the case lists, the per-kind / per-context environments, the cached aten plan, the log capture, the pass
+rules and the result files (FAKE numbers, marked). What needs CUDA (timing, tuning, graphs) is not run here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    return _script("bench_overhead")
+
+
+@pytest.fixture(scope="module")
+def first_call():
+    return _script("first_call")
+
+
+def _load(path: Path) -> dict:
+    assert path.is_file(), f"{path.name} not written; the folder holds {sorted(p.name for p in path.parent.iterdir())}"
+    return json.loads(path.read_text())
+
+
+# ---- bench_overhead.py -----------------------------------------------------------------------------------
+
+def test_overhead_parsers_and_pass_rule(overhead):
+    a, b = overhead.parse_layers("64:64:56,128:128:28:3:1:1")
+    assert (a.c, a.k, a.hw, a.kernel, a.stride, a.pad) == (64, 64, 56, 3, 1, 1)
+    assert b.name == "3x3 128->128 @28x28"
+    assert overhead.parse_layers("3:64:224:11:4:2")[0].name == "11x11 3->64 @224x224 s4 p2"
+    for bad in ("64:64", "64:x:56", "0:4:4", ""):
+        with pytest.raises(Exception):
+            overhead.parse_layers(bad)
+    assert overhead.parse_kinds("kernel,unsupported") == ["kernel", "unsupported:bf16", "unsupported:channels_last"]
+    assert overhead.parse_kinds("miss,bf16,miss") == ["miss", "unsupported:bf16"]
+    with pytest.raises(Exception):
+        overhead.parse_kinds("fast")
+    assert overhead.parse_batches("1,8,32,128") == [1, 8, 32, 128]
+    judge = overhead.judge
+    assert judge(100.0, 102.0, 1.02, 2.0)["pass"]          # within 2%
+    assert judge(10.0, 12.0, 1.02, 2.0)["pass"]            # within 2 us
+    assert not judge(100.0, 103.0, 1.02, 2.0)["pass"]      # 3% and 3 us slower
+    assert not judge(10.0, 12.5, 1.02, 2.0)["pass"]
+    assert judge(10.0, 5.0, 1.02, 2.0)["ratio"] == 0.5
+    assert overhead.seconds_suffix(None, 25.0) == "" and overhead.seconds_suffix(25, 25.0) == ""
+    assert overhead.seconds_suffix(5, 25.0) == "_5s" and overhead.seconds_suffix(2.5, 25.0) == "_2.5s"
+
+
+def test_overhead_interleaving_rotates_the_order(overhead):
+    seen = []
+    medians = overhead.interleaved(lambda fn: fn(), [lambda: seen.append("a") or 1.0, lambda: seen.append("b") or 3.0],
+                                   reps=4)
+    assert medians == [1.0, 3.0]
+    assert seen == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert overhead.eager_loop_us(lambda: None, calls=5, sync=lambda: None) >= 0.0
+
+
+def test_overhead_dry_run_every_kind(overhead, tmp_path):
+    before = os.environ.get("BAGF_CACHE_DIR")
+    rc = overhead.main(["--dry-run", "--out", str(tmp_path), "--batch", "1,8", "--layers", "8:8:8,4:8:6"])
+    assert rc == 0
+    assert os.environ.get("BAGF_CACHE_DIR") == before  # the script's per-kind settings do not leak
+    doc = _load(tmp_path / "bench_overhead_h200_dryrun.json")
+    assert doc["meta"]["dry_run"] is True and "FAKE" in doc["meta"]["note"]
+    assert doc["meta"]["command"].endswith("benchmarks/bench_overhead.py --dry-run --out "
+                                           f"{tmp_path} --batch 1,8 --layers 8:8:8,4:8:6")
+    for field in ("date", "commit", "gpu", "torch", "cuda", "cudnn"):
+        assert field in doc["meta"]
+    rows = doc["rows"]
+    assert len(rows) == 2 * 2 * 5 and all(r["fake"] for r in rows)
+    assert [r["kind"] for r in rows[::4]] == list(overhead.KINDS)
+    layers = ("3x3 8->8 @8x8", "3x3 4->8 @6x6")
+    assert {(r["layer"], r["n"]) for r in rows} == {(la, n) for la in layers for n in (1, 8)}
+    for r in rows:
+        assert set(r["eager"]) >= {"stock_us", "tuned_us", "ratio", "pass"} and r["graph"]["pass"]
+        assert r["max_rel_diff"] < 1e-5  # same weights, the same (ATen) path on a CPU
+    assert all(r["aten_plan_stored"] for r in rows if r["kind"] == "aten")  # the real put_plan took the fields
+    assert all("nn.Conv2d forward (input is not a CUDA tensor)" in r["plan"] for r in rows
+               if r["kind"].startswith("unsupported"))
+    assert any("not a CUDA tensor" in rec["message"] for r in rows for rec in r["log"])  # the capture handler
+    assert doc["summary"] == dict(doc["summary"], rows=20, failed=0, **{"pass": True})
+    md = (tmp_path / "bench_overhead_h200_dryrun.md").read_text()
+    assert md.startswith("# DRY RUN, FAKE NUMBERS") and "every time below is FAKE" in md
+    assert md.count("| 3x3 8->8 @8x8 |") == 10 and "20 of 20 rows pass." in md
+
+
+def test_overhead_dry_run_failure_exits_nonzero_and_still_writes(overhead, tmp_path):
+    rc = overhead.main(["--dry-run", "--dry-run-fail", "--out", str(tmp_path), "--batch", "1", "--layers", "4:4:4",
+                        "--kinds", "kernel,miss", "--tag", "t"])
+    assert rc == 1
+    doc = _load(tmp_path / "bench_overhead_t_dryrun.json")
+    assert doc["summary"]["failed"] == 1 and not doc["summary"]["pass"]
+    assert not doc["rows"][0]["eager"]["pass"] and doc["rows"][1]["eager"]["pass"]
+    assert "| NO |" in (tmp_path / "bench_overhead_t_dryrun.md").read_text()
+
+
+def test_overhead_refuses_to_run_without_a_gpu(overhead, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert overhead.main(["--out", str(tmp_path)]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+# ---- first_call.py ---------------------------------------------------------------------------------------
+
+def test_first_call_search_failure_detection_matches_the_tuner():
+    """The row's check looks for the tuner's warning; keep it tied to the message the tuner writes."""
+    import inspect
+
+    from bagf_torch.tuning import tuner
+
+    source = inspect.getsource(tuner)
+    assert "search of" in source and "failed on" in source
+    fc = _script("first_call")
+    msg = "ax search of winograd_gemm failed on N1 C192 13x13 after 12 trials (ValueError: x); choosing among them"
+    assert fc.search_failures([{"level": "WARNING", "message": msg}, {"level": "INFO", "message": "tuned N1"}]) == [msg]
+    assert fc.search_failures(["compile failed", msg]) == [msg]
+
+
+def test_first_call_dry_run_cases_and_contexts(first_call, tmp_path):
+    rc = first_call.main(["--dry-run", "--out", str(tmp_path), "--batch", "1,4", "--layers", "8:16:8",
+                          "--seconds", "3"])
+    assert rc == 0
+    doc = _load(tmp_path / "first_call_h200_3s_dryrun.json")  # --seconds off the default: in the name
+    assert doc["meta"]["dry_run"] and doc["summary"]["complete"] and doc["summary"]["pass"]
+    rows = doc["rows"]
+    assert [(r["n"], r["context"]) for r in rows] == [(n, c) for n in (1, 4) for c in ("grad", "no_grad",
+                                                                                        "inference_mode")]
+    for r in rows:
+        assert r["fake"] and r["budget_s"] == 3.0 and r["allowed_s"] == pytest.approx(3.0 * 1.1 + 1.0)
+        assert r["within_budget"] and r["search_failed"] == []
+        # each context ran in a fresh runtime and log state: the fallback is logged (and captured) every time
+        assert any("not a CUDA tensor" in rec["message"] for rec in r["log"])
+        assert r["reference_context"] == "grad" and r["vs_reference"] == 1.0 and r["quality_pass"]
+        assert set(r["phases"]) == {"compile", "check", "measure", "strategy"}
+    md = (tmp_path / "first_call_h200_3s_dryrun.md").read_text()
+    assert md.startswith("# DRY RUN, FAKE NUMBERS") and "6 of 6 rows pass." in md
+
+
+def test_first_call_dry_run_failures(first_call, tmp_path):
+    rc = first_call.main(["--dry-run", "--dry-run-fail", "--out", str(tmp_path), "--batch", "2",
+                          "--layers", "4:4:4", "--contexts", "no_grad,grad"])
+    assert rc == 1
+    rows = _load(tmp_path / "first_call_h200_dryrun.json")["rows"]  # --seconds not given: no suffix
+    no_grad, grad = rows
+    assert not no_grad["within_budget"] and grad["within_budget"]  # the first context's wall: over budget + overshoot
+    # the reference is grad even when it is not first; the fake plan of the last context is 20% slower
+    assert no_grad["reference_context"] == "grad" and no_grad["vs_reference"] == pytest.approx(1 / 1.2)
+    assert not no_grad["quality_pass"] and grad["quality_pass"]
+
+
+def test_first_call_alexnet_dry_run(first_call, tmp_path):
+    rc = first_call.main(["--dry-run", "--alexnet", "--seconds", "5", "--out", str(tmp_path)])
+    assert rc == 0
+    stem = tmp_path / "first_call_alexnet_h200_5s_dryrun"
+    doc = _load(stem.with_suffix(".json"))
+    s = doc["summary"]
+    assert s["problems"] == 15 and s["tuned"] == 15 and s["source"] == "tune JSON" and s["pass"]
+    assert "--seconds 5" in doc["meta"]["tune_command"] and "--no-progress" in doc["meta"]["tune_command"]
+    rows = doc["rows"]
+    assert all(r["fake"] and r["budget_s"] == 5.0 and r["within_budget"] for r in rows)
+    assert [r["gap_includes_startup"] for r in rows].count(True) == 1
+    assert all(r["wall_gap_s"] is not None for r in rows)
+    assert rows[0]["layers"] == ["features.0"] and rows[0]["short"].startswith("N1 C3 224x224")
+    assert stem.with_suffix(".log").is_file() and "DRY RUN" in stem.with_suffix(".md").read_text()
+
+
+def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
+    """A tune command cut short leaves no JSON: the rows come from the plans it stored."""
+    from bagf_torch.problem import ConvProblem
+
+    p1 = ConvProblem(n=1, c=3, h=8, w=8, k=4, r=3, s=3, padding=(1, 1))
+    p2 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, padding=(1, 1))
+    plans = [{"problem": p2.as_dict(), "family": "aten", "config": None, "evaluations": 9, "tune_seconds": 7.5,
+              "time_us": 5.0, "aten_us": 5.0, "created": 130.0},
+             {"problem": p1.as_dict(), "family": "aten", "config": None, "evaluations": 8, "tune_seconds": 4.0,
+              "time_us": 4.0, "aten_us": 4.0, "created": 110.0}]
+    args = first_call.build_parser().parse_args(["--dry-run"])
+    rows = first_call.alexnet_rows(None, plans, started=100.0, budget=5.0, args=args)
+    assert [r["short"].split()[0] for r in rows] == ["N1", "N2"]  # in the order they were written
+    assert [r["wall_gap_s"] for r in rows] == [10.0, 20.0] and rows[0]["gap_includes_startup"]
+    assert rows[0]["within_budget"] and not rows[1]["within_budget"]  # 7.5 s > 5 * 1.1 + 1
+    assert rows[1]["gap_within"] is False and rows[0]["gap_within"] is None
+    assert all(r["from"] == "cache (no tune JSON)" for r in rows)
+
+
+def test_first_call_asks_the_tune_command_for_strict_fp32(first_call):
+    words = first_call.tf32_off_args()
+    assert words in ([], ["--tf32", "off"])
+    from bagf_torch import cli
+
+    assert cli.build_parser().parse_args(["tune", "--model", "alexnet", *words]).cmd == "tune"
+
+
+# ---- the GPU code paths, with the GPU simulated -----------------------------------------------------------
+# The non-dry code (plan lookups, the cached aten plan under the runtime's key, the runtime's results, the log
+# capture, the quality session) driven on a CPU: a runtime whose device is fake and whose tuner returns a fixed
+# winner, TunedConv2d's device check passed, and CUDA's synchronize / graphs / event timing stood in for.
+
+def _fake_runtime(family: str = "aten", warn_in_inference_mode: bool = False):
+    import contextlib
+    import types
+
+    from bagf_torch import log, runtime
+    from bagf_torch.kernels import implicit_gemm
+    from bagf_torch.tuning.measure import ATEN
+    from bagf_torch.tuning.tuner import TuneResult
+
+    config = None if family == "aten" else dict(implicit_gemm.DEFAULT)
+    compiler = types.SimpleNamespace(digest=lambda fam, cfg: "fake-digest")
+    dev = runtime._Device(0, {"gpu": "Fake GPU", "cc": "9.0", "driver": 1, "nvrtc": "13.0"}, compiler,
+                          context=lambda index: contextlib.nullcontext())
+
+    class FakeTuner:
+        def tune(self, problem, progress=None, seeds=()):
+            import torch
+
+            if warn_in_inference_mode and torch.is_inference_mode_enabled():
+                log.logger().warning(f"ax search of {family} failed on {problem.short()} after 3 trials "
+                                     "(RuntimeError: element 0 of tensors does not require grad); choosing among them")
+            # handle ATEN whatever the family: the module then runs nn.Conv2d's forward, which a CPU can
+            return TuneResult(problem=problem, family=family, config=config, handle=ATEN, time_us=8.0, aten_us=9.0,
+                              default_us=None, evaluations=3, seconds=0.01,
+                              phases={"compile": 0.0, "check": 0.0, "measure": 0.01, "strategy": 0.0})
+
+    return runtime.Runtime(devices=lambda index: dev, make_tuner=lambda rt, d, wrap: FakeTuner())
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    import torch
+
+    from bagf_torch import bench, runtime
+    from bagf_torch.nn import TunedConv2d
+
+    state = {"family": "aten", "warn": False, "timed": 0}
+    monkeypatch.setattr(runtime, "reset", lambda: runtime.install(_fake_runtime(state["family"], state["warn"])))
+    monkeypatch.setattr(TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def graphed(forward, x):
+        out = forward(x)
+        return (lambda: forward(x)), out
+
+    def time_forward(fn, runs=200, warmup=20):
+        fn()
+        state["timed"] += 1
+        return bench.Timing(5.0, 5.0, 5.0, runs)
+
+    monkeypatch.setattr(bench, "graphed", graphed)
+    monkeypatch.setattr(bench, "time_forward", time_forward)
+    runtime.reset()
+    return state
+
+
+@pytest.mark.parametrize("family", ["aten", "implicit_gemm"])
+def test_overhead_gpu_path_simulated(overhead, simulated_gpu, monkeypatch, tmp_path, family):
+    import torch
+
+    simulated_gpu["family"] = family
+    monkeypatch.setattr(overhead, "compute_device", lambda dry_run: torch.device("cpu"))
+    monkeypatch.setattr(overhead, "eager_loop_us", lambda fn, calls, sync=None: (fn(), 20.0)[1])
+    rc = overhead.main(["--out", str(tmp_path), "--batch", "2", "--layers", "4:8:6", "--watchdog", "0",
+                        "--reps", "3", "--tag", "sim"])
+    doc = _load(tmp_path / "bench_overhead_sim.json")
+    assert doc["meta"]["gpu"] == "Fake GPU" and doc["meta"]["env"]["gpu"] == "Fake GPU" and not doc["meta"]["dry_run"]
+    rows = {r["kind"]: r for r in doc["rows"]}
+    assert list(rows) == list(overhead.KINDS)
+    for r in rows.values():
+        assert "error" not in r and r["eager"]["pass"] and r["graph"]["pass"], r
+        assert r["max_rel_diff"] < 1e-5 and not r["eager"].get("error") and not r["graph"].get("error")
+    kernel = rows["kernel"]
+    assert kernel["runtime_stats"]["tuned"] == 1 and kernel["tuned_now"] and kernel["evaluations"] == 3
+    if family == "aten":
+        assert kernel["plan"] == "aten: tuning picked cuDNN"
+    else:
+        from bagf_torch.kernels import implicit_gemm
+
+        assert kernel["plan"] == implicit_gemm.name(implicit_gemm.DEFAULT)
+    aten = rows["aten"]
+    assert aten["aten_plan_stored"] and aten["plan"] == "aten (cached plan)" and aten["ok"]
+    assert aten["runtime_stats"].get("cache_hits") == 1 and not aten["runtime_stats"].get("tuned")
+    assert rows["miss"]["ok"] and rows["miss"]["plan"].startswith("none: BAGF_TUNE=0")
+    assert "dtype torch.bfloat16" in rows["unsupported:bf16"]["plan"]
+    assert "channels_last input" in rows["unsupported:channels_last"]["plan"]
+    assert rows["unsupported:bf16"]["ok"] and rows["unsupported:channels_last"]["ok"]
+    assert rc == 0 and simulated_gpu["timed"] > 0
+
+
+def test_first_call_gpu_path_simulated(first_call, simulated_gpu, monkeypatch, tmp_path):
+    import torch
+
+    simulated_gpu["warn"] = True  # the fake tuner's search "fails" in inference mode, as Ax's GP fit once did
+    monkeypatch.setattr(first_call.common, "compute_device", lambda dry_run: torch.device("cpu"))
+    rc = first_call.main(["--out", str(tmp_path), "--batch", "1,2", "--layers", "4:8:6", "--seconds", "7",
+                          "--no-prewarm", "--watchdog", "0", "--reps", "3"])
+    assert rc == 1
+    doc = _load(tmp_path / "first_call_h200_7s.json")
+    assert doc["summary"]["complete"] and doc["summary"]["failed"] == 2
+    for r in doc["rows"]:
+        assert r["budget_s"] == 7.0 and r["within_budget"] and r["runtime_stats"]["tuned"] == 1
+        assert r["plan"] == "aten (cuDNN)" and r["tuner_seconds"] == 0.01 and r["phases"]["measure"] == 0.01
+        assert r["cudnn_us"] == 5.0 and r["plan_us"] == 5.0 and r["quality_pass"] and r["reference_context"] == "grad"
+        failed = r["context"] == "inference_mode"
+        assert bool(r["search_failed"]) == failed and first_call.row_pass(r) == (not failed)
+        assert any(rec["level"] == "WARNING" and "search of" in rec["message"] for rec in r["log"]) == failed
+
+
+# ---- as scripts ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["bench_overhead.py", "--batch", "1", "--layers", "4:4:4", "--kinds", "aten,channels_last"],
+    ["first_call.py", "--batch", "1", "--layers", "4:4:4", "--contexts", "inference_mode"],
+])
+def test_scripts_run_from_the_command_line(tmp_path, argv):
+    r = subprocess.run([sys.executable, str(BENCHMARKS / argv[0]), "--dry-run", "--out", str(tmp_path), *argv[1:]],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert len(list(tmp_path.glob("*_dryrun.json"))) == 1 and len(list(tmp_path.glob("*_dryrun.md"))) == 1
+
+
+def test_device_check_knows_the_new_stages():
+    script = BENCHMARKS.parent / "scripts" / "device_check.sh"
+    text = script.read_text()
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    case = next(line for line in text.splitlines() if line.strip().startswith('case "$a" in'))
+    assert "|overhead|" in case + "|" and "|firstcall)" in case
+    assert "benchmarks/bench_overhead.py --out \"$OUT\"" in text and "benchmarks/first_call.py --out \"$OUT\"" in text
