@@ -167,7 +167,8 @@ if has firstcall; then
   # firstcall = benchmarks/first_call.py: the whole first call per grad context against the time budget, the plans
   # re-timed against cuDNN at the end; $FIRSTCALL_ARGS (e.g. "--seconds 10"); FIRSTCALL_ONLY_ALEXNET=1 skips it.
   # Then, with FIRSTCALL_ALEXNET="5 25" (seconds per problem), its --alexnet mode once per value: the tune command's
-  # per-problem seconds (FIRSTCALL_ALEXNET_TIMEOUT: seconds per value, default 15 x (1.1 s + 9) + 120).
+  # per-problem seconds (FIRSTCALL_ALEXNET_TIMEOUT: seconds per value, default 15 x (1.1 s + 9) + 120;
+  # FIRSTCALL_ALEXNET_ARGS: more arguments for it, e.g. "--overshoot-frac 0.2").
   # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet results and the tune command's output
   # go into $OUT/first_call_alexnet.tgz (a device call returns at most 8 files); the logs into logs.tgz.
   if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
@@ -180,8 +181,9 @@ if has firstcall; then
     mkdir -p "$OUT/first_call_alexnet"
     for s in $FIRSTCALL_ALEXNET; do
       ta=${FIRSTCALL_ALEXNET_TIMEOUT:-$(awk -v s="$s" 'BEGIN { printf "%d", 15 * (1.1 * s + 9) + 120 }')}
+      # shellcheck disable=SC2086  # FIRSTCALL_ALEXNET_ARGS is a list of arguments
       timeout $((ta + 30)) python3 benchmarks/first_call.py --alexnet --seconds "$s" --alexnet-timeout "$ta" \
-        --out "$OUT/first_call_alexnet" > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
+        --out "$OUT/first_call_alexnet" ${FIRSTCALL_ALEXNET_ARGS:-} > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
       tail -n 24 "$OUT/firstcall_alexnet_${s}s.log"
     done
     ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )
