@@ -1,13 +1,13 @@
-"""bagf_torch: auto-tuned CUDA convolutions for PyTorch (JIT-tuned on first call, cached on disk).
+"""Build hook only; the project's metadata is in pyproject.toml.
 
 The host extension is not built at install time: it is built through torch.utils.cpp_extension (ninja) on
-first CUDA use, for the torch and CUDA found then. The C++/CUDA sources ship inside the package as _csrc.
+first CUDA use, for the torch and CUDA found then. Its C++/CUDA sources ship inside the package as _csrc.
 """
 
 import shutil
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -18,23 +18,14 @@ class BuildPyWithSources(build_py):
 
     def run(self):
         super().run()
+        source = ROOT / "csrc"
+        if not (source / "bagf_ext.cpp").is_file():
+            raise RuntimeError(f"{source} is missing or incomplete: the package cannot be built without the "
+                               "C++/CUDA sources (an sdist must include csrc/, see MANIFEST.in)")
         target = Path(self.build_lib) / "bagf_torch" / "_csrc"
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(ROOT / "csrc", target)
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.o", "*.so"))
 
 
-setup(
-    name="bagf_torch",
-    version="0.1.0",
-    description="Auto-tuned CUDA convolutions for PyTorch: Bayesian optimisation (Ax) on first call, cached on disk",
-    long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
-    long_description_content_type="text/markdown",
-    python_requires=">=3.11",
-    packages=find_packages(include=["bagf_torch", "bagf_torch.*"]),
-    # tqdm: tune_model's progress bar (pre-tuning a model takes minutes; DESIGN asks for a bar)
-    install_requires=["torch>=2.4", "ninja", "ax-platform>=1.0", "numpy", "tqdm"],
-    extras_require={"test": ["pytest"], "plot": ["matplotlib"]},
-    entry_points={"console_scripts": ["bagf-torch = bagf_torch.cli:main"]},
-    cmdclass={"build_py": BuildPyWithSources},
-)
+setup(cmdclass={"build_py": BuildPyWithSources})

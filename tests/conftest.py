@@ -58,3 +58,24 @@ def _isolated_bagf(monkeypatch, tmp_path, build_dir):
     log.reset()
     yield
     runtime.reset()
+
+
+def pytest_configure(config):
+    """With BAGF_TEST_INSTALLED=1 (what .ci/run sets) the suite must run against an installed copy of the
+    package: a bagf_torch imported from the checkout (an editable install, or the repo root on sys.path) would
+    hide a broken package -- missing subpackages, missing C++ sources -- exactly as users would meet it."""
+    if os.environ.get("BAGF_TEST_INSTALLED", "").strip() not in ("1", "true", "yes", "on"):
+        return
+    from pathlib import Path
+
+    import bagf_torch
+
+    package = Path(bagf_torch.__file__).resolve().parent
+    checkout = Path(str(config.rootpath)).resolve()
+    if checkout in package.parents:
+        raise pytest.UsageError(f"BAGF_TEST_INSTALLED=1 but bagf_torch was imported from the checkout ({package}); "
+                                "install it non-editable (pip install '.[test]') and run pytest from outside the "
+                                "checkout (see .ci/run)")
+    if not (package / "_csrc" / "bagf_ext.cpp").is_file():
+        raise pytest.UsageError(f"the installed bagf_torch at {package} has no _csrc/ (the C++ sources the JIT "
+                                "build needs): the wheel or sdist was built without csrc/")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import bagf_torch
 from bagf_torch.distributed import shard, write_records
 from bagf_torch.problem import ConvProblem
 
@@ -47,7 +48,7 @@ def test_shard_rejects_bad_rank():
 
 WORKER = """
 import json, os, sys
-sys.path[:0] = [{repo!r}, {tests!r}]
+sys.path[:0] = [{package_root!r}, {tests!r}]  # the bagf_torch the test run imported (installed or not)
 import torch
 from torch import nn
 import bagf_torch
@@ -113,7 +114,8 @@ def test_torchrun_gloo_shards_gathers_and_rank0_writes_everything(world, tmp_pat
     out = tmp_path / "job"
     out.mkdir()
     script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out)))
+    script.write_text(WORKER.format(package_root=str(Path(bagf_torch.__file__).resolve().parent.parent),
+                                     tests=str(REPO / "tests"), out=str(out)))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")}
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",

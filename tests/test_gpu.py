@@ -16,6 +16,10 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.cuda
 
+# Where the bagf_torch under test lives (site-packages when installed, the checkout in a development run): the
+# child processes below import the same copy.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__import__("bagf_torch").__file__)))
+
 # Odd shapes: non-square, stride 1-4, padding, dilation, C and K not multiples of any tile, N=1, no bias.
 ODD_SHAPES = [
     # n, c, h, w, k, r, s, stride, padding, dilation, bias
@@ -457,7 +461,7 @@ def test_fresh_process_tunes_nothing_compiles_nothing(monkeypatch):
     script = textwrap.dedent(f"""
         import json, os, sys, time
         t0 = time.perf_counter()
-        sys.path.insert(0, {os.getcwd()!r})
+        sys.path.insert(0, {_PACKAGE_ROOT!r})
         import torch, bagf_torch
         from bagf_torch import runtime
         from bagf_torch.jit.compiler import STATS
@@ -610,7 +614,7 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys, time
         t0 = time.perf_counter()
-        sys.path.insert(0, {os.getcwd()!r})
+        sys.path.insert(0, {_PACKAGE_ROOT!r})
         import torch, bagf_torch
         from bagf_torch import runtime
         from bagf_torch.jit.compiler import STATS
