@@ -19,15 +19,22 @@ def logger() -> logging.Logger:
     configured no logging at all, so INFO lines asked for with BAGF_LOG=info are visible."""
     global _configured
     if not _configured:
+        bad = None
         with _lock:
             if not _configured:
-                _LOGGER.setLevel(settings.log_level())
+                try:
+                    level = settings.log_level()
+                except settings.SettingError as e:  # a bad BAGF_LOG must not break the forward that logs
+                    level, bad = logging.WARNING, e
+                _LOGGER.setLevel(level)
                 if not _LOGGER.handlers and not logging.getLogger().handlers:
                     handler = logging.StreamHandler(sys.stderr)
                     handler.setFormatter(logging.Formatter("[bagf_torch] %(levelname)s %(message)s"))
                     _LOGGER.addHandler(handler)
                     _LOGGER.propagate = False
                 _configured = True
+        if bad is not None:
+            _LOGGER.warning(f"{bad}; logging at 'warning'")
     return _LOGGER
 
 

@@ -1,7 +1,9 @@
 """Every ``BAGF_*`` environment variable, typed and documented, in one place.
 
 Read at call time (not at import), so tests and users can change them with ``os.environ`` or
-``monkeypatch.setenv`` in a running process.
+``monkeypatch.setenv`` in a running process. An empty value is the default. A value that cannot be parsed or
+is out of range (non-finite, negative, over a day for seconds) raises ``SettingError`` naming the variable: the
+command line prints it as one line (exit 2); inside a forward the layer logs it once and runs torch's conv.
 
 =========================  ==========================================  ======================================
 variable                   meaning                                     default
@@ -30,6 +32,9 @@ BAGF_CLAIM_LEASE           seconds a tuner's claim on a problem lasts  30
                            ranks, workers) wait for its winner; a
                            killed tuner's claim expires after this
                            (at once for a dead process on this host)
+BAGF_CLAIM_WAIT            seconds a call waits for another process's  60
+                           tuning of the same problem; then torch's
+                           conv serves it until the winner is stored
 BAGF_ISOLATE               1: compile, check and time candidates in a  0
                            child process with its own CUDA context;
                            a crashing candidate (illegal address,
@@ -52,20 +57,25 @@ BAGF_PRUNE_FACTOR          bound-guided pruning: before a family's     0 (off)
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class SettingError(ValueError):
-    """A BAGF_* variable holds a value that cannot be parsed."""
+    """A BAGF_* variable holds a value that cannot be parsed, or one outside its range."""
 
 
 def _raw(name: str) -> str | None:
+    """The variable's value, stripped; None when it is unset or empty (an empty value means the default for
+    every variable alike: ``BAGF_TUNE=`` is BAGF_TUNE unset, not "off")."""
     value = os.environ.get(name)
-    return None if value is None else value.strip()
+    if value is None or not value.strip():
+        return None
+    return value.strip()
 
 
 def get_bool(name: str, default: bool) -> bool:
@@ -79,52 +89,75 @@ def get_bool(name: str, default: bool) -> bool:
     raise SettingError(f"{name}={value!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
 
 
-def get_int(name: str, default: int, minimum: int | None = None) -> int:
+def _check_range(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and not value >= minimum:
+        raise SettingError(f"{name}={value:g} is below its minimum {minimum:g}")
+    if maximum is not None and not value <= maximum:
+        raise SettingError(f"{name}={value:g} is above its maximum {maximum:g}")
+
+
+def get_int(name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
     value = _raw(name)
-    if value is None or value == "":
+    if value is None:
         return default
     try:
         parsed = int(value)
     except ValueError:
-        raise SettingError(f"{name}={value!r} is not an integer") from None
-    if minimum is not None and parsed < minimum:
-        raise SettingError(f"{name}={parsed} is below its minimum {minimum}")
+        raise SettingError(f"{name}={value!r} is not a whole number") from None
+    _check_range(name, parsed, minimum, maximum)
     return parsed
 
 
-def get_float(name: str, default: float, minimum: float | None = None) -> float:
+def get_float(name: str, default: float, minimum: float | None = None, maximum: float | None = None) -> float:
     value = _raw(name)
-    if value is None or value == "":
+    if value is None:
         return default
     try:
         parsed = float(value)
     except ValueError:
         raise SettingError(f"{name}={value!r} is not a number") from None
-    if minimum is not None and not parsed >= minimum:
-        raise SettingError(f"{name}={parsed} is below its minimum {minimum}")
+    if not math.isfinite(parsed):  # inf or nan: a lease or a timeout that never ends is no setting
+        raise SettingError(f"{name}={value!r} is not a finite number")
+    _check_range(name, parsed, minimum, maximum)
     return parsed
 
 
 def get_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     value = _raw(name)
-    if value is None or value == "":
+    if value is None:
         return default
     if value.lower() not in choices:
         raise SettingError(f"{name}={value!r} is not one of {', '.join(choices)}")
     return value.lower()
 
 
+def _path(name: str, value: str) -> Path:
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as e:  # "~nouser/x", or "~" with no home directory
+        raise SettingError(f"{name}={value!r}: cannot expand '~' ({e}); give an absolute path") from None
+
+
+DAY_S = 86400.0
+"""The largest value any seconds setting takes: a day. Larger values are typos (1e23) or a wish for "never"."""
+
+
 def cache_dir() -> Path:
     value = _raw("BAGF_CACHE_DIR")
     if value:
-        return Path(value).expanduser()
-    base = _raw("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bagf_torch"
+        return _path("BAGF_CACHE_DIR", value)
+    base = _raw("XDG_CACHE_HOME")
+    if base:
+        return _path("XDG_CACHE_HOME", base) / "bagf_torch"
+    try:
+        return Path.home() / ".cache" / "bagf_torch"
+    except RuntimeError as e:  # no HOME and no passwd entry (some containers)
+        raise SettingError(f"no home directory to put the cache in ({e}); set BAGF_CACHE_DIR") from None
 
 
 def build_dir() -> Path | None:
     value = _raw("BAGF_BUILD_DIR")
-    return Path(value).expanduser() if value else None
+    return _path("BAGF_BUILD_DIR", value) if value else None
 
 
 def tune_enabled() -> bool:
@@ -138,11 +171,11 @@ DEFAULT_TIME_BUDGET = 25.0
 
 
 def budget_evaluations() -> int:
-    return get_int("BAGF_BUDGET", DEFAULT_BUDGET, minimum=1)
+    return get_int("BAGF_BUDGET", DEFAULT_BUDGET, minimum=1, maximum=1_000_000)
 
 
 def budget_seconds() -> float:
-    return get_float("BAGF_TIME_BUDGET", DEFAULT_TIME_BUDGET, minimum=1e-3)
+    return get_float("BAGF_TIME_BUDGET", DEFAULT_TIME_BUDGET, minimum=1e-3, maximum=DAY_S)
 
 
 STRATEGY_NAMES = ("ax", "random", "anneal", "genetic", "exhaustive")
@@ -158,7 +191,7 @@ def seed() -> int:
 
 
 def compile_workers() -> int:
-    return get_int("BAGF_COMPILE_WORKERS", min(8, os.cpu_count() or 1), minimum=1)
+    return get_int("BAGF_COMPILE_WORKERS", min(8, os.cpu_count() or 1), minimum=1, maximum=1024)
 
 
 def log_level() -> int:
@@ -175,7 +208,13 @@ def background() -> bool:
 
 
 def claim_lease() -> float:
-    return get_float("BAGF_CLAIM_LEASE", 30.0, minimum=0.05)
+    return get_float("BAGF_CLAIM_LEASE", 30.0, minimum=0.05, maximum=DAY_S)
+
+
+def claim_wait() -> float:
+    """``BAGF_CLAIM_WAIT``: seconds a call waits for another process that is tuning the same problem before it
+    runs torch's conv meanwhile (later calls take the winner once it is stored)."""
+    return get_float("BAGF_CLAIM_WAIT", 60.0, minimum=0.0, maximum=DAY_S)
 
 
 def isolate() -> bool:
@@ -183,12 +222,12 @@ def isolate() -> bool:
 
 
 def isolate_timeout() -> float:
-    return get_float("BAGF_ISOLATE_TIMEOUT", 20.0, minimum=0.01)
+    return get_float("BAGF_ISOLATE_TIMEOUT", 20.0, minimum=0.01, maximum=DAY_S)
 
 
 def prune_factor() -> float:
     """``BAGF_PRUNE_FACTOR``: 0 (off) or a factor >= 1 for :func:`bagf_torch.iobound.prune`."""
-    value = get_float("BAGF_PRUNE_FACTOR", 0.0, minimum=0.0)
+    value = get_float("BAGF_PRUNE_FACTOR", 0.0, minimum=0.0, maximum=1e6)
     if 0 < value < 1:
         raise SettingError(f"BAGF_PRUNE_FACTOR={value} would prune every configuration, the best one too; use 0 "
                            "(off) or a factor >= 1 (4 kept every recorded optimum on the H200 tc recording)")
