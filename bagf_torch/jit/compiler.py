@@ -108,6 +108,9 @@ class KernelCompiler:
         self.nvrtc_version = self.ext.versions()["nvrtc"]
         self.source_hash = extension.source_hash()
         self.limits = self.ext.device_limits(device)
+        # NVRTC failures of this process by digest (they are not cached on disk): a start point that failed in
+        # ``prefetch`` is not compiled a second time by ``compile``.
+        self._failures: dict[str, Outcome] = {}
 
     def digest(self, family: ModuleType, config: Mapping[str, int]) -> str:
         """The cache digest of one configuration's cubin on this device."""
@@ -117,6 +120,9 @@ class KernelCompiler:
         """The cubin of ``spec``: ours from the cache, else (``foreign``) one imported with --trust-cubins
         for the same digest, else compiled now with NVRTC and stored under the digest."""
         digest = spec.digest(self.source_hash, self.nvrtc_version)
+        failed = self._failures.get(digest)
+        if failed is not None:
+            return failed
         hit = self.cache.get_cubin(digest)
         if hit is None and foreign:
             hit = self.cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest)
@@ -128,7 +134,9 @@ class KernelCompiler:
         seconds = time.perf_counter() - t0
         STATS.add(nvrtc_compiles=1, compile_seconds=seconds)
         if not ok:
-            return Outcome("compile", detail=f"{spec.name}: NVRTC failed ({spec.name_expression}):\n{log}")
+            failed = self._failures[digest] = Outcome(
+                "compile", detail=f"{spec.name}: NVRTC failed ({spec.name_expression}):\n{log}")
+            return failed
         self.cache.put_cubin(digest, spec.name, lowered, cubin)
         return cubin, lowered, seconds
 
@@ -160,6 +168,18 @@ class KernelCompiler:
             cubins = [self._cubin(s) for s in specs]
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
+
+    def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> None:
+        """Compile the cubins of several families' configurations into the cache in parallel, loading none:
+        the tuner's start points, one per family, would otherwise compile one family at a time. Failures are
+        left for ``compile`` to report."""
+        specs = [KernelSpec(family, dict(c), self.arch) for family, c in items]
+        if len(specs) > 1 and self.workers > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
+                list(pool.map(self._cubin, specs))
+        else:
+            for spec in specs:
+                self._cubin(spec)
 
     def build(self, family: ModuleType, configs: Sequence[Config]) -> list[str | None]:
         """Compile every config with NVRTC from our own kernel sources into the cache, without loading it

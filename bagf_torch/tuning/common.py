@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,23 @@ STATUSES = ("ok", "invalid", "compile", "resources", "launch", "wrong", "timeout
 """Outcome kinds. Every one except "ok" is a typed failure that is recorded, never retried blindly.
 "crashed": the candidate killed the isolated worker process or left its CUDA context unusable
 (``tuning.isolated``, BAGF_ISOLATE=1)."""
+
+
+@contextlib.contextmanager
+def tuning_context(grad: bool = False):
+    """What tuning runs under, whatever the caller's context: outside inference mode, autocast off, autograd
+    off (``grad=False``, the GPU work: nothing there needs a graph) or on (``grad=True``, the strategy: BoTorch
+    fits its GP by gradient). A layer's first call usually arrives under ``torch.no_grad()`` or
+    ``torch.inference_mode()``; under either, Ax's model fit raised "element 0 of tensors does not require
+    grad" and every search ended after its initial design."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+        for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 @dataclass(frozen=True)

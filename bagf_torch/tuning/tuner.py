@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -24,7 +27,7 @@ from .. import iobound, log
 from ..kernels.space import Config, Space, config_key
 from ..problem import ConvProblem
 from . import strategies
-from .common import Budget, Outcome
+from .common import Budget, Outcome, tuning_context
 from .measure import ATEN
 
 
@@ -40,6 +43,155 @@ def _single_threaded_torch():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+class BudgetSpent(Exception):
+    """The tuner's time budget leaves no room for the batch a search asked for: the search ends there, and the
+    tuner chooses among what was measured."""
+
+
+class _Deadline:
+    """The wall-clock budget of one tuning, end to end, and what its steps have been seen to cost.
+
+    Before a batch is compiled, ``fits`` keeps only the candidates whose compile waves (``workers`` NVRTC
+    compiles at a time) and checks and timings are expected to end in time, from the costs measured so far in
+    this run; a batch whose first candidate does not fit is not started. The finalists' interleaved re-timing
+    keeps a reserve (``reserve``: up to ``MAX_ROUNDS`` rounds of every finalist and cuDNN, at most
+    ``RESERVE_FRACTION`` of the budget) and runs as many rounds as are left (``finalist_rounds``, at least
+    one). Until a cost has been seen once it is taken as zero, so the overshoot is bounded by one step: one
+    compile wave, one check and timing, or one round of re-timing."""
+
+    MAX_ROUNDS = 5
+    RESERVE_FRACTION = 0.2
+
+    def __init__(self, clock: Callable[[], float], end: float, seconds: float, workers: int, finalists: int):
+        self.clock = clock
+        self.end = end
+        self.seconds = seconds
+        self.workers = workers
+        self.finalists = finalists
+        self.wave_s: float | None = None     # one wave of parallel compiles
+        self.eval_s: float | None = None     # check + timing of one compiled candidate
+        self.measure_s: float | None = None  # one timing (what the finalists' re-timing repeats)
+
+    @staticmethod
+    def _mean(old: float | None, new: float) -> float:
+        return new if old is None else 0.5 * (old + new)
+
+    def compiled(self, n: int, seconds: float) -> None:
+        if n:
+            self.wave_s = self._mean(self.wave_s, seconds / math.ceil(n / self.workers))
+
+    def evaluated(self, seconds: float) -> None:
+        self.eval_s = self._mean(self.eval_s, seconds)
+
+    def measured(self, seconds: float) -> None:
+        self.measure_s = self._mean(self.measure_s, seconds)
+
+    def reserve(self) -> float:
+        if self.measure_s is None or not math.isfinite(self.end):
+            return 0.0
+        return min(self.MAX_ROUNDS * (self.finalists + 1) * self.measure_s, self.RESERVE_FRACTION * self.seconds)
+
+    def search_end(self) -> float:
+        """When the search must stop so that the finalists' re-timing ends within the budget."""
+        return self.end - self.reserve()
+
+    def fits(self, n: int, end: float) -> int:
+        """How many of ``n`` candidates can be compiled, checked and timed before ``end``."""
+        if n == 0 or not math.isfinite(end):
+            return n
+        left = end - self.clock()
+        if left <= 0:
+            return 0
+        wave, each = self.wave_s or 0.0, self.eval_s or 0.0
+        k = n
+        while k > 0 and math.ceil(k / self.workers) * wave + k * each > left:
+            k -= 1
+        return k
+
+    def finalist_rounds(self, count: int) -> int:
+        if self.measure_s is None or not math.isfinite(self.end) or self.measure_s <= 0:
+            return self.MAX_ROUNDS
+        left = self.end - self.clock()
+        return max(1, min(self.MAX_ROUNDS, int(left / (count * self.measure_s))))
+
+
+class _Search:
+    """One strategy run in a thread of its own, its evaluations done on the tuner's thread.
+
+    The GPU work stays on the calling thread (its device, its stream, its CUDA context); the strategy's own
+    thinking (Ax's model fit and candidate generation: seconds per generation) runs beside it and can be
+    abandoned: when no request comes before the hard end (``limit[0]``, read at each wait), the tuner stops
+    waiting, answers any later request of that thread with ``BudgetSpent`` and goes on with what was measured.
+    Ax's generation has stalled for over two minutes inside pandas; a tuning budget that waits on it is no
+    budget. The thread also has a fresh autograd/inference-mode/autocast state of its own (thread-local in
+    torch), entered explicitly by ``tuning_context(grad=True)``."""
+
+    def __init__(self, strategy: str, space: Space, evaluate, budget: Budget, seed: int, prior, options: dict,
+                 clock: Callable[[], float]):
+        self.strategy, self.space, self.evaluate, self.budget = strategy, space, evaluate, budget
+        self.seed, self.prior, self.options, self.clock = seed, prior, options, clock
+        self.abandoned = False
+        self._requests: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+
+    def _remote(self, configs):
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        with self._lock:
+            if self.abandoned:
+                raise BudgetSpent("the tuner abandoned this search")
+            self._requests.put(("evaluate", list(configs), reply))
+        kind, value = reply.get()
+        if kind == "error":
+            raise value
+        return value
+
+    def _body(self) -> None:
+        try:
+            with tuning_context(grad=True):
+                strategies.run(self.strategy, self.space, self._remote, self.budget, self.seed, clock=self.clock,
+                               prior=self.prior, **self.options)
+            self._requests.put(("done", None, None))
+        except BaseException as e:  # handed to the tuner's thread, which decides
+            self._requests.put(("failed", e, None))
+
+    def _abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+        while True:  # a request that slipped in before the flag was set gets its answer too
+            try:
+                kind, _, reply = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "evaluate":
+                reply.put(("error", BudgetSpent("the tuner abandoned this search")))
+
+    def run(self, limit: list[float]) -> None:
+        thread = threading.Thread(target=self._body, daemon=True, name=f"bagf-search-{self.space.family}")
+        thread.start()
+        try:
+            while True:
+                left = limit[0] - self.clock()
+                try:
+                    kind, payload, reply = self._requests.get(timeout=max(0.0, left) if math.isfinite(left) else None)
+                except queue.Empty:
+                    self._abandon()
+                    return
+                if kind == "evaluate":
+                    try:
+                        reply.put(("ok", self.evaluate(payload)))
+                    except BaseException as e:  # BudgetSpent included: the strategy ends and says so
+                        reply.put(("error", e))
+                elif kind == "done":
+                    return
+                elif isinstance(payload, BudgetSpent):
+                    return
+                else:
+                    raise payload
+        except BaseException:
+            self._abandon()
+            raise
 
 
 def _bound_to(family: ModuleType, name: str, problem: ConvProblem, sms: int | None):
@@ -136,8 +288,10 @@ class Tuner:
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 5, cutoff_factor: float = 4.0,
-                 space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0):
+                 space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter):
         self.compiler = compiler
+        self.clock = clock  # what the seconds budget is measured with (tests pass a fake one)
         self.checker = checker
         self.bench = benchmarker
         self.workspace = workspace
@@ -216,8 +370,20 @@ class Tuner:
              seeds: Sequence[tuple[str, Config]] = ()) -> TuneResult:
         """Tune ``problem``. ``seeds`` are ``(family, config)`` pairs measured right after the families' start
         points (warm start: winners of neighbouring problems, ``tuning.warmstart``); a seed of a family this
-        tuner does not search, or invalid in its space, is skipped. They count against the budget."""
-        t_start = time.perf_counter()
+        tuner does not search, or invalid in its space, is skipped. They count against the budget.
+
+        ``budget.seconds`` is wall time for all of it, from this call to the returned plan: cuDNN's baseline,
+        compiles, checks, timings, the strategy's own thinking and the finalists' re-timing (see ``_Deadline``).
+        The caller's autograd, inference-mode and autocast state do not matter: the search runs in a thread of
+        its own (``_Search``), and the GPU work on this thread under ``tuning_context``."""
+        with tuning_context():
+            return self._tune(problem, progress, seeds)
+
+    def _tune(self, problem: ConvProblem, progress, seeds) -> TuneResult:
+        clock = self.clock
+        t_start = clock()
+        deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds,
+                             workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)), finalists=self.finalists)
         families = self.families_for(problem)
         phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
         ws = self.workspace(problem)
@@ -225,38 +391,53 @@ class Tuner:
         trials: list[Trial] = []
         best = [float("inf")]
 
-        t0 = time.perf_counter()
+        t0 = clock()
         aten = self.bench.measure(ws, ATEN)
-        phases["measure"] += time.perf_counter() - t0
+        phases["measure"] += clock() - t0
+        deadline.measured(clock() - t0)
         trials.append(Trial("aten", None, aten))
         # The early cut-off is relative to the best *candidate*, not to cuDNN: on the H200 every candidate was
         # more than 4x slower than cuDNN at N=128, so a cuDNN-relative cut left the search no data at all.
 
         done: dict[tuple, Outcome] = {}
+        limit = [deadline.search_end()]  # the current family's hard end (the evaluator stops a batch there)
 
         def evaluator(family: ModuleType):
             def evaluate(configs: Sequence[Config]) -> list[Outcome]:
                 keys = [(family.FAMILY, config_key(c)) for c in configs]
                 fresh = [c for c, k in zip(configs, keys) if k not in done]  # e.g. the default, proposed again
-                t = time.perf_counter()
+                fit = deadline.fits(len(fresh), limit[0])
+                cut = fit < len(fresh)
+                fresh = fresh[:fit]
+                t = clock()
                 built = self.compiler.compile(family, fresh) if fresh else []
-                phases["compile"] += time.perf_counter() - t
+                phases["compile"] += clock() - t
+                deadline.compiled(len(fresh), clock() - t)
                 out: list[Outcome] = []
-                for c, b in zip(fresh, built):
+                for i, (c, b) in enumerate(zip(fresh, built)):
+                    if clock() >= limit[0]:  # out of time inside the batch: what is compiled but unmeasured goes
+                        for rest in built[i:]:
+                            if not isinstance(rest, Outcome):
+                                self.compiler.unload(rest.handle)
+                        fresh, cut = fresh[:i], True
+                        break
                     if isinstance(b, Outcome):
                         out.append(b)
                         continue
-                    t = time.perf_counter()
+                    t = clock()
                     bad = self.checker.check(ws, b.handle)
-                    phases["check"] += time.perf_counter() - t
+                    phases["check"] += clock() - t
                     if bad is not None:
                         self.compiler.unload(b.handle)
                         out.append(bad)
+                        deadline.evaluated(clock() - t)
                         continue
-                    t = time.perf_counter()
+                    t1 = clock()
                     cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
                     o = self.bench.measure(ws, b.handle, cutoff)
-                    phases["measure"] += time.perf_counter() - t
+                    phases["measure"] += clock() - t1
+                    deadline.measured(clock() - t1)
+                    deadline.evaluated(clock() - t)
                     if o.ok:
                         handles[(family.FAMILY, config_key(c))] = b.handle
                         best[0] = min(best[0], o.time_us)
@@ -269,13 +450,28 @@ class Tuner:
                     if progress is not None:
                         progress(f"{family.name(c)}: {o.status} "
                                  f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
+                if cut:
+                    raise BudgetSpent(f"{family.FAMILY}: the time budget leaves no room for the rest of the batch")
                 return [done[k] for k in keys]
             return evaluate
 
+        starts = {fam.FAMILY: self.start_config(fam, problem) for fam in families}
+        prefetch = getattr(self.compiler, "prefetch", None)
+        if prefetch is not None and len(families) > 1:
+            # Every family's start point is compiled up front in parallel (the cubins land in the cache, so the
+            # per-family compile below is a load): one compile wave instead of one per family.
+            t = clock()
+            prefetch([(fam, starts[fam.FAMILY]) for fam in families])
+            phases["compile"] += clock() - t
+            deadline.compiled(len(families), clock() - t)
         defaults: dict[str, float | None] = {}
         for fam in families:
-            o = evaluator(fam)([self.start_config(fam, problem)])[0]
+            try:
+                o = evaluator(fam)([starts[fam.FAMILY]])[0]
+            except BudgetSpent:
+                break  # no time left even for this family's start point: the others stay unmeasured
             defaults[fam.FAMILY] = o.time_us if o.ok else None
+        families = [f for f in families if f.FAMILY in defaults]
         by_name = {f.FAMILY: f for f in families}
         known = dict(defaults)  # each family's best time so far: what its budget share follows
         seeded = 0
@@ -286,7 +482,10 @@ class Tuner:
                 continue  # another family's, invalid here, or already measured (e.g. equal to the start point)
             if seeded >= max(0, self.budget.evaluations - len(families) - 1):
                 break
-            o = evaluator(fam)([dict(config)])[0]
+            try:
+                o = evaluator(fam)([dict(config)])[0]
+            except BudgetSpent:
+                break
             seeded += 1
             if o.ok and (known[fam_name] is None or o.time_us < known[fam_name]):
                 known[fam_name] = o.time_us
@@ -296,39 +495,51 @@ class Tuner:
             searched[fam.FAMILY], cut = self.search_space(fam, problem)
             if cut is not None:
                 pruned[fam.FAMILY] = cut
-        shares = self.split_budget(known, self.budget.evaluations - len(families) - seeded)
+        left_evals = self.budget.evaluations - len(families) - seeded
+        shares = self.split_budget(known, left_evals) if families else {}
         order = sorted((f for f in families if shares[f.FAMILY] > 0), key=lambda f: known[f.FAMILY] or 0.0)
         for i, fam in enumerate(order):
-            left_s = self.budget.seconds - (time.perf_counter() - t_start)
+            now = clock()
+            left_s = deadline.search_end() - now
             if left_s <= 0:
                 break
             rest = sum(shares[f.FAMILY] for f in order[i:])
-            remaining = Budget(shares[fam.FAMILY], max(1e-3, left_s * shares[fam.FAMILY] / rest))
-            t, before = time.perf_counter(), sum(v for k, v in phases.items() if k != "strategy")
+            share_s = max(1e-3, left_s * shares[fam.FAMILY] / rest)
+            # A family's search may overrun its share only by what the next families give up: its hard end is
+            # the share's end, except for the last family, which may use all that is left.
+            limit[0] = deadline.search_end() if i == len(order) - 1 else min(deadline.search_end(), now + share_s)
+            remaining = Budget(shares[fam.FAMILY], share_s)
+            t, before = clock(), sum(v for k, v in phases.items() if k != "strategy")
+            # what this family has measured so far (start point, warm-start seeds): the search's prior
+            prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
+            options = dict(self.strategy_options)
+            for option, make in (("features", search_features), ("initial_order", search_initial_order)):
+                if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
+                    options[option] = make(fam, problem, self.sms)  # the user's setting wins
+            search = _Search(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed, prior,
+                             options, clock)
             with _single_threaded_torch():
                 try:
-                    # what this family has measured so far (start point, warm-start seeds): the search's prior
-                    prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
-                    options = dict(self.strategy_options)
-                    for option, make in (("features", search_features), ("initial_order", search_initial_order)):
-                        if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
-                            options[option] = make(fam, problem, self.sms)  # the user's setting wins
-                    strategies.run(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed,
-                                   prior=prior, **options)
+                    search.run(limit)
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
                                          f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")
+            if search.abandoned:
+                log.logger().warning(
+                    f"{self.strategy} search of {fam.FAMILY} on {problem.short()}: a search step ran past its "
+                    f"deadline ({share_s:.1f} s for this family); abandoned it, keeping the {len(trials) - 1} trials "
+                    "measured")
             # the search's own overhead: its wall time minus the compile/check/measure it asked for
-            phases["strategy"] += (time.perf_counter() - t) - (
-                sum(v for k, v in phases.items() if k != "strategy") - before)
+            phases["strategy"] += (clock() - t) - (sum(v for k, v in phases.items() if k != "strategy") - before)
 
         ok = sorted(((tr.outcome.time_us, (tr.family, config_key(tr.config))) for tr in trials
                      if tr.config is not None and tr.outcome.ok), key=lambda t: t[0])
         finalists = [k for _, k in ok[: self.finalists]]
-        t = time.perf_counter()
+        t = clock()
         fin_handles = [handles[k] for k in finalists] + [ATEN]
-        times = self.bench.remeasure(ws, fin_handles)
-        phases["measure"] += time.perf_counter() - t
+        rounds = deadline.finalist_rounds(len(fin_handles))
+        times = self.bench.remeasure(ws, fin_handles, rounds=rounds)
+        phases["measure"] += clock() - t
         aten_us = times[-1]
         win = min(range(len(fin_handles)), key=lambda i: times[i])
         for k, h in handles.items():
@@ -337,7 +548,7 @@ class Tuner:
         evaluations = sum(1 for tr in trials if tr.config is not None and tr.outcome.status != "invalid")
         win_family = finalists[win][0] if fin_handles[win] != ATEN else self.family.FAMILY
         common = dict(problem=problem, aten_us=aten_us, default_us=defaults.get(win_family),
-                      evaluations=evaluations, seconds=time.perf_counter() - t_start, phases=phases,
+                      evaluations=evaluations, seconds=clock() - t_start, phases=phases,
                       trials=trials, defaults=defaults, pruned=pruned)
         if fin_handles[win] == ATEN:
             return TuneResult(family="aten", config=None, handle=ATEN, time_us=aten_us, **common)

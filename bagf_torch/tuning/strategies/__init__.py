@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from ...kernels.space import Config, Space
-from ..common import Budget, Evaluate, Objective, Outcome
+from ..common import Budget, Evaluate, Objective, Outcome, tuning_context
 from . import anneal, ax_bo, exhaustive, genetic, random_search
 
 STRATEGIES: dict[str, ModuleType] = {"ax": ax_bo, "random": random_search, "anneal": anneal, "genetic": genetic,
@@ -56,10 +56,14 @@ def run(name: str, space: Space, evaluate: Evaluate, budget: Budget, seed: int, 
     tuner's start point and warm-start seeds): every strategy knows them and never evaluates them again;
     Ax attaches them as completed trials, annealing starts from the best, the genetic algorithm puts them
     in its first population.
+
+    The caller's grad mode does not matter: the strategy runs with autograd on and outside inference mode
+    (``tuning_context``), so a call under ``torch.no_grad()`` makes the same trials as one without.
     """
     module = check_options(name, options)
     objective = Objective(space, evaluate, budget, clock=clock, prior=prior)
-    module.tune(objective, seed, **options)
+    with tuning_context(grad=True):
+        module.tune(objective, seed, **options)
     return objective.trials
 
 
