@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -10,6 +12,13 @@ from .problem import ConvProblem
 from .tuning.measure import ATEN
 
 _INT32_MAX = 2**31 - 1
+
+RECHECK_S = 1.0
+"""How long a shape that ATen serves *for now* (BAGF_TUNE=0 with no cached plan, tuning in the background, another
+process tuning it) keeps ATen before the layer asks the runtime again: one cache lookup per shape per second
+instead of one per call (a lookup is a SQLite read, tens of microseconds, longer than a batch-1 conv)."""
+
+_BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d's own error is the answer
 
 
 def _op():
@@ -107,6 +116,8 @@ class TunedConv2d(nn.Conv2d):
             return "groups > 1 (grouped and depthwise convs are not tuned yet)"
         if x.dim() != 4:
             return "unbatched (3-D) input"
+        if x.shape[1] != w.shape[1] * self.groups:
+            return _BAD_CALL  # checked before anything is tuned: such a call is not a problem to tune
         if not x.is_contiguous():
             return ("channels_last input" if x.is_contiguous(memory_format=torch.channels_last)
                     else "non-contiguous input")
@@ -152,36 +163,63 @@ class TunedConv2d(nn.Conv2d):
             self._bagf_handles[key] = (handle, tf32)
         return handle
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles in this module's place: a plain ``nn.Conv2d`` sharing its parameters,
+        buffers and hooks. The tuned forward is Python (plan memos, the runtime) that TorchScript cannot compile;
+        a scripted model runs torch's own conv, as a scripted nn.Conv2d would."""
+        conv = nn.Conv2d.__new__(nn.Conv2d)
+        conv.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")})
+        return conv
+
+    @staticmethod
+    def _fast_key(x: torch.Tensor, w: torch.Tensor) -> tuple:
+        return (x.shape, x.dtype, x.device, x.is_contiguous(), w.dtype, w.device, torch.backends.cudnn.allow_tf32)
+
+    def _remember_aten(self, x: torch.Tensor, final: bool) -> None:
+        """Calls like ``x`` go straight to torch's conv from now on (``final``), or for the next RECHECK_S."""
+        if torch.compiler.is_compiling():
+            return
+        fast = self.__dict__.setdefault("_bagf_fast", {})
+        fast[self._fast_key(x, self.weight)] = (None, None if final else time.monotonic() + RECHECK_S,
+                                                runtime.GENERATION)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        # Fast path, for a call like one this layer already ran with its final plan: the same input shape,
-        # dtypes and devices, both tensors still contiguous, the same TF32 flag, and that plan entry still in
-        # _bagf_handles (identity check, so clearing or replacing the handles drops it). It skips the support
-        # checks and the plan lookup, which cost several microseconds per call: batch-1 calls are host-bound.
+        # Fast path, for a call like one this layer already ran: the same input shape, dtype, device and
+        # contiguity, the same weight dtype and device, the same TF32 flag. It skips the support checks and the
+        # plan lookup, which cost several microseconds per call (batch-1 calls are host-bound):
+        # - (None, until, generation): torch's conv answers (unsupported input, an "aten" plan, or ATen for now:
+        #   until ``until`` or until the runtime's GENERATION moves), exactly nn.Conv2d's forward;
+        # - a kernel plan, while its entry is still in _bagf_handles (identity check, so clearing or replacing
+        #   the handles drops it) and the weight is still contiguous.
         fast = self.__dict__.get("_bagf_fast")
         if fast and not torch.compiler.is_compiling():
-            key = (input.shape, input.dtype, input.device, w.dtype, w.device, torch.backends.cudnn.allow_tf32)
-            hit = fast.get(key)
-            if (hit is not None and self._bagf_handles.get(hit[0]) is hit[1] and input.is_contiguous()
-                    and w.is_contiguous()):
-                b = self.bias
-                call = None if _needs_dispatcher(input, w, b) else _inference_call()
-                return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1][0])
+            hit = fast.get(self._fast_key(input, w))
+            if hit is not None:
+                if hit[0] is None:
+                    if hit[1] is None or (time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
+                        return self._conv_forward(input, w, self.bias)
+                elif self._bagf_handles.get(hit[0]) is hit[1] and w.is_contiguous():
+                    b = self.bias
+                    call = None if _needs_dispatcher(input, w, b) else _inference_call()
+                    return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1][0])
         reason = self._unsupported(input)
         if reason is not None:
-            log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
-            return super().forward(input)
+            if reason is not _BAD_CALL:
+                log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
+                self._remember_aten(input, final=True)
+            return self._conv_forward(input, w, self.bias)
         padding = _numeric_padding(self)
         handle = self._handle(input, padding)
-        if handle == ATEN:  # cuDNN won the tuning, or no plan: the stock path, without the op's extra hop
-            return super().forward(input)
+        if handle == ATEN:  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
+            entry = self._bagf_handles.get((tuple(input.shape), input.get_device()))
+            self._remember_aten(input, final=entry is not None and entry[0] == ATEN)
+            return self._conv_forward(input, w, self.bias)
         args = (list(self.stride), list(padding), list(self.dilation))
         hkey = (tuple(input.shape), input.get_device())
         entry = self._bagf_handles.get(hkey)
         if entry is not None and entry[0] == handle and not torch.compiler.is_compiling():
-            tf32 = torch.backends.cudnn.allow_tf32
-            self.__dict__.setdefault("_bagf_fast", {})[
-                (input.shape, input.dtype, input.device, w.dtype, w.device, tf32)] = (hkey, entry, *args)
+            self.__dict__.setdefault("_bagf_fast", {})[self._fast_key(input, w)] = (hkey, entry, *args)
         return _op()(input, w, self.bias, *args, handle)
 
 

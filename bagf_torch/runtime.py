@@ -20,6 +20,7 @@ keeps what it measured; the next process re-tunes the problem from the start.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import sys
@@ -163,6 +164,10 @@ class Runtime:
         self._cache = None
         self._owner = owner_id()
         self._pending: dict[tuple[ConvProblem, int], threading.Event] = {}
+        # problems whose claim holder this process stopped waiting for (BAGF_CLAIM_WAIT): later lookups look
+        # for the winner once and do not wait again
+        self._gave_up: set[tuple[ConvProblem, int]] = set()
+        self._mode_checked: set[tuple[ConvProblem, int]] = set()  # the other-TF32-mode look, once per problem
         self._queue: queue.Queue | None = None
         self._pools: dict[int, object] = {}  # isolated worker pools, one per device
         self.stats: Counter = Counter()
@@ -210,6 +215,12 @@ class Runtime:
         memo = self._memo.get((problem, device))
         if memo is not None:
             return memo, True
+        if _capturing():
+            # Tuning synchronises the device and allocates, which a CUDA graph capture forbids; torch's own
+            # graph recipe warms a model up before capturing it, and that warm-up call is the one that tunes.
+            log.once(f"capture:{problem}", f"{problem.short()}: first call inside a CUDA graph capture; torch's "
+                     "conv is captured for it (run the model once before capturing to tune it)")
+            return ATEN, False
         if settings.background():
             return self._lookup_background(problem, device)
         with self._tune_lock:  # one tuning at a time: candidates would disturb each other's timings
@@ -232,12 +243,17 @@ class Runtime:
             log.once("ddp-memory-cache", f"bagf_torch cache is in memory ({cache.fallback_reason or 'by request'}): "
                      "the ranks of this job cannot see each other's claims and plans, so each tunes on its own "
                      "and they may pick different kernels; give them a writable BAGF_CACHE_DIR on this node")
-        poll, waited = 0.01, False
+        poll, waited, wait_s = 0.01, None, settings.claim_wait()
+        slot = (problem, device)
         while True:
             row = cache.get_plan(key)
             if row is not None:
                 self.stats["cache_hits"] += 1
+                self._gave_up.discard(slot)
                 return self._load(row, dev)
+            if slot not in self._mode_checked:
+                self._mode_checked.add(slot)
+                self._check_other_mode(problem, dev, cache)
             if not settings.tune_enabled():
                 log.once(f"untuned:{problem}", f"BAGF_TUNE=0 and no cached plan for {problem.short()}: "
                          "using torch's conv2d for it", logging.INFO)
@@ -255,13 +271,42 @@ class Runtime:
                         return self._tune_and_store(problem, dev, key)
                 finally:
                     cache.release(key, self._owner)
-            if not waited:
-                waited = True
+            if slot in self._gave_up:
+                return None  # torch's conv again; the next lookup looks for the winner once more
+            if waited is None:
+                waited = time.monotonic()
                 self.stats["waited"] += 1
                 log.logger().info(f"{problem.short()} is being tuned by another process ({holder}); "
                                   "waiting for its plan")
+            elif time.monotonic() - waited >= wait_s:
+                # A holder whose heartbeat runs while its tuning is stuck would keep us here for ever.
+                self._gave_up.add(slot)
+                self.stats["gave_up"] += 1
+                log.once(f"claim-wait:{key}", f"{problem.short()}: waited {wait_s:g} s (BAGF_CLAIM_WAIT) for "
+                         f"{holder} to finish tuning it; torch's conv serves it meanwhile, and its plan is used "
+                         "once it is stored")
+                return None
             time.sleep(poll)  # until the holder stores its plan, releases, dies or lets its lease lapse
             poll = min(poll * 1.5, 0.25)
+
+    def _check_other_mode(self, problem: ConvProblem, dev: _Device, cache) -> None:
+        """Say once why pre-tuned plans are not used when the cache holds this problem only in the other TF32
+        mode: ``tune`` pre-tunes one mode (cudnn.allow_tf32, part of the key), and a model run with PyTorch's
+        defaults (TF32 on) misses plans tuned with it off, and vice versa."""
+        if problem.dtype != "float32":
+            return
+        other = dataclasses.replace(problem, tf32=not problem.tf32)
+        try:
+            found = cache.get_plan(fingerprint(other, dev.env)) is not None
+        except Exception:  # a hint, never a reason to fail the lookup
+            return
+        if found:
+            now, then = ("on", "off") if problem.tf32 else ("off", "on")
+            log.once(f"tf32-mode:{now}", f"the cache holds plans tuned with cuDNN TF32 {then} (e.g. for "
+                     f"{problem.short()}), but this process runs with torch.backends.cudnn.allow_tf32="
+                     f"{problem.tf32}, and plans are per TF32 mode, so they are not used here; set "
+                     f"torch.backends.cudnn.allow_tf32 = {not problem.tf32} before running the model, or pre-tune "
+                     f"this mode: python -m bagf_torch tune --tf32 {now}")
 
     # ------------------------------------------------------------------ serve while tuning
     def _lookup_background(self, problem: ConvProblem, device: int) -> tuple[int, bool]:
@@ -311,6 +356,7 @@ class Runtime:
             with self._lock:
                 self._memo[slot] = handle
                 self._pending.pop(slot).set()
+            _bump()
 
     def wait_background(self, timeout: float | None = None) -> bool:
         """Wait until every background tuning started so far is done; False on timeout."""
@@ -439,6 +485,8 @@ class Runtime:
         """Drop the in-memory memo (the disk cache stays); tests use it to simulate a new process."""
         with self._lock:
             self._memo.clear()
+            self._gave_up.clear()
+        _bump()
 
     def close(self) -> None:
         """Stop isolated worker processes and close the cache."""
@@ -448,6 +496,14 @@ class Runtime:
             self._pools.clear()
             if self._cache is not None:
                 self._cache.close()
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where CUDA is not initialised)."""
+    try:
+        return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    except Exception:
+        return False
 
 
 def _distributed_world() -> int:
@@ -467,6 +523,17 @@ def _tuning_stream(dev: _Device) -> ContextManager:
             or not torch.cuda.is_available():
         return contextlib.nullcontext()
     return torch.cuda.stream(torch.cuda.Stream(dev.index))
+
+
+GENERATION = 0
+"""Bumped whenever a plan may have appeared that a layer serving ATen *for now* should take at once (a
+background tuning finished, the memo was dropped, the runtime replaced): TunedConv2d's fast path compares it
+instead of asking the runtime on every call."""
+
+
+def _bump() -> None:
+    global GENERATION
+    GENERATION += 1
 
 
 _RUNTIME: Runtime | None = None
@@ -489,6 +556,7 @@ def install(rt: Runtime) -> Runtime:
         if _RUNTIME is not None and _RUNTIME is not rt:
             _RUNTIME.close()
         _RUNTIME = rt
+    _bump()
     return rt
 
 
@@ -499,3 +567,4 @@ def reset() -> None:
         if _RUNTIME is not None:
             _RUNTIME.close()
         _RUNTIME = None
+    _bump()

@@ -133,7 +133,9 @@ def test_plan_stored_between_look_and_claim_is_loaded_not_tuned_again(cache_dir)
 
     cache.get_plan = get_plan
     handle = late.plan_handle(fh.P, 0)
-    assert late.stats["tuned"] == 0 and late.stats["cache_hits"] == 1 and len(looks) == 2
+    # two looks at the key (before and after the claim); the runtime's one look at the other TF32 mode's key
+    # (to say why pre-tuned plans would not be used) is not one of them
+    assert late.stats["tuned"] == 0 and late.stats["cache_hits"] == 1 and looks.count(looks[0]) == 2
     assert late.fake_compiler.loaded[handle] == stored
     assert cache.claimed_by(looks[0]) is None  # the claim taken for the look is given back
 
