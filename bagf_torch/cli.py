@@ -114,6 +114,21 @@ def _inputs(name: str, batches: list[int], device):
     return [torch.randn(n, 3, size, size, generator=g).to(device) for n in batches]
 
 
+def tf32_mode(flag: str | None) -> bool:
+    """``--tf32 on|off``, or this process's cuDNN TF32 flag when not given (PyTorch's default is on)."""
+    import torch
+
+    return torch.backends.cudnn.allow_tf32 if flag is None else flag == "on"
+
+
+def _tf32_words(tf32: bool, flag: str | None) -> str:
+    """Which TF32 mode, and why: plans tuned in one mode are not used by callers in the other."""
+    if flag is not None:
+        return f"TF32 {flag}, as asked"
+    return (f"TF32 {'on' if tf32 else 'off'}, this process's torch.backends.cudnn.allow_tf32; plans serve callers with "
+            f"the same flag, --tf32 {'off' if tf32 else 'on'} tunes for the others")
+
+
 # ---- tune ----------------------------------------------------------------------------------------------
 
 def tune_command(args) -> int:
@@ -127,14 +142,15 @@ def tune_command(args) -> int:
     try:
         _require_gpu("tune")
         torch.cuda.set_device(local_rank)
-        torch.backends.cudnn.allow_tf32 = args.tf32  # part of every problem key: tune the mode you will run
+        tf32 = tf32_mode(args.tf32)
+        torch.backends.cudnn.allow_tf32 = tf32  # part of every problem key: tune the mode you will run
         model = _build_model(args.model, tuned=True).cuda().eval()
         xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank))
         ctx = distributed.Context.current()
         if ctx.rank == 0:
             print(f"pre-tuning {args.model} at N={','.join(map(str, args.batch))} on "
                   f"{torch.cuda.get_device_name()}{f' and {ctx.world_size - 1} more ranks' if ctx.world_size > 1 else ''}"
-                  f" (fp32, TF32 {'on' if args.tf32 else 'off'}); cache {_cache_path()}", flush=True)
+                  f" (fp32, {_tf32_words(tf32, args.tf32)}); cache {_cache_path()}", flush=True)
         report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
                             seed=args.seed, progress=None if args.progress else False)
         if ctx.rank == 0:
@@ -160,11 +176,12 @@ def bench_command(args) -> int:
 
     _build_model(args.model, tuned=False)
     _require_gpu("bench")
+    # Both models are timed in strict fp32 (bench.fp32): the plans it tunes and uses are TF32-off plans.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     stock, tuned = bench.stock_and_tuned(lambda: _build_model(args.model, tuned=False))
     xs = _inputs(args.model, args.batch, torch.device("cuda"))
-    print(f"{args.model} inference on {torch.cuda.get_device_name()}, fp32 (TF32 off); plans from "
+    print(f"{args.model} inference on {torch.cuda.get_device_name()}, strict fp32 (TF32 off); plans from "
           f"{_cache_path()} (tuning what is missing first)", flush=True)
     report = tune_model(tuned, xs, budget=args.budget, progress=None)
     if report.tuned:
@@ -419,8 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (default BAGF_TIME_BUDGET)")
     t.add_argument("--strategy", choices=list(settings.STRATEGY_NAMES), default=None)
     t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--tf32", action="store_true",
-                   help="tune for callers that allow TF32 in cuDNN (the mode is part of the key; default off)")
+    t.add_argument("--tf32", choices=["on", "off"], default=None,
+                   help="the cuDNN TF32 mode to tune for; it is part of every plan's key, so tune the mode the model "
+                        "will run in (default: this process's torch.backends.cudnn.allow_tf32, PyTorch's default on)")
     t.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
@@ -451,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from .settings import SettingError
+
     ap = build_parser()
     args = ap.parse_args(argv)
     sub = ap.subcommands[args.cmd]  # for errors found after parsing
@@ -477,7 +497,7 @@ def main(argv=None) -> int:
         if args.cmd == "cache":
             return cache_command(args.action, args.file, trust_cubins=args.trust_cubins)
         return demo(args.batch, args.budget)
-    except UsageError as e:
+    except (UsageError, SettingError) as e:  # a bad BAGF_* value is the user's to fix, like a bad argument
         print(f"bagf_torch: {e}", file=sys.stderr)
         return EXIT_USAGE
 
