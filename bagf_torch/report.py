@@ -89,7 +89,7 @@ def compulsory_bytes(p: ConvProblem) -> int:
 
 def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | None = None, family: str | None = None,
                    config: dict | None = None) -> dict:
-    """Where one layer's time stands (issue 3's report): achieved FLOP/s (direct-convolution FLOPs over the
+    """Where one layer's time stands: achieved FLOP/s (direct-convolution FLOPs over the
     time) against the roofline at the layer's compulsory arithmetic intensity with the device's measured
     ceilings, and, for our kernels, the modelled global-memory traffic of the configuration against the
     I/O lower bound of direct convolution with that configuration's fast memory (and, for the Winograd

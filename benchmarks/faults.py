@@ -1,4 +1,4 @@
-"""The fault matrix of issue 5: run every row's tests and print the matrix with pass/fail and counts.
+"""The fault matrix: run every row's tests and print the matrix with pass/fail and counts.
 
     python benchmarks/faults.py                     # CPU rows; GPU rows say "not run (no GPU ...)"
     python benchmarks/faults.py --json out.json     # also write the rows and counts as JSON
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (row of the issue's matrix, required behaviour in short, pytest node id prefixes)
+# (row of the fault matrix, required behaviour in short, pytest node id prefixes)
 ROWS = [
     ("candidate fails to compile (NVRTC error)", "typed failure with the log; tuning goes on",
      ["tests/test_tuner.py::test_typed_failures_recorded_and_never_win",
@@ -91,6 +91,16 @@ ROWS = [
       "tests/test_cache_trust.py::test_read_only_copy", "tests/test_cache_trust.py::test_clear_and_import_say",
       "tests/test_cache_trust.py::test_import_into_a_cache_that_falls_back",
       "tests/test_cache_trust.py::test_disk_full_while_creating"]),
+    ("parent killed while the isolated worker is busy (orphan worker)",
+     "worker gone within seconds (PR_SET_PDEATHSIG + watchdog), also when started from a short-lived thread",
+     ["tests/test_isolated_orphan.py::"]),
+    ("another process's claim held by a stuck tuner", "bounded wait (BAGF_CLAIM_WAIT), ATen meanwhile, one line",
+     ["tests/test_user_path.py::test_a_claim_held_by_a_stuck_tuner"]),
+    ("a strategy step stalls (Ax's generation)", "abandoned at its deadline; the tuning ends in budget",
+     ["tests/test_user_path.py::test_a_stalled_strategy_step", "tests/test_user_path.py::test_the_time_budget_holds"]),
+    ("bad BAGF_* values", "one line naming the variable; a forward runs ATen, the CLI exits 2",
+     ["tests/test_user_path.py::test_a_bad_", "tests/test_user_path.py::test_the_cli_reports_a_bad_setting",
+      "tests/test_user_path.py::test_absurd_settings"]),
 ]
 COUNTS = ("faults", "crashed", "wrong_cached", "lost")
 

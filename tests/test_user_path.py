@@ -1,0 +1,448 @@
+"""The path users take: the package as installed, tuning under no_grad/inference_mode, a time budget that is
+a budget, a serving path that costs what nn.Conv2d costs, settings that cannot break a forward."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import math
+import sys
+import threading
+import time
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bagf_torch
+from bagf_torch import cli, log, runtime, settings
+from bagf_torch import nn as bnn
+from bagf_torch.kernels.space import config_key
+from bagf_torch.problem import ConvProblem, fingerprint
+from bagf_torch.tuning import strategies
+from bagf_torch.tuning.common import Budget, Outcome
+from bagf_torch.tuning.measure import ATEN
+from bagf_torch.tuning.tuner import Tuner
+
+import fault_helpers as fh  # tests/ is on sys.path (pytest's default prepend import mode)
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = Path(bagf_torch.__file__).resolve().parent  # the copy under test: installed, or the checkout's
+RECORDING = REPO / "benchmarks/data/implicit_gemm_tc_h200.json.gz"
+
+
+# --------------------------------------------------------------------------------------------- packaging
+def test_every_package_directory_is_a_package():
+    """A directory of modules without __init__.py is left out of the wheel by setuptools' package finder: the
+    installed package then fails with ModuleNotFoundError (bagf_torch.tuning was once missing that way)."""
+    source = REPO / "bagf_torch"
+    missing = [str(d.relative_to(REPO)) for d in sorted(source.rglob("*")) if d.is_dir()
+               and d.name != "__pycache__" and d.name != "_csrc" and any(d.glob("*.py"))
+               and not (d / "__init__.py").is_file()]
+    assert not missing, f"add an __init__.py to {missing}, or pip install . leaves them out"
+
+
+def test_declared_dependencies_cover_every_import():
+    """Every third-party module the package imports is a declared dependency (module-level or not), or an
+    optional extra imported where its absence is handled."""
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {d.split(">")[0].split("=")[0].split("[")[0].strip().lower() for d in meta["dependencies"]}
+    extras = {d.split(">")[0].strip().lower() for deps in meta["optional-dependencies"].values() for d in deps}
+    distribution = {"ax": "ax-platform"}
+    seen: set[str] = set()
+    for path in (REPO / "bagf_torch").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            seen.update(n.split(".")[0] for n in names)
+    third_party = {m for m in seen if m not in sys.stdlib_module_names and m != "bagf_torch"}
+    undeclared = {m for m in third_party if distribution.get(m, m).lower() not in declared | extras}
+    assert not undeclared, f"imported but not declared in pyproject.toml: {sorted(undeclared)}"
+    assert {"torch", "ninja", "ax-platform", "numpy"} <= declared
+
+
+def test_installed_copy_carries_the_kernel_sources():
+    from bagf_torch.jit import extension
+
+    src = extension.csrc_dir()
+    assert (src / "bagf_ext.cpp").is_file() and (src / "kernels" / "winograd_gemm.cuh").is_file()
+    if REPO not in PACKAGE.parents:  # an installed copy: the sources travel inside the package
+        assert src == PACKAGE / "_csrc"
+
+
+# ------------------------------------------------------------------ tuning under the caller's context
+def _recorded(name="alexnet_conv3_n1"):
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+    from bagf_torch.tuning.replay import load_recording
+
+    rp = next(p for p in load_recording(RECORDING).problems if p.name == name)
+    return tc, rp, ConvProblem.from_dict(rp.conv)
+
+
+class _Compiler:
+    def __init__(self):
+        self.configs: dict[int, dict] = {}
+        self.workers = 4
+
+    def compile(self, family, configs):
+        out = []
+        for c in configs:
+            h = len(self.configs)
+            self.configs[h] = dict(c)
+            out.append(types.SimpleNamespace(handle=h))
+        return out
+
+    def unload(self, handle):
+        pass
+
+
+class _Bench:
+    def __init__(self, compiler, evaluator, aten_us, clock=None, measure_s=0.0):
+        self.compiler, self.evaluator, self.aten_us = compiler, evaluator, aten_us
+        self.clock, self.measure_s = clock, measure_s
+
+    def _t(self, h):
+        return self.aten_us if h == ATEN else self.evaluator.median(self.compiler.configs[h]).time_us
+
+    def measure(self, ws, handle, cutoff_us=None):
+        if self.clock is not None:
+            self.clock.advance(self.measure_s)
+        return Outcome("ok", time_us=self._t(handle))
+
+    def remeasure(self, ws, handles, rounds=5):
+        if self.clock is not None:
+            self.clock.advance(self.measure_s * rounds * len(handles))
+        return [self._t(h) for h in handles]
+
+
+def _ax_tuner(budget=Budget(14)):
+    tc, rp, problem = _recorded()
+    comp = _Compiler()
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), _Bench(comp, rp.evaluator(), 1e6),
+                  lambda p: None, tc, strategy="ax", budget=budget, seed=3)
+    return tuner, comp, problem
+
+
+@pytest.mark.slow
+def test_ax_tunes_the_same_under_no_grad_and_inference_mode(caplog):
+    """BoTorch fits its GP by gradient: under the caller's no_grad or inference_mode every Ax search used to
+    raise after its initial design ("element 0 of tensors does not require grad") and the tuner chose among
+    the initial trials. Same seed, same recording: the same trials in every context, no warning."""
+    runs = {}
+    for name, ctx in (("grad", torch.enable_grad), ("no_grad", torch.no_grad),
+                      ("inference_mode", torch.inference_mode)):
+        tuner, comp, problem = _ax_tuner()
+        with caplog.at_level(logging.WARNING, logger="bagf_torch"), ctx():
+            r = tuner.tune(problem)
+        runs[name] = [config_key(t.config) for t in r.trials if t.config is not None]
+        assert r.evaluations == 14, (name, r.evaluations)  # Ax ran to its budget
+    assert not [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert runs["grad"] == runs["no_grad"] == runs["inference_mode"]
+
+
+def test_strategies_run_directly_under_inference_mode():
+    """strategies.run itself is context-free too (the benchmarks and replay tools call it directly)."""
+    from bagf_torch.kernels.space import Space
+
+    space = Space("demo", {"a": (1, 2, 4, 8), "b": (1, 2, 4)})
+    seen_grad = []
+
+    def evaluate(cs):
+        seen_grad.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        return [Outcome("ok", float(abs(c["a"] - 4) + c["b"])) for c in cs]
+
+    with torch.inference_mode():
+        trials = strategies.run("random", space, evaluate, Budget(5), seed=0)
+    assert len(trials) == 5 and set(seen_grad) == {(True, False)}
+
+
+# ------------------------------------------------------------------------------------- the time budget
+class FakeClock:
+    """Real time plus simulated GPU time: what a step costs on the GPU is ``advance``d, and a strategy's real
+    thinking (Ax on this CPU) counts as it happens."""
+
+    def __init__(self):
+        self.offset = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        return time.perf_counter() + self.offset
+
+    def advance(self, seconds):
+        with self._lock:
+            self.offset += seconds
+
+
+class _SlowCompiler(_Compiler):
+    """Each call compiles in waves of ``workers`` candidates, ``wave_s`` of simulated time each."""
+
+    def __init__(self, clock, wave_s):
+        super().__init__()
+        self.clock, self.wave_s = clock, wave_s
+
+    def compile(self, family, configs):
+        if configs:
+            self.clock.advance(self.wave_s * math.ceil(len(configs) / self.workers))
+        return super().compile(family, configs)
+
+
+@pytest.mark.parametrize("strategy,seconds", [("random", 5.0), ("anneal", 6.0), ("ax", 5.0)])
+def test_the_time_budget_holds_end_to_end(strategy, seconds):
+    """Compiles of 1.2 s per wave and 0.06 s per timing on the fake clock: the whole tuning -- baseline,
+    start point, search, finalists' re-timing -- ends within the budget plus one step, however many
+    evaluations the budget would allow. (A 5 s budget used to take 8-9 s per problem.)"""
+    tc, rp, problem = _recorded()
+    clock = FakeClock()
+    comp = _SlowCompiler(clock, wave_s=1.2)
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.06)
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
+                  strategy=strategy, budget=Budget(200, seconds), seed=0, clock=clock)
+    t0 = clock()
+    r = tuner.tune(problem)
+    spent = clock() - t0
+    assert spent <= seconds + 1.2 + 0.1, spent  # at most one compile wave over
+    assert r.seconds <= seconds + 1.3
+    assert 1 < r.evaluations < 200 and r.family == tc.FAMILY  # it searched, and stopped on time
+
+
+def test_finalists_are_retimed_in_the_reserve_left_for_them():
+    tc, rp, problem = _recorded()
+    clock = FakeClock()
+    comp = _SlowCompiler(clock, wave_s=0.3)
+    rounds = []
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.1)
+    real = bench.remeasure
+    bench.remeasure = lambda ws, handles, rounds_=5, **kw: (rounds.append(kw.get("rounds", rounds_))
+                                                            or real(ws, handles, kw.get("rounds", rounds_)))
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
+                  strategy="random", budget=Budget(200, 4.0), seed=0, clock=clock)
+    t0 = clock()
+    tuner.tune(problem)
+    assert clock() - t0 <= 4.0 + 0.6  # one round of six re-timings is the most it can go over
+    assert rounds and 1 <= rounds[0] <= 5
+
+
+class _StallStrategy:
+    """A strategy whose second step never comes back in time (Ax's generation once stalled for minutes)."""
+
+    OPTIONS: dict = {}
+    release = threading.Event()
+
+    @staticmethod
+    def tune(objective, seed):
+        valid = objective.space.valid_configs()
+        objective(valid[:2])
+        _StallStrategy.release.wait(30)  # the stall
+        objective(valid[2:4])  # what an abandoned search asks for is refused
+
+
+def test_a_stalled_strategy_step_is_abandoned_within_the_budget(monkeypatch, caplog):
+    monkeypatch.setitem(strategies.STRATEGIES, "stall", _StallStrategy)
+    tc, rp, problem = _recorded()
+    comp = _Compiler()
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), _Bench(comp, rp.evaluator(), 1e6),
+                  lambda p: None, tc, strategy="stall", budget=Budget(50, 1.5), seed=0)
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        r = tuner.tune(problem)
+    took = time.perf_counter() - t0
+    _StallStrategy.release.set()  # let the abandoned thread finish: its next request is refused
+    assert took < 3.0, took
+    assert r.evaluations == 3  # the start point and the two the search measured before it stalled
+    assert any("abandoned" in rec.getMessage() for rec in caplog.records)
+    time.sleep(0.2)
+    assert r.evaluations == len([t for t in r.trials if t.config is not None])  # nothing ran after
+
+
+# ------------------------------------------------------------------------------------- the serving path
+class _CountingRuntime:
+    def __init__(self, answer):
+        self.answer = answer
+        self.lookups = 0
+
+    def lookup(self, problem, device):
+        self.lookups += 1
+        return self.answer
+
+
+def _cuda_looking(monkeypatch, answer):
+    rt = _CountingRuntime(answer)
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(runtime, "get", lambda: rt)
+    checks = []
+    real_check = bnn.TunedConv2d._unsupported
+    monkeypatch.setattr(bnn.TunedConv2d, "_unsupported", lambda self, x: checks.append(1) or real_check(self, x))
+    return rt, checks
+
+
+@pytest.mark.parametrize("answer", [(ATEN, True), (ATEN, False)], ids=["aten-plan", "miss-or-wait"])
+def test_aten_answers_cost_one_lookup_not_one_per_call(monkeypatch, answer):
+    """An "aten" plan (final) and ATen-for-now (BAGF_TUNE=0 with no plan, another process tuning it) go
+    straight to nn.Conv2d's forward after the first call: the lookup was a SQLite read on every call (132 us
+    per call against nn.Conv2d's 42 on the H200). ATen-for-now asks again after RECHECK_S, or at once when the
+    runtime says a plan may have appeared."""
+    rt, checks = _cuda_looking(monkeypatch, answer)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 9, 9)
+    want = F.conv2d(x, conv.weight, conv.bias, 1, 1)
+    with torch.no_grad():
+        for _ in range(50):
+            torch.testing.assert_close(conv(x), want)
+    assert rt.lookups == 1 and len(checks) == 1
+    now = time.monotonic()
+    monkeypatch.setattr(bnn.time, "monotonic", lambda: now + bnn.RECHECK_S + 0.01)
+    conv(x)
+    assert rt.lookups == (1 if answer[1] else 2)  # a final answer is never asked again
+    runtime._bump()  # e.g. a background tuning stored its winner
+    conv(x)
+    assert rt.lookups == (1 if answer[1] else 3)
+
+
+def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
+    rt, checks = _cuda_looking(monkeypatch, (7, True))
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    conv.double()
+    for _ in range(20):
+        conv(x)
+    assert len(checks) == 1 and rt.lookups == 0
+    xl = torch.randn(2, 3, 9, 9, dtype=torch.float64).to(memory_format=torch.channels_last)
+    conv(xl)
+    conv(xl)
+    assert len(checks) == 2
+
+
+def test_a_wrong_channel_count_is_not_tuned(monkeypatch):
+    """nn.Conv2d's own error, before anything is tuned or stored."""
+    rt, _ = _cuda_looking(monkeypatch, (7, True))
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    with pytest.raises(RuntimeError, match="channels"):
+        conv(torch.randn(1, 5, 9, 9))
+    assert rt.lookups == 0
+
+
+def test_torch_jit_script_scripts_a_tuned_conv():
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    bagf_torch.convert(m)
+    scripted = torch.jit.script(m)
+    x = torch.randn(1, 3, 8, 8)
+    torch.testing.assert_close(scripted(x), m(x))
+
+
+# ------------------------------------------------------------------------------------------- settings
+def test_a_bad_log_setting_does_not_break_a_forward(monkeypatch, caplog):
+    monkeypatch.setenv("BAGF_LOG", "verbose")
+    log.reset()
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    out = conv(torch.randn(1, 3, 8, 8))  # CPU: the fallback logs its reason, through the logger
+    assert out.shape == (1, 4, 6, 6)
+
+
+def test_a_bad_setting_in_a_forward_runs_aten_with_one_line(monkeypatch, caplog):
+    monkeypatch.setenv("BAGF_TUNE", "maybe")
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    runtime.install(fh.make_runtime())
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    x = torch.randn(1, 3, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        torch.testing.assert_close(conv(x), F.conv2d(x, conv.weight, conv.bias))
+    assert any("BAGF_TUNE" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("name,value", [("BAGF_BUDGET", "ten"), ("BAGF_LOG", "verbose"),
+                                        ("BAGF_CLAIM_LEASE", "inf"), ("BAGF_CACHE_DIR", "~nouser_bagf/x")])
+def test_the_cli_reports_a_bad_setting_in_one_line(monkeypatch, capsys, name, value):
+    monkeypatch.setenv(name, value)
+    log.reset()
+    if name == "BAGF_CACHE_DIR":
+        rc = cli.main(["cache", "list"])
+    elif name == "BAGF_CLAIM_LEASE":
+        monkeypatch.setattr(cli, "cache_command", lambda *a, **k: settings.claim_lease())
+        rc = cli.main(["cache", "list"])
+    else:
+        monkeypatch.setattr(cli, "cache_command",
+                            lambda *a, **k: settings.budget_evaluations() and log.logger() and settings.log_level())
+        rc = cli.main(["cache", "list"])
+    err = capsys.readouterr().err
+    assert rc == 2 and name in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name,fn,default", [("BAGF_TUNE", settings.tune_enabled, True),
+                                             ("BAGF_BACKGROUND", settings.background, False),
+                                             ("BAGF_BUDGET", settings.budget_evaluations, settings.DEFAULT_BUDGET),
+                                             ("BAGF_TIME_BUDGET", settings.budget_seconds,
+                                              settings.DEFAULT_TIME_BUDGET),
+                                             ("BAGF_STRATEGY", settings.strategy, "ax")])
+def test_an_empty_setting_is_its_default(monkeypatch, name, fn, default):
+    monkeypatch.setenv(name, "  ")
+    assert fn() == default
+
+
+@pytest.mark.parametrize("name,value,fn", [("BAGF_CLAIM_LEASE", "inf", settings.claim_lease),
+                                           ("BAGF_CLAIM_LEASE", "1e23", settings.claim_lease),
+                                           ("BAGF_CLAIM_WAIT", "nan", settings.claim_wait),
+                                           ("BAGF_TIME_BUDGET", "-inf", settings.budget_seconds),
+                                           ("BAGF_ISOLATE_TIMEOUT", "1e300", settings.isolate_timeout),
+                                           ("BAGF_CACHE_DIR", "~nouser_bagf/x", settings.cache_dir)])
+def test_absurd_settings_are_rejected_by_name(monkeypatch, name, value, fn):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(settings.SettingError, match=name):
+        fn()
+
+
+# ------------------------------------------------------------------------ TF32 mode and claim waits
+def test_plans_of_the_other_tf32_mode_are_explained_once(monkeypatch, caplog):
+    """tune pre-tunes one TF32 mode; a model run with PyTorch's default (TF32 on) misses those plans. The user
+    is told once why, and what to do."""
+    rt = runtime.install(fh.make_runtime())
+    off = fh.P
+    rt.plan_handle(off, 0)  # tuned and stored with TF32 off
+    monkeypatch.setenv("BAGF_TUNE", "0")
+    rt.forget()
+    on = ConvProblem(**{**off.__dict__, "tf32": True})
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        assert rt.lookup(on, 0) == (ATEN, False)
+        assert rt.lookup(on, 0) == (ATEN, False)
+    said = [r.getMessage() for r in caplog.records if "TF32" in r.getMessage()]
+    assert len(said) == 1 and "--tf32 on" in said[0] and "allow_tf32 = False" in said[0]
+    assert rt.lookup(off, 0)[0] != ATEN  # the plan of its own mode is still served
+
+
+def test_a_claim_held_by_a_stuck_tuner_is_waited_for_a_bounded_time(monkeypatch, caplog):
+    rt = runtime.install(fh.make_runtime())
+    key = fingerprint(fh.P, fh.ENV)
+    cache = rt.cache()
+    holder = "otherhost:1234:0"  # a live-looking owner on another host: only its lease can void it
+    assert cache.claim(key, holder, 600.0) is None
+    monkeypatch.setenv("BAGF_CLAIM_WAIT", "0.3")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="bagf_torch"):
+        assert rt.lookup(fh.P, 0) == (ATEN, False)
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    assert any("BAGF_CLAIM_WAIT" in r.getMessage() for r in caplog.records)
+    t0 = time.monotonic()
+    assert rt.lookup(fh.P, 0) == (ATEN, False)  # no second wait
+    assert time.monotonic() - t0 < 0.2
+    cache.release(key, holder)  # the holder ends without a plan: the next lookup tunes
+    assert rt.lookup(fh.P, 0)[0] != ATEN and rt.stats["tuned"] == 1
+
+
+def test_tune_takes_the_tf32_mode_of_the_process_unless_told():
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+        assert cli.tf32_mode(None) is True and cli.tf32_mode("off") is False
+        torch.backends.cudnn.allow_tf32 = False
+        assert cli.tf32_mode(None) is False and cli.tf32_mode("on") is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    args = cli.build_parser().parse_args(["tune", "--tf32", "off"])
+    assert args.tf32 == "off"
+    assert cli.build_parser().parse_args(["tune"]).tf32 is None
