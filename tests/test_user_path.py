@@ -446,3 +446,39 @@ def test_tune_takes_the_tf32_mode_of_the_process_unless_told():
     args = cli.build_parser().parse_args(["tune", "--tf32", "off"])
     assert args.tf32 == "off"
     assert cli.build_parser().parse_args(["tune"]).tf32 is None
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_gpu_first_call_in_an_inference_context_runs_the_search(monkeypatch, caplog, context):
+    """A layer's first call under no_grad / inference_mode tunes with Ax to its budget, on time, correctly."""
+    monkeypatch.setenv("BAGF_BUDGET", "14")
+    monkeypatch.setenv("BAGF_TIME_BUDGET", "10")
+    torch.backends.cudnn.allow_tf32 = False
+    conv = bagf_torch.TunedConv2d(16, 24, 3, padding=1).cuda()
+    x = torch.randn(2, 16, 21, 19, device="cuda")
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"), getattr(torch, context)():
+        y = conv(x)
+    torch.cuda.synchronize()
+    took = time.perf_counter() - t0
+    want = F.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    assert float((y.double() - want).norm() / want.norm()) < 1e-4
+    r = runtime.get().results[-1]
+    assert not [rec.getMessage() for rec in caplog.records if "failed" in rec.getMessage()]
+    assert r.evaluations >= 8, r.evaluations  # the search went past the start points
+    assert r.seconds <= 10 * 1.1 + 1 and took <= 10 * 1.1 + 5, (r.seconds, took)
+
+
+@pytest.mark.cuda
+def test_gpu_first_call_inside_a_graph_capture_is_captured_as_aten():
+    conv = bagf_torch.TunedConv2d(8, 8, 3, padding=1).cuda()
+    x = torch.randn(1, 8, 12, 12, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        y = conv(x)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, F.conv2d(x, conv.weight, conv.bias, padding=1), rtol=1e-3, atol=1e-3)
+    assert runtime.get().stats["tuned"] == 0
