@@ -175,51 +175,68 @@ class TunedConv2d(nn.Conv2d):
     def _fast_key(x: torch.Tensor, w: torch.Tensor) -> tuple:
         return (x.shape, x.dtype, x.device, x.is_contiguous(), w.dtype, w.device, torch.backends.cudnn.allow_tf32)
 
-    def _remember_aten(self, x: torch.Tensor, final: bool) -> None:
-        """Calls like ``x`` go straight to torch's conv from now on (``final``), or for the next RECHECK_S."""
+    def _remember_aten(self, x: torch.Tensor, plan: tuple | None = None, final: bool = True) -> None:
+        """Calls like ``x`` go straight to torch's conv: for good (unsupported input), while ``plan`` -- an
+        ``(hkey, entry)`` of _bagf_handles whose plan is ATen -- is still there, or (not ``final``) until
+        RECHECK_S has passed or runtime.GENERATION moves."""
         if torch.compiler.is_compiling():
             return
         fast = self.__dict__.setdefault("_bagf_fast", {})
-        fast[self._fast_key(x, self.weight)] = (None, None if final else time.monotonic() + RECHECK_S,
-                                                runtime.GENERATION)
+        if plan is not None:
+            value = ("aten", *plan)
+        elif final:
+            value = ("unsupported",)
+        else:
+            value = ("later", time.monotonic() + RECHECK_S, runtime.GENERATION)
+        fast[self._fast_key(x, self.weight)] = value
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         w = self.weight
         # Fast path, for a call like one this layer already ran: the same input shape, dtype, device and
         # contiguity, the same weight dtype and device, the same TF32 flag. It skips the support checks and the
-        # plan lookup, which cost several microseconds per call (batch-1 calls are host-bound):
-        # - (None, until, generation): torch's conv answers (unsupported input, an "aten" plan, or ATen for now:
-        #   until ``until`` or until the runtime's GENERATION moves), exactly nn.Conv2d's forward;
-        # - a kernel plan, while its entry is still in _bagf_handles (identity check, so clearing or replacing
-        #   the handles drops it) and the weight is still contiguous.
+        # plan lookup, which cost several microseconds per call (batch-1 calls are host-bound). What it holds:
+        # - ("kernel", hkey, entry, stride, padding, dilation): our kernel, while ``entry`` is still the plan
+        #   in _bagf_handles (identity check, so clearing or replacing the handles drops it) and the weight is
+        #   still contiguous;
+        # - ("aten", hkey, entry): the plan is torch's conv (cuDNN won), on the same condition;
+        # - ("unsupported",): input the kernels do not take (dtype, layout, device...): nn.Conv2d's forward;
+        # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
+        #   until ``until`` or until the runtime's GENERATION moves (a plan may have appeared).
+        # Every ATen answer is exactly nn.Conv2d's forward, self._conv_forward.
         fast = self.__dict__.get("_bagf_fast")
         if fast and not torch.compiler.is_compiling():
             hit = fast.get(self._fast_key(input, w))
             if hit is not None:
-                if hit[0] is None:
-                    if hit[1] is None or (time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
-                        return self._conv_forward(input, w, self.bias)
-                elif self._bagf_handles.get(hit[0]) is hit[1] and w.is_contiguous():
-                    b = self.bias
-                    call = None if _needs_dispatcher(input, w, b) else _inference_call()
-                    return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1][0])
+                kind = hit[0]
+                if kind == "kernel":
+                    if self._bagf_handles.get(hit[1]) is hit[2] and w.is_contiguous():
+                        b = self.bias
+                        call = None if _needs_dispatcher(input, w, b) else _inference_call()
+                        return (call or _op())(input, w, b, hit[3], hit[4], hit[5], hit[2][0])
+                elif kind == "unsupported" or (kind == "aten" and self._bagf_handles.get(hit[1]) is hit[2]) or (
+                        kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
+                    return self._conv_forward(input, w, self.bias)
         reason = self._unsupported(input)
         if reason is not None:
             if reason is not _BAD_CALL:
                 log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
-                self._remember_aten(input, final=True)
+                self._remember_aten(input)
             return self._conv_forward(input, w, self.bias)
         padding = _numeric_padding(self)
         handle = self._handle(input, padding)
         if handle == ATEN:  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
-            entry = self._bagf_handles.get((tuple(input.shape), input.get_device()))
-            self._remember_aten(input, final=entry is not None and entry[0] == ATEN)
+            hkey = (tuple(input.shape), input.get_device())
+            entry = self._bagf_handles.get(hkey)
+            if entry is not None and entry[0] == ATEN:
+                self._remember_aten(input, plan=(hkey, entry))
+            else:
+                self._remember_aten(input, final=False)
             return self._conv_forward(input, w, self.bias)
         args = (list(self.stride), list(padding), list(self.dilation))
         hkey = (tuple(input.shape), input.get_device())
         entry = self._bagf_handles.get(hkey)
         if entry is not None and entry[0] == handle and not torch.compiler.is_compiling():
-            self.__dict__.setdefault("_bagf_fast", {})[self._fast_key(input, w)] = (hkey, entry, *args)
+            self.__dict__.setdefault("_bagf_fast", {})[self._fast_key(input, w)] = ("kernel", hkey, entry, *args)
         return _op()(input, w, self.bias, *args, handle)
 
 

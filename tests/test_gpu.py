@@ -606,7 +606,7 @@ def test_tune_model_then_compile_fullgraph_and_cuda_graph(monkeypatch):
 def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
     env = dict(os.environ, BAGF_CACHE_DIR=str(tmp_path / "cache"))
     tune = subprocess.run([sys.executable, "-m", "bagf_torch", "tune", "--model", "alexnet", "--batch", "1,4",
-                           "--budget", "4", "--strategy", "random", "--no-progress", "--json",
+                           "--tf32", "off", "--budget", "4", "--strategy", "random", "--no-progress", "--json",
                            str(tmp_path / "r.json")], capture_output=True, text=True, env=env, timeout=900)
     assert tune.returncode == 0, tune.stderr[-3000:]
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]

@@ -305,6 +305,24 @@ def test_aten_answers_cost_one_lookup_not_one_per_call(monkeypatch, answer):
     assert rt.lookups == (1 if answer[1] else 3)
 
 
+@pytest.mark.parametrize("answer", [(ATEN, True), (ATEN, False)], ids=["aten-plan", "miss-or-wait"])
+def test_discovery_sees_layers_whose_calls_took_the_fast_path(monkeypatch, answer):
+    """tune_model's recording pass must see every layer, also one whose earlier calls are answered by the fast
+    path (an ATen answer there skips the lookup the pass intercepts); the layer's memos are restored after."""
+    from bagf_torch import pretune
+
+    rt, _ = _cuda_looking(monkeypatch, answer)
+    model = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 5, 3)))
+    x = torch.randn(1, 3, 10, 10)
+    with torch.no_grad():
+        model(x)
+        model(x)
+    fast_before = [dict(m._bagf_fast) for m in model]
+    found = pretune.discover(model, [x])
+    assert len(found.problems) == 2
+    assert [m._bagf_fast for m in model] == fast_before
+
+
 def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
     rt, checks = _cuda_looking(monkeypatch, (7, True))
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
