@@ -20,6 +20,12 @@ instead of one per call (a lookup is a SQLite read, tens of microseconds, longer
 
 _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d's own error is the answer
 
+# Bound once: each lookup through ``torch.backends`` / ``torch.compiler`` costs more than the check it makes,
+# and the fast path below runs on every call (on the H200's host, Python is several times slower than here).
+_F32 = torch.float32
+_tf32 = torch._C._get_cudnn_allow_tf32
+_compiling = torch.compiler.is_compiling
+
 
 def _op():
     """The bagf::conv2d overload (registered once the extension is loaded), looked up per call: no cache, so a
@@ -77,26 +83,37 @@ class TunedConv2d(nn.Conv2d):
         torch.Size([2, 8, 16, 16])
     """
 
+    _bagf_last: tuple | None = None  # class default: a module unpickled from an older state has none of its own
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._bagf_reset()
+
+    def _bagf_reset(self) -> None:
         self._bagf_handles: dict = {}
         self._bagf_fast: dict = {}
+        self.__dict__["_bagf_last"] = None  # the last fast entry used, checked before the dict
+        self._bagf_told: set = set()  # kinds of input the kernels never take, already checked and logged
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "TunedConv2d":
         """A TunedConv2d sharing ``conv``'s parameters, buffers and hooks (weights are not copied)."""
         new = cls.__new__(cls)
         new.__dict__.update(conv.__dict__)
-        new._bagf_handles = {}
-        new._bagf_fast = {}
+        new._bagf_reset()
         return new
 
     def __getstate__(self):
         # Plan handles index this process's loaded kernels: never let them travel with a pickle or deepcopy.
         state = self.__dict__.copy()
-        state["_bagf_handles"] = {}
-        state["_bagf_fast"] = {}
+        state.update(_bagf_handles={}, _bagf_fast={}, _bagf_last=None, _bagf_told=set())
         return state
+
+    def _apply(self, *args, **kwargs):
+        # .to(), .cuda(), .half() and the like move or convert the weight: what the fast path learnt is void
+        out = super()._apply(*args, **kwargs)
+        self._bagf_reset()
+        return out
 
     @staticmethod
     def _device_reason(x: torch.Tensor) -> str | None:
@@ -171,73 +188,99 @@ class TunedConv2d(nn.Conv2d):
         conv.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")})
         return conv
 
-    @staticmethod
-    def _fast_key(x: torch.Tensor, w: torch.Tensor) -> tuple:
-        return (x.shape, x.dtype, x.device, x.is_contiguous(), w.dtype, w.device, torch.backends.cudnn.allow_tf32)
-
-    def _remember_aten(self, x: torch.Tensor, plan: tuple | None = None, final: bool = True) -> None:
-        """Calls like ``x`` go straight to torch's conv: for good (unsupported input), while ``plan`` -- an
-        ``(hkey, entry)`` of _bagf_handles whose plan is ATen -- is still there, or (not ``final``) until
-        RECHECK_S has passed or runtime.GENERATION moves."""
-        if torch.compiler.is_compiling():
+    def _remember(self, x: torch.Tensor, value: tuple) -> None:
+        """Calls like ``x`` (shape, device, TF32 flag; fp32 and contiguous, as every call that gets here) take
+        ``value`` from the fast path from now on (see ``forward``)."""
+        if _compiling():
             return
-        fast = self.__dict__.setdefault("_bagf_fast", {})
-        if plan is not None:
-            value = ("aten", *plan)
-        elif final:
-            value = ("unsupported",)
-        else:
-            value = ("later", time.monotonic() + RECHECK_S, runtime.GENERATION)
-        fast[self._fast_key(x, self.weight)] = value
+        key = (x.shape, x.get_device(), _tf32())
+        self.__dict__.setdefault("_bagf_fast", {})[key] = value
+        self.__dict__["_bagf_last"] = (*key, value)  # (not through nn.Module.__setattr__: it costs a microsecond)
+
+    def _fast_entry(self, x: torch.Tensor) -> tuple | None:
+        if _compiling():
+            return None
+        fast = self.__dict__.get("_bagf_fast")
+        if not fast:
+            return None
+        key = (x.shape, x.get_device(), _tf32())
+        value = fast.get(key)
+        if value is not None:
+            self.__dict__["_bagf_last"] = (*key, value)
+        return value
+
+    def _tell(self, x: torch.Tensor, kind) -> torch.Tensor | None:
+        """The first call of one kind the kernels never take (a dtype, a layout): check it and log the reason
+        once; nn.Conv2d's forward answers every such call."""
+        if _compiling():
+            return
+        self.__dict__.setdefault("_bagf_told", set()).add(kind)
+        reason = self._unsupported(x)
+        if reason is not None and reason is not _BAD_CALL:
+            log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        # Fast path, for a call like one this layer already ran: the same input shape, dtype, device and
-        # contiguity, the same weight dtype and device, the same TF32 flag. It skips the support checks and the
-        # plan lookup, which cost several microseconds per call (batch-1 calls are host-bound). What it holds:
-        # - ("kernel", hkey, entry, stride, padding, dilation): our kernel, while ``entry`` is still the plan
-        #   in _bagf_handles (identity check, so clearing or replacing the handles drops it) and the weight is
-        #   still contiguous;
+        # The parameters straight from _parameters: ``self.weight`` goes through nn.Module.__getattr__, which
+        # costs more per call than the whole fast path below. (A parametrized or weight-normed module keeps its
+        # weight elsewhere: then the attribute.)
+        params = self._parameters
+        try:
+            w, b = params["weight"], params["bias"]
+        except KeyError:
+            w, b = self.weight, self.bias
+        # Input the kernels never take (a dtype other than float32, channels_last or other strides): nn.Conv2d's
+        # forward at once, for two attribute checks; the reason is logged once.
+        if input.dtype is not _F32 or not input.is_contiguous():
+            kind = input.dtype if input.dtype is not _F32 else "layout"
+            if kind not in self.__dict__.get("_bagf_told", ()):
+                self._tell(input, kind)
+            return self._conv_forward(input, w, b)
+        # Fast path, for a call like one this layer already ran (same shape, device and TF32 flag): the last
+        # entry used, else the entry of this shape. It skips the support checks and the plan lookup, which cost
+        # several microseconds per call (batch-1 calls are host-bound). An entry is
+        # - ("kernel", hkey, entry, stride, padding, dilation): our kernel, while ``entry`` is still the plan in
+        #   _bagf_handles (identity check, so clearing or replacing the handles drops it) and the weight is
+        #   still a contiguous float32 tensor;
         # - ("aten", hkey, entry): the plan is torch's conv (cuDNN won), on the same condition;
-        # - ("unsupported",): input the kernels do not take (dtype, layout, device...): nn.Conv2d's forward;
+        # - ("unsupported",): a call the kernels do not take for another reason (device, groups, padding...);
         # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
         #   until ``until`` or until the runtime's GENERATION moves (a plan may have appeared).
         # Every ATen answer is exactly nn.Conv2d's forward, self._conv_forward.
-        fast = self.__dict__.get("_bagf_fast")
-        if fast and not torch.compiler.is_compiling():
-            hit = fast.get(self._fast_key(input, w))
-            if hit is not None:
-                kind = hit[0]
-                if kind == "kernel":
-                    if self._bagf_handles.get(hit[1]) is hit[2] and w.is_contiguous():
-                        b = self.bias
-                        call = None if _needs_dispatcher(input, w, b) else _inference_call()
-                        return (call or _op())(input, w, b, hit[3], hit[4], hit[5], hit[2][0])
-                elif kind == "unsupported" or (kind == "aten" and self._bagf_handles.get(hit[1]) is hit[2]) or (
-                        kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
-                    return self._conv_forward(input, w, self.bias)
+        last = self._bagf_last
+        if last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32() \
+                and not _compiling():
+            hit = last[3]
+        else:
+            hit = self._fast_entry(input)
+        if hit is not None:
+            kind = hit[0]
+            if kind == "kernel":
+                if self._bagf_handles.get(hit[1]) is hit[2] and w.is_contiguous() and w.dtype is _F32:
+                    call = None if _needs_dispatcher(input, w, b) else _inference_call()
+                    return (call or _op())(input, w, b, hit[3], hit[4], hit[5], hit[2][0])
+            elif kind == "unsupported" or (kind == "aten" and self._bagf_handles.get(hit[1]) is hit[2]) or (
+                    kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
+                return self._conv_forward(input, w, b)
         reason = self._unsupported(input)
         if reason is not None:
             if reason is not _BAD_CALL:
                 log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
-                self._remember_aten(input)
-            return self._conv_forward(input, w, self.bias)
+                self._remember(input, ("unsupported",))
+            return self._conv_forward(input, w, b)
         padding = _numeric_padding(self)
         handle = self._handle(input, padding)
-        if handle == ATEN:  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
-            hkey = (tuple(input.shape), input.get_device())
-            entry = self._bagf_handles.get(hkey)
-            if entry is not None and entry[0] == ATEN:
-                self._remember_aten(input, plan=(hkey, entry))
-            else:
-                self._remember_aten(input, final=False)
-            return self._conv_forward(input, w, self.bias)
-        args = (list(self.stride), list(padding), list(self.dilation))
         hkey = (tuple(input.shape), input.get_device())
         entry = self._bagf_handles.get(hkey)
-        if entry is not None and entry[0] == handle and not torch.compiler.is_compiling():
-            self.__dict__.setdefault("_bagf_fast", {})[self._fast_key(input, w)] = ("kernel", hkey, entry, *args)
-        return _op()(input, w, self.bias, *args, handle)
+        if handle == ATEN:  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
+            if entry is not None and entry[0] == ATEN:
+                self._remember(input, ("aten", hkey, entry))
+            else:
+                self._remember(input, ("later", time.monotonic() + RECHECK_S, runtime.GENERATION))
+            return self._conv_forward(input, w, b)
+        args = (list(self.stride), list(padding), list(self.dilation))
+        if entry is not None and entry[0] == handle:
+            self._remember(input, ("kernel", hkey, entry, *args))
+        return _op()(input, w, b, *args, handle)
 
 
 def convert(model: nn.Module) -> nn.Module:

@@ -333,8 +333,12 @@ def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
     assert len(checks) == 1 and rt.lookups == 0
     xl = torch.randn(2, 3, 9, 9, dtype=torch.float64).to(memory_format=torch.channels_last)
     conv(xl)
-    conv(xl)
-    assert len(checks) == 2
+    assert len(checks) == 1  # float64 again: answered without a check
+    conv.float()
+    xf = xl.float()  # float32 channels_last: a new kind, checked once
+    conv(xf)
+    conv(xf)
+    assert len(checks) == 2 and rt.lookups == 0
 
 
 def test_a_wrong_channel_count_is_not_tuned(monkeypatch):
