@@ -148,8 +148,10 @@ def seconds_suffix(seconds: float | None, default: float) -> str:
 # ---- run metadata and the environment --------------------------------------------------------------------
 
 def git_commit() -> str:
-    """HEAD of the checkout (with '+dirty' when tracked files differ); GIT_COMMIT when there is no git checkout
-    (the device machine gets a copy of the working tree without .git)."""
+    """GIT_COMMIT when set (the device machine's copy of the working tree carries the .git of the session's
+    start, whose HEAD is not what runs), else HEAD of the checkout (with '+dirty' when tracked files differ)."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
         if head.returncode == 0:
@@ -158,7 +160,7 @@ def git_commit() -> str:
             return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("GIT_COMMIT") or "unknown (no git checkout here; set GIT_COMMIT)"
+    return "unknown (no git checkout here; set GIT_COMMIT)"
 
 
 def command_line(script: str, argv: Sequence[str]) -> str:
