@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 
@@ -39,6 +40,27 @@ def cache_dir(tmp_path):
     path = tmp_path / "cache"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def warnings_log():
+    """Warnings logged on the "bagf_torch" logger (captured there, so it works even if propagation is off)."""
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    log = logging.getLogger("bagf_torch")
+    handler = Collect(level=logging.WARNING)
+    log.addHandler(handler)
+    old_level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
 
 
 @pytest.fixture(scope="session")

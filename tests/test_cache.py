@@ -41,27 +41,6 @@ def trial(i, status="ok"):
             "time_us": 10.0 + i if status == "ok" else None, "detail": "" if status == "ok" else "ptxas: too many"}
 
 
-@pytest.fixture
-def warnings_log():
-    """Warnings logged on the "bagf_torch" logger (captured there, so it works even if propagation is off)."""
-    records: list[logging.LogRecord] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    log = logging.getLogger("bagf_torch")
-    handler = Collect(level=logging.WARNING)
-    log.addHandler(handler)
-    old_level = log.level
-    log.setLevel(logging.WARNING)
-    try:
-        yield records
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
-
-
 # ---- round trips -----------------------------------------------------------------------------------
 
 

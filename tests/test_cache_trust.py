@@ -94,24 +94,6 @@ def all_cubin_bytes(path):
         return {d: bytes(b) for d, b in raw.execute("SELECT digest, cubin FROM cubins")}
 
 
-@pytest.fixture
-def warnings_log():
-    records = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    log = logging.getLogger("bagf_torch")
-    handler = Collect(level=logging.WARNING)
-    log.addHandler(handler)
-    old = log.level
-    log.setLevel(logging.WARNING)
-    yield records
-    log.removeHandler(handler)
-    log.setLevel(old)
-
-
 # ---- security: what an imported file may not do ---------------------------------------------------------
 
 
