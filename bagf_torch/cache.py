@@ -817,18 +817,36 @@ def _trial_row(key: str, index: int, trial: dict, now: float) -> tuple:
             str(trial.get("detail") or ""), now)
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (Linux: the inode of /proc/self/ns/pid), '' where there is none to read.
+    Containers on one host can share its hostname while each has its own PIDs: a pid is only meaningful
+    inside its namespace."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # 'pid:[4026531836]'
+    except OSError:
+        return ""
+    return "".join(ch for ch in link if ch.isdigit())
+
+
+def _host_id() -> str:
+    ns = _pid_namespace()
+    return f"{socket.gethostname()}/{ns}" if ns else socket.gethostname()
+
+
 def owner_id() -> str:
-    """This process's claim owner id, ``host:pid:random``: the random part tells a process from a later one
-    that reuses its pid."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+    """This process's claim owner id, ``host[/pid namespace]:pid:random``: the random part tells a process from
+    a later one that reuses its pid."""
+    return f"{_host_id()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 def _owner_alive(owner: str) -> bool:
-    """False only when ``owner`` names a process of this host that does not exist any more; an owner on
-    another host (a cache on a shared file system) is alive until its lease runs out."""
+    """False only when ``owner`` names a process of this host and PID namespace that does not exist any more;
+    an owner elsewhere (another host on a shared file system, another container with this hostname, an id
+    without a namespace) is alive until its lease runs out. Two containers sharing a hostname once voided
+    each other's live claims by pid, and two tuners shared one GPU."""
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
+    if host != _host_id() or not pid_text.isdigit():
         return True
     try:
         os.kill(int(pid_text), 0)

@@ -504,3 +504,19 @@ def test_gpu_first_call_inside_a_graph_capture_is_captured_as_aten():
     torch.cuda.synchronize()
     torch.testing.assert_close(y, F.conv2d(x, conv.weight, conv.bias, padding=1), rtol=1e-3, atol=1e-3)
     assert runtime.get().stats["tuned"] == 0
+
+
+def test_claim_liveness_by_pid_only_inside_one_pid_namespace(monkeypatch):
+    """Containers on one host may share its hostname, each with its own PIDs: a claim of a pid in another
+    namespace is not voided because that pid does not exist here (it is alive until its lease ends)."""
+    from bagf_torch import cache as cache_mod
+
+    me = cache_mod.owner_id()
+    assert cache_mod._owner_alive(me)
+    host = me.split(":")[0]
+    dead = 2**22 + 12345  # above Linux's pid_max: no such process here
+    assert not cache_mod._owner_alive(f"{host}:{dead}:00")  # this namespace: a dead pid is dead
+    if "/" in host:  # Linux: the id carries the namespace
+        other_ns = host.split("/")[0] + "/1"
+        assert cache_mod._owner_alive(f"{other_ns}:{dead}:00")  # same hostname, another namespace
+        assert cache_mod._owner_alive(f"{host.split('/')[0]}:{dead}:00")  # an id without one: the lease decides
