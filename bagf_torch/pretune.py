@@ -277,10 +277,13 @@ class RuntimeTuneStep:
         def observe(tuner):
             tuner.bench = _ObservedBench(tuner.bench, progress)
 
+        t0 = time.perf_counter()
         key, row, tuned_now = rt.pretune(problem, device,
                                          tuner_options=dict(budget=budget, strategy=self.strategy, seed=self.seed),
                                          configure=observe,
                                          progress=lambda msg: progress.trial(*_parse_trial(msg)))
+        wall = time.perf_counter() - t0  # the whole step: cache look, claim, tuning, storing, loading the winner
+        phases = dict(rt.results[-1].phases) if tuned_now and rt.results else {}
         cache = rt.cache()
         cubins = []
         family = FAMILIES.get(row["family"])
@@ -290,18 +293,20 @@ class RuntimeTuneStep:
                 cubins.append({"digest": digest, "name": KernelSpec(family, row["config"], dev.compiler.arch).name,
                                "lowered_name": hit[1], "cubin": hit[0]})
         return make_record(key, row, cubins=cubins, trials=cache.trials(key) if tuned_now else [],
-                           cached=not tuned_now)
+                           cached=not tuned_now, wall_seconds=wall, phases=phases)
 
 
 def make_record(key: str, plan: dict, *, cubins: Sequence[dict] = (), trials: Sequence[dict] = (),
-                cached: bool = False, rank: int = 0) -> Record:
-    """A Record from a plan (a cache row or the same fields)."""
+                cached: bool = False, rank: int = 0, wall_seconds: float | None = None,
+                phases: dict | None = None) -> Record:
+    """A Record from a plan (a cache row or the same fields). ``wall_seconds``: the tuning step's wall time in
+    this process; ``phases``: the tuner's seconds per phase (compile, check, measure, strategy)."""
     fields = ("problem", "env", "family", "config", "time_us", "aten_us", "default_us", "evaluations",
               "tune_seconds", "cubin_digests")
     record = {f: plan[f] for f in fields}
     record["cubin_digests"] = list(record["cubin_digests"])
     record.update(key=key, cubins=list(cubins), trials=list(trials), cached=bool(cached),
-                  host=socket.gethostname(), rank=rank)
+                  host=socket.gethostname(), rank=rank, wall_seconds=wall_seconds, phases=dict(phases or {}))
     return record
 
 
@@ -329,6 +334,8 @@ class LayerReport:
     tune_seconds: float
     cached: bool
     rank: int = 0
+    wall_seconds: float | None = None  # the tuning step's wall time (None: not measured, e.g. a cached plan)
+    phases: dict = field(default_factory=dict)  # the tuner's seconds per phase when it tuned now
 
     @property
     def speedup(self) -> float | None:
@@ -338,7 +345,8 @@ class LayerReport:
         return {"problem": self.problem.as_dict(), "short": self.problem.short(), "layers": list(self.layers),
                 "plan": self.plan, "family": self.family, "config": self.config, "time_us": self.time_us,
                 "aten_us": self.aten_us, "speedup": self.speedup, "evaluations": self.evaluations,
-                "tune_seconds": self.tune_seconds, "cached": self.cached, "rank": self.rank}
+                "tune_seconds": self.tune_seconds, "cached": self.cached, "rank": self.rank,
+                "wall_seconds": self.wall_seconds, "phases": dict(self.phases)}
 
 
 @dataclass
@@ -386,7 +394,8 @@ class ModelReport:
         rows = [LayerReport(problem=ConvProblem.from_dict(r["problem"]), layers=list(r["layers"]), plan=r["plan"],
                             family=r["family"], config=r["config"], time_us=r["time_us"], aten_us=r["aten_us"],
                             evaluations=r["evaluations"], tune_seconds=r["tune_seconds"], cached=r["cached"],
-                            rank=r.get("rank", 0)) for r in d["rows"]]
+                            rank=r.get("rank", 0), wall_seconds=r.get("wall_seconds"),
+                            phases=dict(r.get("phases") or {})) for r in d["rows"]]
         return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
                    seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1))
 
@@ -417,7 +426,8 @@ def _layer_report(problem: ConvProblem, layers: list[str], rec: Record) -> Layer
                        family=rec["family"], config=rec["config"], time_us=float(rec["time_us"]),
                        aten_us=None if rec["aten_us"] is None else float(rec["aten_us"]),
                        evaluations=int(rec["evaluations"]), tune_seconds=float(rec["tune_seconds"]),
-                       cached=bool(rec["cached"]), rank=int(rec.get("rank", 0)))
+                       cached=bool(rec["cached"]), rank=int(rec.get("rank", 0)),
+                       wall_seconds=rec.get("wall_seconds"), phases=dict(rec.get("phases") or {}))
 
 
 # ---- the API -------------------------------------------------------------------------------------------

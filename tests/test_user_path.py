@@ -520,3 +520,24 @@ def test_claim_liveness_by_pid_only_inside_one_pid_namespace(monkeypatch):
         other_ns = host.split("/")[0] + "/1"
         assert cache_mod._owner_alive(f"{other_ns}:{dead}:00")  # same hostname, another namespace
         assert cache_mod._owner_alive(f"{host.split('/')[0]}:{dead}:00")  # an id without one: the lease decides
+
+
+def test_model_report_carries_each_problems_wall_time_and_phases():
+    """Where a problem's seconds went (the tune table gave only the tuner's own clock, so an overrun could not
+    be traced to a phase)."""
+    import json as _json
+
+    from bagf_torch.pretune import ModelReport, _layer_report, make_record
+
+    plan = {"problem": fh.P.as_dict(), "env": dict(fh.ENV), "family": "aten", "config": None, "time_us": 10.0,
+            "aten_us": 10.0, "default_us": None, "evaluations": 5, "tune_seconds": 4.9, "cubin_digests": []}
+    rec = make_record("k", plan, wall_seconds=5.3, phases={"compile": 3.1, "measure": 1.0})
+    row = _layer_report(fh.P, ["conv"], rec)
+    assert row.wall_seconds == 5.3 and row.phases == {"compile": 3.1, "measure": 1.0}
+    report = ModelReport(rows=[row], unsupported=[], seconds=5.4, world_size=1)
+    back = ModelReport.from_dict(_json.loads(report.to_json()))
+    assert back.rows[0].wall_seconds == 5.3 and back.rows[0].phases == row.phases
+    old = _json.loads(report.to_json())
+    for r in old["rows"]:
+        del r["wall_seconds"], r["phases"]
+    assert ModelReport.from_dict(old).rows[0].wall_seconds is None  # a report written before these fields
