@@ -13,6 +13,7 @@ from bagf_torch.kernels import implicit_gemm as ig
 from bagf_torch.kernels import implicit_gemm_tc as tc
 from bagf_torch.kernels import winograd as wg
 from bagf_torch.problem import ConvProblem
+import iobound_oracles  # tests/ is on sys.path (pytest's default prepend import mode)
 
 VALID = ig.space().valid_configs()
 SMALL_T = [c for c in VALID if ig.threads(c) <= 256]
@@ -51,7 +52,7 @@ def test_model_equals_brute_force(problem):
     for config in configs:
         assert ig.space().is_valid(config), config
         model = iobound.implicit_gemm_traffic(problem, config, unique=True)
-        brute = iobound.brute_force_traffic(problem, config)
+        brute = iobound_oracles.brute_force_traffic(problem, config)
         assert model == brute, (config, model, brute)
 
 
@@ -168,7 +169,7 @@ def test_tc_model_equals_brute_force(problem):
     for config in configs:
         assert tc.space().is_valid(config), config
         model = iobound.implicit_gemm_tc_traffic(problem, config)
-        brute = iobound.brute_force_tc_traffic(problem, config)
+        brute = iobound_oracles.brute_force_tc_traffic(problem, config)
         assert model == brute, (config, model, brute)
 
 
@@ -294,7 +295,7 @@ def test_winograd_model_equals_brute_force(problem):
     configs = [wg.DEFAULT, wg.default_for(problem)] + WG_CASES + rng.sample(WG_VALID, 25)
     for config in configs:
         model = iobound.winograd_traffic(problem, config)
-        brute = iobound.brute_force_winograd_traffic(problem, config)
+        brute = iobound_oracles.brute_force_winograd_traffic(problem, config)
         assert model == brute, (config, model, brute)
         assert model == iobound.traffic("winograd", problem, config)
 
@@ -310,7 +311,7 @@ def test_winograd_tc_model_equals_brute_force(problem):
     configs = [wt.DEFAULT, wt.default_for(problem)] + multi_round + random.Random(7).sample(valid, 12)
     for config in configs:
         model = iobound.traffic("winograd_tc", problem, config)
-        assert model == iobound.brute_force_winograd_traffic(problem, config, wt), config
+        assert model == iobound_oracles.brute_force_winograd_traffic(problem, config, wt), config
         assert model.fast_memory_words == wt.smem_bytes(config) // 4 + wt.points(config) * config["BK"] * config["BT"]
         fused = iobound.winograd_lower_bound(problem, config["MT"], 3, model.fast_memory_words, fused=True)
         assert fused <= model.total
@@ -430,7 +431,7 @@ def test_direct_model_equals_brute_force(problem):
     for config in configs:
         assert dr.space().is_valid(config), config
         model = iobound.direct_traffic(problem, config)
-        brute = iobound.brute_force_direct_traffic(problem, config)
+        brute = iobound_oracles.brute_force_direct_traffic(problem, config)
         assert model == brute, (config, model, brute)
         assert model == iobound.traffic("direct", problem, config)
 
@@ -499,7 +500,7 @@ def test_winograd_gemm_model_equals_brute_force(problem):
     assert {c["GE"] for c in configs} == set(wgg.PARAMS["GE"])
     for config in configs:
         model = iobound.winograd_gemm_traffic(problem, config)
-        brute = iobound.brute_force_winograd_gemm_traffic(problem, config)
+        brute = iobound_oracles.brute_force_winograd_gemm_traffic(problem, config)
         assert model == brute, (config, model, brute)
         assert model == iobound.traffic("winograd_gemm", problem, config)
 
