@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from . import log, runtime
+from .ops import ATEN
 from .problem import ConvProblem
-from .tuning.measure import ATEN
 
 _INT32_MAX = 2**31 - 1
 

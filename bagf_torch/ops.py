@@ -5,7 +5,7 @@ Schema (defined once, in csrc/bagf_ext.cpp's ``TORCH_LIBRARY(bagf, m)``)::
     bagf::conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation,
                  int plan) -> Tensor
 
-``plan`` is a handle from the runtime (a loaded kernel) or -1 for ATen's conv2d. Kernels: CUDA (the tuned
+``plan`` is a handle from the runtime (a loaded kernel) or :data:`ATEN` (-1) for ATen's conv2d. Kernels: CUDA (the tuned
 kernel on the current stream, or ATen when the plan cannot take the call), CPU (ATen) and Autograd (forward
 through the op, backward through ``at::convolution_backward``), all in C++, so a call runs no Python.
 The fake (meta) implementation below lets torch.compile trace it; it is registered when the extension loads.
@@ -16,6 +16,10 @@ from __future__ import annotations
 import threading
 
 import torch
+
+ATEN = -1
+"""The ``plan`` value meaning "torch's own conv" (ATen's conv2d): what the runtime serves a problem with when
+no tuned kernel is the plan, and the tuner's candidate handle for cuDNN."""
 
 _registered = False
 _lock = threading.Lock()

@@ -34,8 +34,8 @@ from torch import nn
 from . import runtime
 from .kernels import FAMILIES
 from .nn import TunedConv2d
+from .ops import ATEN
 from .problem import ConvProblem
-from .tuning.measure import ATEN
 
 __all__ = ["Discovery", "LayerReport", "ModelReport", "Progress", "RuntimeTuneStep", "discover", "tune_model"]
 

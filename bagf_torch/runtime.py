@@ -34,9 +34,9 @@ import torch
 
 from . import log, settings
 from .kernels import FAMILIES, families_for, family_name
+from .ops import ATEN
 from .problem import ConvProblem, fingerprint
 from .tuning.common import Budget, Outcome
-from .tuning.measure import ATEN
 from .tuning.warmstart import neighbour_seeds
 
 

@@ -35,7 +35,8 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
-from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, Workspace  # noqa: E402
+from bagf_torch.ops import ATEN  # noqa: E402
+from bagf_torch.tuning.measure import CudaBenchmarker, Workspace  # noqa: E402
 from bagf_torch.tuning.replay import load_recording  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 

@@ -173,7 +173,8 @@ def noise_row(budget: int, seed: int) -> dict:
     from bagf_torch import runtime
     from bagf_torch.kernels import FAMILIES
     from bagf_torch.problem import ConvProblem
-    from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, Workspace
+    from bagf_torch.ops import ATEN
+    from bagf_torch.tuning.measure import CudaBenchmarker, Workspace
 
     problem = ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
     os.environ["BAGF_BUDGET"] = str(budget)

@@ -27,7 +27,8 @@ from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.kernels import FAMILIES  # noqa: E402
-from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
+from bagf_torch.ops import ATEN  # noqa: E402
+from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
 
 GRAPH_CALLS = 20
 HOST_CALLS = 200

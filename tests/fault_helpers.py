@@ -13,9 +13,9 @@ import types
 
 from bagf_torch import runtime
 from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
 from bagf_torch.tuning.common import Budget, Outcome
-from bagf_torch.tuning.measure import ATEN
 from bagf_torch.tuning.tuner import Tuner
 
 P = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))

@@ -22,7 +22,7 @@ import bagf_torch
 from bagf_torch import runtime
 from bagf_torch.cache import Cache, default_cache_path
 from bagf_torch.kernels import implicit_gemm as ig
-from bagf_torch.tuning.measure import ATEN
+from bagf_torch.ops import ATEN
 
 import fault_helpers as fh
 

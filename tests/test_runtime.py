@@ -10,9 +10,9 @@ import pytest
 
 from bagf_torch import runtime
 from bagf_torch.kernels import implicit_gemm as ig
+from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
 from bagf_torch.tuning.common import Budget, Outcome
-from bagf_torch.tuning.measure import ATEN
 from bagf_torch.tuning.tuner import Tuner
 from fault_helpers import FakeCompiler  # tests/ is on sys.path (pytest's default prepend import mode)
 

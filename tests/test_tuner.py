@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bagf_torch.kernels.space import Space, config_key
+from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
 from bagf_torch.tuning.common import Budget, Outcome
-from bagf_torch.tuning.measure import ATEN
 from bagf_torch.tuning.tuner import Tuner
 
 PROBLEM = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))

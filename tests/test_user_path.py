@@ -21,10 +21,10 @@ import bagf_torch
 from bagf_torch import cli, log, runtime, settings
 from bagf_torch import nn as bnn
 from bagf_torch.kernels.space import config_key
+from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem, fingerprint
 from bagf_torch.tuning import strategies
 from bagf_torch.tuning.common import Budget, Outcome
-from bagf_torch.tuning.measure import ATEN
 from bagf_torch.tuning.tuner import Tuner
 
 import fault_helpers as fh  # tests/ is on sys.path (pytest's default prepend import mode)

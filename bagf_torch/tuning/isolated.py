@@ -46,9 +46,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..ops import ATEN
 from ..problem import ConvProblem
 from .common import Outcome
-from .measure import ATEN
 
 logger = logging.getLogger("bagf_torch")
 

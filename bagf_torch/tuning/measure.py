@@ -16,11 +16,9 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..ops import ATEN  # the candidate handle for torch's own conv (cuDNN): the op's plan value for ATen
 from ..problem import ConvProblem
 from .common import Outcome
-
-ATEN = -1
-"""Candidate handle meaning "torch's own conv" (cuDNN); also the op's plan value for ATen."""
 
 # fp32 with fp32 accumulation over C*R*S <= a few thousand terms lands near 1e-6 relative; 1e-4 leaves room
 # for any summation order while a wrong index, a missed tile or an unwritten element is far above it.

@@ -25,10 +25,10 @@ import torch
 
 from .. import iobound, log
 from ..kernels.space import Config, Space, config_key
+from ..ops import ATEN
 from ..problem import ConvProblem
 from . import strategies
 from .common import Budget, Outcome, tuning_context
-from .measure import ATEN
 
 
 @contextlib.contextmanager

@@ -26,7 +26,8 @@ from host_floor import parse_plan  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.jit.compiler import KernelSpec  # noqa: E402
-from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
+from bagf_torch.ops import ATEN  # noqa: E402
+from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
 
 
 def build(compiler, family, config, macro: str, value: int):

@@ -85,7 +85,8 @@ def main(argv=None) -> int:
         return 2
     from bagf_torch import runtime
     from bagf_torch.kernels import implicit_gemm_tc as fam
-    from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace
+    from bagf_torch.ops import ATEN
+    from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace
 
     torch.backends.cudnn.allow_tf32 = False
     dev = runtime.get().device(0)

@@ -22,7 +22,8 @@ from bagf_torch import iobound  # noqa: E402
 from bagf_torch.cache import Cache  # noqa: E402
 from bagf_torch.jit.compiler import KernelCompiler  # noqa: E402
 from bagf_torch.kernels import winograd_gemm as wgf  # noqa: E402
-from bagf_torch.tuning.measure import ATEN, CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
+from bagf_torch.ops import ATEN  # noqa: E402
+from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from record_space import MORE_PROBLEMS, PROBLEMS  # noqa: E402
