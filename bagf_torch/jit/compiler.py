@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from ..cache import FOREIGN_DIGEST_PREFIX
 from ..kernels.space import Config
-from ..tuning.common import Outcome
+from ..outcome import Outcome
 from . import extension
 
 

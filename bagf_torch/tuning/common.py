@@ -1,4 +1,5 @@
-"""Types shared by the tuner, the strategies and the evaluators: outcomes, budgets, the objective."""
+"""Types shared by the tuner, the strategies and the evaluators: outcomes (defined in ``bagf_torch.outcome``,
+re-exported here), budgets, the objective."""
 
 from __future__ import annotations
 
@@ -9,11 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..kernels.space import Config, Space, config_key
-
-STATUSES = ("ok", "invalid", "compile", "resources", "launch", "wrong", "timeout", "crashed")
-"""Outcome kinds. Every one except "ok" is a typed failure that is recorded, never retried blindly.
-"crashed": the candidate killed the isolated worker process or left its CUDA context unusable
-(``tuning.isolated``, BAGF_ISOLATE=1)."""
+from ..outcome import STATUSES, Outcome  # re-exported: the tuner, strategies and evaluators import them here
 
 
 @contextlib.contextmanager
@@ -31,25 +28,6 @@ def tuning_context(grad: bool = False):
         for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
             stack.enter_context(torch.autocast(device, enabled=False))
         yield
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of evaluating one configuration: a time in microseconds, or a typed failure."""
-
-    status: str
-    time_us: float | None = None
-    detail: str = ""
-
-    def __post_init__(self):
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown outcome status {self.status!r}; expected one of {STATUSES}")
-        if (self.status == "ok") != (self.time_us is not None):
-            raise ValueError(f"outcome {self.status!r} with time {self.time_us!r}: only 'ok' carries a time")
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass(frozen=True)
