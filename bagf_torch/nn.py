@@ -9,7 +9,7 @@ from torch import nn
 
 from . import log, runtime
 from .ops import ATEN
-from .problem import ConvProblem
+from .problem import ConvProblem, out_extent
 
 _INT32_MAX = 2**31 - 1
 
@@ -151,8 +151,8 @@ class TunedConv2d(nn.Conv2d):
         # The kernels index the output with 32 bits too; a problem whose output is larger must not even be
         # tuned (the checker would launch a candidate into it).
         (ph, pw), (sh, sw), (dh, dw) = _numeric_padding(self), self.stride, self.dilation
-        p = (x.shape[2] + 2 * ph - dh * (w.shape[2] - 1) - 1) // sh + 1
-        q = (x.shape[3] + 2 * pw - dw * (w.shape[3] - 1) - 1) // sw + 1
+        p = out_extent(x.shape[2], w.shape[2], sh, ph, dh)
+        q = out_extent(x.shape[3], w.shape[3], sw, pw, dw)
         if p <= 0 or q <= 0:  # ATen raises its own error for this, as nn.Conv2d would
             return "kernel larger than the padded input"
         if x.shape[0] * w.shape[0] * p * q > _INT32_MAX:

@@ -17,16 +17,14 @@ import threading
 
 import torch
 
+from .problem import out_extent
+
 ATEN = -1
 """The ``plan`` value meaning "torch's own conv" (ATen's conv2d): what the runtime serves a problem with when
 no tuned kernel is the plan, and the tuner's candidate handle for cuDNN."""
 
 _registered = False
 _lock = threading.Lock()
-
-
-def _out_extent(size, k, stride, pad, dil):
-    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
 def register_fake() -> None:
@@ -40,8 +38,8 @@ def register_fake() -> None:
         def _conv2d_fake(input, weight, bias, stride, padding, dilation, plan):
             torch._check(input.dim() == 4 and weight.dim() == 4,
                          lambda: "bagf::conv2d expects a 4-D NCHW input and a 4-D KCRS weight")
-            p = _out_extent(input.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
-            q = _out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
+            p = out_extent(input.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
+            q = out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
             return input.new_empty((input.shape[0], weight.shape[0], p, q))
 
         _registered = True

@@ -21,6 +21,18 @@ def _pair(v) -> tuple[int, int]:
     return t  # type: ignore[return-value]
 
 
+def out_extent(size, k, stride, pad, dil):
+    """The output's extent along one axis of a convolution (torch's formula): ``size`` input elements padded by
+    ``pad`` on both sides, a ``k``-tap filter dilated by ``dil``, stride ``stride``. Zero or negative when the
+    dilated filter is larger than the padded input. Plain arithmetic, so it takes ints and symbolic sizes
+    (torch.SymInt, as the op's fake implementation sees them) alike.
+
+    >>> out_extent(224, 11, 4, 2, 1), out_extent(13, 3, 1, 1, 1), out_extent(10, 3, 1, 2, 2)
+    (55, 13, 10)
+    """
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     """One 2-D convolution problem: shapes, geometry, dtype and memory format (NCHW = contiguous).
@@ -64,9 +76,7 @@ class ConvProblem:
     @property
     def out_hw(self) -> tuple[int, int]:
         (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
-        p = (self.h + 2 * ph - dh * (self.r - 1) - 1) // sh + 1
-        q = (self.w + 2 * pw - dw * (self.s - 1) - 1) // sw + 1
-        return p, q
+        return out_extent(self.h, self.r, sh, ph, dh), out_extent(self.w, self.s, sw, pw, dw)
 
     def tiles(self, m: int) -> int:
         """Output tiles of m x m (a Winograd F(m x m) problem's tile count): N * ceil(P/m) * ceil(Q/m).
