@@ -116,9 +116,9 @@ def _inputs(name: str, batches: list[int], device):
 
 def tf32_mode(flag: str | None) -> bool:
     """``--tf32 on|off``, or this process's cuDNN TF32 flag when not given (PyTorch's default is on)."""
-    import torch
+    from .problem import cudnn_tf32
 
-    return torch.backends.cudnn.allow_tf32 if flag is None else flag == "on"
+    return cudnn_tf32() if flag is None else flag == "on"
 
 
 def _tf32_words(tf32: bool, flag: str | None) -> str:
@@ -478,6 +478,8 @@ def main(argv=None) -> int:
         os.environ["BAGF_CACHE_DIR"] = args.cache
     if getattr(args, "budget", None) is not None and args.budget < 1:
         sub.error(f"--budget must be at least 1, got {args.budget}")
+    if getattr(args, "seconds", None) is not None and not 0 < args.seconds <= 86400:
+        sub.error(f"--seconds must be a number of seconds above 0 and at most a day, got {args.seconds}")
     if args.cmd == "cache":
         if args.action in ("export", "import") and not args.file:
             sub.error(f"cache {args.action} needs a FILE")

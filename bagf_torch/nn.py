@@ -9,7 +9,7 @@ from torch import nn
 
 from . import log, runtime
 from .ops import ATEN
-from .problem import ConvProblem, out_extent
+from .problem import ConvProblem, cudnn_tf32, out_extent
 
 _INT32_MAX = 2**31 - 1
 
@@ -23,7 +23,7 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 # Bound once: each lookup through ``torch.backends`` / ``torch.compiler`` costs more than the check it makes,
 # and the fast path below runs on every call (on the H200's host, Python is several times slower than here).
 _F32 = torch.float32
-_tf32 = torch._C._get_cudnn_allow_tf32
+_tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
 
 
@@ -165,7 +165,7 @@ class TunedConv2d(nn.Conv2d):
             # Traced code never tunes: it uses the plan this module already has for the shape, else ATen.
             entry = self._bagf_handles.get(key)
             return ATEN if entry is None else entry[0]
-        tf32 = torch.backends.cudnn.allow_tf32
+        tf32 = _tf32()
         entry = self._bagf_handles.get(key)
         if entry is not None and entry[1] == tf32:
             return entry[0]
@@ -219,6 +219,17 @@ class TunedConv2d(nn.Conv2d):
         if reason is not None and reason is not _BAD_CALL:
             log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
 
+    def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The forward torch.compile traces: no memo read or written, no clock, no logging, nothing tuned (each of
+        those would break the graph); the plan this module already has for the shape, else torch's conv."""
+        if self._unsupported(input) is not None:
+            return self._conv_forward(input, w, b)
+        padding = _numeric_padding(self)
+        handle = self._handle(input, padding)
+        if handle == ATEN:
+            return self._conv_forward(input, w, b)
+        return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         # The parameters straight from _parameters: ``self.weight`` goes through nn.Module.__getattr__, which
         # costs more per call than the whole fast path below. (A parametrized or weight-normed module keeps its
@@ -228,6 +239,8 @@ class TunedConv2d(nn.Conv2d):
             w, b = params["weight"], params["bias"]
         except KeyError:
             w, b = self.weight, self.bias
+        if _compiling():
+            return self._traced_forward(input, w, b)
         # Input the kernels never take (a dtype other than float32, channels_last or other strides): nn.Conv2d's
         # forward at once, for two attribute checks; the reason is logged once.
         if input.dtype is not _F32 or not input.is_contiguous():
@@ -247,8 +260,7 @@ class TunedConv2d(nn.Conv2d):
         #   until ``until`` or until the runtime's GENERATION moves (a plan may have appeared).
         # Every ATen answer is exactly nn.Conv2d's forward, self._conv_forward.
         last = self._bagf_last
-        if last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32() \
-                and not _compiling():
+        if last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32():
             hit = last[3]
         else:
             hit = self._fast_entry(input)
@@ -268,6 +280,7 @@ class TunedConv2d(nn.Conv2d):
                 self._remember(input, ("unsupported",))
             return self._conv_forward(input, w, b)
         padding = _numeric_padding(self)
+        generation = runtime.GENERATION  # before the lookup: a plan stored while it runs moves it past this
         handle = self._handle(input, padding)
         hkey = (tuple(input.shape), input.get_device())
         entry = self._bagf_handles.get(hkey)
@@ -275,7 +288,7 @@ class TunedConv2d(nn.Conv2d):
             if entry is not None and entry[0] == ATEN:
                 self._remember(input, ("aten", hkey, entry))
             else:
-                self._remember(input, ("later", time.monotonic() + RECHECK_S, runtime.GENERATION))
+                self._remember(input, ("later", time.monotonic() + RECHECK_S, generation))
             return self._conv_forward(input, w, b)
         args = (list(self.stride), list(padding), list(self.dilation))
         if entry is not None and entry[0] == handle:

@@ -9,6 +9,35 @@ from typing import Any, Mapping
 
 import torch
 
+_LEGACY_TF32 = torch._C._get_cudnn_allow_tf32
+
+
+def _fp32_precision_tf32() -> bool:
+    """cuDNN's fp32 convolution precision through torch's ``fp32_precision`` settings: the conv setting, else
+    cuDNN's, else the global one ("none" defers to the next); PyTorch's default allows TF32."""
+    for owner in ("cudnn.conv", "cudnn", ""):
+        obj = torch.backends
+        try:
+            for part in filter(None, owner.split(".")):
+                obj = getattr(obj, part)
+            value = obj.fp32_precision
+        except AttributeError:
+            continue
+        if value != "none":
+            return value == "tf32"
+    return True
+
+
+def cudnn_tf32() -> bool:
+    """Whether cuDNN may run fp32 convolutions in TF32 in this process: what "stock" means for an fp32 conv,
+    part of every problem's key. ``torch.backends.cudnn.allow_tf32`` cannot be read once a program has set the
+    newer ``torch.backends.cudnn.conv.fp32_precision`` (torch raises "mix of the legacy and new APIs"): then
+    the newer setting answers."""
+    try:
+        return _LEGACY_TF32()
+    except RuntimeError:
+        return _fp32_precision_tf32()
+
 
 def _pair(v) -> tuple[int, int]:
     if isinstance(v, int):
@@ -71,7 +100,7 @@ class ConvProblem:
                    stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
                    groups=int(groups), bias=bias is not None,
                    dtype=str(x.dtype).replace("torch.", ""), layout=layout,
-                   tf32=bool(x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32))
+                   tf32=bool(x.dtype == torch.float32 and cudnn_tf32()))
 
     @property
     def out_hw(self) -> tuple[int, int]:

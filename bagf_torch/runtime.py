@@ -348,13 +348,13 @@ class Runtime:
             try:
                 with self._tune_lock:
                     handle = self._resolve(problem, device)
-                handle = ATEN if handle is None else handle
             except Exception as e:  # never retried in a loop: the problem runs on ATen in this process
                 log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} in the "
                          f"background ({type(e).__name__}: {e}); using torch's conv2d for it")
                 handle = ATEN
             with self._lock:
-                self._memo[slot] = handle
+                if handle is not None:  # None: no plan yet (another process is tuning it): ask again later
+                    self._memo[slot] = handle
                 self._pending.pop(slot).set()
             _bump()
 
@@ -479,6 +479,7 @@ class Runtime:
             handle = self._tune_and_store(problem, dev, key, tuner_options=tuner_options, configure=configure,
                                           progress=progress)
             self._memo[(problem, device)] = handle
+            _bump()  # layers serving this problem with ATen for now take the plan at their next call
             return key, self.cache().get_plan(key), True
 
     def forget(self) -> None:

@@ -541,3 +541,105 @@ def test_model_report_carries_each_problems_wall_time_and_phases():
     for r in old["rows"]:
         del r["wall_seconds"], r["phases"]
     assert ModelReport.from_dict(old).rows[0].wall_seconds is None  # a report written before these fields
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_tune_seconds_out_of_range_is_a_usage_error(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["tune", "--seconds", value])
+    assert e.value.code == 2 and "--seconds" in capsys.readouterr().err
+
+
+def test_the_tf32_mode_is_read_under_torchs_newer_precision_api(monkeypatch):
+    """After torch.backends.cudnn.conv.fp32_precision is set, the legacy allow_tf32 flag cannot be read (torch
+    raises); the forward and the problem key read the newer setting instead."""
+    conv_settings = getattr(getattr(torch.backends, "cudnn", None), "conv", None)
+    if conv_settings is None or not hasattr(conv_settings, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no cudnn.conv.fp32_precision")
+    rt, _ = _cuda_looking(monkeypatch, (ATEN, False))
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    x = torch.randn(1, 3, 8, 8)
+    conv(x)
+    old = conv_settings.fp32_precision
+    try:
+        conv_settings.fp32_precision = "ieee"
+        torch.testing.assert_close(conv(x), F.conv2d(x, conv.weight, conv.bias))
+        assert ConvProblem.from_call(x, conv.weight, conv.bias, 1, 0, 1, 1).tf32 is False
+        conv_settings.fp32_precision = "tf32"
+        assert ConvProblem.from_call(x, conv.weight, conv.bias, 1, 0, 1, 1).tf32 is True
+    finally:
+        conv_settings.fp32_precision = old
+        torch.backends.cudnn.allow_tf32 = True  # back to the legacy API's default state
+
+
+@pytest.mark.parametrize("answer", [(ATEN, True), (ATEN, False)], ids=["aten-plan", "miss-or-wait"])
+def test_torch_compile_fullgraph_after_eager_calls(monkeypatch, answer):
+    """torch.compile traces a forward that touches no memo, clock or log: fullgraph holds after eager calls."""
+    _cuda_looking(monkeypatch, answer)
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        conv(x)
+        conv(x)
+        torch._dynamo.reset()
+        out = torch.compile(conv, fullgraph=True, backend="eager")(x)
+    torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias))
+
+
+def test_background_tuning_that_gave_up_on_a_claim_takes_the_plan_later(monkeypatch):
+    monkeypatch.setenv("BAGF_BACKGROUND", "1")
+    monkeypatch.setenv("BAGF_CLAIM_WAIT", "0.2")
+    rt = runtime.install(fh.make_runtime())
+    key = fingerprint(fh.P, fh.ENV)
+    holder = "otherhost:1234:0"
+    assert rt.cache().claim(key, holder, 600.0) is None
+    assert rt.lookup(fh.P, 0) == (ATEN, False)
+    assert rt.wait_background(timeout=10)
+    assert rt.lookup(fh.P, 0) == (ATEN, False)  # not memoised as ATen for good
+    assert rt.wait_background(timeout=10)
+    rt.cache().release(key, holder)
+    assert rt.lookup(fh.P, 0) == (ATEN, False)  # queued: tuned in the background now
+    assert rt.wait_background(timeout=30)
+    handle, final = rt.lookup(fh.P, 0)
+    assert final and handle != ATEN and rt.stats["tuned"] == 1
+
+
+def test_a_deadline_inside_a_batch_is_not_reported_as_a_stall(caplog):
+    """The search told that the budget is spent ends normally; only a step that does not come back is a stall."""
+    tc, rp, problem = _recorded()
+    clock = FakeClock()
+    comp = _SlowCompiler(clock, wave_s=0.05)
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.25)  # slow timings cut batches short
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
+                  strategy="random", budget=Budget(200, 3.0), seed=0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        tuner.tune(problem)
+    assert not [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+
+
+@pytest.mark.parametrize("fail_at", [1, 3], ids=["start-point", "in-search"])
+def test_a_check_that_raises_leaves_nothing_loaded_but_the_winner(fail_at):
+    """A check that raises (a sticky CUDA error, say) unloads what its batch loaded; raised at the start point
+    the tuning fails with nothing left loaded, inside a search the search ends and the tuner chooses among what
+    it measured, unloading all but the winner."""
+    tc, rp, problem = _recorded()
+    comp = _Compiler()
+    unloaded = []
+    comp.unload = unloaded.append
+    calls = []
+
+    def check(ws, h):
+        calls.append(h)
+        if len(calls) == fail_at:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    tuner = Tuner(comp, types.SimpleNamespace(check=check), _Bench(comp, rp.evaluator(), 1e6), lambda p: None,
+                  tc, strategy="random", budget=Budget(20), seed=0)
+    if fail_at == 1:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            tuner.tune(problem)
+        kept = set()
+    else:
+        kept = {tuner.tune(problem).handle}
+    assert len(unloaded) == len(set(unloaded))  # none twice
+    assert set(unloaded) == set(comp.configs) - kept

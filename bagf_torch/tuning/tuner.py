@@ -132,7 +132,8 @@ class _Search:
                  clock: Callable[[], float]):
         self.strategy, self.space, self.evaluate, self.budget = strategy, space, evaluate, budget
         self.seed, self.prior, self.options, self.clock = seed, prior, options, clock
-        self.abandoned = False
+        self.abandoned = False  # no longer waited for (a stall, or an error on the tuner's side)
+        self.stalled = False  # a step did not come back before its deadline
         self._requests: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
 
@@ -167,21 +168,28 @@ class _Search:
             if kind == "evaluate":
                 reply.put(("error", BudgetSpent("the tuner abandoned this search")))
 
+    ENDING_GRACE_S = 2.0
+    """How long the strategy thread gets to wind up once told the budget is spent, before that counts as a
+    stall: at the deadline the wait would otherwise time out at once and call a normal ending abandoned."""
+
     def run(self, limit: list[float]) -> None:
         thread = threading.Thread(target=self._body, daemon=True, name=f"bagf-search-{self.space.family}")
         thread.start()
+        ending = False  # told BudgetSpent: the thread's last message is on its way
         try:
             while True:
-                left = limit[0] - self.clock()
+                left = self.ENDING_GRACE_S if ending else limit[0] - self.clock()
                 try:
                     kind, payload, reply = self._requests.get(timeout=max(0.0, left) if math.isfinite(left) else None)
                 except queue.Empty:
+                    self.stalled = True
                     self._abandon()
                     return
                 if kind == "evaluate":
                     try:
                         reply.put(("ok", self.evaluate(payload)))
                     except BaseException as e:  # BudgetSpent included: the strategy ends and says so
+                        ending = ending or isinstance(e, BudgetSpent)
                         reply.put(("error", e))
                 elif kind == "done":
                     return
@@ -192,6 +200,10 @@ class _Search:
         except BaseException:
             self._abandon()
             raise
+        finally:
+            # A thread that outlives this (abandoned in a stall) must not keep the tuner's workspace -- GPU
+            # tensors -- or its trials alive through the evaluator's closure.
+            self.evaluate = None
 
 
 def _bound_to(family: ModuleType, name: str, problem: ConvProblem, sms: int | None):
@@ -366,6 +378,43 @@ class Tuner:
             shares[f] += 1
         return {f: shares.get(f, 0) for f in defaults}
 
+    def _measure_batch(self, family: ModuleType, ws, fresh: Sequence[Config], built: Sequence, out: list[Outcome],
+                       handles: dict, best: list[float], phases: dict, deadline: "_Deadline", end: float) -> int:
+        """Check and time the compiled batch ``built`` (outcomes appended to ``out``; the kept candidates go into
+        ``handles``) until ``end``; returns how many were evaluated. What is compiled but left unmeasured at
+        ``end`` is unloaded."""
+        clock = self.clock
+        for i, (c, b) in enumerate(zip(fresh, built)):
+            if clock() >= end:  # out of time inside the batch
+                for rest in built[i:]:
+                    if not isinstance(rest, Outcome):
+                        self.compiler.unload(rest.handle)
+                return i
+            if isinstance(b, Outcome):
+                out.append(b)
+                continue
+            t = clock()
+            bad = self.checker.check(ws, b.handle)
+            phases["check"] += clock() - t
+            if bad is not None:
+                self.compiler.unload(b.handle)
+                out.append(bad)
+                deadline.evaluated(clock() - t)
+                continue
+            t1 = clock()
+            cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
+            o = self.bench.measure(ws, b.handle, cutoff)
+            phases["measure"] += clock() - t1
+            deadline.measured(clock() - t1)
+            deadline.evaluated(clock() - t)
+            if o.ok:
+                handles[(family.FAMILY, config_key(c))] = b.handle
+                best[0] = min(best[0], o.time_us)
+            else:
+                self.compiler.unload(b.handle)
+            out.append(o)
+        return len(out)
+
     def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None,
              seeds: Sequence[tuple[str, Config]] = ()) -> TuneResult:
         """Tune ``problem``. ``seeds`` are ``(family, config)`` pairs measured right after the families' start
@@ -377,7 +426,16 @@ class Tuner:
         The caller's autograd, inference-mode and autocast state do not matter: the search runs in a thread of
         its own (``_Search``), and the GPU work on this thread under ``tuning_context``."""
         with tuning_context():
-            return self._tune(problem, progress, seeds)
+            self._live: dict[tuple, int] = {}  # loaded candidates of this run (what an error must unload)
+            try:
+                return self._tune(problem, progress, seeds)
+            except BaseException:
+                for h in self._live.values():
+                    with contextlib.suppress(Exception):
+                        self.compiler.unload(h)
+                raise
+            finally:
+                self._live = {}
 
     def _tune(self, problem: ConvProblem, progress, seeds) -> TuneResult:
         clock = self.clock
@@ -387,7 +445,7 @@ class Tuner:
         families = self.families_for(problem)
         phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
         ws = self.workspace(problem)
-        handles: dict[tuple, int] = {}
+        handles: dict[tuple, int] = self._live
         trials: list[Trial] = []
         best = [float("inf")]
 
@@ -414,36 +472,17 @@ class Tuner:
                 phases["compile"] += clock() - t
                 deadline.compiled(len(fresh), clock() - t)
                 out: list[Outcome] = []
-                for i, (c, b) in enumerate(zip(fresh, built)):
-                    if clock() >= limit[0]:  # out of time inside the batch: what is compiled but unmeasured goes
-                        for rest in built[i:]:
-                            if not isinstance(rest, Outcome):
+                try:
+                    measured = self._measure_batch(family, ws, fresh, built, out, handles, best, phases, deadline,
+                                                   limit[0])
+                except BaseException:  # a check or timing that raised: what is loaded and not kept is unloaded
+                    for rest in built[len(out):]:
+                        if not isinstance(rest, Outcome):
+                            with contextlib.suppress(Exception):
                                 self.compiler.unload(rest.handle)
-                        fresh, cut = fresh[:i], True
-                        break
-                    if isinstance(b, Outcome):
-                        out.append(b)
-                        continue
-                    t = clock()
-                    bad = self.checker.check(ws, b.handle)
-                    phases["check"] += clock() - t
-                    if bad is not None:
-                        self.compiler.unload(b.handle)
-                        out.append(bad)
-                        deadline.evaluated(clock() - t)
-                        continue
-                    t1 = clock()
-                    cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
-                    o = self.bench.measure(ws, b.handle, cutoff)
-                    phases["measure"] += clock() - t1
-                    deadline.measured(clock() - t1)
-                    deadline.evaluated(clock() - t)
-                    if o.ok:
-                        handles[(family.FAMILY, config_key(c))] = b.handle
-                        best[0] = min(best[0], o.time_us)
-                    else:
-                        self.compiler.unload(b.handle)
-                    out.append(o)
+                    raise
+                if measured < len(fresh):
+                    fresh, cut = fresh[:measured], True
                 for c, o in zip(fresh, out):
                     done[(family.FAMILY, config_key(c))] = o
                     trials.append(Trial(family.FAMILY, dict(c), o))
@@ -524,7 +563,7 @@ class Tuner:
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
                                          f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")
-            if search.abandoned:
+            if search.stalled:
                 log.logger().warning(
                     f"{self.strategy} search of {fam.FAMILY} on {problem.short()}: a search step ran past its "
                     f"deadline ({share_s:.1f} s for this family); abandoned it, keeping the {len(trials) - 1} trials "
@@ -542,8 +581,9 @@ class Tuner:
         phases["measure"] += clock() - t
         aten_us = times[-1]
         win = min(range(len(fin_handles)), key=lambda i: times[i])
-        for k, h in handles.items():
+        for k, h in list(handles.items()):
             if h != fin_handles[win]:
+                del handles[k]  # (what is still in it when an error ends the run is unloaded by tune)
                 self.compiler.unload(h)
         evaluations = sum(1 for tr in trials if tr.config is not None and tr.outcome.status != "invalid")
         win_family = finalists[win][0] if fin_handles[win] != ATEN else self.family.FAMILY
