@@ -121,7 +121,7 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
     (otherwise its first warm-up call tunes).
 
-    ``stock_model`` (a model name ``cli`` can build, e.g. "alexnet"): the benchmark-off variants (``stock``,
+    ``stock_model`` (a model name ``models.build`` takes, e.g. "alexnet"): the benchmark-off variants (``stock``,
     ``stock_graph``) are timed in a child process (see the module docstring). None: they are timed here,
     AFTER every benchmark-mode variant, so they do not poison the others' cuDNN choice -- but they then
     inherit benchmark mode's algorithms and are not what a default PyTorch process runs."""
@@ -172,10 +172,10 @@ def stock_in_child(model: str, shape: tuple, runs: int, graphs: bool) -> dict:
 
 
 def _stock_child(model: str, shape: str, runs: int, graphs: bool) -> dict:
-    from . import cli
+    from .models import build  # the parent built this model by name already, so the name is known to build
 
     torch.manual_seed(0)
-    net = cli._build_model(model, tuned=False).cuda().eval()
+    net = build(model, tuned=False).cuda().eval()
     x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda")
     out: dict = {}
     with torch.no_grad(), fp32(benchmark=False):
