@@ -22,8 +22,13 @@
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
 #   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
-# Needs: carry [".whl"] (from ../shared/tools/device_wheels.sh) for Ax on the device image, plus tqdm for the
-# alexnet stage: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl tqdm
+#   overhead = benchmarks/bench_overhead.py ($OVERHEAD_ARGS); firstcall = benchmarks/first_call.py ($FIRSTCALL_ARGS,
+#   and its --alexnet mode once per budget in $FIRSTCALL_ALEXNET, e.g. "5 25"). build installs the package
+#   non-editable (pip install --no-deps --no-build-isolation .) and the tests stage runs the GPU tests against
+#   that copy from outside the checkout (BAGF_TEST_INSTALLED=1).
+# Needs: on a machine whose Python lacks ax-platform (or tqdm, hypothesis), their wheels in ./.whl, installed into
+# /tmp/site at the start: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+# ax-platform==1.3.1 <each requirement the machine lacks> (unzip -p .whl/NAME-*.whl '*/METADATA' lists them).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bagf_out}
