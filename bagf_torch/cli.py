@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .settings import SettingError
+    from .settings import DAY_S, SettingError
 
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -478,7 +478,7 @@ def main(argv=None) -> int:
         os.environ["BAGF_CACHE_DIR"] = args.cache
     if getattr(args, "budget", None) is not None and args.budget < 1:
         sub.error(f"--budget must be at least 1, got {args.budget}")
-    if getattr(args, "seconds", None) is not None and not 0 < args.seconds <= 86400:
+    if getattr(args, "seconds", None) is not None and not 0 < args.seconds <= DAY_S:
         sub.error(f"--seconds must be a number of seconds above 0 and at most a day, got {args.seconds}")
     if args.cmd == "cache":
         if args.action in ("export", "import") and not args.file:

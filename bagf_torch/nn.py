@@ -190,16 +190,12 @@ class TunedConv2d(nn.Conv2d):
 
     def _remember(self, x: torch.Tensor, value: tuple) -> None:
         """Calls like ``x`` (shape, device, TF32 flag; fp32 and contiguous, as every call that gets here) take
-        ``value`` from the fast path from now on (see ``forward``)."""
-        if _compiling():
-            return
+        ``value`` from the fast path from now on (see ``forward``; never called while compiling)."""
         key = (x.shape, x.get_device(), _tf32())
         self.__dict__.setdefault("_bagf_fast", {})[key] = value
         self.__dict__["_bagf_last"] = (*key, value)  # (not through nn.Module.__setattr__: it costs a microsecond)
 
     def _fast_entry(self, x: torch.Tensor) -> tuple | None:
-        if _compiling():
-            return None
         fast = self.__dict__.get("_bagf_fast")
         if not fast:
             return None
@@ -209,15 +205,15 @@ class TunedConv2d(nn.Conv2d):
             self.__dict__["_bagf_last"] = (*key, value)
         return value
 
-    def _tell(self, x: torch.Tensor, kind) -> torch.Tensor | None:
-        """The first call of one kind the kernels never take (a dtype, a layout): check it and log the reason
-        once; nn.Conv2d's forward answers every such call."""
-        if _compiling():
-            return
-        self.__dict__.setdefault("_bagf_told", set()).add(kind)
+    def _tell(self, x: torch.Tensor, kind) -> str | None:
+        """Why the kernels do not take ``x`` (``_unsupported``), logged the first time per reason in the process;
+        ``kind`` (a dtype, "layout"), when given, is remembered so that such calls are not checked again."""
+        if kind is not None:
+            self.__dict__.setdefault("_bagf_told", set()).add(kind)
         reason = self._unsupported(x)
         if reason is not None and reason is not _BAD_CALL:
             log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
+        return reason
 
     def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """The forward torch.compile traces: no memo read or written, no clock, no logging, nothing tuned (each of
@@ -273,10 +269,9 @@ class TunedConv2d(nn.Conv2d):
             elif kind == "unsupported" or (kind == "aten" and self._bagf_handles.get(hit[1]) is hit[2]) or (
                     kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
                 return self._conv_forward(input, w, b)
-        reason = self._unsupported(input)
+        reason = self._tell(input, None)
         if reason is not None:
             if reason is not _BAD_CALL:
-                log.once(f"fallback:{reason}", f"TunedConv2d: {reason}; running nn.Conv2d's forward (ATen)")
                 self._remember(input, ("unsupported",))
             return self._conv_forward(input, w, b)
         padding = _numeric_padding(self)

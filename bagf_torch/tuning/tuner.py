@@ -126,7 +126,7 @@ class _Search:
     waiting, answers any later request of that thread with ``BudgetSpent`` and goes on with what was measured.
     Ax's generation has stalled for over two minutes inside pandas; a tuning budget that waits on it is no
     budget. The thread also has a fresh autograd/inference-mode/autocast state of its own (thread-local in
-    torch), entered explicitly by ``tuning_context(grad=True)``."""
+    torch), entered explicitly by ``strategies.run`` (``tuning_context(grad=True)``)."""
 
     def __init__(self, strategy: str, space: Space, evaluate, budget: Budget, seed: int, prior, options: dict,
                  clock: Callable[[], float]):
@@ -149,10 +149,9 @@ class _Search:
         return value
 
     def _body(self) -> None:
-        try:
-            with tuning_context(grad=True):
-                strategies.run(self.strategy, self.space, self._remote, self.budget, self.seed, clock=self.clock,
-                               prior=self.prior, **self.options)
+        try:  # (strategies.run enters tuning_context(grad=True) itself)
+            strategies.run(self.strategy, self.space, self._remote, self.budget, self.seed, clock=self.clock,
+                           prior=self.prior, **self.options)
             self._requests.put(("done", None, None))
         except BaseException as e:  # handed to the tuner's thread, which decides
             self._requests.put(("failed", e, None))
