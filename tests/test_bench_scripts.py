@@ -153,7 +153,7 @@ def test_first_call_dry_run_cases_and_contexts(first_call, tmp_path):
         # each context ran in a fresh runtime and log state: the fallback is logged (and captured) every time
         assert any("not a CUDA tensor" in rec["message"] for rec in r["log"])
         assert r["reference_context"] == "grad" and r["vs_reference"] == 1.0 and r["quality_pass"]
-        assert set(r["phases"]) == {"compile", "check", "measure", "strategy"}
+        assert set(r["phases"]) == {"setup", "compile", "check", "measure", "strategy", "finalists"}
     md = (tmp_path / "first_call_h200_3s_dryrun.md").read_text()
     assert md.startswith("# DRY RUN, FAKE NUMBERS") and "6 of 6 rows pass." in md
 

@@ -169,17 +169,17 @@ class KernelCompiler:
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
 
-    def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> None:
+    def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> int:
         """Compile the cubins of several families' configurations into the cache in parallel, loading none:
         the tuner's start points, one per family, would otherwise compile one family at a time. Failures are
-        left for ``compile`` to report."""
+        left for ``compile`` to report. Returns how many NVRTC compiles ran (cache hits not counted)."""
         specs = [KernelSpec(family, dict(c), self.arch) for family, c in items]
         if len(specs) > 1 and self.workers > 1:
             with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
-                list(pool.map(self._cubin, specs))
+                got = list(pool.map(self._cubin, specs))
         else:
-            for spec in specs:
-                self._cubin(spec)
+            got = [self._cubin(spec) for spec in specs]
+        return sum(1 for g in got if isinstance(g, Outcome) or g[2] > 0)
 
     def build(self, family: ModuleType, configs: Sequence[Config]) -> list[str | None]:
         """Compile every config with NVRTC from our own kernel sources into the cache, without loading it

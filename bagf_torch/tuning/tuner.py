@@ -55,11 +55,16 @@ class _Deadline:
 
     Before a batch is compiled, ``fits`` keeps only the candidates whose compile waves (``workers`` NVRTC
     compiles at a time) and checks and timings are expected to end in time, from the costs measured so far in
-    this run; a batch whose first candidate does not fit is not started. The finalists' interleaved re-timing
-    keeps a reserve (``reserve``: up to ``MAX_ROUNDS`` rounds of every finalist and cuDNN, at most
-    ``RESERVE_FRACTION`` of the budget) and runs as many rounds as are left (``finalist_rounds``, at least
-    one). Until a cost has been seen once it is taken as zero, so the overshoot is bounded by one step: one
-    compile wave, one check and timing, or one round of re-timing."""
+    this run. Costs are kept per family: an NVRTC compile of winograd_gemm's wgmma kernels takes several times
+    one of implicit_gemm's, and a check at batch 128 of a slow family several times one of a fast family. A
+    family not yet seen is taken to cost what the costliest seen family costs. A batch whose cubins all came
+    from the cache says nothing about compiling (it is a load): only real compiles update the compile cost,
+    else the start points' cached loads drive it to zero and the next real wave runs past the budget.
+
+    The finalists' interleaved re-timing keeps a reserve: at least one round of every finalist and cuDNN, up to
+    ``MAX_ROUNDS`` rounds within ``RESERVE_FRACTION`` of the budget; it runs as many rounds as are left
+    (``finalist_rounds``, at least one). Until a cost has been seen once it is taken as zero, so the overshoot
+    is bounded by one step: one compile wave, one check and timing, or one round of re-timing."""
 
     MAX_ROUNDS = 5
     RESERVE_FRACTION = 0.2
@@ -70,51 +75,64 @@ class _Deadline:
         self.seconds = seconds
         self.workers = workers
         self.finalists = finalists
-        self.wave_s: float | None = None     # one wave of parallel compiles
-        self.eval_s: float | None = None     # check + timing of one compiled candidate
-        self.measure_s: float | None = None  # one timing (what the finalists' re-timing repeats)
+        self.wave_s: dict[str, float] = {}  # family -> one wave of parallel NVRTC compiles
+        self.eval_s: dict[str, float] = {}  # family -> check + timing of one compiled candidate
+        self.time_s: float | None = None    # one timing of a candidate that ran (what the re-timing repeats)
 
     @staticmethod
     def _mean(old: float | None, new: float) -> float:
         return new if old is None else 0.5 * (old + new)
 
-    def compiled(self, n: int, seconds: float) -> None:
-        if n:
-            self.wave_s = self._mean(self.wave_s, seconds / math.ceil(n / self.workers))
+    @staticmethod
+    def _cost(costs: dict[str, float], family: str) -> float:
+        return costs[family] if family in costs else max(costs.values(), default=0.0)
 
-    def evaluated(self, seconds: float) -> None:
-        self.eval_s = self._mean(self.eval_s, seconds)
+    def compiled(self, families: Sequence[str], compiles: int, seconds: float) -> None:
+        """``compiles`` NVRTC compiles (cache hits not counted) of ``families`` took ``seconds`` in all."""
+        if compiles:
+            wave = seconds / math.ceil(compiles / self.workers)
+            for f in set(families):
+                self.wave_s[f] = self._mean(self.wave_s.get(f), wave)
 
-    def measured(self, seconds: float) -> None:
-        self.measure_s = self._mean(self.measure_s, seconds)
+    def evaluated(self, family: str, seconds: float) -> None:
+        self.eval_s[family] = self._mean(self.eval_s.get(family), seconds)
+
+    def timed(self, seconds: float) -> None:
+        self.time_s = self._mean(self.time_s, seconds)
+
+    def _round(self) -> float:
+        return (self.finalists + 1) * (self.time_s or 0.0)
 
     def reserve(self) -> float:
-        if self.measure_s is None or not math.isfinite(self.end):
+        if not math.isfinite(self.end):
             return 0.0
-        return min(self.MAX_ROUNDS * (self.finalists + 1) * self.measure_s, self.RESERVE_FRACTION * self.seconds)
+        one = self._round()
+        return max(one, min(self.MAX_ROUNDS * one, self.RESERVE_FRACTION * self.seconds))
 
     def search_end(self) -> float:
         """When the search must stop so that the finalists' re-timing ends within the budget."""
         return self.end - self.reserve()
 
-    def fits(self, n: int, end: float) -> int:
-        """How many of ``n`` candidates can be compiled, checked and timed before ``end``."""
+    def fits(self, family: str, n: int, end: float, built: int = 0) -> int:
+        """How many of ``n`` candidates of ``family`` can be compiled, checked and timed before ``end``, the
+        first ``built`` of them already compiled (prefetched start points), every other one taken to need a
+        compile (a cache hit only makes the batch end early)."""
         if n == 0 or not math.isfinite(end):
             return n
         left = end - self.clock()
         if left <= 0:
             return 0
-        wave, each = self.wave_s or 0.0, self.eval_s or 0.0
+        wave, each = self._cost(self.wave_s, family), self._cost(self.eval_s, family)
         k = n
-        while k > 0 and math.ceil(k / self.workers) * wave + k * each > left:
+        while k > 0 and math.ceil(max(0, k - built) / self.workers) * wave + k * each > left:
             k -= 1
         return k
 
     def finalist_rounds(self, count: int) -> int:
-        if self.measure_s is None or not math.isfinite(self.end) or self.measure_s <= 0:
+        if not self.time_s or not math.isfinite(self.end):
             return self.MAX_ROUNDS
         left = self.end - self.clock()
-        return max(1, min(self.MAX_ROUNDS, int(left / (count * self.measure_s))))
+        return max(1, min(self.MAX_ROUNDS, int(left / (count * self.time_s))))
 
 
 class _Search:
@@ -203,6 +221,19 @@ class _Search:
             # A thread that outlives this (abandoned in a stall) must not keep the tuner's workspace -- GPU
             # tensors -- or its trials alive through the evaluator's closure.
             self.evaluate = None
+
+
+def _compiles(built: Sequence) -> int:
+    """How many of a batch's candidates were compiled by NVRTC now (a compile error included), not loaded from
+    the cubin cache; a compiler that does not say (``compile_seconds``) is taken to have compiled each."""
+    n = 0
+    for b in built:
+        if isinstance(b, Outcome):
+            n += b.status == "compile"
+        else:
+            s = getattr(b, "compile_seconds", None)
+            n += s is None or s > 0
+    return n
 
 
 def _bound_to(family: ModuleType, name: str, problem: ConvProblem, sms: int | None):
@@ -398,15 +429,15 @@ class Tuner:
             if bad is not None:
                 self.compiler.unload(b.handle)
                 out.append(bad)
-                deadline.evaluated(clock() - t)
+                deadline.evaluated(family.FAMILY, clock() - t)
                 continue
             t1 = clock()
             cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
             o = self.bench.measure(ws, b.handle, cutoff)
             phases["measure"] += clock() - t1
-            deadline.measured(clock() - t1)
-            deadline.evaluated(clock() - t)
+            deadline.evaluated(family.FAMILY, clock() - t)
             if o.ok:
+                deadline.timed(clock() - t1)
                 handles[(family.FAMILY, config_key(c))] = b.handle
                 best[0] = min(best[0], o.time_us)
             else:
@@ -442,7 +473,9 @@ class Tuner:
         deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds,
                              workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)), finalists=self.finalists)
         families = self.families_for(problem)
-        phases = {"compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0}
+        # where the seconds go; they add up to ``seconds``: setup (float64 reference, cuDNN's baseline), compile,
+        # check, measure (the search's timings), strategy (its own thinking), finalists (the re-timing)
+        phases = {"setup": 0.0, "compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0, "finalists": 0.0}
         ws = self.workspace(problem)
         handles: dict[tuple, int] = self._live
         trials: list[Trial] = []
@@ -450,26 +483,30 @@ class Tuner:
 
         t0 = clock()
         aten = self.bench.measure(ws, ATEN)
-        phases["measure"] += clock() - t0
-        deadline.measured(clock() - t0)
+        # cuDNN's first call of a shape in benchmark mode tries every algorithm: not what a re-timing costs, so
+        # it sets no cost; with the workspace's float64 reference it is the setup every tuning pays first.
+        phases["setup"] = clock() - t_start
         trials.append(Trial("aten", None, aten))
         # The early cut-off is relative to the best *candidate*, not to cuDNN: on the H200 every candidate was
         # more than 4x slower than cuDNN at N=128, so a cuDNN-relative cut left the search no data at all.
 
         done: dict[tuple, Outcome] = {}
+        prefetched: set[tuple] = set()  # (family, config key) compiled up front: loading them costs no compile
         limit = [deadline.search_end()]  # the current family's hard end (the evaluator stops a batch there)
 
         def evaluator(family: ModuleType):
             def evaluate(configs: Sequence[Config]) -> list[Outcome]:
                 keys = [(family.FAMILY, config_key(c)) for c in configs]
                 fresh = [c for c, k in zip(configs, keys) if k not in done]  # e.g. the default, proposed again
-                fit = deadline.fits(len(fresh), limit[0])
+                fresh.sort(key=lambda c: (family.FAMILY, config_key(c)) not in prefetched)  # compiled ones first
+                fit = deadline.fits(family.FAMILY, len(fresh), limit[0],
+                                    built=sum((family.FAMILY, config_key(c)) in prefetched for c in fresh))
                 cut = fit < len(fresh)
                 fresh = fresh[:fit]
                 t = clock()
                 built = self.compiler.compile(family, fresh) if fresh else []
                 phases["compile"] += clock() - t
-                deadline.compiled(len(fresh), clock() - t)
+                deadline.compiled([family.FAMILY], _compiles(built), clock() - t)
                 out: list[Outcome] = []
                 try:
                     measured = self._measure_batch(family, ws, fresh, built, out, handles, best, phases, deadline,
@@ -499,9 +536,12 @@ class Tuner:
             # Every family's start point is compiled up front in parallel (the cubins land in the cache, so the
             # per-family compile below is a load): one compile wave instead of one per family.
             t = clock()
-            prefetch([(fam, starts[fam.FAMILY]) for fam in families])
+            compiles = prefetch([(fam, starts[fam.FAMILY]) for fam in families])
+            prefetched.update((fam.FAMILY, config_key(starts[fam.FAMILY])) for fam in families)
             phases["compile"] += clock() - t
-            deadline.compiled(len(families), clock() - t)
+            # one wave, as slow as its slowest family: every family's first estimate (an upper one)
+            deadline.compiled([f.FAMILY for f in families], len(families) if compiles is None else compiles,
+                              clock() - t)
         defaults: dict[str, float | None] = {}
         for fam in families:
             try:
@@ -577,7 +617,7 @@ class Tuner:
         fin_handles = [handles[k] for k in finalists] + [ATEN]
         rounds = deadline.finalist_rounds(len(fin_handles))
         times = self.bench.remeasure(ws, fin_handles, rounds=rounds)
-        phases["measure"] += clock() - t
+        phases["finalists"] = clock() - t
         aten_us = times[-1]
         win = min(range(len(fin_handles)), key=lambda i: times[i])
         for k, h in list(handles.items()):
