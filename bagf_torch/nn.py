@@ -25,6 +25,14 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
+_any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast runs convolutions on ``x``'s device in, or None when autocast is off there."""
+    if _any_autocast() and torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return None
 
 
 def _op():
@@ -71,9 +79,10 @@ class TunedConv2d(nn.Conv2d):
     Same constructor, parameters and state dict as ``nn.Conv2d`` (state dicts load both ways). On the first
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
     (BAGF_TUNE=1), then reuses it. Anything the kernels do not handle (CPU tensors, dtypes other than
-    float32, non-contiguous or channels_last input, padding_mode other than 'zeros', groups > 1, asymmetric
-    'same' padding, empty batches, input, weight or output of more than 2^31 elements) runs through
-    ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses ATen's convolution backward.
+    float32, non-contiguous or channels_last input, calls under torch.autocast, padding_mode other than 'zeros',
+    groups > 1, asymmetric 'same' padding, empty batches, input, weight or output of more than 2^31 elements) runs
+    through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses ATen's
+    convolution backward.
 
     Example::
 
@@ -125,6 +134,9 @@ class TunedConv2d(nn.Conv2d):
         reason = self._device_reason(x)
         if reason is not None:
             return reason
+        cast = _autocast_dtype(x)
+        if cast is not None:  # nn.Conv2d's forward returns autocast's dtype; our kernels would return float32
+            return f"autocast to {cast} (kernels are float32 only for now)"
         if x.dtype != torch.float32 or w.dtype != torch.float32:
             return f"dtype {x.dtype} (kernels are float32 only for now)"
         if self.padding_mode != "zeros":
@@ -237,10 +249,11 @@ class TunedConv2d(nn.Conv2d):
             w, b = self.weight, self.bias
         if _compiling():
             return self._traced_forward(input, w, b)
-        # Input the kernels never take (a dtype other than float32, channels_last or other strides): nn.Conv2d's
-        # forward at once, for two attribute checks; the reason is logged once.
-        if input.dtype is not _F32 or not input.is_contiguous():
-            kind = input.dtype if input.dtype is not _F32 else "layout"
+        # Input the kernels never take (a dtype other than float32, channels_last or other strides, a call under
+        # autocast, which casts the convolution to fp16/bf16): nn.Conv2d's forward at once, for two attribute checks
+        # and one call; the reason is logged once.
+        if input.dtype is not _F32 or not input.is_contiguous() or (_any_autocast() and _autocast_dtype(input)):
+            kind = input.dtype if input.dtype is not _F32 else "layout" if not input.is_contiguous() else "autocast"
             if kind not in self.__dict__.get("_bagf_told", ()):
                 self._tell(input, kind)
             return self._conv_forward(input, w, b)

@@ -381,6 +381,31 @@ def test_discovery_sees_layers_whose_calls_took_the_fast_path(monkeypatch, answe
     assert [m._bagf_fast for m in model] == fast_before
 
 
+def test_a_call_under_autocast_returns_what_nn_conv2d_returns(monkeypatch, caplog):
+    """Under torch.autocast nn.Conv2d computes in autocast's dtype and returns it (bf16 here); a tuned plan (float32
+    kernels) returned float32 there. Such calls take nn.Conv2d's forward, said once; outside autocast the same
+    shape gets its plan. (CPU autocast on CPU tensors made to look like CUDA ones: the rule is per device.)"""
+    rt, checks = _cuda_looking(monkeypatch, (7, True))
+    kernel_calls = []
+    monkeypatch.setattr(bnn, "_op", lambda: lambda x, w, b, s, p, d, h: kernel_calls.append(h) or torch.zeros(1))
+    monkeypatch.setattr(bnn, "_inference_call", lambda: None)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    stock = torch.nn.Conv2d(3, 4, 3, padding=1)
+    stock.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="bagf_torch"):
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y, want = conv(x), stock(x)
+            assert y.dtype == want.dtype == torch.bfloat16
+            torch.testing.assert_close(y, want)
+        assert rt.lookups == 0 and not kernel_calls
+        conv(x)
+    assert rt.lookups == 1 and kernel_calls == [7]  # outside autocast: the plan
+    said = [r.getMessage() for r in caplog.records if "autocast" in r.getMessage()]
+    assert len(said) == 1 and "torch.bfloat16" in said[0], said
+
+
 def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
     rt, checks = _cuda_looking(monkeypatch, (7, True))
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
@@ -549,6 +574,31 @@ def test_gpu_first_call_in_an_inference_context_runs_the_search(monkeypatch, cap
     assert not [rec.getMessage() for rec in caplog.records if "failed" in rec.getMessage()]
     assert r.evaluations >= 8, r.evaluations  # the search went past the start points
     assert r.seconds <= 10 * 1.1 + 1 and took <= 10 * 1.1 + 5, (r.seconds, took)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_autocast_calls_return_autocasts_dtype_and_plans_still_serve(monkeypatch, dtype):
+    """A layer with a tuned plan, called under torch.autocast: the output nn.Conv2d gives (autocast's dtype, its
+    values); the same layer outside autocast still runs its plan, in float32."""
+    monkeypatch.setenv("BAGF_BUDGET", "6")
+    monkeypatch.setenv("BAGF_TIME_BUDGET", "4")
+    torch.backends.cudnn.allow_tf32 = False
+    conv = bagf_torch.TunedConv2d(16, 24, 3, padding=1).cuda()
+    stock = torch.nn.Conv2d(16, 24, 3, padding=1).cuda()
+    stock.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 16, 21, 19, device="cuda")
+    with torch.no_grad():
+        conv(x)  # tuned here
+        tuned = runtime.get().stats["tuned"]
+        with torch.autocast("cuda", dtype=dtype):
+            y, want = conv(x), stock(x)
+        assert y.dtype == want.dtype == dtype
+        torch.testing.assert_close(y, want)
+        z = conv(x)
+    assert z.dtype == torch.float32 and runtime.get().stats["tuned"] == tuned == 1
+    ref = F.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
+    assert float((z.double() - ref).norm() / ref.norm()) < 1e-4
 
 
 @pytest.mark.cuda
