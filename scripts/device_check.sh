@@ -19,6 +19,8 @@
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
+#   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
+#   the fault matrix in the background beside the tests stage, and every stage that times something waits for it.
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
 #   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
@@ -78,8 +80,9 @@ if has alexnet; then
   echo "alexnet tune: $(( $(date +%s) - t0 )) s on $NGPU GPU(s)" | tee -a "$OUT/alexnet.log"
 fi
 run_faults() {
+  # shellcheck disable=SC2086  # FAULTS_ARGS is a list of pytest arguments (e.g. "-n 4": pytest-xdist)
   timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
-    > "$OUT/faults.log" 2>&1
+    -- ${FAULTS_ARGS:-} > "$OUT/faults.log" 2>&1
 }
 run_bench() {
   timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" > "$OUT/bench.log" 2>&1
@@ -93,11 +96,23 @@ if [ "$NGPU" -ge 2 ] && { has faults || has bench; }; then
     exit $bad ) &
   bg_pid=$!
   export CUDA_VISIBLE_DEVICES=0  # everything else on GPU 0
+elif has faults && [ -n "${FAULTS_ALONGSIDE:-}" ]; then
+  # one GPU: the fault matrix (correctness, not timing) beside the tests stage; the timing stages below wait for it
+  ( BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults ) &
+  bg_pid=$!
 elif has faults; then
   run_faults || rc=1
   tail -n 22 "$OUT/faults.log"
 fi
+wait_alongside() {  # before a stage that times anything: nothing else may share the GPU
+  if [ -n "$bg_pid" ] && [ -n "${FAULTS_ALONGSIDE:-}" ]; then
+    wait "$bg_pid" || rc=1
+    tail -n 22 "$OUT/faults.log"
+    bg_pid=""
+  fi
+}
 if has alexnet; then
+  wait_alongside
   export CUDA_VISIBLE_DEVICES=0
   { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --compile-batch ${ALEXNET_COMPILE_BATCH:-1} --out "$OUT" \
     && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png" \
@@ -134,7 +149,8 @@ if has precision; then
   timeout 240 python3 benchmarks/probes/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has bench && [ -z "$bg_pid" ]; then
+if has bench && { [ -z "$bg_pid" ] || [ -n "${FAULTS_ALONGSIDE:-}" ]; }; then
+  wait_alongside
   run_bench || rc=1
   tail -n 40 "$OUT/bench.log"
 fi
@@ -165,6 +181,7 @@ if has contexts; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has overhead; then
+  wait_alongside
   # overhead = benchmarks/bench_overhead.py: TunedConv2d against stock nn.Conv2d for every plan kind (tuned kernel,
   # cached aten plan, BAGF_TUNE=0 miss, bf16 / channels_last), eager and CUDA graph, N=1,8,32,128 by default;
   # $OVERHEAD_ARGS (e.g. "--batch 1,8 --kinds kernel,miss"). Results: $OUT/bench_overhead_h200.{json,md} (top level);
@@ -175,6 +192,7 @@ if has overhead; then
   tail -n 48 "$OUT/overhead.log"
 fi
 if has firstcall; then
+  wait_alongside
   # firstcall = benchmarks/first_call.py: the whole first call per grad context against the time budget, the plans
   # re-timed against cuDNN at the end; $FIRSTCALL_ARGS (e.g. "--seconds 10"); FIRSTCALL_ONLY_ALEXNET=1 skips it.
   # Then, with FIRSTCALL_ALEXNET="5 25" (seconds per problem), its --alexnet mode once per value: the tune command's
