@@ -126,6 +126,45 @@ def test_typed_failures_recorded_and_never_win():
     assert r.config == {"A": 4, "B": 2, "C": 0} and r.time_us == 11.5  # best of what passed
 
 
+def test_listeners_get_one_event_per_trial_in_the_order_of_the_result():
+    events, also = [], []
+
+    class Recorder:  # an object listener beside a plain function
+        def __call__(self, event):
+            also.append(event)
+
+    comp = FakeCompiler(compile_fail=[{"A": 4, "B": 1, "C": 1}], resource_fail=[{"A": 4, "B": 4, "C": 1}])
+    tuner = Tuner(comp, FakeChecker(comp, wrong=[{"A": 4, "B": 2, "C": 1}]), FakeBench(comp, 50.0), lambda p: None,
+                  _family(), strategy="random", budget=Budget(30), listeners=[events.append, Recorder()])
+    r = tuner.tune(PROBLEM, seeds=[("toy", {"A": 2, "B": 2, "C": 0})])
+    assert [(e.family, e.config, e.outcome) for e in events] == [(t.family, t.config, t.outcome) for t in r.trials]
+    assert also == events
+    assert [e.phase for e in events[:3]] == ["baseline", "start", "seed"]
+    assert {e.phase for e in events[3:]} == {"search"}
+    assert events[0].name == "cuDNN" and events[0].config is None and events[0].outcome.time_us == 50.0
+    assert all(e.name == _family().name(e.config) for e in events[1:])
+    assert {"wrong", "compile", "resources", "ok"} <= {e.outcome.status for e in events}
+    assert events[1].line() == f"toy_a1_b1_c0: ok {_time(_family().DEFAULT):.1f} us"
+
+
+def test_a_listener_that_raises_does_not_fail_the_tuning(caplog):
+    def broken(event):
+        raise OSError("disk full")
+
+    events = []
+    plain, _ = _tuner()
+    want = plain.tune(PROBLEM)
+    comp = FakeCompiler()
+    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, _family(), strategy="exhaustive",
+                  budget=Budget(100), listeners=[broken, events.append])
+    with caplog.at_level("WARNING", logger="bagf_torch"):
+        r = tuner.tune(PROBLEM)
+    assert (r.family, r.config, r.time_us, len(r.trials)) == (want.family, want.config, want.time_us, len(want.trials))
+    assert len(events) == len(r.trials)  # the listeners after it still hear every trial
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "bagf_torch"]
+    assert len(lines) == 1 and "broken" in lines[0] and "OSError: disk full" in lines[0]
+
+
 @pytest.mark.parametrize("strategy", ["random", "exhaustive"])
 def test_respects_evaluation_budget(strategy):
     tuner, comp = _tuner(strategy=strategy, budget=7)

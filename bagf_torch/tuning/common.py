@@ -1,5 +1,5 @@
 """Types shared by the tuner, the strategies and the evaluators: outcomes (defined in ``bagf_torch.outcome``,
-re-exported here), budgets, the objective."""
+re-exported here), budgets, the objective, and the trial events the tuner reports to its listeners."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 from ..kernels.space import Config, Space, config_key
 from ..outcome import STATUSES, Outcome  # re-exported: the tuner, strategies and evaluators import them here
@@ -42,6 +42,36 @@ class Budget:
             raise ValueError(f"budget of {self.evaluations} evaluations; it must be at least 1")
         if not self.seconds > 0:
             raise ValueError(f"budget of {self.seconds} seconds; it must be positive")
+
+
+Phase = Literal["baseline", "start", "seed", "search"]
+"""Where in a tuning a trial was made: cuDNN's first timing, a family's start point, a warm-start seed, or a
+candidate its search proposed."""
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """One trial whose outcome is final, as the Tuner reports it to its listeners the moment it is known.
+
+    A tuning's events come in the order of its ``TuneResult.trials``: cuDNN's baseline (family ``"aten"``, no
+    config, name ``"cuDNN"``), each family's start point, the warm-start seeds, then the searches' candidates.
+    The finalists' interleaved re-timing is not a trial and has no event."""
+
+    family: str
+    config: Config | None
+    outcome: Outcome
+    name: str  # the kernel's readable name (``family.name(config)``)
+    phase: Phase
+
+    def line(self) -> str:
+        """One line for a log or a console: ``"<name>: <status>[ <time> us]"``."""
+        time_us = "" if self.outcome.time_us is None else f" {self.outcome.time_us:.1f} us"
+        return f"{self.name}: {self.outcome.status}{time_us}"
+
+
+TrialListener = Callable[[TrialEvent], None]
+"""What a Tuner calls with every ``TrialEvent``, on the tuner's thread: a function, or an object with
+``__call__``. A listener that raises is logged once and does not stop the tuning."""
 
 
 Evaluate = Callable[[Sequence[Config]], Sequence[Outcome]]

@@ -28,7 +28,7 @@ from ..kernels.space import Config, Space, config_key
 from ..ops import ATEN
 from ..problem import ConvProblem
 from . import strategies
-from .common import Budget, Outcome, tuning_context
+from .common import Budget, Outcome, Phase, TrialEvent, TrialListener, tuning_context
 
 
 @contextlib.contextmanager
@@ -325,13 +325,19 @@ class Tuner:
 
     A family that defines ``applies(problem)`` (Winograd: 3x3 stride 1 only) is left out of a problem it does
     not apply to; when none applies the winner is cuDNN.
+
+    ``listeners``: each is called with a ``TrialEvent`` for every trial the moment its outcome is final, in the
+    order of ``TuneResult.trials``, on the tuner's thread (the runtime writes trials to the cache this way, the
+    model pre-tuning feeds its progress bar). The listeners of a check or a timing run within that step's
+    measured time, so the budget's cost of a candidate includes them; one that raises is logged once and tuning
+    goes on.
     """
 
     def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
                  strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 5, cutoff_factor: float = 4.0,
                  space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, listeners: Sequence[TrialListener] = ()):
         self.compiler = compiler
         self.clock = clock  # what the seconds budget is measured with (tests pass a fake one)
         self.checker = checker
@@ -351,6 +357,22 @@ class Tuner:
             raise ValueError(f"prune_factor must be 0 (off) or >= 1, got {prune_factor}")
         self.prune_factor = prune_factor
         self.sms = sms  # the device's SM count, for families whose start point depends on it
+        self.listeners = list(listeners)
+
+    def _tell(self, family: str, config: Config | None, outcome: Outcome, name: str, phase: Phase) -> None:
+        """Hand one trial's final outcome to every listener, in order. A listener is an observer: its failure
+        (a cache that cannot be written, a closed console) must not cost the user the tuning."""
+        if not self.listeners:
+            return
+        event = TrialEvent(family, None if config is None else dict(config), outcome, name, phase)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception as e:
+                who = getattr(listener, "__qualname__", type(listener).__qualname__)
+                log.once(f"trial-listener:{who}:{type(e).__name__}",
+                         f"a tuning listener ({who}) raised {type(e).__name__}: {e} on {event.line()}; tuning goes "
+                         "on, and its later failures of this kind are not logged")
 
     def search_space(self, family: ModuleType, problem: ConvProblem) -> tuple[Space, tuple[int, int] | None]:
         """The space the strategy searches for ``family`` on ``problem``: the whole space, or with
@@ -409,10 +431,11 @@ class Tuner:
         return {f: shares.get(f, 0) for f in defaults}
 
     def _measure_batch(self, family: ModuleType, ws, fresh: Sequence[Config], built: Sequence, out: list[Outcome],
-                       handles: dict, best: list[float], phases: dict, deadline: "_Deadline", end: float) -> int:
-        """Check and time the compiled batch ``built`` (outcomes appended to ``out``; the kept candidates go into
-        ``handles``) until ``end``; returns how many were evaluated. What is compiled but left unmeasured at
-        ``end`` is unloaded."""
+                       handles: dict, best: list[float], phases: dict, deadline: "_Deadline", end: float,
+                       phase: Phase) -> int:
+        """Check and time the compiled batch ``built`` (outcomes appended to ``out`` and told to the listeners;
+        the kept candidates go into ``handles``) until ``end``; returns how many were evaluated. What is compiled
+        but left unmeasured at ``end`` is unloaded."""
         clock = self.clock
         for i, (c, b) in enumerate(zip(fresh, built)):
             if clock() >= end:  # out of time inside the batch
@@ -421,10 +444,13 @@ class Tuner:
                         self.compiler.unload(rest.handle)
                 return i
             if isinstance(b, Outcome):
+                self._tell(family.FAMILY, c, b, family.name(c), phase)
                 out.append(b)
                 continue
             t = clock()
             bad = self.checker.check(ws, b.handle)
+            if bad is not None:
+                self._tell(family.FAMILY, c, bad, family.name(c), phase)
             phases["check"] += clock() - t
             if bad is not None:
                 self.compiler.unload(b.handle)
@@ -434,6 +460,7 @@ class Tuner:
             t1 = clock()
             cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
             o = self.bench.measure(ws, b.handle, cutoff)
+            self._tell(family.FAMILY, c, o, family.name(c), phase)
             phases["measure"] += clock() - t1
             deadline.evaluated(family.FAMILY, clock() - t)
             if o.ok:
@@ -483,6 +510,7 @@ class Tuner:
 
         t0 = clock()
         aten = self.bench.measure(ws, ATEN)
+        self._tell("aten", None, aten, "cuDNN", "baseline")
         # cuDNN's first call of a shape in benchmark mode tries every algorithm: not what a re-timing costs, so
         # it sets no cost; with the workspace's float64 reference it is the setup every tuning pays first.
         phases["setup"] = clock() - t_start
@@ -494,7 +522,7 @@ class Tuner:
         prefetched: set[tuple] = set()  # (family, config key) compiled up front: loading them costs no compile
         limit = [deadline.search_end()]  # the current family's hard end (the evaluator stops a batch there)
 
-        def evaluator(family: ModuleType):
+        def evaluator(family: ModuleType, phase: Phase):
             def evaluate(configs: Sequence[Config]) -> list[Outcome]:
                 keys = [(family.FAMILY, config_key(c)) for c in configs]
                 fresh = [c for c, k in zip(configs, keys) if k not in done]  # e.g. the default, proposed again
@@ -510,7 +538,7 @@ class Tuner:
                 out: list[Outcome] = []
                 try:
                     measured = self._measure_batch(family, ws, fresh, built, out, handles, best, phases, deadline,
-                                                   limit[0])
+                                                   limit[0], phase)
                 except BaseException:  # a check or timing that raised: what is loaded and not kept is unloaded
                     for rest in built[len(out):]:
                         if not isinstance(rest, Outcome):
@@ -545,7 +573,7 @@ class Tuner:
         defaults: dict[str, float | None] = {}
         for fam in families:
             try:
-                o = evaluator(fam)([starts[fam.FAMILY]])[0]
+                o = evaluator(fam, "start")([starts[fam.FAMILY]])[0]
             except BudgetSpent:
                 break  # no time left even for this family's start point: the others stay unmeasured
             defaults[fam.FAMILY] = o.time_us if o.ok else None
@@ -561,7 +589,7 @@ class Tuner:
             if seeded >= max(0, self.budget.evaluations - len(families) - 1):
                 break
             try:
-                o = evaluator(fam)([dict(config)])[0]
+                o = evaluator(fam, "seed")([dict(config)])[0]
             except BudgetSpent:
                 break
             seeded += 1
@@ -594,7 +622,7 @@ class Tuner:
             for option, make in (("features", search_features), ("initial_order", search_initial_order)):
                 if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
                     options[option] = make(fam, problem, self.sms)  # the user's setting wins
-            search = _Search(self.strategy, searched[fam.FAMILY], evaluator(fam), remaining, self.seed, prior,
+            search = _Search(self.strategy, searched[fam.FAMILY], evaluator(fam, "search"), remaining, self.seed, prior,
                              options, clock)
             with _single_threaded_torch():
                 try:
