@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ from . import log, settings
 from .kernels import FAMILIES, families_for, family_name
 from .ops import ATEN
 from .problem import ConvProblem, fingerprint
-from .tuning.common import Budget, Outcome
+from .tuning.common import Budget, TrialEvent, TrialListener
 from .tuning.warmstart import neighbour_seeds
 
 
@@ -53,70 +53,20 @@ class _Device:
     context: Callable[[int], ContextManager] = field(default=_cuda_device)
 
 
-Wrap = Callable[[object, object, object], tuple]
-"""``wrap(compiler, checker, benchmarker) -> (compiler, checker, benchmarker)``: what a tuner factory applies
-to the pieces it gives its Tuner so that the runtime sees each trial as it completes (``_Journal``)."""
-
-
 class _Journal:
-    """Writes each trial to the cache the moment its outcome is final, by sitting between the Tuner and its
-    compiler, checker and benchmarker: a compile failure, a check failure, or a measurement is the last
-    word on a configuration (the Tuner memoises configurations, so none is evaluated twice). The finalists'
-    interleaved re-measurement is not a trial and is not journaled."""
+    """Writes each trial to the cache the moment its outcome is final: a listener of the Tuner, which reports a
+    compile failure, a check failure or a timing as the last word on a configuration (it memoises
+    configurations, so none is reported twice). The finalists' interleaved re-timing is not a trial and is not
+    journaled."""
 
     def __init__(self, cache, key: str):
         self.cache = cache
         self.key = key
-        self.configs: dict[int, tuple[str, dict]] = {}  # handle -> (family, config)
-        self.count = 0
-        self._lock = threading.Lock()
 
-    def _write(self, family: str, config: dict | None, outcome: Outcome) -> None:
-        self.cache.add_trials(self.key, [{"family": family, "config": config, "status": outcome.status,
-                                          "time_us": outcome.time_us, "detail": outcome.detail}])
-        with self._lock:
-            self.count += 1
-
-    def wrap(self, compiler, checker, bench) -> tuple:
-        journal = self
-
-        class Compiler:
-            def __getattr__(self, name):  # limits, digest, ext...: the wrapped compiler's
-                return getattr(compiler, name)
-
-            def compile(self, family, configs):
-                built = compiler.compile(family, configs)
-                for c, b in zip(configs, built):
-                    if isinstance(b, Outcome):
-                        journal._write(family.FAMILY, dict(c), b)
-                    else:
-                        journal.configs[b.handle] = (family.FAMILY, dict(c))
-                return built
-
-            def unload(self, handle):
-                compiler.unload(handle)
-
-        class Checker:
-            def check(self, ws, handle):
-                bad = checker.check(ws, handle)
-                if bad is not None:
-                    journal._write(*journal.configs.get(handle, ("?", None)), bad)
-                return bad
-
-        class Bench:
-            def __getattr__(self, name):
-                return getattr(bench, name)
-
-            def measure(self, ws, handle, cutoff_us=None):
-                outcome = bench.measure(ws, handle, cutoff_us)
-                family, config = ("aten", None) if handle == ATEN else journal.configs.get(handle, ("?", None))
-                journal._write(family, config, outcome)
-                return outcome
-
-            def remeasure(self, ws, handles, rounds=5):
-                return bench.remeasure(ws, handles, rounds)
-
-        return Compiler(), Checker(), Bench()
+    def __call__(self, event: TrialEvent) -> None:
+        o = event.outcome
+        self.cache.add_trials(self.key, [{"family": event.family, "config": event.config, "status": o.status,
+                                          "time_us": o.time_us, "detail": o.detail}])
 
 
 class _Heartbeat:
@@ -146,13 +96,13 @@ class _Heartbeat:
 class Runtime:
     """Plans for this process. Thread-safe; one tuning at a time per process.
 
-    ``devices(index) -> _Device`` and ``make_tuner(runtime, device, wrap) -> tuner`` replace the CUDA device
-    and the Tuner (CPU tests drive the whole lookup, claims and background tuning with fakes); by default
+    ``devices(index) -> _Device`` and ``make_tuner(runtime, device, listeners) -> tuner`` replace the CUDA
+    device and the Tuner (which must report its trials to ``listeners``) (CPU tests drive the whole lookup, claims and background tuning with fakes); by default
     they are ``Runtime.device`` and ``Runtime.tuner``. Install one with ``runtime.install(Runtime(...))``.
     """
 
     def __init__(self, devices: Callable[[int], _Device] | None = None,
-                 make_tuner: Callable[["Runtime", _Device, Wrap], object] | None = None):
+                 make_tuner: Callable[["Runtime", _Device, Sequence[TrialListener]], object] | None = None):
         from .cache import owner_id
 
         self._lock = threading.RLock()  # device() creates the cache under it
@@ -389,9 +339,10 @@ class Runtime:
         return built.handle
 
     def tuner(self, dev: _Device, budget: Budget | None = None, strategy: str | None = None, seed: int | None = None,
-              wrap: Wrap | None = None, isolate: bool = False):
-        """The Tuner for ``dev``. ``isolate``: compile, check and time candidates in a child process
-        (``tuning.isolated``); the winner's handle is then the child's, and the caller loads it here."""
+              listeners: Sequence[TrialListener] = (), isolate: bool = False):
+        """The Tuner for ``dev``, reporting its trials to ``listeners``. ``isolate``: compile, check and time
+        candidates in a child process (``tuning.isolated``; the Tuner and its listeners stay in this process);
+        the winner's handle is then the child's, and the caller loads it here."""
         from .tuning.measure import CudaBenchmarker, CudaChecker, Workspace
         from .tuning.tuner import Tuner
 
@@ -402,15 +353,13 @@ class Runtime:
             device = torch.device("cuda", dev.index)
             compiler, checker, bench = dev.compiler, CudaChecker(dev.compiler.ext), CudaBenchmarker()
             workspace = lambda p: Workspace(p, device)  # noqa: E731
-        if wrap is not None:
-            compiler, checker, bench = wrap(compiler, checker, bench)
         return Tuner(compiler, checker, bench, workspace, families_for(torch.cuda.get_device_capability(dev.index)),
                      strategy=strategy or settings.strategy(),
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
                      space_limit=dev.compiler.limits["shared_memory_per_block_optin"],
                      sms=dev.compiler.limits.get("multiprocessors"),
-                     prune_factor=settings.prune_factor())
+                     prune_factor=settings.prune_factor(), listeners=listeners)
 
     def _pool(self, dev: _Device):
         with self._lock:
@@ -427,13 +376,13 @@ class Runtime:
         ``self.tuner``; ``configure(tuner)`` may adjust the tuner before it runs; ``progress`` gets one line
         per trial."""
         cache = self.cache()
-        journal = _Journal(cache, key)
+        listeners = [_Journal(cache, key)]
         isolated = settings.isolate() and self._make_tuner is None
         with dev.context(dev.index), _tuning_stream(dev):
             if self._make_tuner is not None:
-                tuner = self._make_tuner(self, dev, journal.wrap)
+                tuner = self._make_tuner(self, dev, listeners)
             else:
-                tuner = self.tuner(dev, wrap=journal.wrap, isolate=isolated, **(tuner_options or {}))
+                tuner = self.tuner(dev, listeners=listeners, isolate=isolated, **(tuner_options or {}))
             if configure is not None:
                 configure(tuner)
             seeds = neighbour_seeds(problem, cache.plans(), dev.env)  # warm start from stored neighbours

@@ -81,10 +81,10 @@ def make_runtime(delay_s=0.0, budget=6, env=None, seed=None, aten_us=100.0):
     comp = FakeCompiler()
     dev = runtime._Device(0, dict(env or ENV), comp, context=lambda index: contextlib.nullcontext())
 
-    def make_tuner(rt, d, wrap):
-        parts = wrap(comp, types.SimpleNamespace(check=lambda ws, h: None),
-                     ReplayBench(comp, aten_us=aten_us, delay_s=delay_s, seed=seed))
-        return Tuner(*parts, lambda p: None, ig, strategy="random", budget=Budget(budget), seed=0)
+    def make_tuner(rt, d, listeners):
+        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None),
+                     ReplayBench(comp, aten_us=aten_us, delay_s=delay_s, seed=seed), lambda p: None, ig,
+                     strategy="random", budget=Budget(budget), seed=0, listeners=listeners)
 
     rt = runtime.Runtime(devices=lambda index: dev, make_tuner=make_tuner)
     rt.fake_compiler = comp

@@ -244,7 +244,7 @@ def _fake_runtime(family: str = "aten", warn_in_inference_mode: bool = False):
                               default_us=None, evaluations=3, seconds=0.01,
                               phases={"compile": 0.0, "check": 0.0, "measure": 0.01, "strategy": 0.0})
 
-    return runtime.Runtime(devices=lambda index: dev, make_tuner=lambda rt, d, wrap: FakeTuner())
+    return runtime.Runtime(devices=lambda index: dev, make_tuner=lambda rt, d, listeners: FakeTuner())
 
 
 @pytest.fixture

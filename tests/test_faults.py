@@ -357,7 +357,7 @@ def test_row_background_failure_falls_back_to_aten_once(monkeypatch, bagf_log):
     monkeypatch.setenv("BAGF_BACKGROUND", "1")
     rt = fh.make_runtime()
 
-    def broken(rt_, dev, wrap):
+    def broken(rt_, dev, listeners):
         raise RuntimeError("toolchain broke")
 
     rt._make_tuner = broken
@@ -377,12 +377,10 @@ def test_row_wrong_results_are_never_cached(counts):
     rt = fh.make_runtime()
     inner = rt._make_tuner
 
-    def make(rt_, dev, wrap):
-        def wrong_checker(comp, checker, bench):
-            rejecting = type("C", (), {"check": lambda self, ws, h: Outcome("wrong", detail="relative error 1")})()
-            return wrap(comp, rejecting, bench)
-
-        return inner(rt_, dev, wrong_checker)
+    def make(rt_, dev, listeners):
+        tuner = inner(rt_, dev, listeners)
+        tuner.checker = type("C", (), {"check": lambda self, ws, h: Outcome("wrong", detail="relative error 1")})()
+        return tuner
 
     rt._make_tuner = make
     runtime.install(rt)
@@ -512,9 +510,9 @@ def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch, co
     pool = WorkerPool(0, timeout_s=10.0)
     try:
         with Cache.for_dir(cache_dir) as cache:
-            journal = runtime._Journal(cache, "faulty-key")
-            parts = journal.wrap(pool.compiler(), pool.checker(), pool.benchmarker())
-            tuner = Tuner(*parts, pool.workspace, ff, strategy="exhaustive", budget=Budget(5))  # default + 4
+            tuner = Tuner(pool.compiler(), pool.checker(), pool.benchmarker(), pool.workspace, ff,
+                          strategy="exhaustive", budget=Budget(5),  # default + 4
+                          listeners=[runtime._Journal(cache, "faulty-key")])
             result = tuner.tune(_gpu_problem())
             statuses = {t["config"]["MODE"]: t["status"] for t in cache.trials("faulty-key") if t["config"]}
     finally:

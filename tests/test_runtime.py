@@ -44,10 +44,9 @@ def fake_device(monkeypatch):
     dev = runtime._Device(0, ENV, comp)
     monkeypatch.setattr(runtime.Runtime, "device", lambda self, index: dev)
 
-    def tuner(self, d, budget=None, strategy=None, seed=None, wrap=None, isolate=False):
-        parts = (comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp))
-        return Tuner(*(wrap(*parts) if wrap else parts), lambda p: None, ig, strategy="random", budget=Budget(6),
-                     seed=0)
+    def tuner(self, d, budget=None, strategy=None, seed=None, listeners=(), isolate=False):
+        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp), lambda p: None, ig,
+                     strategy="random", budget=Budget(6), seed=0, listeners=listeners)
 
     monkeypatch.setattr(runtime.Runtime, "tuner", tuner)
     monkeypatch.setattr(runtime.torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -67,6 +66,40 @@ def test_first_lookup_tunes_and_stores_then_memo_then_disk(fake_device):
     h2 = rt2.plan_handle(P, 0)
     assert rt2.stats["tuned"] == 0 and rt2.stats["cache_hits"] == 1
     assert fake_device.loaded[h2] == row["config"]
+
+
+def _with_listener(monkeypatch, listener):
+    """The fixture's tuner, with ``listener`` after the runtime's own listeners."""
+    inner = runtime.Runtime.tuner
+    monkeypatch.setattr(runtime.Runtime, "tuner",
+                        lambda self, d, listeners=(), **kw: inner(self, d, listeners=[*listeners, listener], **kw))
+
+
+def test_the_journal_writes_every_trial_to_the_cache_as_it_completes(fake_device, monkeypatch):
+    rt = runtime.get()
+    stored_before = []  # trials in the cache when each event reached a listener placed after the journal
+    _with_listener(monkeypatch, lambda event: stored_before.append(len(rt.cache().trials(rt.key(P, 0)))))
+    rt.plan_handle(P, 0)
+    result = rt.results[-1]
+    rows = rt.cache().trials(rt.key(P, 0))
+    assert [(r["family"], r["config"], r["status"], r["time_us"]) for r in rows] == \
+        [(t.family, t.config, t.outcome.status, t.outcome.time_us) for t in result.trials]
+    assert rows[0]["family"] == "aten" and len(rows) >= 6
+    assert stored_before == list(range(1, len(rows) + 1))
+
+
+def test_a_cache_that_cannot_store_trials_does_not_stop_the_tuning(fake_device, monkeypatch, caplog):
+    rt = runtime.get()
+
+    def full(key, trials):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(rt.cache(), "add_trials", full)
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        h = rt.plan_handle(P, 0)
+    assert h in fake_device.loaded and rt.cache().get_plan(rt.key(P, 0))["family"] == "implicit_gemm"
+    lines = [r.getMessage() for r in caplog.records if r.name == "bagf_torch"]
+    assert len(lines) == 1 and "_Journal" in lines[0] and "disk full" in lines[0]
 
 
 def test_tune_disabled_serves_aten_without_tuning(fake_device, monkeypatch, caplog):
