@@ -26,35 +26,36 @@ namespace {
 
 constexpr int kMaxPlans = 8192;
 
+// The launch fields of a plan, as its family's launch(config) gives them: bagf_torch/kernels/geometry.py's
+// LaunchGeometry (same names, same defaults) says what this file does with each. Bound to Python below; load_plan
+// takes one and checks it.
+struct LaunchGeometry {
+  int bm = 0;
+  int bn = 0;
+  int threads = 0;
+  int smem = 0;
+  int split = 1;
+  int tile = 1;
+  int tile_w = 0;
+  int smem_patch = 0;
+  int smem_taps = 0;
+  int gemm = 0;
+  int layout = 0;
+  int fix_s = 0;
+  int fix_u = 0;
+  int gemm_bm = 0;
+  int gemm_bn = 0;
+  int gemm_threads = 0;
+  int gemm_smem = 0;
+};
+
 struct Plan {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
+  CUfunction gemm_fn = nullptr;  // gemm plans: our own batched GEMM, the cubin's second kernel (nullptr: at::bmm_out)
   int device = -1;
-  int bm = 0;       // block tile over output channels
-  int bn = 0;       // block tile over output pixels
-  int threads = 0;  // threads per block
-  int smem = 0;     // dynamic shared memory bytes
-  int split = 1;    // split-K slices (grid.z); > 1: the output is zeroed and the slices add atomically
-  int tile = 1;     // 1: bn counts output pixels (N*P*Q); m > 1: Winograd F(m x m, 3x3), bn counts m x m output
-                    // tiles (N * ceil(P/m) * ceil(Q/m)) and the plan only takes 3x3 stride-1 dilation-1 calls
-  int tile_w = 0;   // 0: tiles are tile x tile (the above). > 0: a direct plan's tile x tile_w output tiles
-                    // (N * ceil(P/tile) * ceil(Q/tile_w)), any filter geometry
-  int smem_patch = 0;  // > 0 (a direct plan): dynamic shared memory is sized per call, smem_patch bytes per
-  int smem_taps = 0;   // word of the tile's input patch (bagf::halo_patch rows x pitch) + smem_taps per R*S tap
-  int smem_max = 0;    // the most dynamic shared memory a launch may ask for (the load-time attribute)
-  int gemm = 0;        // 1: a non-fused Winograd plan (winograd_gemm.cuh): stages 0 and 1 of fn, a batched SGEMM
-                       // through cuBLAS, stage 2 of fn; grids sized per call, workspaces from the caching allocator
-  int layout = 0;      // gemm plans: bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored [E][T][K]
-                       // (else [E][K][T]),
-                       // bit 2 U followed by its small parts (2E batches: the wgmma GEMM's A, own GEMM only),
-                       // bit 3 stage 2 staged through shared memory, whole images per block (M stored [E][K][T])
-  int fix_s = 0;       // > 0: the kernel is specialised to filters fix_s wide at column stride fix_u, dilation 1
-  int fix_u = 0;       // (a direct plan's KS, KU); calls with another geometry are refused (ATen answers)
-  CUfunction gemm_fn = nullptr;  // gemm plans: our batched 3xTF32 GEMM (gemm_tf32x3.cuh) in place of cuBLAS's
-  int gemm_bm = 0;               // SGEMM, with its block tile, threads and dynamic shared memory (the cubin's
-  int gemm_bn = 0;               // second kernel; nullptr: at::bmm_out)
-  int gemm_threads = 0;
-  int gemm_smem = 0;
+  LaunchGeometry geo;
+  int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -214,9 +215,7 @@ py::dict device_limits(int device) {
 // "error" set and no "handle", and the caller records a typed "resources" failure. (A C++ exception thrown
 // from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
 // the fault-matrix test instead of raising.)
-py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, int bm, int bn,
-                   int threads, int smem, int split, int tile, int tile_w, int smem_patch, int smem_taps, int gemm,
-                   int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn, int gemm_threads, int gemm_smem) {
+py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, const LaunchGeometry& geo) {
   std::string cubin = cubin_bytes;
   py::dict d;
   std::string err;
@@ -226,46 +225,31 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     const int idx = g_count.load(std::memory_order_relaxed);
     Plan plan;
     plan.device = device;
-    plan.bm = bm;
-    plan.bn = bn;
-    plan.threads = threads;
-    plan.smem = smem;
-    plan.split = split;
-    plan.tile = tile;
-    plan.tile_w = tile_w;
-    plan.smem_patch = smem_patch;
-    plan.smem_taps = smem_taps;
-    plan.smem_max = smem;
-    plan.gemm = gemm;
-    plan.layout = layout;
-    plan.fix_s = fix_s;
-    plan.fix_u = fix_u;
-    plan.gemm_bm = gemm_bm;
-    plan.gemm_bn = gemm_bn;
-    plan.gemm_threads = gemm_threads;
-    plan.gemm_smem = gemm_smem;
+    plan.geo = geo;
+    plan.smem_max = geo.smem;
     const std::vector<std::string> kernels = split_names(lowered_name);
     const bool own_gemm = kernels.size() == 2;
-    const bool per_call_smem = smem_patch > 0 || smem_taps > 0;
+    const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
-    if (split < 1 || split > 65535) {
-      err = cat("split-K of ", split, " slices is out of range");
-    } else if (tile < 1 || tile > (tile_w > 0 ? 64 : 8) || tile_w < 0 || tile_w > 256) {
-      err = cat("output tile of ", tile, "x", tile_w, " is out of range");
-    } else if (gemm < 0 || gemm > 1 || layout < 0 || layout > 15 ||
-               (gemm == 1 && (tile < 2 || tile == 3 || tile > 6)) || ((layout & 4) && !own_gemm) ||
-               ((layout & 8) && (layout & 2))) {
-      err = cat("non-fused Winograd plan with gemm=", gemm, ", layout=", layout, ", tile=", tile, " is out of range");
-    } else if (fix_s < 0 || fix_u < 0 || (fix_s > 0) != (fix_u > 0)) {
-      err = cat("specialised filter width ", fix_s, " and stride ", fix_u, " must both be positive or both 0");
-    } else if (kernels.size() > 2 || (own_gemm && (gemm != 1 || (layout & 3) != 0 || gemm_bm < 16 || gemm_bn < 16 ||
-                                                   gemm_threads < 32 || gemm_smem < 0))) {
+    if (geo.split < 1 || geo.split > 65535) {
+      err = cat("split-K of ", geo.split, " slices is out of range");
+    } else if (geo.tile < 1 || geo.tile > (geo.tile_w > 0 ? 64 : 8) || geo.tile_w < 0 || geo.tile_w > 256) {
+      err = cat("output tile of ", geo.tile, "x", geo.tile_w, " is out of range");
+    } else if (geo.gemm < 0 || geo.gemm > 1 || geo.layout < 0 || geo.layout > 15 ||
+               (geo.gemm == 1 && (geo.tile < 2 || geo.tile == 3 || geo.tile > 6)) ||
+               ((geo.layout & 4) && !own_gemm) || ((geo.layout & 8) && (geo.layout & 2))) {
+      err = cat("non-fused Winograd plan with gemm=", geo.gemm, ", layout=", geo.layout, ", tile=", geo.tile,
+                " is out of range");
+    } else if (geo.fix_s < 0 || geo.fix_u < 0 || (geo.fix_s > 0) != (geo.fix_u > 0)) {
+      err = cat("specialised filter width ", geo.fix_s, " and stride ", geo.fix_u, " must both be positive or both 0");
+    } else if (kernels.size() > 2 || (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 ||
+                                                   geo.gemm_bn < 16 || geo.gemm_threads < 32 || geo.gemm_smem < 0))) {
       err = cat("a plan's second kernel is a non-fused Winograd plan's GEMM with layout 0 and a positive tile; got ",
-                kernels.size(), " kernels, gemm=", gemm, ", layout=", layout, ", tile ", gemm_bm, "x", gemm_bn,
-                ", ", gemm_threads, " threads");
-    } else if (smem_patch < 0 || smem_taps < 0) {
-      err = cat("negative shared-memory coefficients ", smem_patch, ", ", smem_taps);
+                kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
+                geo.gemm_bn, ", ", geo.gemm_threads, " threads");
+    } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
+      err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
       err = cat("more than ", kMaxPlans,
                 " kernels loaded in one process; set a smaller tuning budget or restart the process");
@@ -288,8 +272,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
             cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev) == CUDA_SUCCESS)
           plan.smem_max = optin - static_smem;
       }
-      if (max_threads < threads) {
-        err = cat("out of resources: ", lowered_name, " needs ", threads, " threads per block but uses ", regs,
+      if (max_threads < geo.threads) {
+        err = cat("out of resources: ", lowered_name, " needs ", geo.threads, " threads per block but uses ", regs,
                   " registers per thread, so at most ", max_threads,
                   " threads fit. Smaller register tiles or fewer threads may help.");
       } else if ((r = cuFuncSetAttribute(plan.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -300,12 +284,12 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
         int gemm_max_threads = 0, gemm_regs = 0;
         cuFuncGetAttribute(&gemm_max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.gemm_fn);
         cuFuncGetAttribute(&gemm_regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.gemm_fn);
-        if (gemm_max_threads < gemm_threads) {
-          err = cat("out of resources: ", kernels[1], " needs ", gemm_threads, " threads per block but uses ",
+        if (gemm_max_threads < geo.gemm_threads) {
+          err = cat("out of resources: ", kernels[1], " needs ", geo.gemm_threads, " threads per block but uses ",
                     gemm_regs, " registers per thread, so at most ", gemm_max_threads, " threads fit.");
         } else if ((r = cuFuncSetAttribute(plan.gemm_fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                           gemm_smem)) != CUDA_SUCCESS) {
-          err = cat("out of resources: ", kernels[1], " asks for ", gemm_smem, " bytes of dynamic shared memory: ",
+                                           geo.gemm_smem)) != CUDA_SUCCESS) {
+          err = cat("out of resources: ", kernels[1], " asks for ", geo.gemm_smem, " bytes of dynamic shared memory: ",
                     cu_error(r), ". A smaller GEMM tile may help.");
         }
         regs = std::max(regs, gemm_regs);
@@ -349,7 +333,8 @@ int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t d
 // Dynamic shared memory of one launch: the plan's fixed size, or for a direct plan the size its tile's input
 // patch and filters need on this call's geometry (the kernel lays its buffers out with the same halo_patch).
 int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stride, at::IntArrayRef dilation) {
-  if (plan.smem_patch == 0 && plan.smem_taps == 0) return plan.smem;
+  const LaunchGeometry& geo = plan.geo;
+  if (geo.smem_patch == 0 && geo.smem_taps == 0) return geo.smem;
   bagf::Conv2dParams g{};
   g.R = static_cast<int>(R);
   g.S = static_cast<int>(S);
@@ -357,8 +342,8 @@ int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stri
   g.stride_w = static_cast<int>(stride[1]);
   g.dil_h = static_cast<int>(dilation[0]);
   g.dil_w = static_cast<int>(dilation[1]);
-  const bagf::HaloPatch h = bagf::halo_patch(plan.tile, plan.tile_w, g);
-  return static_cast<int64_t>(plan.smem_patch) * h.rows * h.pitch + static_cast<int64_t>(plan.smem_taps) * R * S;
+  const bagf::HaloPatch h = bagf::halo_patch(geo.tile, geo.tile_w, g);
+  return static_cast<int64_t>(geo.smem_patch) * h.rows * h.pitch + static_cast<int64_t>(geo.smem_taps) * R * S;
 }
 
 at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -370,27 +355,28 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
 const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                                at::IntArrayRef stride, at::IntArrayRef dilation, const Plan& plan) {
+  const LaunchGeometry& geo = plan.geo;
   if (!x.is_cuda() || !w.is_cuda() || x.device() != w.device()) return "tensors not on one CUDA device";
   if (x.get_device() != plan.device) return "plan compiled for another device";
   if (x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return "dtype is not float32";
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
   if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
-  if (plan.tile > 1 && plan.tile_w == 0 && plan.gemm == 1) {
+  if (geo.tile > 1 && geo.tile_w == 0 && geo.gemm == 1) {
     // the non-fused plan also takes stride s > 1 with R, S <= 3s, as 3x3 over the s x s polyphase components
     const int64_t s = stride[0];
     if (stride[1] != s || dilation[0] != 1 || dilation[1] != 1 || s < 1 || s > 8 ||
         (s == 1 ? (w.size(2) != 3 || w.size(3) != 3) : (w.size(2) > 3 * s || w.size(3) > 3 * s)))
       return "a non-fused Winograd plan takes dilation-1 convolutions with 3x3 filters at stride 1, or equal strides "
              "s of 2 to 8 with filters of at most 3s x 3s";
-  } else if (plan.tile > 1 && plan.tile_w == 0 &&
+  } else if (geo.tile > 1 && geo.tile_w == 0 &&
              (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 || dilation[0] != 1 ||
               dilation[1] != 1)) {
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
   }
-  if (plan.fix_s > 0 && (w.size(3) != plan.fix_s || stride[1] != plan.fix_u || dilation[1] != 1))
+  if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
-  if (plan.smem_patch > 0 || plan.smem_taps > 0) {
+  if (geo.smem_patch > 0 || geo.smem_taps > 0) {
     // int32 halo arithmetic (a larger stride or dilation would not fit a 2^31-element tensor anyway)
     for (int i = 0; i < 2; ++i)
       if (stride[i] < 1 || stride[i] > 65535 || dilation[i] < 1 || dilation[i] > 65535)
@@ -398,7 +384,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
-  if (plan.gemm == 1 && plan.gemm_fn == nullptr && (at::globalContext().allowTF32CuBLAS() ||
+  if (geo.gemm == 1 && plan.gemm_fn == nullptr && (at::globalContext().allowTF32CuBLAS() ||
                          at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST))
     return "the non-fused Winograd plan's GEMM would run in TF32 (torch.backends.cuda.matmul.allow_tf32 or "
            "torch.set_float32_matmul_precision is not 'highest'); set them back for this plan's fp32 speed";
@@ -416,11 +402,12 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 // over the C s^2 polyphase channels (winograd_gemm.cuh).
 void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const float* xp,
                       const float* wp, const float* bp, float* yp, cudaStream_t stream) {
-  const int mt = plan.tile;
+  const LaunchGeometry& geo = plan.geo;
+  const int mt = geo.tile;
   const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
   const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
   const int64_t K = p.K, C = static_cast<int64_t>(p.C) * p.stride_h * p.stride_h;
-  const bool v_tc = plan.layout & 1, m_tk = plan.layout & 2, u_small = plan.layout & 4;
+  const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2, u_small = geo.layout & 4;
   auto opts = x.options();
   at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U
   at::Tensor V = v_tc ? at::empty({E, T, C}, opts) : at::empty({E, C, T}, opts);
@@ -428,12 +415,12 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   float* up = U.data_ptr<float>();
   float* vp = V.data_ptr<float>();
   const float* mp = M.data_ptr<float>();
-  const int64_t tb = plan.threads;
+  const int64_t tb = geo.threads;
   auto blocks_for = [tb](int64_t items) { return (items + tb - 1) / tb; };
   auto stage = [&](int which, int64_t blocks) {
     BAGF_CHECK(blocks <= INT_MAX, "bagf_torch: Winograd stage ", which, " needs ", blocks, " blocks");
     void* args[] = {&xp, &wp, &bp, &yp, &p, &up, &vp, &mp, &which};
-    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, plan.threads, 1, 1, 0, stream, args,
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1, 0, stream, args,
                                  nullptr));
   };
   stage(3, blocks_for(K * C) + blocks_for(C * T));  // filter and input transforms, one grid
@@ -444,11 +431,11 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
     long long sa = K * C, sb = C * T, sc = K * T;
     float* mo = M.data_ptr<float>();
     void* args[] = {&up, &vp, &mo, &gm, &gn, &gk, &sa, &sb, &sc};
-    const int64_t gx = (T + plan.gemm_bn - 1) / plan.gemm_bn, gy = (K + plan.gemm_bm - 1) / plan.gemm_bm;
+    const int64_t gx = (T + geo.gemm_bn - 1) / geo.gemm_bn, gy = (K + geo.gemm_bm - 1) / geo.gemm_bm;
     BAGF_CHECK(gx <= INT_MAX && gy <= 65535 && E <= 65535, "bagf_torch: Winograd GEMM grid ", gx, "x", gy, "x", E,
                " is out of range");
     BAGF_CU_CHECK(cuLaunchKernel(plan.gemm_fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
-                                 static_cast<unsigned>(E), plan.gemm_threads, 1, 1, plan.gemm_smem, stream, args,
+                                 static_cast<unsigned>(E), geo.gemm_threads, 1, 1, geo.gemm_smem, stream, args,
                                  nullptr));
   } else if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
     at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
@@ -459,12 +446,13 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   // each, G = threads / tiles per image, when an image's tiles fit in a block (else per tile, as unstaged)
   const int64_t tiles_img = static_cast<int64_t>((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
   const int64_t g_imgs = tb / tiles_img;
-  stage(2, (plan.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
+  stage(2, (geo.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor& y, at::IntArrayRef stride,
                  at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const LaunchGeometry& geo = plan.geo;
   bagf::Conv2dParams p;
   p.N = static_cast<int>(x.size(0));
   p.C = static_cast<int>(x.size(1));
@@ -487,25 +475,25 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const float* wp = w.data_ptr<float>();
   const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  if (plan.gemm == 1) {
+  if (geo.gemm == 1) {
     launch_gemm_plan(plan, p, x, xp, wp, bp, yp, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
     return;
   }
   // columns of the block grid: output pixels, or a Winograd plan's m x m / a direct plan's tile x tile_w tiles
-  const int tile_w = plan.tile_w > 0 ? plan.tile_w : plan.tile;
-  const int64_t cols = plan.tile > 1 || tile_w > 1 ? static_cast<int64_t>(p.N) * ((p.P + plan.tile - 1) / plan.tile) *
-                                                         ((p.Q + tile_w - 1) / tile_w)
-                                                   : static_cast<int64_t>(p.N) * p.P * p.Q;
+  const int tile_w = geo.tile_w > 0 ? geo.tile_w : geo.tile;
+  const int64_t cols = geo.tile > 1 || tile_w > 1 ? static_cast<int64_t>(p.N) * ((p.P + geo.tile - 1) / geo.tile) *
+                                                        ((p.Q + tile_w - 1) / tile_w)
+                                                  : static_cast<int64_t>(p.N) * p.P * p.Q;
   const int64_t smem = launch_smem(plan, p.R, p.S, stride, dilation);
-  const unsigned gx = static_cast<unsigned>((cols + plan.bn - 1) / plan.bn);
-  const unsigned gy = static_cast<unsigned>((p.K + plan.bm - 1) / plan.bm);
+  const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
+  const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
   BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   void* args[] = {&xp, &wp, &bp, &yp, &p};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  if (plan.split > 1) {  // split-K slices accumulate atomically into a zeroed output
+  if (geo.split > 1) {  // split-K slices accumulate atomically into a zeroed output
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
-  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(plan.split), plan.threads, 1, 1,
+  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
                                static_cast<unsigned>(smem),
                                stream, args, nullptr));
 }
@@ -648,12 +636,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nvrtc_compile", &nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
   m.def("versions", &versions, "NVRTC, driver and runtime versions");
   m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
-  m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan", py::arg("cubin"),
-        py::arg("lowered_name"), py::arg("device"), py::arg("bm"), py::arg("bn"), py::arg("threads"),
-        py::arg("smem"), py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0,
-        py::arg("smem_patch") = 0, py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0,
-        py::arg("fix_s") = 0, py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0,
-        py::arg("gemm_threads") = 0, py::arg("gemm_smem") = 0);
+  // LaunchGeometry(bm=..., ..., gemm_smem=...): keyword arguments only, each defaulting to the struct's default;
+  // bagf_torch.kernels.geometry.LaunchGeometry.to_host builds one from the Python dataclass of the same fields.
+  py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
+      .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
+                       int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
+                       int gemm_threads, int gemm_smem) {
+             return LaunchGeometry{bm, bn, threads, smem, split, tile, tile_w, smem_patch, smem_taps, gemm,
+                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem};
+           }),
+           py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
+           py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
+           py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
+           py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
+           py::arg("gemm_smem") = 0)
+      .def_readwrite("bm", &LaunchGeometry::bm)
+      .def_readwrite("bn", &LaunchGeometry::bn)
+      .def_readwrite("threads", &LaunchGeometry::threads)
+      .def_readwrite("smem", &LaunchGeometry::smem)
+      .def_readwrite("split", &LaunchGeometry::split)
+      .def_readwrite("tile", &LaunchGeometry::tile)
+      .def_readwrite("tile_w", &LaunchGeometry::tile_w)
+      .def_readwrite("smem_patch", &LaunchGeometry::smem_patch)
+      .def_readwrite("smem_taps", &LaunchGeometry::smem_taps)
+      .def_readwrite("gemm", &LaunchGeometry::gemm)
+      .def_readwrite("layout", &LaunchGeometry::layout)
+      .def_readwrite("fix_s", &LaunchGeometry::fix_s)
+      .def_readwrite("fix_u", &LaunchGeometry::fix_u)
+      .def_readwrite("gemm_bm", &LaunchGeometry::gemm_bm)
+      .def_readwrite("gemm_bn", &LaunchGeometry::gemm_bn)
+      .def_readwrite("gemm_threads", &LaunchGeometry::gemm_threads)
+      .def_readwrite("gemm_smem", &LaunchGeometry::gemm_smem);
+  m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
+        py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
   m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");

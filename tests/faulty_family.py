@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from bagf_torch.kernels.geometry import LaunchGeometry
 from bagf_torch.kernels.space import Config, Space
 
 FAMILY = "faulty_test"
@@ -32,8 +33,8 @@ def smem_bytes(c: Mapping[str, int]) -> int:
     return 0
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
-    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": 1}
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c))
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

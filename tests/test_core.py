@@ -139,7 +139,7 @@ def test_tc_family_valid_configs_obey_the_documented_rules():
     assert "shared memory" in tc.space(smem_limit=16 * 1024).invalid_reason(dict(tc.DEFAULT, BK=32, STAGES=4))
     assert tc.name(tc.DEFAULT) == "implicit_gemm_tc_bm64_bn64_bk16_wm2_wn2_st3_s1_sm90"
     assert tc.name_expression(tc.DEFAULT) == "bagf::implicit_gemm_tc_conv2d<64, 64, 16, 2, 2, 3, 1>"
-    assert tc.launch(dict(tc.DEFAULT, SPLIT=8))["split"] == 8
+    assert tc.launch(dict(tc.DEFAULT, SPLIT=8)).split == 8
 
 
 def test_winograd_family_valid_configs_obey_the_documented_rules():
@@ -159,7 +159,7 @@ def test_winograd_family_valid_configs_obey_the_documented_rules():
         assert e * c["BK"] * (c["BT"] // wg.out_rounds(c) + 1) * 4 <= wg.smem_bytes(c)
     assert "does not divide" in s.invalid_reason(dict(wg.DEFAULT, MT=4, EG=4 * 4))
     assert "threads" in s.invalid_reason(dict(wg.DEFAULT, EG=16, BK=64, TK=2))
-    assert wg.launch(dict(wg.DEFAULT, MT=4))["tile"] == 4
+    assert wg.launch(dict(wg.DEFAULT, MT=4)).tile == 4
     assert wg.name(wg.DEFAULT) == "winograd_f2_bk32_bt32_bc8_tk4_tt4_eg4_db0_s1_sm90"
     assert wg.name_expression(wg.DEFAULT) == "bagf::winograd_conv2d<2, 32, 32, 8, 4, 4, 4, 0, 1>"
     assert wg.prefetch_registers(dict(wg.DEFAULT, DB=1)) == 16 + 9  # one 4x4 patch and one filter per thread
@@ -184,8 +184,8 @@ def test_winograd_tc_family_valid_configs_obey_the_documented_rules():
         assert (c["BK"] + 8) % 32 in (8, 24) and (c["BT"] + 8) % 32 in (8, 24)
     assert "mma tiles" in s.invalid_reason(dict(wt.DEFAULT, BK=16, WK=2))
     assert "does not divide" in s.invalid_reason(dict(wt.DEFAULT, WE=8))
-    assert wt.launch(wt.DEFAULT) == dict(wg.launch_for(wt.DEFAULT, 256, wt.smem_bytes(wt.DEFAULT)))
-    assert wt.launch(wt.DEFAULT)["tile"] == 4 and wt.applies is wg.applies
+    assert wt.launch(wt.DEFAULT) == wg.launch_for(wt.DEFAULT, 256, wt.smem_bytes(wt.DEFAULT))
+    assert wt.launch(wt.DEFAULT).tile == 4 and wt.applies is wg.applies
     assert wt.name(wt.DEFAULT) == "winograd_tc_f4_bk32_bt16_bc8_wk2_wt1_we4_db0_s1_sm90"
     assert wt.name_expression(wt.DEFAULT) == "bagf::winograd_tc_conv2d<4, 32, 16, 8, 2, 1, 4, 0, 1>"
     conv3 = dict(c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
@@ -231,17 +231,17 @@ def test_direct_family_valid_configs_obey_the_documented_rules():
     assert "does not divide" in s.invalid_reason(dict(dr.DEFAULT, TW=4, PX=8))
     assert "shared memory" in s.invalid_reason(dict(dr.DEFAULT, BC=8, DB=1))
     geo = dr.launch(dr.DEFAULT)
-    assert (geo["tile"], geo["tile_w"], geo["bn"], geo["bm"]) == (8, 16, 1, 64)
+    assert (geo.tile, geo.tile_w, geo.bn, geo.bm) == (8, 16, 1, 64)
     # what the host computes per call (bagf::halo_patch) is what smem_bytes says
     rows, cols, pitch = dr.patch(dr.DEFAULT, conv1)
     assert (rows, cols, pitch) == (39, 71, 71)
-    assert geo["smem_patch"] * rows * pitch + geo["smem_taps"] * 121 == dr.smem_bytes(dr.DEFAULT, conv1) == 87976
+    assert geo.smem_patch * rows * pitch + geo.smem_taps * 121 == dr.smem_bytes(dr.DEFAULT, conv1) == 87976
     assert dr.name(dr.DEFAULT) == "direct_th8_tw16_bk64_bc1_tk8_px4_db1_s1_sm90"
     assert dr.name_expression(dr.DEFAULT) == "bagf::direct_conv2d<8, 16, 64, 1, 8, 4, 1, 1>"
     spec = dict(dr.DEFAULT, G=1, PX=8)
     assert dr.name(spec) == "direct_th8_tw16_bk64_bc1_tk8_px8_db1_s1_w11u4_sm90"
     assert dr.name_expression(spec) == "bagf::direct_conv2d<8, 16, 64, 1, 8, 8, 1, 1, 11, 4>"
-    assert (dr.launch(spec)["fix_s"], dr.launch(spec)["fix_u"]) == (11, 4) and dr.launch(dr.DEFAULT)["fix_s"] == 0
+    assert (dr.launch(spec).fix_s, dr.launch(spec).fix_u) == (11, 4) and dr.launch(dr.DEFAULT).fix_s == 0
     assert dr.window(spec) == 7 * 4 + 11 and dr.window(dr.DEFAULT) == 4
     # the register window counts against the register rule: 16 x 16 pixels x 8 channels per thread of 8 pixels
     # at stride 4 would need (8*8 + 8 + 39 + 30) x 256 threads
@@ -354,12 +354,11 @@ def test_every_family_has_the_interface_the_compiler_and_tuner_use(fam):
 
     missing = [a for a in REQUIRED if not hasattr(fam, a)]
     assert not missing, missing
+    from bagf_torch.kernels import LaunchGeometry
+
     geo = fam.launch(fam.DEFAULT)
-    assert {"bm", "bn", "threads", "smem", "split"} <= set(geo) <= {"bm", "bn", "threads", "smem", "split", "tile",
-                                                                    "tile_w", "smem_patch", "smem_taps", "gemm",
-                                                                    "layout", "fix_s", "fix_u", "gemm_bm",
-                                                                    "gemm_bn", "gemm_threads", "gemm_smem"}
-    assert geo["threads"] == fam.threads(fam.DEFAULT) and geo["smem"] == fam.smem_bytes(fam.DEFAULT)
+    assert isinstance(geo, LaunchGeometry)
+    assert geo.threads == fam.threads(fam.DEFAULT) and geo.smem == fam.smem_bytes(fam.DEFAULT)
     assert fam.space().invalid_reason(fam.DEFAULT) is None
 
 

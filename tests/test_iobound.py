@@ -545,11 +545,11 @@ def test_winograd_gemm_terms():
             assert dict(g.workspace_read) == {"U": 2 * e * p.k * p.c * -(-tiles // bn),
                                               "V": e * p.c * tiles * -(-p.k // bm), "M": e * p.k * tiles}
             assert g.fast_memory_words == bm * bn + stages * 32 * (2 * bm + bn)
-            assert wgg.launch(cw)["layout"] == 4 and wgg.launch(dict(c, GE=1))["layout"] == 0
+            assert wgg.launch(cw).layout == 4 and wgg.launch(dict(c, GE=1)).layout == 0
         # staged stage 2 (SO = 1): the same words, a block per (k, TB // tiles-per-image whole images)
         staged = iobound.traffic(wgg, p, dict(c, SO=1))
         per_img = (16 // mt) * (12 // mt)
-        assert staged.total == t.total and wgg.launch(dict(c, SO=1))["layout"] == 8
+        assert staged.total == t.total and wgg.launch(dict(c, SO=1)).layout == 8
         assert staged.grid[3] == p.k * -(-p.n // (256 // per_img)) and staged.grid[:3] == t.grid[:3]
         big = ConvProblem(n=2, c=6, h=66, w=66, k=8, r=3, s=3)  # (64/MT)^2 > 128 tiles per image: per tile
         assert wgg.staged_images(dict(c, SO=1, TB=128), big) == 0

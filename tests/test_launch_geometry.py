@@ -7,14 +7,26 @@ staging and layouts at MT = 5, TB = 128; direct's specialised geometries G = 1-4
 ``launch(config)`` dict unpacked as ``geo["bm"], geo["bn"], geo["threads"], geo["smem"], geo.get("split", 1),
 geo.get("tile", 1)``, then ``tile_w, smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm, gemm_bn,
 gemm_threads, gemm_smem`` with ``geo.get(key, 0)``. The values are literals here, so the comparison does not
-depend on the code under test.
+depend on the code under test. The tests below OLD check that the host receives those values: the compiler's
+one conversion (``LaunchGeometry.to_host``), and csrc/bagf_ext.cpp's struct and pybind11 binding, read as text and
+compiled with the host C++ compiler.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from bagf_torch.kernels import FAMILIES
+from bagf_torch.kernels.geometry import FIELDS, LaunchGeometry
 
 OLD: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
     'implicit_gemm_tc': [
@@ -231,13 +243,18 @@ OLD: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
 """Family -> [(configuration, the values load_plan received in that order)]."""
 
 
+OLD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
+             "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem")
+"""load_plan's old argument names after the device, the order of the tuples above."""
+
+EXT_SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "bagf_ext.cpp"
+
+
 def _host_values(fam, config) -> tuple[int, ...]:
     """What the host receives for ``config``, in load_plan's old argument order."""
     geo = fam.launch(config)
-    return (geo["bm"], geo["bn"], geo["threads"], geo["smem"], geo.get("split", 1), geo.get("tile", 1),
-            geo.get("tile_w", 0), geo.get("smem_patch", 0), geo.get("smem_taps", 0), geo.get("gemm", 0),
-            geo.get("layout", 0), geo.get("fix_s", 0), geo.get("fix_u", 0), geo.get("gemm_bm", 0),
-            geo.get("gemm_bn", 0), geo.get("gemm_threads", 0), geo.get("gemm_smem", 0))
+    assert isinstance(geo, LaunchGeometry)
+    return tuple(getattr(geo, name) for name in OLD_ORDER)
 
 
 def test_the_recording_covers_every_family():
@@ -254,3 +271,131 @@ def test_launch_geometry_is_unchanged(family):
     for config, old in rows:
         assert space.invalid_reason(config) is None, config
         assert _host_values(fam, config) == old, config
+
+
+def test_launch_geometry_fields_defaults_and_types():
+    """The fields are load_plan's old arguments in their order, with the host's defaults; ints only."""
+    assert FIELDS == OLD_ORDER
+    assert LaunchGeometry().as_dict() == {**dict.fromkeys(OLD_ORDER, 0), "split": 1, "tile": 1}
+    geo = LaunchGeometry(bm=np.int64(64), bn=32)
+    assert type(geo.bm) is int and geo.bm == 64
+    with pytest.raises(TypeError):
+        LaunchGeometry(bm=64.0)
+    with pytest.raises(TypeError):
+        LaunchGeometry(64, 32)  # keyword-only
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        geo.bm = 1
+
+
+class _FakeExt:
+    """The extension's two names KernelCompiler._load uses, recording what load_plan received."""
+
+    class LaunchGeometry:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    def __init__(self):
+        self.calls = []
+
+    def load_plan(self, *args):
+        self.calls.append(args)
+        return {"handle": 7, "registers": 32, "local_bytes": 0}
+
+
+def test_the_compiler_hands_load_plan_the_geometry_whole():
+    """``KernelCompiler._load`` converts the family's LaunchGeometry once (``to_host``) and passes it as
+    load_plan's fourth argument."""
+    from bagf_torch.jit.compiler import KernelCompiler, KernelSpec, Loaded
+    from bagf_torch.kernels import winograd_gemm as wgg
+
+    compiler = object.__new__(KernelCompiler)  # no device: only what _load reads
+    compiler.ext, compiler.device = _FakeExt(), 0
+    spec = KernelSpec(wgg, dict(wgg.DEFAULT), "sm_90")
+    got = compiler._load(spec, b"cubin", "lowered", 0.0)
+    assert isinstance(got, Loaded) and got.handle == 7
+    (cubin, lowered, device, geometry), = compiler.ext.calls
+    assert (cubin, lowered, device) == (b"cubin", "lowered", 0)
+    assert isinstance(geometry, _FakeExt.LaunchGeometry) and geometry.kw == wgg.launch(wgg.DEFAULT).as_dict()
+
+
+def _cpp_struct_fields(src: str) -> dict[str, int]:
+    body = re.search(r"struct LaunchGeometry \{(.*?)\n\};", src, re.S).group(1)
+    return {m[0]: int(m[1]) for m in re.findall(r"^\s*int (\w+) = (-?\d+);", body, re.M)}
+
+
+def test_the_host_struct_and_its_binding_match_the_dataclass():
+    """csrc/bagf_ext.cpp's LaunchGeometry has the dataclass's fields and defaults, its Python constructor takes
+    each by keyword with that default, every field is readable, and load_plan takes (cubin, lowered_name, device,
+    geometry). Static: no compiler needed."""
+    src = EXT_SOURCE.read_text()
+    code = "\n".join(line.split("//", 1)[0] for line in src.splitlines())
+    assert _cpp_struct_fields(src) == LaunchGeometry().as_dict()
+    block = code[code.index("py::class_<LaunchGeometry>"):code.index('m.def("load_plan"')]
+    kwargs = dict(re.findall(r'py::arg\("(\w+)"\) = (-?\d+)', block))
+    assert {k: int(v) for k, v in kwargs.items()} == LaunchGeometry().as_dict()
+    assert list(kwargs) == list(FIELDS) and "py::kw_only()" in block
+    assert re.findall(r'def_readwrite\("(\w+)", &LaunchGeometry::(\w+)\)', block) == [(f, f) for f in FIELDS]
+    init_args = re.search(r"py::init\(\[\]\((.*?)\)", block, re.S).group(1)
+    assert re.findall(r"int (\w+)", init_args) == list(FIELDS)
+    load = code[code.index('m.def("load_plan"'):]
+    load = load[:load.index(";")]
+    assert re.findall(r'py::arg\("(\w+)"\)', load) == ["cubin", "lowered_name", "device", "geometry"]
+    assert re.search(r"py::dict load_plan\(py::bytes \w+, const std::string& \w+, int device, "
+                     r"const LaunchGeometry& geo\)", code)
+
+
+def _build_binding(tmp_path):
+    """The extension's LaunchGeometry struct and binding, cut from csrc/bagf_ext.cpp as they are, in a small
+    module with a function that returns what the host struct holds; None when no C++ compiler, Python headers or
+    pybind11 headers are here."""
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    py_include = sysconfig.get_paths()["include"]
+    includes = cpp_extension.include_paths()
+    if not cxx or not Path(py_include, "Python.h").is_file() or not any(
+            Path(p, "pybind11", "pybind11.h").is_file() for p in includes):
+        return None
+    src = EXT_SOURCE.read_text()
+    struct = re.search(r"struct LaunchGeometry \{.*?\n\};", src, re.S).group(0)
+    binding = re.search(r"  py::class_<LaunchGeometry>.*?&LaunchGeometry::gemm_smem\);\n", src, re.S).group(0)
+    fields = ", ".join(f"g.{f}" for f in FIELDS)
+    (tmp_path / "geo_binding.cpp").write_text(f"""#include <pybind11/pybind11.h>
+namespace py = pybind11;
+namespace {{
+{struct}
+py::tuple held(const LaunchGeometry& g) {{ return py::make_tuple({fields}); }}
+}}  // namespace
+PYBIND11_MODULE(geo_binding, m) {{
+{binding}  m.def("held", &held, py::arg("geometry"));
+}}
+""")
+    out = tmp_path / f"geo_binding{sysconfig.get_config_var('EXT_SUFFIX')}"
+    res = subprocess.run([cxx, "-std=c++17", "-O0", "-shared", "-fPIC", *(f"-I{p}" for p in includes),
+                          f"-I{py_include}", str(tmp_path / "geo_binding.cpp"), "-o", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    spec = importlib.util.spec_from_file_location("geo_binding", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
+    """Compiled with the host C++ compiler: ``to_host`` builds the host struct, which holds exactly the
+    dataclass's values, for every recorded configuration; the binding's defaults are the dataclass's; it refuses
+    positional and unknown arguments."""
+    ext = _build_binding(tmp_path)
+    if ext is None:
+        pytest.skip("no C++ compiler, Python headers or pybind11 headers here")
+    for family, rows in OLD.items():
+        for config, old in rows:
+            assert ext.held(FAMILIES[family].launch(config).to_host(ext)) == old, (family, config)
+    host = ext.LaunchGeometry()
+    assert ext.held(host) == tuple(LaunchGeometry().as_dict().values())
+    assert {f: getattr(host, f) for f in FIELDS} == LaunchGeometry().as_dict()
+    with pytest.raises(TypeError):
+        ext.LaunchGeometry(1, 2)
+    with pytest.raises(TypeError):
+        ext.LaunchGeometry(bx=1)

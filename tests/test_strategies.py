@@ -807,9 +807,10 @@ def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
         assert tile in wprobe.CONFIGS, tile
         c = dict(wgg.DEFAULT, GE=ge)
         assert wgg.name_expression(c).split(";")[1].replace(" ", "") == wprobe.expr(tile)
-        assert wgg.launch(c)["gemm_smem"] == wgg.wgmma_smem_bytes(tile) <= 227 * 1024
-        assert wprobe.geometry(tile, 256, 512, 36) == ((512 // wgg.launch(c)["gemm_bn"], 256 // wgg.launch(c)["gemm_bm"],
-                                                       36), (wgg.launch(c)["gemm_threads"],))
+        geo = wgg.launch(c)
+        assert geo.gemm_smem == wgg.wgmma_smem_bytes(tile) <= 227 * 1024
+        assert wprobe.geometry(tile, 256, 512, 36) == ((512 // geo.gemm_bn, 256 // geo.gemm_bm, 36),
+                                                       (geo.gemm_threads,))
     import torch
 
     a = torch.randn(3, 5, 7) * torch.logspace(-3, 3, 7)

@@ -141,16 +141,11 @@ class KernelCompiler:
         return cubin, lowered, seconds
 
     def _load(self, spec: KernelSpec, cubin: bytes, lowered: str, seconds: float) -> Loaded | Outcome:
-        geo = spec.family.launch(spec.config)
+        geometry = spec.family.launch(spec.config).to_host(self.ext)
         # load_plan reports a kernel that cannot run here (threads, shared memory, bad cubin) in "error" rather
         # than raising; a RuntimeError is still caught (device initialisation failures raise).
         try:
-            info = self.ext.load_plan(cubin, lowered, self.device, geo["bm"], geo["bn"], geo["threads"],
-                                      geo["smem"], geo.get("split", 1), geo.get("tile", 1), geo.get("tile_w", 0),
-                                      geo.get("smem_patch", 0), geo.get("smem_taps", 0), geo.get("gemm", 0),
-                                      geo.get("layout", 0), geo.get("fix_s", 0), geo.get("fix_u", 0),
-                                      geo.get("gemm_bm", 0), geo.get("gemm_bn", 0), geo.get("gemm_threads", 0),
-                                      geo.get("gemm_smem", 0))
+            info = self.ext.load_plan(cubin, lowered, self.device, geometry)
         except RuntimeError as e:
             return Outcome("resources", detail=f"{spec.name}: {e}")
         if "error" in info:

@@ -2,18 +2,20 @@
 
 A family module has FAMILY, SOURCE (its .cuh), MIN_ARCH (compute capability as 10*major+minor), PARAMS,
 DEFAULT, space(smem_limit), name(config), name_expression(config), threads(config), smem_bytes(config) and
-launch(config) (the geometry the host's plan needs: bm, bn, threads, smem, split, optionally tile; a family whose
-shared memory depends on the filter geometry adds tile_w, smem_patch and smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
+launch(config) (the ``LaunchGeometry`` the host's plan needs, kernels.geometry: bm, bn, threads, smem, split,
+optionally tile; a family whose shared memory depends on the filter geometry sets tile_w, smem_patch and
+smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
 cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms[, arch]) (a start point sized to
 the problem, or to the GPU when it takes ``arch``), estimated_registers(config), problem_rule(config, problem) and
 arch_rule(config, arch) (configurations the tuner searches only for some problems or GPUs), and
 gpu_arch(config, arch) (the NVRTC target for a configuration, e.g. winograd_gemm's wgmma GEMM: sm_90a). A family whose plan is several launches around a batched GEMM says
 so with ``gemm`` and ``layout`` in launch(); when the GEMM is its own kernel, name_expression() names both
-kernels ("a;b", one cubin) and launch() adds ``gemm_bm``, ``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see
+kernels ("a;b", one cubin) and launch() sets ``gemm_bm``, ``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see
 kernels.winograd_gemm). LEGACY (optional): the values of knobs added after configurations were recorded.
 """
 
 from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_gemm, winograd_tc
+from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
 REQUIRED = ("FAMILY", "SOURCE", "KERNEL", "MIN_ARCH", "PARAMS", "DEFAULT", "space", "name", "name_expression",
@@ -51,5 +53,5 @@ def family_name(family: str, config) -> str:
     return FAMILIES[family].name(config)
 
 
-__all__ = ["Config", "FAMILIES", "REQUIRED", "Space", "complete_config", "config_key", "direct", "families_for", "family_name",
+__all__ = ["Config", "FAMILIES", "LaunchGeometry", "REQUIRED", "Space", "complete_config", "config_key", "direct", "families_for", "family_name",
            "implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_gemm", "winograd_tc"]

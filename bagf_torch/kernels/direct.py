@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from .geometry import LaunchGeometry
 from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
                     template_expression, thread_count_rule)
 
@@ -172,14 +173,13 @@ def tiles(c: Mapping[str, int], problem) -> int:
     return problem.n * -(-p // c["TH"]) * -(-q // c["TW"])
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
     """Grid: x over the N * ceil(P/TH) * ceil(Q/TW) output tiles (``tile`` = TH rows, ``tile_w`` = TW columns,
     one tile per block: ``bn`` = 1), y over ceil(K/BK), z = SPLIT. Shared memory per call is
     ``smem_patch * rows * pitch + smem_taps * R * S`` (the host's ``halo_patch``); ``smem`` is the conv1 size."""
     ks, ku = geometry(c)
-    return {"bm": c["BK"], "bn": 1, "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"],
-            "tile": c["TH"], "tile_w": c["TW"], "smem_patch": smem_patch(c), "smem_taps": smem_taps(c),
-            "fix_s": ks, "fix_u": ku}
+    return LaunchGeometry(bm=c["BK"], bn=1, threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], tile=c["TH"],
+                          tile_w=c["TW"], smem_patch=smem_patch(c), smem_taps=smem_taps(c), fix_s=ks, fix_u=ku)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

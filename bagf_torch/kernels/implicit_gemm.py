@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from .geometry import LaunchGeometry
 from .space import (MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM, Config, Space, loader_rule, register_rule,  # noqa: F401
                     shared_memory_rule, template_expression, thread_count_rule)
 
@@ -74,9 +75,9 @@ def estimated_registers(c: Mapping[str, int]) -> int:
     return c["TM"] * c["TN"] + c["TM"] + c["TN"] + a_loads + b_loads + 32
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
     """What the host needs to launch one instantiation: tile sizes for the grid, block size, shared memory."""
-    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": 1}
+    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c))
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from .geometry import LaunchGeometry
 from .space import (MAX_BLOCKS_PER_SM, MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_SM, REGISTERS_PER_SM,  # noqa: F401
                     SM90_SMEM_PER_SM, Config, Space, loader_rule, register_rule, resident_blocks, size_split,
                     shared_memory_rule, template_expression)
@@ -138,9 +139,10 @@ def estimated_registers(c: Mapping[str, int]) -> int:
     return acc + frags + 3 * b_loads + 40
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
-    """What the host needs to launch one instantiation: tile sizes for the grid, block size, shared memory."""
-    return {"bm": c["BM"], "bn": c["BN"], "threads": threads(c), "smem": smem_bytes(c), "split": c["SPLIT"]}
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    """What the host needs to launch one instantiation: tile sizes for the grid, block size, shared memory,
+    split-K slices."""
+    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .. import winograd as _transforms
+from .geometry import LaunchGeometry
 from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
                     template_expression, thread_count_rule)
 
@@ -134,15 +135,15 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
     return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
     """Grid: x over ceil(tiles / BT) with tile = MT (the host counts N x ceil(P/MT) x ceil(Q/MT) tiles),
     y over ceil(K / BK), z = SPLIT."""
     return launch_for(c, threads(c), smem_bytes(c))
 
 
-def launch_for(c: Mapping[str, int], nthreads: int, smem: int) -> dict[str, int]:
+def launch_for(c: Mapping[str, int], nthreads: int, smem: int) -> LaunchGeometry:
     """The plan geometry of a fused Winograd kernel (both Winograd families grid the same way)."""
-    return {"bm": c["BK"], "bn": c["BT"], "threads": nthreads, "smem": smem, "split": c["SPLIT"], "tile": c["MT"]}
+    return LaunchGeometry(bm=c["BK"], bn=c["BT"], threads=nthreads, smem=smem, split=c["SPLIT"], tile=c["MT"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -76,6 +76,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .. import winograd as _transforms
+from .geometry import LaunchGeometry
 from .space import Config, Space, register_rule, template_expression, thread_count_rule
 
 FAMILY = "winograd_gemm"
@@ -236,17 +237,16 @@ def workspace_words(c: Mapping[str, int], problem) -> dict[str, int]:
     return {"U": u_planes(c) * e * problem.k * cc, "V": e * cc * t, "M": e * problem.k * t}
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
     """The host's plan: ``gemm`` = 1 (the transform stages around a batched GEMM, grids sized per call),
     ``tile`` = MT (so the host's Winograd refusal applies), ``layout`` = VL + 2*ML + 4*(U carries its small
     parts, gemm_wgmma) + 8*SO (staged stage 2, whose grid the host sizes); with our own GEMM (GE > 0)
     also its block tile, threads and shared memory (``gemm_bm``, ``gemm_bn``, ``gemm_threads``, ``gemm_smem``)."""
-    geo = {"bm": 1, "bn": c["TB"], "threads": c["TB"], "smem": 0, "split": 1, "tile": c["MT"], "gemm": 1,
-           "layout": c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1) + 8 * c["SO"]}
     block = gemm_block(c)
-    if block is not None:
-        geo.update(gemm_bm=block[0], gemm_bn=block[1], gemm_threads=gemm_threads(c), gemm_smem=gemm_smem_bytes(c))
-    return geo
+    own = {} if block is None else {"gemm_bm": block[0], "gemm_bn": block[1], "gemm_threads": gemm_threads(c),
+                                    "gemm_smem": gemm_smem_bytes(c)}
+    return LaunchGeometry(bm=1, bn=c["TB"], threads=c["TB"], smem=0, tile=c["MT"], gemm=1,
+                          layout=c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1) + 8 * c["SO"], **own)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from . import winograd as _wg
+from .geometry import LaunchGeometry
 from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression,
                     thread_count_rule)
 
@@ -97,7 +98,7 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
     return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
 
 
-def launch(c: Mapping[str, int]) -> dict[str, int]:
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
     """As ``winograd``: grid x over ceil(tiles / BT) (tile = MT), y over ceil(K / BK), z = SPLIT."""
     return _wg.launch_for(c, threads(c), smem_bytes(c))
 

@@ -1,0 +1,93 @@
+"""``LaunchGeometry``: everything the host extension needs to launch one loaded kernel family instantiation.
+
+A family's ``launch(config)`` returns one; ``KernelCompiler`` hands it to the extension's
+``load_plan(cubin, lowered_name, device, geometry)`` through :meth:`LaunchGeometry.to_host`, and
+csrc/bagf_ext.cpp keeps it in its plan table as ``struct LaunchGeometry`` (same field names, same defaults).
+The field docs say what the host does with each value; load_plan refuses a plan whose values are out of the
+ranges named here ("error" in its result, a typed "resources" failure in the tuner).
+
+Grid of an ordinary plan (``gemm`` = 0): x over ceil(columns / ``bn``), y over ceil(K / ``bm``), z = ``split``,
+with ``threads`` threads and ``smem`` bytes of dynamic shared memory per block; the columns are the output
+pixels N*P*Q, or the output tiles when ``tile`` > 1 or ``tile_w`` > 1.
+
+>>> from bagf_torch.kernels import implicit_gemm
+>>> g = implicit_gemm.launch(implicit_gemm.DEFAULT)
+>>> g.bm, g.bn, g.threads, g.smem, g.split, g.tile, g.gemm
+(64, 64, 256, 8256, 1, 1, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchGeometry:
+    """The launch fields of one plan (csrc/bagf_ext.cpp's ``LaunchGeometry``); all ints, keyword-only."""
+
+    bm: int = 0
+    """Output channels per block: grid.y = ceil(K / bm). Unused by a ``gemm`` plan."""
+    bn: int = 0
+    """Columns per block: grid.x = ceil(columns / bn), columns = output pixels or output tiles. Unused by a
+    ``gemm`` plan."""
+    threads: int = 0
+    """Threads per block of every launch of the plan's first kernel; load_plan refuses it above what the kernel's
+    registers allow. A ``gemm`` plan's transform stages also size their grids by it (one item per thread)."""
+    smem: int = 0
+    """Dynamic shared memory per block in bytes, set as the kernel's maximum at load; an ordinary plan's launches
+    ask for exactly this unless ``smem_patch`` or ``smem_taps`` is set (a ``gemm`` plan's stages ask for none)."""
+    split: int = 1
+    """Split-K slices, grid.z (1 to 65535); > 1: the host zeroes the output and the slices add atomically."""
+    tile: int = 1
+    """1: the columns are output pixels (N*P*Q). m > 1 with ``tile_w`` = 0: Winograd F(m x m, 3x3), the columns
+    are m x m output tiles (N * ceil(P/m) * ceil(Q/m)) and the host takes only 3x3 stride-1 dilation-1 calls
+    (a ``gemm`` plan also strided ones through their polyphase components); at most 8. With ``tile_w`` > 0:
+    a direct plan's tile rows, at most 64."""
+    tile_w: int = 0
+    """0: tiles are ``tile`` x ``tile``. > 0 (at most 256): a direct plan's ``tile`` x ``tile_w`` output tiles
+    (N * ceil(P/tile) * ceil(Q/tile_w)), any filter geometry."""
+    smem_patch: int = 0
+    """> 0 (a direct plan): the host sizes dynamic shared memory per call as smem_patch bytes per word of the
+    tile's input patch (``bagf::halo_patch`` rows x pitch) plus ``smem_taps`` bytes per filter tap (R*S), lets
+    the kernel use the device's opt-in maximum, and sends a call that would not fit to ATen."""
+    smem_taps: int = 0
+    """Bytes per filter tap (R*S) of that per-call size (see ``smem_patch``); >= 0."""
+    gemm: int = 0
+    """1: a non-fused Winograd plan: stages 0 and 1 of the first kernel, a batched GEMM, stage 2, grids sized per
+    call, workspaces U, V, M from torch's caching allocator; needs ``tile`` in 2, 4, 5, 6. 0: one launch."""
+    layout: int = 0
+    """A ``gemm`` plan's workspace layouts (0 to 15): bit 0 V stored [E][T][C] (else [E][C][T]), bit 1 M stored
+    [E][T][K] (else [E][K][T]), bit 2 U followed by its small parts (2E batches, the wgmma GEMM's A; own GEMM
+    only), bit 3 stage 2 staged through shared memory, whole images per block (not with bit 1)."""
+    fix_s: int = 0
+    """> 0: the kernel is specialised to filters fix_s wide at column stride ``fix_u``, dilation 1 (a direct
+    plan's KS); the host sends calls with another geometry to ATen. Both positive or both 0."""
+    fix_u: int = 0
+    """The specialised column stride (a direct plan's KU), see ``fix_s``."""
+    gemm_bm: int = 0
+    """The plan's own batched GEMM (the cubin's second kernel; without one the GEMM is ``at::bmm_out``): output
+    rows per block, grid.y = ceil(K / gemm_bm); at least 16 when there is one."""
+    gemm_bn: int = 0
+    """Its output columns per block, grid.x = ceil(T / gemm_bn) (grid.z = E); at least 16 when there is one."""
+    gemm_threads: int = 0
+    """Its threads per block; at least 32, and load_plan refuses it above what the GEMM's registers allow."""
+    gemm_smem: int = 0
+    """Its dynamic shared memory per block in bytes, set as its maximum at load and asked for by each launch."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)
+            object.__setattr__(self, f.name, operator.index(getattr(self, f.name)))
+
+    def as_dict(self) -> dict[str, int]:
+        """Field name -> value, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_host(self, ext):
+        """The same values as the extension module ``ext``'s ``LaunchGeometry``, which ``load_plan`` takes."""
+        return ext.LaunchGeometry(**self.as_dict())
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LaunchGeometry))
+"""The field names in declaration order (the order of the host struct's members)."""
