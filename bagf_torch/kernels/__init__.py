@@ -1,28 +1,22 @@
 """Kernel families: one module each with knobs, validity rules, default configuration and launch geometry.
 
-A family module has FAMILY, SOURCE (its .cuh), MIN_ARCH (compute capability as 10*major+minor), PARAMS,
-DEFAULT, space(smem_limit), name(config), name_expression(config), threads(config), smem_bytes(config) and
-launch(config) (the ``LaunchGeometry`` the host's plan needs, kernels.geometry: bm, bn, threads, smem, split,
-optionally tile; a family whose shared memory depends on the filter geometry sets tile_w, smem_patch and
-smem_taps, see kernels.direct). Optional: applies(problem) -> None or why the family
-cannot compute ``problem`` (the tuner then leaves it out), default_for(problem, sms[, arch]) (a start point sized to
-the problem, or to the GPU when it takes ``arch``), estimated_registers(config), problem_rule(config, problem) and
-arch_rule(config, arch) (configurations the tuner searches only for some problems or GPUs), and
-gpu_arch(config, arch) (the NVRTC target for a configuration, e.g. winograd_gemm's wgmma GEMM: sm_90a). A family whose plan is several launches around a batched GEMM says
-so with ``gemm`` and ``layout`` in launch(); when the GEMM is its own kernel, name_expression() names both
-kernels ("a;b", one cubin) and launch() sets ``gemm_bm``, ``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see
-kernels.winograd_gemm). LEGACY (optional): the values of knobs added after configurations were recorded.
+The contract of a family module is ``family.KernelFamily`` (required: FAMILY, SOURCE, KERNEL, MIN_ARCH, PARAMS,
+DEFAULT, space, name, name_expression, threads, smem_bytes, launch -> ``LaunchGeometry``) and
+``family.FamilyHooks`` (optional: LEGACY, applies, default_for, problem_rule, arch_rule, gpu_arch, features,
+warps_in_flight, estimated_registers); each member's docs there say who reads it. A family whose plan is
+several launches around a batched GEMM says so with ``gemm`` and ``layout`` in its LaunchGeometry; when the GEMM
+is its own kernel, name_expression() names both kernels ("a;b", one cubin) and launch() sets ``gemm_bm``,
+``gemm_bn``, ``gemm_threads`` and ``gemm_smem`` (see kernels.winograd_gemm). A new family is registered once,
+in ``FAMILIES`` below (docs/adding-a-family.md).
 """
 
 from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_gemm, winograd_tc
+from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
-REQUIRED = ("FAMILY", "SOURCE", "KERNEL", "MIN_ARCH", "PARAMS", "DEFAULT", "space", "name", "name_expression",
-            "threads", "smem_bytes", "launch")
-"""What a family module must define (the compiler, the tuner, the isolated worker and the cache use these)."""
-
-FAMILIES = {f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, winograd_gemm, implicit_gemm, direct)}
+FAMILIES: dict[str, KernelFamily] = {
+    f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, winograd_gemm, implicit_gemm, direct)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
@@ -53,5 +47,6 @@ def family_name(family: str, config) -> str:
     return FAMILIES[family].name(config)
 
 
-__all__ = ["Config", "FAMILIES", "LaunchGeometry", "REQUIRED", "Space", "complete_config", "config_key", "direct", "families_for", "family_name",
-           "implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_gemm", "winograd_tc"]
+__all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry", "OPTIONAL", "REQUIRED", "Space",
+           "complete_config", "config_key", "direct", "families_for", "family_name", "implicit_gemm", "implicit_gemm_tc",
+           "winograd", "winograd_gemm", "winograd_tc"]

@@ -1,0 +1,113 @@
+"""The kernel-family contract: what a family module defines, and who reads each member.
+
+A family is one module (e.g. ``bagf_torch.kernels.implicit_gemm``) registered once, in ``kernels.FAMILIES``.
+``KernelFamily`` lists what every family must define; ``FamilyHooks`` the optional members, which the package
+looks up with ``getattr``/``hasattr`` and does without when absent (estimated_registers and TEMPLATE_ORDER:
+the compile test needs them of every registered family). Both are ``typing.Protocol`` classes that
+describe modules, so the ``self`` of each method stands for nothing: a family defines plain module functions
+with the parameters after it (parameter names are free; the number of positional parameters and their defaults
+are what callers rely on). docs/adding-a-family.md walks through one family; tests/test_family_contract.py
+checks every registered family against these.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, runtime_checkable
+
+from .geometry import LaunchGeometry
+from .space import Config, Space
+
+
+@runtime_checkable
+class KernelFamily(Protocol):
+    """What every family module defines (``KernelCompiler``, the tuner, the isolated worker and the cache use
+    these)."""
+
+    FAMILY: str
+    """The family's name: its key in ``FAMILIES``, in cache rows and in recordings."""
+    SOURCE: str
+    """The kernel source NVRTC compiles (``#include``d by name from csrc/kernels/, or an absolute path)."""
+    KERNEL: str
+    """The C++ name of the kernel template, e.g. ``bagf::implicit_gemm_conv2d``."""
+    MIN_ARCH: int
+    """Lowest compute capability the kernels compile for, as 10*major+minor (``families_for`` filters on it)."""
+    PARAMS: Mapping[str, tuple[int, ...]]
+    """Knob -> allowed values, smallest first; the cache validates imported configurations against it."""
+    DEFAULT: Config
+    """The hand-picked configuration: the untuned start point and the one every test compiles."""
+
+    def space(self, smem_limit: int = ...) -> Space:
+        """The knobs and validity rules for a device with ``smem_limit`` bytes of opt-in shared memory per block
+        (the tuner passes the device's; without it, the H200's)."""
+
+    def name(self, config: Mapping[str, int], arch: str = "sm90") -> str:
+        """Readable, filename-safe name of one instantiation (logs, reports, the cubin cache)."""
+
+    def name_expression(self, config: Mapping[str, int]) -> str:
+        """The C++ name NVRTC instantiates; "first;second" for a plan of two kernels in one cubin."""
+
+    def threads(self, config: Mapping[str, int]) -> int:
+        """Threads per block of the plan's first kernel."""
+
+    def smem_bytes(self, config: Mapping[str, int]) -> int:
+        """Dynamic shared memory per block of the plan's first kernel, in bytes."""
+
+    def launch(self, config: Mapping[str, int]) -> LaunchGeometry:
+        """What the host extension needs to launch the loaded instantiation (``KernelCompiler`` hands it to
+        ``load_plan``)."""
+
+
+class FamilyHooks(Protocol):
+    """The optional members of a family module: a family defines any subset, with these parameters."""
+
+    LEGACY: Config
+    """Values of knobs added after configurations were recorded, meaning what older records ran
+    (``kernels.complete_config``; e.g. winograd_gemm's GE = 0: cuBLAS's GEMM)."""
+    TEMPLATE_ORDER: tuple[str, ...]
+    """The knobs in the order of the kernel template's parameters; tests/test_nvcc.py builds the default's
+    mangled name from it."""
+
+    def applies(self, problem) -> str | None:
+        """None when the family computes ``problem``, else why not; the tuner leaves the family out for it
+        (``Tuner.families_for``). Without it, every problem."""
+
+    def default_for(self, problem, sms: int = ..., *, arch: str = ...) -> Config:
+        """The tuner's start point sized to the problem (and the GPU's ``sms``); ``arch`` (e.g. "sm_90") is
+        passed only when the function has that parameter (``Tuner.start_config``). Without it, DEFAULT."""
+
+    def problem_rule(self, config: Mapping[str, int], problem) -> str | None:
+        """None when ``config`` may run ``problem``, else why not: an extra rule of the space the tuner searches
+        for that problem, also applied to warm-start seeds (e.g. direct's kernels for one filter geometry)."""
+
+    def arch_rule(self, config: Mapping[str, int], arch: str) -> str | None:
+        """None when ``config`` compiles for ``arch`` (e.g. "sm_90"), else why not: an extra rule of the space
+        the tuner searches on that GPU (winograd_gemm's wgmma GEMM needs sm_90)."""
+
+    def gpu_arch(self, config: Mapping[str, int], arch: str) -> str:
+        """The NVRTC target for ``config`` on a GPU of ``arch`` (``KernelSpec.target``; winograd_gemm's wgmma
+        GEMM: sm_90a). Without it, ``arch``."""
+
+    def features(self, problem, config: Mapping[str, int], sms: int = ...) -> dict[str, float]:
+        """Problem-aware inputs for a strategy that models the space (ax's ``features`` option, through
+        ``tuning.tuner.search_features``)."""
+
+    def warps_in_flight(self, problem, config: Mapping[str, int], sms: int = ...) -> float:
+        """How a strategy that starts with a local design ranks the start point's neighbours before any time is
+        known (ax's ``initial_order`` option, through ``tuning.tuner.search_initial_order``)."""
+
+    def estimated_registers(self, config: Mapping[str, int]) -> int:
+        """Registers per thread the space's register rule uses; tests/test_nvcc.py samples by it."""
+
+
+def members(protocol: type) -> tuple[str, ...]:
+    """A protocol's member names in the order they are declared (data members first)."""
+    data = tuple(protocol.__dict__.get("__annotations__", {}))
+    methods = tuple(k for k, v in protocol.__dict__.items() if callable(v) and not k.startswith("_"))
+    return data + methods
+
+
+REQUIRED: tuple[str, ...] = members(KernelFamily)
+"""What a family module must define."""
+
+OPTIONAL: tuple[str, ...] = members(FamilyHooks)
+"""What a family module may define."""
