@@ -36,6 +36,7 @@ from .kernels import FAMILIES
 from .nn import TunedConv2d
 from .ops import ATEN
 from .problem import ConvProblem
+from .tuning.common import TrialEvent
 
 __all__ = ["Discovery", "LayerReport", "ModelReport", "Progress", "RuntimeTuneStep", "discover", "tune_model"]
 
@@ -223,34 +224,18 @@ cubin_digests), ``cubins`` (dicts: digest, name, lowered_name, cubin bytes), ``t
 TuneStep = Callable[[ConvProblem, int, Progress], Record]
 
 
-class _ObservedBench:
-    """The tuner's benchmarker, reporting cuDNN's first time to the progress bar (candidate times come through
-    the tuner's own per-trial callback)."""
+class _ProgressListener:
+    """A Tuner listener that reports to a ``Progress``: cuDNN's baseline time, then every candidate's status
+    and time (a baseline that did not run has no time to show and is not a candidate)."""
 
-    def __init__(self, inner, progress: Progress):
-        self._inner = inner
-        self._progress = progress
+    def __init__(self, progress: Progress):
+        self.progress = progress
 
-    def measure(self, ws, handle, cutoff_us=None):
-        outcome = self._inner.measure(ws, handle, cutoff_us)
-        if handle == ATEN and outcome.ok:
-            self._progress.cudnn(outcome.time_us)
-        return outcome
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-def _parse_trial(message: str) -> tuple[str, float | None]:
-    """Status and time of one line of ``Tuner.tune``'s progress callback: ``"<kernel>: <status> [<t> us]"``.
-    An unexpected shape counts as a trial with no time rather than breaking the tuning."""
-    words = message.rsplit(": ", 1)[-1].split()
-    status = words[0] if words else "?"
-    time_us = None
-    if len(words) >= 3 and words[2] == "us":
-        with contextlib.suppress(ValueError):
-            time_us = float(words[1])
-    return status, time_us
+    def __call__(self, event: TrialEvent) -> None:
+        if event.phase != "baseline":
+            self.progress.trial(event.outcome.status, event.outcome.time_us)
+        elif event.outcome.ok:
+            self.progress.cudnn(event.outcome.time_us)
 
 
 class RuntimeTuneStep:
@@ -274,14 +259,10 @@ class RuntimeTuneStep:
         rt = runtime.get()
         dev = rt.device(device)
         budget = Budget(self.evaluations(), self.seconds or settings.budget_seconds())
-        def observe(tuner):
-            tuner.bench = _ObservedBench(tuner.bench, progress)
-
         t0 = time.perf_counter()
         key, row, tuned_now = rt.pretune(problem, device,
                                          tuner_options=dict(budget=budget, strategy=self.strategy, seed=self.seed),
-                                         configure=observe,
-                                         progress=lambda msg: progress.trial(*_parse_trial(msg)))
+                                         listeners=[_ProgressListener(progress)])
         wall = time.perf_counter() - t0  # the whole step: cache look, claim, tuning, storing, loading the winner
         phases = dict(rt.results[-1].phases) if tuned_now and rt.results else {}
         cache = rt.cache()

@@ -97,8 +97,9 @@ class Runtime:
     """Plans for this process. Thread-safe; one tuning at a time per process.
 
     ``devices(index) -> _Device`` and ``make_tuner(runtime, device, listeners) -> tuner`` replace the CUDA
-    device and the Tuner (which must report its trials to ``listeners``) (CPU tests drive the whole lookup, claims and background tuning with fakes); by default
-    they are ``Runtime.device`` and ``Runtime.tuner``. Install one with ``runtime.install(Runtime(...))``.
+    device and the Tuner, which reports its trials to ``listeners`` (CPU tests drive the whole lookup, claims
+    and background tuning with fakes); by default they are ``Runtime.device`` and ``Runtime.tuner``. Install
+    one with ``runtime.install(Runtime(...))``.
     """
 
     def __init__(self, devices: Callable[[int], _Device] | None = None,
@@ -371,22 +372,19 @@ class Runtime:
             return pool
 
     def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str, tuner_options: dict | None = None,
-                        configure: Callable | None = None, progress: Callable | None = None) -> int:
+                        listeners: Sequence[TrialListener] = ()) -> int:
         """Tune ``problem`` and store the winner. ``tuner_options`` (budget, strategy, seed) go to
-        ``self.tuner``; ``configure(tuner)`` may adjust the tuner before it runs; ``progress`` gets one line
-        per trial."""
+        ``self.tuner``; ``listeners`` hear every trial, after the journal has written it to the cache."""
         cache = self.cache()
-        listeners = [_Journal(cache, key)]
+        listeners = [_Journal(cache, key), *listeners]
         isolated = settings.isolate() and self._make_tuner is None
         with dev.context(dev.index), _tuning_stream(dev):
             if self._make_tuner is not None:
                 tuner = self._make_tuner(self, dev, listeners)
             else:
                 tuner = self.tuner(dev, listeners=listeners, isolate=isolated, **(tuner_options or {}))
-            if configure is not None:
-                configure(tuner)
             seeds = neighbour_seeds(problem, cache.plans(), dev.env)  # warm start from stored neighbours
-            result = tuner.tune(problem, progress=progress, seeds=seeds)
+            result = tuner.tune(problem, seeds=seeds)
         self.stats["tuned"] += 1
         self.results.append(result)
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,
@@ -414,19 +412,18 @@ class Runtime:
         return handle
 
     def pretune(self, problem: ConvProblem, device: int, *, tuner_options: dict | None = None,
-                configure: Callable | None = None, progress=None) -> tuple[str, dict, bool]:
+                listeners: Sequence[TrialListener] = ()) -> tuple[str, dict, bool]:
         """Make sure ``problem`` has a stored plan on ``device``: tune it now (even with BAGF_TUNE=0: pre-tuning
         is an explicit request) unless the cache already holds one. ``tuner_options`` (budget, strategy,
-        seed) and ``configure(tuner)`` adjust the tuner; ``progress`` gets one call per trial. Returns ``(key, plan row,
-        tuned_now)``. Used by ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup."""
+        seed) adjust the tuner; ``listeners`` hear every trial. Returns ``(key, plan row, tuned_now)``. Used by
+        ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup."""
         with self._tune_lock:
             dev = self.device(device)
             key = fingerprint(problem, dev.env)
             row = self.cache().get_plan(key)
             if row is not None:
                 return key, row, False
-            handle = self._tune_and_store(problem, dev, key, tuner_options=tuner_options, configure=configure,
-                                          progress=progress)
+            handle = self._tune_and_store(problem, dev, key, tuner_options=tuner_options, listeners=listeners)
             self._memo[(problem, device)] = handle
             _bump()  # layers serving this problem with ATen for now take the plan at their next call
             return key, self.cache().get_plan(key), True

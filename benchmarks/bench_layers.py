@@ -263,11 +263,11 @@ def main(argv=None) -> int:
     for n in batches:
         for layer in layers:
             p = problem(layer, n)
-            tuner = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy, seed=args.seed)
+            tuner = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy, seed=args.seed,
+                             listeners=[lambda e: print(f"  [{time.perf_counter() - t0:6.1f} s] {e.line()}", flush=True)])
             seeds = [] if args.cold else neighbour_seeds(p, stored, dev.env)
-            t0 = time.perf_counter()
-            result = tuner.tune(p, progress=lambda msg: print(f"  [{time.perf_counter() - t0:6.1f} s] {msg}",
-                                                               flush=True), seeds=seeds)
+            t0 = time.perf_counter()  # (read by the listener above, which runs only inside tune)
+            result = tuner.tune(p, seeds=seeds)
             wall = time.perf_counter() - t0
             stored.append({"problem": p.as_dict(), "env": dev.env, "family": result.family, "config": result.config})
             ws = Workspace(p, device)  # fresh data for the final comparison

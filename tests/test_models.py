@@ -4,6 +4,7 @@ deduplication and report with a fake tuning step."""
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -211,7 +212,17 @@ def test_tune_model_on_cpu_inputs_says_move_to_gpu():
         bagf_torch.tune_model(_two_branch_model(), torch.randn(1, 3, 8, 8), progress=False)
 
 
-def test_parse_trial_reads_the_tuner_progress_line():
-    assert pretune._parse_trial("implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4: ok 12.5 us") == ("ok", 12.5)
-    assert pretune._parse_trial("implicit_gemm_bm64_bn64_bk8_tm4_tn4_db1_v4: compile ") == ("compile", None)
-    assert pretune._parse_trial("") == ("?", None)
+def test_progress_listener_reports_cudnn_then_every_candidate():
+    from bagf_torch.kernels import implicit_gemm as ig
+    from bagf_torch.tuning.common import Outcome, TrialEvent
+
+    calls = []
+    progress = types.SimpleNamespace(cudnn=lambda t: calls.append(("cudnn", t)),
+                                     trial=lambda status, t: calls.append((status, t)))
+    listen = pretune._ProgressListener(progress)
+    config = dict(ig.DEFAULT)
+    listen(TrialEvent("aten", None, Outcome("ok", time_us=20.0), "cuDNN", "baseline"))
+    listen(TrialEvent(ig.FAMILY, config, Outcome("ok", time_us=12.5), ig.name(config), "start"))
+    listen(TrialEvent(ig.FAMILY, config, Outcome("compile", detail="error"), ig.name(config), "search"))
+    listen(TrialEvent("aten", None, Outcome("launch", detail="no cuDNN"), "cuDNN", "baseline"))
+    assert calls == [("cudnn", 20.0), ("ok", 12.5), ("compile", None)]  # a failed baseline shows nothing

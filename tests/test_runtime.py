@@ -102,6 +102,19 @@ def test_a_cache_that_cannot_store_trials_does_not_stop_the_tuning(fake_device, 
     assert len(lines) == 1 and "_Journal" in lines[0] and "disk full" in lines[0]
 
 
+def test_pretune_feeds_the_progress_bar_from_the_tuners_trials(fake_device):
+    from bagf_torch import pretune
+
+    calls = []
+    progress = types.SimpleNamespace(cudnn=lambda t: calls.append(("cudnn", t)),
+                                     trial=lambda status, t: calls.append((status, t)))
+    rt = runtime.get()
+    key, row, tuned_now = rt.pretune(P, 0, listeners=[pretune._ProgressListener(progress)])
+    trials = rt.results[-1].trials
+    assert tuned_now and calls[0] == ("cudnn", 100.0)
+    assert calls[1:] == [(t.outcome.status, t.outcome.time_us) for t in trials[1:]]
+
+
 def test_tune_disabled_serves_aten_without_tuning(fake_device, monkeypatch, caplog):
     monkeypatch.setenv("BAGF_TUNE", "0")
     monkeypatch.setenv("BAGF_LOG", "info")  # the untuned-problem line is INFO: serving with BAGF_TUNE=0 is normal

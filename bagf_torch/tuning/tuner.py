@@ -472,8 +472,7 @@ class Tuner:
             out.append(o)
         return len(out)
 
-    def tune(self, problem: ConvProblem, progress: Callable[[str], None] | None = None,
-             seeds: Sequence[tuple[str, Config]] = ()) -> TuneResult:
+    def tune(self, problem: ConvProblem, seeds: Sequence[tuple[str, Config]] = ()) -> TuneResult:
         """Tune ``problem``. ``seeds`` are ``(family, config)`` pairs measured right after the families' start
         points (warm start: winners of neighbouring problems, ``tuning.warmstart``); a seed of a family this
         tuner does not search, or invalid in its space, is skipped. They count against the budget.
@@ -485,7 +484,7 @@ class Tuner:
         with tuning_context():
             self._live: dict[tuple, int] = {}  # loaded candidates of this run (what an error must unload)
             try:
-                return self._tune(problem, progress, seeds)
+                return self._tune(problem, seeds)
             except BaseException:
                 for h in self._live.values():
                     with contextlib.suppress(Exception):
@@ -494,7 +493,7 @@ class Tuner:
             finally:
                 self._live = {}
 
-    def _tune(self, problem: ConvProblem, progress, seeds) -> TuneResult:
+    def _tune(self, problem: ConvProblem, seeds) -> TuneResult:
         clock = self.clock
         t_start = clock()
         deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds,
@@ -550,9 +549,6 @@ class Tuner:
                 for c, o in zip(fresh, out):
                     done[(family.FAMILY, config_key(c))] = o
                     trials.append(Trial(family.FAMILY, dict(c), o))
-                    if progress is not None:
-                        progress(f"{family.name(c)}: {o.status} "
-                                 f"{'' if o.time_us is None else f'{o.time_us:.1f} us'}")
                 if cut:
                     raise BudgetSpent(f"{family.FAMILY}: the time budget leaves no room for the rest of the batch")
                 return [done[k] for k in keys]
