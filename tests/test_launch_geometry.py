@@ -257,11 +257,13 @@ def _host_values(fam, config) -> tuple[int, ...]:
     return tuple(getattr(geo, name) for name in OLD_ORDER)
 
 
-def test_the_recording_covers_every_family():
-    assert set(OLD) == set(FAMILIES)
+def test_the_recording_covers_the_families_it_was_taken_from():
+    """The six families of the recording are all registered (a family added later has no old values)."""
+    assert set(OLD) == {"implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_tc", "winograd_gemm", "direct"}
+    assert set(OLD) <= set(FAMILIES)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(OLD))
 def test_launch_geometry_is_unchanged(family):
     """DEFAULT first, then the sample: each still valid, each with the host values it had."""
     fam = FAMILIES[family]
