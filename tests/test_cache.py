@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -306,6 +307,144 @@ def test_forked_child_uses_its_own_connection(cache_dir):
         child.join(timeout=60)
         assert child.exitcode == 0
         assert {p["key"] for p in cache.plans()} == {"parent", "child", "parent2"}
+
+
+# ---- the WAL at rest --------------------------------------------------------------------------------
+#
+# SQLite cannot tell which database a -wal file belongs to: a cache file copied over one whose -wal still
+# holds committed frames reads as the old file's pages laid over the new one. So no write leaves
+# committed frames in the WAL once it has returned (Cache._write checkpoints), and copying a cache at rest
+# over another is safe.
+
+
+def _wal_size(path: Path) -> int:
+    wal = path.with_name(path.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+_WRITE_THEN_HANG = """
+import time
+cache = Cache(path)  # never closed: killed below, so its -wal and -shm stay where they are
+for i in range(20):
+    cache.put_plan(f"x{i}", **plan_kwargs(i))
+    cache.add_trials(f"x{i}", [trial(i)])
+written.set()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("writer", ["open", "killed"])
+def test_a_cache_copied_over_a_writers_file_reads_as_the_copy(cache_dir, warnings_log, writer):
+    path = default_cache_path(cache_dir)
+    live = None
+    if writer == "open":  # X's writer is still running, its connection open
+        live = Cache(path)
+        for i in range(20):
+            live.put_plan(f"x{i}", **plan_kwargs(evaluations=i))
+            live.add_trials(f"x{i}", [trial(i)])
+    else:  # X's writer was killed with -9 after its writes returned
+        ctx = multiprocessing.get_context("spawn")
+        written = ctx.Event()
+        child = _spawn(ctx, _WRITE_THEN_HANG, path=str(path), written=written)
+        child.start()
+        assert written.wait(60), "the writer did not get going"
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    try:
+        with Cache(cache_dir / "y" / CACHE_FILENAME) as other:  # Y: another valid cache with its own plans
+            other.put_plan("y0", **plan_kwargs(evaluations=100))
+            other.put_plan("y1", **plan_kwargs(evaluations=101))
+        shutil.copyfile(cache_dir / "y" / CACHE_FILENAME, path)
+        assert path.with_name(path.name + "-wal").exists()  # X's -wal is left in place
+
+        with Cache(path) as fresh:
+            assert not fresh.in_memory
+            assert {p["key"]: p["evaluations"] for p in fresh.plans()} == {"y0": 100, "y1": 101}
+            assert fresh.trials("x0") == []
+    finally:
+        if live is not None:
+            live.close()
+    assert warnings_log == []
+
+
+def test_the_wal_is_empty_at_rest_after_every_kind_of_write(cache_dir, tmp_path):
+    path = default_cache_path(cache_dir)
+    with Cache(cache_dir / "source.sqlite") as source:
+        source.put_plan(_key(), **plan_kwargs(family="aten", config=None))
+        source.export(tmp_path / "export.json")
+    with Cache(path) as cache:
+        assert _wal_size(path) == 0  # creating the tables is a write too
+        writes = [
+            lambda: cache.put_plan("k", **plan_kwargs()),
+            lambda: cache.add_trials("k", [trial(0), trial(1)]),
+            lambda: cache.put_cubin("d", "n", "ln", os.urandom(100_000)),
+            lambda: cache.claim("k", "me", 60.0),
+            lambda: cache.heartbeat("k", "me", 60.0),
+            lambda: cache.release("k", "me"),
+            lambda: cache.import_(tmp_path / "export.json", env=ENV),
+            lambda: cache.clear(),
+        ]
+        for write in writes:
+            write()
+            assert _wal_size(path) == 0
+        assert cache.plans() == []
+
+
+def test_a_checkpoint_blocked_by_a_reader_neither_waits_nor_loses_the_write(cache_dir, warnings_log):
+    path = default_cache_path(cache_dir)
+    with Cache(path) as cache:
+        cache.put_plan("before", **plan_kwargs())
+        # Another program's connection: its commit stays in the WAL (it does not checkpoint), and a read
+        # transaction begun after it reads that frame, so a checkpoint cannot reset the WAL under it.
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("INSERT INTO claims (key, owner, expires) VALUES ('x', 'someone', 0)")
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT COUNT(*) FROM claims").fetchone() == (1,)
+        start = time.monotonic()
+        assert cache.put_plan("during", **plan_kwargs())  # no exception...
+        assert time.monotonic() - start < 5  # ...and no wait of BUSY_TIMEOUT_MS for the reader
+        assert _wal_size(path) > 0  # the frames stay until a checkpoint can finish
+        reader.execute("COMMIT")
+        cache.add_trials("during", [trial(0)])  # the next write's checkpoint catches up
+        assert _wal_size(path) == 0
+        reader.close()
+        other.close()
+    with Cache(path) as reopened:
+        assert {p["key"] for p in reopened.plans()} == {"before", "during"}
+        assert len(reopened.trials("during")) == 1
+    assert warnings_log == []
+
+
+class _CheckpointFails:
+    """A connection whose checkpoints fail with ``error`` (say an I/O error writing the database file);
+    everything else goes to the real connection."""
+
+    def __init__(self, conn, error):
+        self.conn = conn
+        self.error = error
+
+    def execute(self, sql, *args):
+        if "wal_checkpoint" in sql:
+            raise self.error
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def test_a_failed_checkpoint_keeps_the_committed_write_in_the_file(cache_dir, warnings_log):
+    path = default_cache_path(cache_dir)
+    with Cache(path) as cache:
+        real = cache._conn
+        cache._conn = _CheckpointFails(real, sqlite3.OperationalError("disk I/O error"))
+        assert cache.put_plan("k", **plan_kwargs())  # stored once, in the file: not redone in memory
+        cache.add_trials("k", [trial(0)])
+        assert not cache.in_memory and len(cache.trials("k")) == 1
+        cache._conn = real
+    assert len(warnings_log) == 1 and "disk I/O error" in warnings_log[0].getMessage()
+    with Cache(path) as reopened:
+        assert reopened.get_plan("k") is not None and len(reopened.trials("k")) == 1
 
 
 # ---- damaged files ---------------------------------------------------------------------------------
