@@ -261,14 +261,17 @@ def test_a_file_of_our_version_with_other_tables_is_moved_aside(cache_dir, warni
 
 def test_read_only_copy_includes_what_is_still_in_the_wal(cache_dir, warnings_log, monkeypatch):
     path = default_cache_path(cache_dir)
+    # keep the commit in the WAL, as a process killed between its commit and the checkpoint would
+    monkeypatch.setattr(cache_mod, "_checkpoint", lambda conn: False)
     writer = Cache(path)
-    writer._conn.execute("PRAGMA wal_autocheckpoint = 0")  # keep the commit in the WAL, as a crash would
+    writer._conn.execute("PRAGMA wal_autocheckpoint = 0")
     writer.put_plan("warm", **{k: v for k, v in plan().items() if k not in ("key", "created")})
     snapshot = cache_dir / "ro"
     snapshot.mkdir()
     for suffix in ("", "-wal"):  # the image a read-only deployment would get: file and WAL, no -shm
         shutil.copyfile(str(path) + suffix, snapshot / (path.name + suffix))
     writer.close()
+    assert (snapshot / (path.name + "-wal")).stat().st_size > 0  # the plan is only in the WAL
 
     def refuse(p):
         raise PermissionError(13, "Permission denied", str(p) + ".lock")
