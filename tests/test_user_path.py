@@ -270,6 +270,35 @@ def test_the_time_budget_holds_with_families_that_compile_at_different_speeds(se
     assert {t.family for t in r.trials if t.config is not None} == {tc.FAMILY, implicit_gemm.FAMILY}
 
 
+def test_the_time_budget_holds_for_a_later_problem_whose_start_points_are_cached():
+    """A process tuning a model's problems one after another: the later problems' start points come from the cubin
+    cache (no compile to measure), so the first real compile wave of a slow family is known only from the earlier
+    problems. The compiler's record of wave costs carries it over; without it the second problem ran a whole
+    unforeseen wave past its budget."""
+    from bagf_torch.kernels import implicit_gemm
+
+    clock = FakeClock()
+    tc, rp1, first = _recorded("alexnet_conv3_n1")
+    comp = _CachingCompiler(clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
+    comp.wave_seconds = {}
+    spent = []
+    for name in ("alexnet_conv3_n1", "alexnet_conv4_n1", "alexnet_conv5_n1"):
+        _, rp, problem = _recorded(name)
+        bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.02)
+        recorded, best = bench._t, rp.evaluator().best()[1].time_us
+        bench._t = lambda h, recorded=recorded, best=best: (
+            recorded(h) if h == ATEN or comp.family_of[h] == tc.FAMILY
+            else 1.3 * best + sum(comp.configs[h].values()) % 7)
+        tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None,
+                      [implicit_gemm, tc], strategy="random", budget=Budget(200, 5.0), seed=0, clock=clock)
+        t0 = clock()
+        r = tuner.tune(problem)
+        spent.append(clock() - t0)
+        assert r.evaluations > 2, (name, r.evaluations)
+    assert max(spent) <= 5.0 + 0.1, spent
+    assert set(comp.wave_seconds) == {tc.FAMILY, implicit_gemm.FAMILY}
+
+
 def test_finalists_are_retimed_in_the_reserve_left_for_them():
     tc, rp, problem = _recorded()
     clock = FakeClock()

@@ -111,6 +111,9 @@ class KernelCompiler:
         # NVRTC failures of this process by digest (they are not cached on disk): a start point that failed in
         # ``prefetch`` is not compiled a second time by ``compile``.
         self._failures: dict[str, Outcome] = {}
+        # family -> seconds of one wave of parallel compiles, as the tuner has seen them in this process (its time
+        # budget reads and updates this record, see tuning.tuner._Deadline)
+        self.wave_seconds: dict[str, float] = {}
 
     def digest(self, family: ModuleType, config: Mapping[str, int]) -> str:
         """The cache digest of one configuration's cubin on this device."""

@@ -69,13 +69,18 @@ class _Deadline:
     MAX_ROUNDS = 5
     RESERVE_FRACTION = 0.2
 
-    def __init__(self, clock: Callable[[], float], end: float, seconds: float, workers: int, finalists: int):
+    def __init__(self, clock: Callable[[], float], end: float, seconds: float, workers: int, finalists: int,
+                 waves: dict[str, float] | None = None):
         self.clock = clock
         self.end = end
         self.seconds = seconds
         self.workers = workers
         self.finalists = finalists
-        self.wave_s: dict[str, float] = {}  # family -> one wave of parallel NVRTC compiles
+        # family -> one wave of parallel NVRTC compiles. ``waves`` is the compiler's own record, kept across the
+        # problems a process tunes: a later problem's start points come from the cubin cache, so its tuning
+        # would otherwise see its first real compile wave only when it had already run past the budget (on the
+        # H200 a wave of winograd_gemm's wgmma kernels took AlexNet conv5 at N=32 to 10.8 s of a 5 s budget).
+        self.wave_s: dict[str, float] = waves if waves is not None else {}
         self.eval_s: dict[str, float] = {}  # family -> check + timing of one compiled candidate
         self.time_s: float | None = None    # one timing of a candidate that ran (what the re-timing repeats)
 
@@ -497,7 +502,8 @@ class Tuner:
         clock = self.clock
         t_start = clock()
         deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds,
-                             workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)), finalists=self.finalists)
+                             workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)), finalists=self.finalists,
+                             waves=getattr(self.compiler, "wave_seconds", None))
         families = self.families_for(problem)
         # where the seconds go; they add up to ``seconds``: setup (float64 reference, cuDNN's baseline), compile,
         # check, measure (the search's timings), strategy (its own thinking), finalists (the re-timing)
