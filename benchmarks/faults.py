@@ -256,9 +256,12 @@ def main(argv: list[str] | None = None) -> int:
 
         import torch
 
+        from bench_overhead import command_line, git_commit  # (a sibling script: its run metadata helpers)
+
         meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                "python": platform.python_version()}
+                "python": platform.python_version(), "commit": git_commit(),
+                "command": command_line("faults.py", sys.argv[1:] if argv is None else argv)}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0 if all(not r["status"].startswith(("FAIL", "NO")) for r in rows) else 1
 
