@@ -225,7 +225,7 @@ class _CachingCompiler(_Compiler):
         if misses:
             self.clock.advance(max(self.wave_s[f.FAMILY] for f, _ in misses) * math.ceil(len(misses) / self.workers))
         self.cached.update((f.FAMILY, config_key(c)) for f, c in misses)
-        return len(misses)
+        return {f.FAMILY: self.wave_s[f.FAMILY] for f, _ in misses}
 
     def compile(self, family, configs):
         misses = [c for c in configs if (family.FAMILY, config_key(c)) not in self.cached]
@@ -297,6 +297,58 @@ def test_the_time_budget_holds_for_a_later_problem_whose_start_points_are_cached
         assert r.evaluations > 2, (name, r.evaluations)
     assert max(spent) <= 5.0 + 0.1, spent
     assert set(comp.wave_seconds) == {tc.FAMILY, implicit_gemm.FAMILY}
+
+
+def _two_family_tuner(comp, clock, rp, seconds, tc):
+    from bagf_torch.kernels import implicit_gemm
+
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.02)
+    recorded, best = bench._t, rp.evaluator().best()[1].time_us
+    bench._t = lambda h: (recorded(h) if h == ATEN or comp.family_of[h] == tc.FAMILY
+                          else 1.3 * best + sum(comp.configs[h].values()) % 7)
+    return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None,
+                 [implicit_gemm, tc], strategy="random", budget=Budget(200, seconds), seed=0, clock=clock)
+
+
+def test_a_prefetch_wave_teaches_only_the_families_it_compiled():
+    """The slow family's start point is in the cubin cache, the fast family's is compiled in the prefetch wave:
+    that wave says what the fast family costs, nothing about the slow one, whose recorded cost must stand (it
+    was overwritten with the fast family's, and the slow family's next wave ran 4 s past an 8 s budget)."""
+    from bagf_torch.kernels import implicit_gemm
+
+    clock = FakeClock()
+    tc, rp, problem = _recorded()
+    comp = _CachingCompiler(clock, {tc.FAMILY: 6.0, implicit_gemm.FAMILY: 0.3})
+    comp.wave_seconds = {tc.FAMILY: 6.0}  # what earlier problems of this process measured
+    tuner = _two_family_tuner(comp, clock, rp, 8.0, tc)
+    comp.cached.add((tc.FAMILY, config_key(tuner.start_config(tc, problem))))
+    t0 = clock()
+    tuner.tune(problem)
+    assert clock() - t0 <= 8.0 + 0.1
+    assert comp.wave_seconds[tc.FAMILY] >= 6.0 and comp.wave_seconds[implicit_gemm.FAMILY] == pytest.approx(0.3, 0.1)
+
+
+def test_cached_warm_start_seeds_are_measured_and_leave_the_finalists_their_reserve():
+    """Warm-start seeds are winners of neighbouring problems, so their cubins are cached: prefetched with the start
+    points they cost no compile in the budget's eyes (charged a whole slow wave each, every seed was refused), and
+    the start points and seeds stop where the search would, before the finalists' reserve (they could run to the
+    very end of the budget, and the re-timing after them past it)."""
+    clock = FakeClock()
+    tc, rp, problem = _recorded()
+    comp = _CachingCompiler(clock, {tc.FAMILY: 6.0})
+    comp.wave_seconds = {tc.FAMILY: 6.0}
+    valid = tc.space().valid_configs()
+    seeds = [(tc.FAMILY, c) for c in valid[:: max(1, len(valid) // 20)][:20]]
+    comp.cached.update((tc.FAMILY, config_key(c)) for _, c in seeds)
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.3)
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
+                  strategy="random", budget=Budget(200, 5.0), seed=0, clock=clock)
+    comp.cached.add((tc.FAMILY, config_key(tuner.start_config(tc, problem))))
+    t0 = clock()
+    r = tuner.tune(problem, seeds=seeds)
+    assert clock() - t0 <= 5.0 + 0.1
+    assert sum(1 for t in r.trials if t.config is not None) >= 4  # the start point and seeds were measured
+    assert r.phases["finalists"] >= 6 * 0.3  # one round of re-timing (five finalists and cuDNN) fitted in
 
 
 def test_finalists_are_retimed_in_the_reserve_left_for_them():

@@ -167,17 +167,22 @@ class KernelCompiler:
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
 
-    def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> int:
+    def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> dict[str, float]:
         """Compile the cubins of several families' configurations into the cache in parallel, loading none:
         the tuner's start points, one per family, would otherwise compile one family at a time. Failures are
-        left for ``compile`` to report. Returns how many NVRTC compiles ran (cache hits not counted)."""
+        left for ``compile`` to report. Returns, per family, the longest NVRTC compile of its configurations that
+        succeeded now (families whose cubins came from the cache, or failed, are absent)."""
         specs = [KernelSpec(family, dict(c), self.arch) for family, c in items]
         if len(specs) > 1 and self.workers > 1:
             with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
                 got = list(pool.map(self._cubin, specs))
         else:
             got = [self._cubin(spec) for spec in specs]
-        return sum(1 for g in got if isinstance(g, Outcome) or g[2] > 0)
+        compiled: dict[str, float] = {}
+        for spec, g in zip(specs, got):
+            if not isinstance(g, Outcome) and g[2] > 0:
+                compiled[spec.family.FAMILY] = max(compiled.get(spec.family.FAMILY, 0.0), g[2])
+        return compiled
 
     def build(self, family: ModuleType, configs: Sequence[Config]) -> list[str | None]:
         """Compile every config with NVRTC from our own kernel sources into the cache, without loading it

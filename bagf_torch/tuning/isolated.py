@@ -75,6 +75,7 @@ class Proxy:
     config: dict
     registers: int = 0
     local_bytes: int = 0
+    compile_seconds: float = 0.0  # NVRTC seconds in the worker (0: its cubin came from the cache)
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,8 @@ def _worker_main(conn, device: int, backend_spec: str, parent_pid: int) -> None:
                             results[h] = b
                         else:
                             handles[h] = b.handle
-                            results[h] = (getattr(b, "registers", 0), getattr(b, "local_bytes", 0))
+                            results[h] = (getattr(b, "registers", 0), getattr(b, "local_bytes", 0),
+                                          getattr(b, "compile_seconds", 0.0))
                 reply = ("ok", [results[h] for h, _, _ in specs])
             elif op == "unload":
                 for h in args[0]:

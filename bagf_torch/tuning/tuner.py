@@ -229,13 +229,13 @@ class _Search:
 
 
 def _compiles(built: Sequence) -> int:
-    """How many of a batch's candidates were compiled by NVRTC now (a compile error included), not loaded from
-    the cubin cache; a compiler that does not say (``compile_seconds``) is taken to have compiled each."""
+    """How many of a batch's candidates NVRTC compiled now, not loaded from the cubin cache; a compiler that does
+    not say (``compile_seconds``) is taken to have compiled each. Compile errors are not counted: a failure the
+    compiler remembers comes back at once, and counting it would pull the estimate toward zero (its time, when
+    NVRTC did run, stays in the batch's seconds, so the estimate errs high)."""
     n = 0
     for b in built:
-        if isinstance(b, Outcome):
-            n += b.status == "compile"
-        else:
+        if not isinstance(b, Outcome):
             s = getattr(b, "compile_seconds", None)
             n += s is None or s > 0
     return n
@@ -465,11 +465,12 @@ class Tuner:
             t1 = clock()
             cutoff = self.cutoff_factor * best[0] if best[0] < float("inf") else None
             o = self.bench.measure(ws, b.handle, cutoff)
+            timing = clock() - t1  # (before the listeners: the re-timing the estimate is for tells nobody)
             self._tell(family.FAMILY, c, o, family.name(c), phase)
             phases["measure"] += clock() - t1
             deadline.evaluated(family.FAMILY, clock() - t)
             if o.ok:
-                deadline.timed(clock() - t1)
+                deadline.timed(timing)
                 handles[(family.FAMILY, config_key(c))] = b.handle
                 best[0] = min(best[0], o.time_us)
             else:
@@ -561,19 +562,27 @@ class Tuner:
             return evaluate
 
         starts = {fam.FAMILY: self.start_config(fam, problem) for fam in families}
+        by_name = {f.FAMILY: f for f in families}
+        seed_list = [(name, dict(config)) for name, config in seeds if name in by_name
+                     and self.spaces[name].is_valid(config) and config_key(config) != config_key(starts[name])
+                     and (getattr(by_name[name], "problem_rule", None) is None
+                          or not by_name[name].problem_rule(config, problem))]
+        items = [(fam, starts[fam.FAMILY]) for fam in families] + [(by_name[n], c) for n, c in seed_list]
         prefetch = getattr(self.compiler, "prefetch", None)
-        if prefetch is not None and len(families) > 1:
-            # Every family's start point is compiled up front in parallel (the cubins land in the cache, so the
-            # per-family compile below is a load): one compile wave instead of one per family.
+        if prefetch is not None and len(items) > 1:
+            # Every family's start point and the warm-start seeds are compiled up front in parallel (the cubins
+            # land in the cache, so their compiles below are loads): one compile wave instead of one per family.
+            # The seeds are winners of neighbouring problems, usually in the cache already: then this costs nothing,
+            # and the budget knows they need no compile.
             t = clock()
-            compiles = prefetch([(fam, starts[fam.FAMILY]) for fam in families])
-            prefetched.update((fam.FAMILY, config_key(starts[fam.FAMILY])) for fam in families)
+            compiled = prefetch(items)
+            prefetched.update((fam.FAMILY, config_key(c)) for fam, c in items)
             phases["compile"] += clock() - t
-            # one wave, as slow as its slowest family: every family's first estimate (an upper one)
-            deadline.compiled([f.FAMILY for f in families], len(families) if compiles is None else compiles,
-                              clock() - t)
+            for name, seconds in (compiled or {}).items():  # each family's NVRTC time in that wave
+                deadline.compiled([name], 1, seconds)
         defaults: dict[str, float | None] = {}
         for fam in families:
+            limit[0] = deadline.search_end()  # (the reserve grows with the first timings)
             try:
                 o = evaluator(fam, "start")([starts[fam.FAMILY]])[0]
             except BudgetSpent:
@@ -583,13 +592,13 @@ class Tuner:
         by_name = {f.FAMILY: f for f in families}
         known = dict(defaults)  # each family's best time so far: what its budget share follows
         seeded = 0
-        for fam_name, config in seeds:
+        for fam_name, config in seed_list:
             fam = by_name.get(fam_name)
-            if (fam is None or not self.spaces[fam_name].is_valid(config) or (fam_name, config_key(config)) in done
-                    or (getattr(fam, "problem_rule", None) is not None and fam.problem_rule(config, problem))):
-                continue  # another family's, invalid here, or already measured (e.g. equal to the start point)
+            if fam is None or (fam_name, config_key(config)) in done:
+                continue  # a family left without its start point, or a seed measured already
             if seeded >= max(0, self.budget.evaluations - len(families) - 1):
                 break
+            limit[0] = deadline.search_end()
             try:
                 o = evaluator(fam, "seed")([dict(config)])[0]
             except BudgetSpent:
