@@ -9,8 +9,9 @@ How it stays safe:
 - WAL journal (readers never block the writer) and ``busy_timeout`` (a writer waits for another instead
   of failing with "database is locked"). Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the
   write lock up front, so two processes can never both read, then both try to upgrade, and deadlock.
-- No commit stays in the ``-wal`` once its write has returned: each write is followed by a
-  ``wal_checkpoint(TRUNCATE)``, which copies the WAL into the file and cuts the ``-wal`` to 0 bytes. SQLite
+- Each write is followed by a ``wal_checkpoint(TRUNCATE)``, which copies the WAL into the file and cuts the
+  ``-wal`` to 0 bytes (unless another connection holds it up past ``CHECKPOINT_WAIT_MS``: then the next
+  write's checkpoint catches up). SQLite
   cannot tell which database a ``-wal`` belongs to: a cache file copied over one whose ``-wal`` still holds
   commits reads as the old file's pages laid over the copy (the old file's plans, not the copy's, in
   test_a_cache_copied_over_a_writers_file_reads_as_the_copy). A cache at rest is its file alone.

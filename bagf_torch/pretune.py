@@ -281,7 +281,8 @@ def make_record(key: str, plan: dict, *, cubins: Sequence[dict] = (), trials: Se
                 cached: bool = False, rank: int = 0, wall_seconds: float | None = None,
                 phases: dict | None = None) -> Record:
     """A Record from a plan (a cache row or the same fields). ``wall_seconds``: the tuning step's wall time in
-    this process; ``phases``: the tuner's seconds per phase (compile, check, measure, strategy)."""
+    this process; ``phases``: the tuner's seconds per phase (setup, compile, check, measure, strategy,
+    finalists)."""
     fields = ("problem", "env", "family", "config", "time_us", "aten_us", "default_us", "evaluations",
               "tune_seconds", "cubin_digests")
     record = {f: plan[f] for f in fields}

@@ -244,7 +244,8 @@ def main(argv=None) -> int:
             lines += ["", "First-call tuning against the recorded optimum: the best configuration of the "
                       "complete recording (benchmarks/data) is re-timed in the same interleaved rounds; fraction = "
                       "min(optimum kernel, cuDNN) / tuned (the tuner may keep cuDNN). Tune s is the whole first "
-                      "call: compile, check, measure, strategy.", "",
+                      "call: setup (float64 reference, cuDNN's baseline), compile, check, measure, strategy, finalists (the "
+                      "re-timing).", "",
                       "| layer | N | tuned us | recorded optimum | optimum us (this run) | fraction | tune s | seeds | phases s |",
                       "|---|---|---|---|---|---|---|---|---|"]
             for r in with_opt:

@@ -20,7 +20,8 @@
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
-#   the fault matrix in the background beside the tests stage, and every stage that times something waits for it.
+#   the fault matrix in the background beside the tests stage, and every later stage but sanitize waits for it (on
+#   2+ GPUs the matrix runs on the last GPU anyway).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
 #   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
@@ -87,7 +88,7 @@ run_faults() {
 run_bench() {
   timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" "${bench_args[@]}" > "$OUT/bench.log" 2>&1
 }
-bg_pid=""
+bg_pid="" alongside=""
 if [ "$NGPU" -ge 2 ] && { has faults || has bench; }; then
   # faults, then the layer benchmark, on the last GPU, alongside the GPU-0 stages below
   ( export CUDA_VISIBLE_DEVICES=$((NGPU - 1)); bad=0
@@ -100,15 +101,16 @@ elif has faults && [ -n "${FAULTS_ALONGSIDE:-}" ]; then
   # one GPU: the fault matrix (correctness, not timing) beside the tests stage; the timing stages below wait for it
   ( BAGF_CACHE_DIR=/tmp/bagf_cache_faults run_faults ) &
   bg_pid=$!
+  alongside=1
 elif has faults; then
   run_faults || rc=1
   tail -n 22 "$OUT/faults.log"
 fi
 wait_alongside() {  # before a stage that times anything: nothing else may share the GPU
-  if [ -n "$bg_pid" ] && [ -n "${FAULTS_ALONGSIDE:-}" ]; then
+  if [ -n "$alongside" ]; then
     wait "$bg_pid" || rc=1
     tail -n 22 "$OUT/faults.log"
-    bg_pid=""
+    bg_pid="" alongside=""
   fi
 }
 if has alexnet; then
@@ -129,32 +131,37 @@ if has tests; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has gemmprobe; then
+  wait_alongside
   # shellcheck disable=SC2086  # GEMMPROBE_ARGS is a list of arguments
   timeout ${GEMMPROBE_TIMEOUT:-240} python3 benchmarks/probes/gemm_wgmma_probe.py --out "$OUT" ${GEMMPROBE_ARGS:-} \
     > "$OUT/gemmprobe.log" 2>&1 || rc=1
   grep -E "^correct|^\| conv" "$OUT/gemmprobe.log"
 fi
 if has bench2; then
+  wait_alongside
   # shellcheck disable=SC2086  # BENCH2_ARGS is a list of arguments
   BAGF_CACHE_DIR=/tmp/bagf_cache_bench2 timeout ${BENCH2_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" \
     ${BENCH2_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench2.log"
 fi
 if has record; then
+  wait_alongside
   # shellcheck disable=SC2086  # RECORD_ARGS is a list of arguments
   timeout ${RECORD_TIMEOUT:-400} python3 benchmarks/record_space.py ${RECORD_ARGS:-} > "$OUT/record.log" 2>&1 || rc=1
   grep -vE "^  " "$OUT/record.log" | tail -n 40
 fi
 if has precision; then
+  wait_alongside
   timeout 240 python3 benchmarks/probes/cudnn_precision.py --out "$OUT" 2>&1 | tee "$OUT/precision.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has bench && { [ -z "$bg_pid" ] || [ -n "${FAULTS_ALONGSIDE:-}" ]; }; then
-  wait_alongside
+has bench && wait_alongside
+if has bench && [ -z "$bg_pid" ]; then
   run_bench || rc=1
   tail -n 40 "$OUT/bench.log"
 fi
 if has profile; then
+  wait_alongside
   # shellcheck disable=SC2086  # PROFILE_ARGS is a list of arguments (e.g. "--macro BAGF_TC_SPLIT --values 0,1,2")
   { timeout ${PROFILE_TIMEOUT:-200} python3 benchmarks/probes/profile_tc.py --out "$OUT" ${PROFILE_ARGS:-}
     [ "${PROFILE_NCU:-1}" = 1 ] && timeout 150 ncu --clock-control none --kernel-name regex:implicit_gemm_tc --section SpeedOfLight \
@@ -164,18 +171,21 @@ if has profile; then
   grep -E "passes=|split=|cuDNN" "$OUT/profile.log" | head -80
 fi
 if has wgprofile; then
+  wait_alongside
   # shellcheck disable=SC2086  # WGPROFILE_ARGS is a list of arguments
   timeout ${WGPROFILE_TIMEOUT:-200} python3 benchmarks/probes/profile_winograd_gemm.py --out "$OUT" ${WGPROFILE_ARGS:-} \
     > "$OUT/wgprofile.log" 2>&1 || rc=1
   tail -n 25 "$OUT/wgprofile.log"
 fi
 if has hostfloor; then
+  wait_alongside
   # shellcheck disable=SC2086  # HOSTFLOOR_ARGS is a list of arguments
   timeout ${HOSTFLOOR_TIMEOUT:-200} python3 benchmarks/host_floor.py --out "$OUT" ${HOSTFLOOR_ARGS:-} \
     > "$OUT/hostfloor.log" 2>&1 || rc=1
   tail -n 15 "$OUT/hostfloor.log"
 fi
 if has contexts; then
+  wait_alongside
   timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/probes/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
     2>&1 | tee "$OUT/contexts.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -1,15 +1,13 @@
-"""Each family hands the host the launch geometry it handed before the geometry became one typed object.
+"""Each family hands the host exactly the launch values listed here, for a sample of its configurations.
 
-``OLD`` was recorded from the dict-based code: for every family, its DEFAULT, ``random.Random(0).sample`` of 12
-of ``space().valid_configs()``, and the configurations that set the rarer fields (winograd_gemm's GEMM kinds,
+``EXPECTED`` holds, for every family, its DEFAULT, ``random.Random(0).sample`` of 12 of
+``space().valid_configs()``, and the configurations that set the rarer fields (winograd_gemm's GEMM kinds,
 staging and layouts at MT = 5, TB = 128; direct's specialised geometries G = 1-4), each with the 17 integers
-``KernelCompiler._load`` passed to the extension's ``load_plan`` after the cubin, name and device: the family's
-``launch(config)`` dict unpacked as ``geo["bm"], geo["bn"], geo["threads"], geo["smem"], geo.get("split", 1),
-geo.get("tile", 1)``, then ``tile_w, smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm, gemm_bn,
-gemm_threads, gemm_smem`` with ``geo.get(key, 0)``. The values are literals here, so the comparison does not
-depend on the code under test. The tests below OLD check that the host receives those values: the compiler's
-one conversion (``LaunchGeometry.to_host``), and csrc/bagf_ext.cpp's struct and pybind11 binding, read as text and
-compiled with the host C++ compiler.
+the host's ``load_plan`` receives in its ``LaunchGeometry``, in ``FIELD_ORDER``. They are literals, computed
+once from the families' launch rules (bm, bn, threads and smem always given; split and tile 1 and every other
+field 0 unless a family sets them), so the comparison does not depend on the code under test. The tests below
+check that the host receives those values: the compiler's one conversion (``LaunchGeometry.to_host``), and
+csrc/bagf_ext.cpp's struct and pybind11 binding, read as text and compiled with the host C++ compiler.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import pytest
 from bagf_torch.kernels import FAMILIES
 from bagf_torch.kernels.geometry import FIELDS, LaunchGeometry
 
-OLD: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
+EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
     'implicit_gemm_tc': [
         ({'BM': 64, 'BN': 64, 'BK': 16, 'WM': 2, 'WN': 2, 'STAGES': 3, 'SPLIT': 1},
          (64, 64, 128, 29184, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
@@ -243,42 +241,42 @@ OLD: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
 """Family -> [(configuration, the values load_plan received in that order)]."""
 
 
-OLD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
+FIELD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
              "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem")
-"""load_plan's old argument names after the device, the order of the tuples above."""
+"""The LaunchGeometry fields in the order of the tuples above."""
 
 EXT_SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "bagf_ext.cpp"
 
 
 def _host_values(fam, config) -> tuple[int, ...]:
-    """What the host receives for ``config``, in load_plan's old argument order."""
+    """What the host receives for ``config``, in FIELD_ORDER."""
     geo = fam.launch(config)
     assert isinstance(geo, LaunchGeometry)
-    return tuple(getattr(geo, name) for name in OLD_ORDER)
+    return tuple(getattr(geo, name) for name in FIELD_ORDER)
 
 
 def test_the_recording_covers_the_families_it_was_taken_from():
-    """The six families of the recording are all registered (a family added later has no old values)."""
-    assert set(OLD) == {"implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_tc", "winograd_gemm", "direct"}
-    assert set(OLD) <= set(FAMILIES)
+    """The six families listed are all registered (a family added later has no entry here)."""
+    assert set(EXPECTED) == {"implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_tc", "winograd_gemm", "direct"}
+    assert set(EXPECTED) <= set(FAMILIES)
 
 
-@pytest.mark.parametrize("family", sorted(OLD))
+@pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_launch_geometry_is_unchanged(family):
     """DEFAULT first, then the sample: each still valid, each with the host values it had."""
     fam = FAMILIES[family]
-    rows = OLD[family]
+    rows = EXPECTED[family]
     assert rows[0][0] == fam.DEFAULT
     space = fam.space()
-    for config, old in rows:
+    for config, want in rows:
         assert space.invalid_reason(config) is None, config
-        assert _host_values(fam, config) == old, config
+        assert _host_values(fam, config) == want, config
 
 
 def test_launch_geometry_fields_defaults_and_types():
-    """The fields are load_plan's old arguments in their order, with the host's defaults; ints only."""
-    assert FIELDS == OLD_ORDER
-    assert LaunchGeometry().as_dict() == {**dict.fromkeys(OLD_ORDER, 0), "split": 1, "tile": 1}
+    """The fields are the host's, in their order, with the host's defaults; ints only."""
+    assert FIELDS == FIELD_ORDER
+    assert LaunchGeometry().as_dict() == {**dict.fromkeys(FIELD_ORDER, 0), "split": 1, "tile": 1}
     geo = LaunchGeometry(bm=np.int64(64), bn=32)
     assert type(geo.bm) is int and geo.bm == 64
     with pytest.raises(TypeError):
@@ -391,9 +389,9 @@ def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
     ext = _build_binding(tmp_path)
     if ext is None:
         pytest.skip("no C++ compiler, Python headers or pybind11 headers here")
-    for family, rows in OLD.items():
-        for config, old in rows:
-            assert ext.held(FAMILIES[family].launch(config).to_host(ext)) == old, (family, config)
+    for family, rows in EXPECTED.items():
+        for config, want in rows:
+            assert ext.held(FAMILIES[family].launch(config).to_host(ext)) == want, (family, config)
     host = ext.LaunchGeometry()
     assert ext.held(host) == tuple(LaunchGeometry().as_dict().values())
     assert {f: getattr(host, f) for f in FIELDS} == LaunchGeometry().as_dict()
