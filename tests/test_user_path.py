@@ -351,6 +351,32 @@ def test_cached_warm_start_seeds_are_measured_and_leave_the_finalists_their_rese
     assert r.phases["finalists"] >= 6 * 0.3  # one round of re-timing (five finalists and cuDNN) fitted in
 
 
+def test_a_cold_process_with_a_short_budget_still_searches(caplog):
+    """Three families, nothing in the cubin cache, an 8 s budget: the start points' wave takes half of it and every
+    family's share of the rest is shorter than its compile wave. Each family's first batch may borrow one wave
+    from the later families' shares, so the search runs (on the H200 the first GPU tuning of a process, under a
+    10 s budget, had stopped at its 6 start points), within the budget, and a family left too little time to
+    set up is not reported as a stalled search."""
+    from bagf_torch.kernels import implicit_gemm, winograd_tc
+
+    clock = FakeClock()
+    tc, rp, problem = _recorded()
+    comp = _CachingCompiler(clock, {tc.FAMILY: 3.0, implicit_gemm.FAMILY: 2.0, winograd_tc.FAMILY: 4.0})
+    comp.wave_seconds = {}
+    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.02)
+    recorded, best = bench._t, rp.evaluator().best()[1].time_us
+    bench._t = lambda h: (recorded(h) if h == ATEN or comp.family_of[h] == tc.FAMILY
+                          else 1.2 * best + sum(comp.configs[h].values()) % 7)
+    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None,
+                  [implicit_gemm, tc, winograd_tc], strategy="random", budget=Budget(200, 8.0), seed=0, clock=clock)
+    t0 = clock()
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        r = tuner.tune(problem)
+    assert clock() - t0 <= 8.0 + 0.1
+    assert r.evaluations >= 3 + 4, r.evaluations  # the start points and at least one batch of the search
+    assert not [rec.getMessage() for rec in caplog.records if "abandoned" in rec.getMessage()]
+
+
 def test_finalists_are_retimed_in_the_reserve_left_for_them():
     tc, rp, problem = _recorded()
     clock = FakeClock()

@@ -194,19 +194,33 @@ class _Search:
     """How long the strategy thread gets to wind up once told the budget is spent, before that counts as a
     stall: at the deadline the wait would otherwise time out at once and call a normal ending abandoned."""
 
-    def run(self, limit: list[float]) -> None:
+    FIRST_REQUEST_S = 1.0
+    """How long the strategy may take to ask for its first batch even past its family's share (never past
+    ``hard_end``): Ax builds its client and experiment first, and a family whose share is shorter than that was
+    otherwise abandoned as stalled before it had asked for anything."""
+
+    def run(self, limit: list[float], hard_end: float = math.inf) -> None:
         thread = threading.Thread(target=self._body, daemon=True, name=f"bagf-search-{self.space.family}")
+        started = self.clock()
+        first_by = max(limit[0], min(hard_end, started + self.FIRST_REQUEST_S))
         thread.start()
         ending = False  # told BudgetSpent: the thread's last message is on its way
+        first = True  # no message from the thread yet
         try:
             while True:
-                left = self.ENDING_GRACE_S if ending else limit[0] - self.clock()
+                left = self.ENDING_GRACE_S if ending else (first_by if first else limit[0]) - self.clock()
+                # The search ends without a stall when the family's time ran out inside the tuner's own evaluation,
+                # or the budget left the strategy less than FIRST_REQUEST_S to set up (it gets BudgetSpent at its
+                # next request, if it makes one).
+                spent = not ending and ((not first and left <= 0)
+                                        or (first and first_by - started < self.FIRST_REQUEST_S))
                 try:
                     kind, payload, reply = self._requests.get(timeout=max(0.0, left) if math.isfinite(left) else None)
                 except queue.Empty:
-                    self.stalled = True
+                    self.stalled = not spent
                     self._abandon()
                     return
+                first = False
                 if kind == "evaluate":
                     try:
                         reply.put(("ok", self.evaluate(payload)))
@@ -526,6 +540,7 @@ class Tuner:
 
         done: dict[tuple, Outcome] = {}
         prefetched: set[tuple] = set()  # (family, config key) compiled up front: loading them costs no compile
+        batched: set[str] = set()  # families whose search has asked for a batch
         limit = [deadline.search_end()]  # the current family's hard end (the evaluator stops a batch there)
 
         def evaluator(family: ModuleType, phase: Phase):
@@ -533,8 +548,17 @@ class Tuner:
                 keys = [(family.FAMILY, config_key(c)) for c in configs]
                 fresh = [c for c, k in zip(configs, keys) if k not in done]  # e.g. the default, proposed again
                 fresh.sort(key=lambda c: (family.FAMILY, config_key(c)) not in prefetched)  # compiled ones first
-                fit = deadline.fits(family.FAMILY, len(fresh), limit[0],
-                                    built=sum((family.FAMILY, config_key(c)) in prefetched for c in fresh))
+                ready = sum((family.FAMILY, config_key(c)) in prefetched for c in fresh)
+                end = limit[0]
+                fit = deadline.fits(family.FAMILY, len(fresh), end, built=ready)
+                if fit == 0 and phase == "search" and family.FAMILY not in batched and end < deadline.search_end():
+                    # A family's first search batch may borrow from the later families' shares, one compile wave at
+                    # most: where a share is shorter than the family's compile wave (a short budget, a cold cubin
+                    # cache) every share would end with nothing and the search would never run.
+                    end = deadline.search_end()
+                    fit = min(deadline.workers, deadline.fits(family.FAMILY, len(fresh), end, built=ready))
+                if phase == "search":
+                    batched.add(family.FAMILY)
                 cut = fit < len(fresh)
                 fresh = fresh[:fit]
                 t = clock()
@@ -544,7 +568,7 @@ class Tuner:
                 out: list[Outcome] = []
                 try:
                     measured = self._measure_batch(family, ws, fresh, built, out, handles, best, phases, deadline,
-                                                   limit[0], phase)
+                                                   end, phase)
                 except BaseException:  # a check or timing that raised: what is loaded and not kept is unloaded
                     for rest in built[len(out):]:
                         if not isinstance(rest, Outcome):
@@ -637,7 +661,7 @@ class Tuner:
                              options, clock)
             with _single_threaded_torch():
                 try:
-                    search.run(limit)
+                    search.run(limit, hard_end=deadline.search_end())
                 except Exception as e:  # the search failing must not fail the user's forward: keep what it measured
                     log.logger().warning(f"{self.strategy} search of {fam.FAMILY} failed on {problem.short()} after "
                                          f"{len(trials) - 1} trials ({type(e).__name__}: {e}); choosing among them")
