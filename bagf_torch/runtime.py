@@ -64,9 +64,7 @@ class _Journal:
         self.key = key
 
     def __call__(self, event: TrialEvent) -> None:
-        o = event.outcome
-        self.cache.add_trials(self.key, [{"family": event.family, "config": event.config, "status": o.status,
-                                          "time_us": o.time_us, "detail": o.detail}])
+        self.cache.add_trials(self.key, [event.as_row()])
 
 
 class _Heartbeat:

@@ -824,3 +824,21 @@ def test_gemm_probe_and_family_agree_on_the_gemm_tiles():
         p = bl.problem(layer, 32)
         c = dict(wgg.DEFAULT, MT=s["MT"])
         assert (s["E"], s["K"], s["C"], s["T"]) == (wgg.points(c), p.k, p.c, wgg.tiles(c, p))
+
+
+def test_a_configuration_twice_in_one_batch_is_evaluated_once():
+    """The evaluator (and the tuner's listeners and cache journal behind it) sees each configuration once, also
+    when a strategy proposes it twice in one batch; both places get its outcome."""
+    from bagf_torch.kernels.space import Space
+    from bagf_torch.tuning.common import Budget, Objective, Outcome
+
+    asked = []
+
+    def evaluate(cs):
+        asked.extend(dict(c) for c in cs)
+        return [Outcome("ok", float(c["a"])) for c in cs]
+
+    objective = Objective(Space("demo", {"a": (1, 2, 4)}), evaluate, Budget(10))
+    out = objective([{"a": 2}, {"a": 4}, {"a": 2}])
+    assert asked == [{"a": 2}, {"a": 4}] and objective.spent == 2
+    assert [o.time_us for o in out] == [2.0, 4.0, 2.0]

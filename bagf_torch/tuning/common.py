@@ -63,6 +63,11 @@ class TrialEvent:
     name: str  # the kernel's readable name (``family.name(config)``)
     phase: Phase
 
+    def as_row(self) -> dict:
+        """The trial as the cache stores it (``Cache.add_trials``)."""
+        return {"family": self.family, "config": self.config, "status": self.outcome.status,
+                "time_us": self.outcome.time_us, "detail": self.outcome.detail}
+
     def line(self) -> str:
         """One line for a log or a console: ``"<name>: <status>[ <time> us]"``."""
         time_us = "" if self.outcome.time_us is None else f" {self.outcome.time_us:.1f} us"
@@ -120,9 +125,10 @@ class Objective:
         """Outcomes in the order of ``configs``; None for a config left unevaluated (budget exhausted)."""
         results: dict[tuple, Outcome] = {}
         todo: list[Config] = []
+        queued: set[tuple] = set()  # a configuration twice in one batch is evaluated (and counted) once
         for c in configs:
             key = config_key(c)
-            if key in self._seen or key in results:
+            if key in self._seen or key in results or key in queued:
                 continue
             reason = self.space.invalid_reason(c)
             if reason is not None:
@@ -131,6 +137,7 @@ class Objective:
                 self.trials.append((dict(c), results[key]))
             elif len(todo) < self.remaining:
                 todo.append(dict(c))
+                queued.add(key)
         if todo:
             outcomes = list(self.evaluate(todo))
             if len(outcomes) != len(todo):

@@ -285,10 +285,6 @@ class Trial:
     config: Config | None
     outcome: Outcome
 
-    def as_row(self) -> dict[str, Any]:
-        return {"family": self.family, "config": self.config, "status": self.outcome.status,
-                "time_us": self.outcome.time_us, "detail": self.outcome.detail}
-
 
 @dataclass
 class TuneResult:
