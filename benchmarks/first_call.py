@@ -46,6 +46,7 @@ import argparse
 import copy
 import faulthandler
 import json
+import math
 import os
 import subprocess
 import sys
@@ -428,6 +429,9 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                "whole_allowed_s": whole_allowed, "whole_within": bool(wall <= whole_allowed),
                "search_failed": failures, "source": "tune JSON" if report is not None else "cache (no tune JSON)"}
     summary["pass"] = bool(rc == 0 and rows and all(r["within_budget"] for r in rows) and not failures)
+    speeds = [x for x in (speedup(r) for r in rows) if x is not None]
+    geo = math.exp(sum(math.log(x) for x in speeds) / len(speeds)) if speeds else None
+    summary["geomean_speedup"] = geo
     if args.dry_run:
         for r in rows:
             r["fake"] = True
@@ -446,9 +450,11 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
               "winner), which 'within' judges where the JSON has it; phases s are the tuner's (setup: float64 "
               "reference and cuDNN's baseline; finalists: the re-timing); wall gap s is the time between this "
               "plan's write to the fresh cache and the one before (the first includes the process start, the "
-              "extension load and discovery).", "",
-              "| problem | layers | plan | evals | tune s | wall s | within | phases s | wall gap s | gap within |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "extension load and discovery). plan us and cuDNN us are the tuner's own medians (the winner's re-timing and "
+              "cuDNN's baseline in benchmark mode, same process); x cuDNN is their ratio.", "",
+              "| problem | layers | plan | evals | tune s | wall s | within | phases s | wall gap s | gap within | "
+              "plan us | cuDNN us | x cuDNN |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "-" if r["wall_gap_s"] is None else f"{r['wall_gap_s']:.1f}" + (" (incl. start)" if
                                                                               r["gap_includes_startup"] else "")
@@ -456,18 +462,31 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
         ts = "cached" if r["cached"] else ("-" if r["tune_seconds"] is None else f"{r['tune_seconds']:.1f}")
         ws = "-" if r["wall_seconds"] is None else f"{r['wall_seconds']:.1f}"
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()) or "-"
+        speed = speedup(r)
         lines.append(f"| {r['short']} | {','.join(r['layers']) or '-'} | {str(r['plan']).replace('|', '/')} | "
                      f"{r['evaluations']} | {ts} | {ws} | {'yes' if r['within_budget'] else 'NO'} | {ph} | {gap} | "
-                     f"{gw} |")
+                     f"{gw} | {_us(r.get('time_us'))} | {_us(r.get('aten_us'))} | "
+                     f"{'-' if speed is None else f'{speed:.2f}'} |")
     lines += ["", f"Whole command: {wall:.1f} s wall (rc {rc}{', TIMED OUT' if timed_out else ''}) for {len(tuned)} "
               f"tuned problems; tuning {sum_tune:.1f} s of it, {wall - sum_tune:.1f} s outside the tuner; within "
               f"{len(tuned)} x {allowed_seconds(budget, args):.1f} + {args.startup_allowance:g} s = "
               f"{whole_allowed:.1f} s: {'yes' if summary['whole_within'] else 'NO'}. 'search ... failed' warnings: "
-              f"{len(failures)}. Source of the rows: {summary['source']}.",
+              f"{len(failures)}. Source of the rows: {summary['source']}. Geomean x cuDNN over {len(speeds)} problems: "
+              f"{'-' if geo is None else f'{geo:.3f}'}.",
               "", f"Pass (rc 0, every problem within, no failed search): {'yes' if summary['pass'] else 'NO'}."]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if summary["pass"] else 1
+
+
+def speedup(row: dict) -> float | None:
+    """cuDNN's time over the plan's (the tuner's own medians in the tune JSON), or None where either is missing."""
+    t, a = row.get("time_us"), row.get("aten_us")
+    return a / t if t and a else None
+
+
+def _us(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 # ---- main ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -184,6 +185,10 @@ def test_first_call_alexnet_dry_run(first_call, tmp_path):
     assert all(r["wall_gap_s"] is not None for r in rows)
     assert rows[0]["layers"] == ["features.0"] and rows[0]["short"].startswith("N1 C3 224x224")
     assert stem.with_suffix(".log").is_file() and "DRY RUN" in stem.with_suffix(".md").read_text()
+    speeds = [first_call.speedup(r) for r in rows]
+    assert all(x is not None and x > 0 for x in speeds)
+    assert s["geomean_speedup"] == pytest.approx(math.exp(sum(map(math.log, speeds)) / len(speeds)))
+    assert first_call.speedup({"time_us": None, "aten_us": 3.0}) is None
 
 
 def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
