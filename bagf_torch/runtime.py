@@ -94,10 +94,12 @@ class _Heartbeat:
 class Runtime:
     """Plans for this process. Thread-safe; one tuning at a time per process.
 
+    Where a tuning's trials run is ``Runtime.backend`` (``tuning.backend``: this process, or an isolated worker
+    with ``BAGF_ISOLATE=1``), read from the tuner's backend afterwards: a non-local winner is loaded from the cache.
     ``devices(index) -> _Device`` and ``make_tuner(runtime, device, listeners) -> tuner`` replace the CUDA
-    device and the Tuner, which reports its trials to ``listeners`` (CPU tests drive the whole lookup, claims
-    and background tuning with fakes); by default they are ``Runtime.device`` and ``Runtime.tuner``. Install
-    one with ``runtime.install(Runtime(...))``.
+    device and the Tuner (a Tuner over a replay backend, say), which reports its trials to ``listeners``: CPU
+    tests drive the whole lookup, claims and background tuning this way; by default they are ``Runtime.device``
+    and ``Runtime.tuner``. Install one with ``runtime.install(Runtime(...))``.
     """
 
     def __init__(self, devices: Callable[[int], _Device] | None = None,
@@ -337,22 +339,23 @@ class Runtime:
             return ATEN
         return built.handle
 
+    def backend(self, dev: _Device):
+        """Where the trials of a tuning on ``dev`` run (``tuning.backend``), chosen here and nowhere else: in a
+        child process with ``BAGF_ISOLATE=1`` (``tuning.isolated``; the Tuner and its listeners stay in this
+        process, and the winner is loaded here from the cache), else in this process on ``dev.compiler``."""
+        if settings.isolate():
+            return self._pool(dev).backend()
+        from .tuning.backend import cuda_backend
+
+        return cuda_backend(dev.index, dev.compiler)
+
     def tuner(self, dev: _Device, budget: Budget | None = None, strategy: str | None = None, seed: int | None = None,
-              listeners: Sequence[TrialListener] = (), isolate: bool = False):
-        """The Tuner for ``dev``, reporting its trials to ``listeners``. ``isolate``: compile, check and time
-        candidates in a child process (``tuning.isolated``; the Tuner and its listeners stay in this process);
-        the winner's handle is then the child's, and the caller loads it here."""
-        from .tuning.measure import CudaBenchmarker, CudaChecker, Workspace
+              listeners: Sequence[TrialListener] = (), backend=None):
+        """The Tuner for ``dev``, its trials run by ``backend`` (default: ``self.backend(dev)``), reporting each to
+        ``listeners``."""
         from .tuning.tuner import Tuner
 
-        if isolate:
-            pool = self._pool(dev)
-            compiler, checker, bench, workspace = pool.compiler(), pool.checker(), pool.benchmarker(), pool.workspace
-        else:
-            device = torch.device("cuda", dev.index)
-            compiler, checker, bench = dev.compiler, CudaChecker(dev.compiler.ext), CudaBenchmarker()
-            workspace = lambda p: Workspace(p, device)  # noqa: E731
-        return Tuner(compiler, checker, bench, workspace, families_for(torch.cuda.get_device_capability(dev.index)),
+        return Tuner(backend or self.backend(dev), families_for(torch.cuda.get_device_capability(dev.index)),
                      strategy=strategy or settings.strategy(),
                      budget=budget or Budget(settings.budget_evaluations(), settings.budget_seconds()),
                      seed=settings.seed() if seed is None else seed,
@@ -375,12 +378,12 @@ class Runtime:
         ``self.tuner``; ``listeners`` hear every trial, after the journal has written it to the cache."""
         cache = self.cache()
         listeners = [_Journal(cache, key), *listeners]
-        isolated = settings.isolate() and self._make_tuner is None
         with dev.context(dev.index), _tuning_stream(dev):
             if self._make_tuner is not None:
                 tuner = self._make_tuner(self, dev, listeners)
             else:
-                tuner = self.tuner(dev, listeners=listeners, isolate=isolated, **(tuner_options or {}))
+                tuner = self.tuner(dev, listeners=listeners, **(tuner_options or {}))
+            isolated = not tuner.backend.local  # the winner's handle is another process's
             seeds = neighbour_seeds(problem, cache.plans(), dev.env)  # warm start from stored neighbours
             result = tuner.tune(problem, seeds=seeds)
         self.stats["tuned"] += 1

@@ -15,6 +15,7 @@ from bagf_torch import runtime
 from bagf_torch.kernels import implicit_gemm as ig
 from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
+from bagf_torch.tuning.backend import TrialBackend
 from bagf_torch.tuning.common import Budget, Outcome
 from bagf_torch.tuning.tuner import Tuner
 
@@ -82,9 +83,9 @@ def make_runtime(delay_s=0.0, budget=6, env=None, seed=None, aten_us=100.0):
     dev = runtime._Device(0, dict(env or ENV), comp, context=lambda index: contextlib.nullcontext())
 
     def make_tuner(rt, d, listeners):
-        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None),
-                     ReplayBench(comp, aten_us=aten_us, delay_s=delay_s, seed=seed), lambda p: None, ig,
-                     strategy="random", budget=Budget(budget), seed=0, listeners=listeners)
+        backend = TrialBackend(comp, types.SimpleNamespace(check=lambda ws, h: None),
+                               ReplayBench(comp, aten_us=aten_us, delay_s=delay_s, seed=seed), lambda p: None)
+        return Tuner(backend, ig, strategy="random", budget=Budget(budget), seed=0, listeners=listeners)
 
     rt = runtime.Runtime(devices=lambda index: dev, make_tuner=make_tuner)
     rt.fake_compiler = comp

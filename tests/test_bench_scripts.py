@@ -230,6 +230,7 @@ def _fake_runtime(family: str = "aten", warn_in_inference_mode: bool = False):
     from bagf_torch import log, runtime
     from bagf_torch.kernels import implicit_gemm
     from bagf_torch.ops import ATEN
+    from bagf_torch.tuning.backend import TrialBackend
     from bagf_torch.tuning.tuner import TuneResult
 
     config = None if family == "aten" else dict(implicit_gemm.DEFAULT)

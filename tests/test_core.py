@@ -275,10 +275,11 @@ def test_tuner_searches_only_the_specialisations_of_the_problem():
     """The tuner's search space for the direct family on a problem holds the generic configurations and those
     specialised to the problem's geometry, nothing compiled for another one (they would be refused)."""
     from bagf_torch.kernels import direct as dr
+    from bagf_torch.tuning.backend import TrialBackend
     from bagf_torch.tuning.tuner import Tuner
 
     conv1 = ConvProblem(n=32, c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
-    tuner = Tuner(None, None, None, lambda p: None, dr)
+    tuner = Tuner(TrialBackend(None, None, None, lambda p: None), dr)
     space, cut = tuner.search_space(dr, conv1)
     assert cut is None
     gs = {c["G"] for c in space.valid_configs()}
@@ -294,18 +295,20 @@ def test_tuner_gives_winograd_gemm_the_wgmma_gemm_on_sm90_only():
 
     from bagf_torch.jit.compiler import KernelSpec
     from bagf_torch.kernels import winograd_gemm as wgg
+    from bagf_torch.tuning.backend import TrialBackend
     from bagf_torch.tuning.tuner import Tuner
 
     conv4 = ConvProblem(n=32, c=384, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
     for arch, ges in (("sm_90", set(wgg.PARAMS["GE"])), ("sm_80", set(wgg.PARAMS["GE"]) - set(wgg.WGMMA_GEMMS))):
-        tuner = Tuner(SimpleNamespace(arch=arch), None, None, lambda p: None, wgg, sms=132)
+        tuner = Tuner(TrialBackend(SimpleNamespace(arch=arch), None, None, lambda p: None), wgg, sms=132)
         start = tuner.start_config(wgg, conv4)
         assert start == (dict(wgg.DEFAULT, GE=6, SO=1) if arch == "sm_90" else wgg.DEFAULT)
         space, _ = tuner.search_space(wgg, conv4)
         assert {c["GE"] for c in space.valid_configs()} == ges and space.is_valid(start)
         if arch == "sm_80":
             assert "needs an sm_90 GPU" in space.invalid_reason(dict(wgg.DEFAULT, GE=7))
-    assert Tuner(None, None, None, lambda p: None, wgg).start_config(wgg, conv4) == wgg.DEFAULT  # arch unknown
+    unknown_arch = Tuner(TrialBackend(None, None, None, lambda p: None), wgg)
+    assert unknown_arch.start_config(wgg, conv4) == wgg.DEFAULT
     for ge, target in ((0, "sm_90"), (3, "sm_90"), (6, "sm_90a"), (7, "sm_90a")):
         spec = KernelSpec(wgg, dict(wgg.DEFAULT, GE=ge), "sm_90")
         assert spec.target == target and f"--gpu-architecture={target}" in spec.options()

@@ -510,7 +510,7 @@ def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch, co
     pool = WorkerPool(0, timeout_s=10.0)
     try:
         with Cache.for_dir(cache_dir) as cache:
-            tuner = Tuner(pool.compiler(), pool.checker(), pool.benchmarker(), pool.workspace, ff,
+            tuner = Tuner(pool.backend(), ff,
                           strategy="exhaustive", budget=Budget(5),  # default + 4
                           listeners=[runtime._Journal(cache, "faulty-key")])
             result = tuner.tune(_gpu_problem())

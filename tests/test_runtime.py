@@ -12,6 +12,7 @@ from bagf_torch import runtime
 from bagf_torch.kernels import implicit_gemm as ig
 from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
+from bagf_torch.tuning.backend import TrialBackend
 from bagf_torch.tuning.common import Budget, Outcome
 from bagf_torch.tuning.tuner import Tuner
 from fault_helpers import FakeCompiler  # tests/ is on sys.path (pytest's default prepend import mode)
@@ -44,13 +45,31 @@ def fake_device(monkeypatch):
     dev = runtime._Device(0, ENV, comp)
     monkeypatch.setattr(runtime.Runtime, "device", lambda self, index: dev)
 
-    def tuner(self, d, budget=None, strategy=None, seed=None, listeners=(), isolate=False):
-        return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp), lambda p: None, ig,
-                     strategy="random", budget=Budget(6), seed=0, listeners=listeners)
+    def tuner(self, d, budget=None, strategy=None, seed=None, listeners=(), backend=None):
+        backend = backend or TrialBackend(comp, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(comp),
+                                          lambda p: None)
+        return Tuner(backend, ig, strategy="random", budget=Budget(6), seed=0, listeners=listeners)
 
     monkeypatch.setattr(runtime.Runtime, "tuner", tuner)
     monkeypatch.setattr(runtime.torch.cuda, "device", lambda index: contextlib.nullcontext())
     return comp
+
+
+def test_a_winner_tuned_by_a_backend_of_another_process_is_loaded_here_from_the_cache(monkeypatch, fake_device):
+    """A backend whose handles are not this process's (``local`` False: the isolated worker's) has its winner freed
+    there and loaded here from the stored plan; the runtime asks the tuner's backend, not a setting or a test hook."""
+    child = FakeCompiler()
+    backend = TrialBackend(child, types.SimpleNamespace(check=lambda ws, h: None), FakeBench(child), lambda p: None,
+                           local=False)
+    monkeypatch.setattr(runtime.Runtime, "backend", lambda self, dev: backend)
+    monkeypatch.setattr(runtime.Runtime, "tuner", lambda self, d, listeners=(), **kw: Tuner(
+        self.backend(d), ig, strategy="random", budget=Budget(6), seed=0, listeners=listeners))
+    rt = runtime.get()
+    h = rt.plan_handle(P, 0)
+    row = rt.cache().get_plan(rt.key(P, 0))
+    assert row["family"] == "implicit_gemm" and h in fake_device.loaded and fake_device.loaded[h] == row["config"]
+    winner = next(k for k, c in child.loaded.items() if c == row["config"])
+    assert winner in child.unloaded and not fake_device.unloaded  # freed in the child; nothing here loaded twice
 
 
 def test_first_lookup_tunes_and_stores_then_memo_then_disk(fake_device):

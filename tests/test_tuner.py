@@ -10,6 +10,7 @@ import pytest
 from bagf_torch.kernels.space import Space, config_key
 from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
+from bagf_torch.tuning.backend import TrialBackend
 from bagf_torch.tuning.common import Budget, Outcome
 from bagf_torch.tuning.tuner import Tuner
 
@@ -87,9 +88,14 @@ class FakeBench:
         return [self._t(h) for h in handles]
 
 
+def fake_backend(comp, checker=None, bench=None) -> TrialBackend:
+    """A TrialBackend of fakes: ``comp``, a checker that accepts all (default), a bench with cuDNN at 50 us."""
+    return TrialBackend(comp, checker or FakeChecker(comp), bench or FakeBench(comp, 50.0), lambda p: None)
+
+
 def _tuner(strategy="exhaustive", budget=100, aten_us=50.0, wrong=(), compile_fail=(), resource_fail=()):
     comp = FakeCompiler(compile_fail, resource_fail)
-    return Tuner(comp, FakeChecker(comp, wrong), FakeBench(comp, aten_us), lambda p: None, _family(),
+    return Tuner(fake_backend(comp, FakeChecker(comp, wrong), FakeBench(comp, aten_us)), _family(),
                  strategy=strategy, budget=Budget(budget)), comp
 
 
@@ -134,7 +140,7 @@ def test_listeners_get_one_event_per_trial_in_the_order_of_the_result():
             also.append(event)
 
     comp = FakeCompiler(compile_fail=[{"A": 4, "B": 1, "C": 1}], resource_fail=[{"A": 4, "B": 4, "C": 1}])
-    tuner = Tuner(comp, FakeChecker(comp, wrong=[{"A": 4, "B": 2, "C": 1}]), FakeBench(comp, 50.0), lambda p: None,
+    tuner = Tuner(fake_backend(comp, FakeChecker(comp, wrong=[{"A": 4, "B": 2, "C": 1}])),
                   _family(), strategy="random", budget=Budget(30), listeners=[events.append, Recorder()])
     r = tuner.tune(PROBLEM, seeds=[("toy", {"A": 2, "B": 2, "C": 0})])
     assert [(e.family, e.config, e.outcome) for e in events] == [(t.family, t.config, t.outcome) for t in r.trials]
@@ -155,7 +161,7 @@ def test_a_listener_that_raises_does_not_fail_the_tuning(caplog):
     plain, _ = _tuner()
     want = plain.tune(PROBLEM)
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, _family(), strategy="exhaustive",
+    tuner = Tuner(fake_backend(comp), _family(), strategy="exhaustive",
                   budget=Budget(100), listeners=[broken, events.append])
     with caplog.at_level("WARNING", logger="bagf_torch"):
         r = tuner.tune(PROBLEM)
@@ -224,7 +230,7 @@ def test_search_starts_at_the_problem_sized_default_when_the_family_has_one():
 
     fam.default_for = default_for
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="random",
+    tuner = Tuner(fake_backend(comp), fam, strategy="random",
                   budget=Budget(5), sms=96)
     r = tuner.tune(PROBLEM)
     assert comp.compiled[0] == {"A": 2, "B": 2, "C": 1} and seen == [(PROBLEM, 96)]
@@ -236,7 +242,7 @@ def test_two_families_share_the_budget_by_start_speed():
     fast.FAMILY, slow.FAMILY = "fast", "slow"
     slow.DEFAULT = {"A": 8, "B": 4, "C": 0}  # 10 + 12 + 4 + 1.5 = 27.5 us against fast's 17.5 us
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, [fast, slow],
+    tuner = Tuner(fake_backend(comp), [fast, slow],
                   strategy="random", budget=Budget(22))
     shares = tuner.split_budget({"fast": 17.5, "slow": 27.5}, 20)
     assert sum(shares.values()) == 20 and shares["fast"] > shares["slow"] > 0
@@ -270,7 +276,7 @@ def _recorded_tuner(prune_factor, name="alexnet_conv3_n1"):
     assert rp.complete and rp.family == tc.FAMILY
     comp = FakeCompiler()
     ev = rp.evaluator()
-    tuner = Tuner(comp, FakeChecker(comp), RecordedBench(comp, 1e6, ev), lambda p: None, tc,
+    tuner = Tuner(fake_backend(comp, bench=RecordedBench(comp, 1e6, ev)), tc,
                   strategy="exhaustive", budget=Budget(5000, 600), prune_factor=prune_factor)
     return tuner, comp, ConvProblem.from_dict(rp.conv), ev, tc
 
@@ -309,12 +315,12 @@ def test_pruning_off_or_without_a_model_searches_the_whole_space():
     assert space is tuner.spaces[tc.FAMILY] and cut is None
     toy = _family()
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, toy, strategy="exhaustive",
+    tuner = Tuner(fake_backend(comp), toy, strategy="exhaustive",
                   budget=Budget(100), prune_factor=2.0)  # the toy family has no traffic model
     r = tuner.tune(PROBLEM)
     assert r.pruned == {} and len(comp.compiled) == len(toy.space().valid_configs())
     with pytest.raises(ValueError, match="prune_factor"):
-        Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, toy, prune_factor=0.5)
+        Tuner(fake_backend(comp), toy, prune_factor=0.5)
 
 
 def test_prune_factor_setting(monkeypatch):
@@ -344,7 +350,7 @@ def test_families_that_do_not_apply_to_the_problem_are_never_compiled():
             return super().compile(family, configs)
 
     comp = Recording()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, [general, wino],
+    tuner = Tuner(fake_backend(comp), [general, wino],
                   strategy="random", budget=Budget(12))
     r = tuner.tune(PROBLEM)  # 5x5
     assert set(seen) == {"general"} and r.evaluations == 12
@@ -370,16 +376,16 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
 
     monkeypatch.setattr(strategies, "run", spy)
     comp = FakeCompiler()
-    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+    Tuner(fake_backend(comp), fam, strategy="ax", budget=Budget(4),
           sms=96).tune(PROBLEM)
     assert seen["ax"]({"A": 2, "B": 4, "C": 0}) == {"ab": 8 / 192, "sms": 96}
     assert order["ax"]({"A": 2, "B": 4, "C": 0}) == 2 * 96  # and how to rank the start point's neighbours
     comp = FakeCompiler()
-    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="ax", budget=Budget(4),
+    Tuner(fake_backend(comp), fam, strategy="ax", budget=Budget(4),
           strategy_options={"features": None}).tune(PROBLEM)
     assert seen["ax"] is None  # the user's choice wins
     comp = FakeCompiler()
-    Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="anneal",
+    Tuner(fake_backend(comp), fam, strategy="anneal",
           budget=Budget(4)).tune(PROBLEM)
     assert seen["anneal"] == "absent"  # annealing has no model and no features option
     assert order["anneal"] == "absent"

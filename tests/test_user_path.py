@@ -25,6 +25,7 @@ from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem, fingerprint
 from bagf_torch.tuning import strategies
 from bagf_torch.tuning.common import Budget, Outcome
+from bagf_torch.tuning.replay import ReplayCompiler, replay_backend
 from bagf_torch.tuning.tuner import Tuner
 
 import fault_helpers as fh  # tests/ is on sys.path (pytest's default prepend import mode)
@@ -86,48 +87,11 @@ def _recorded(name="alexnet_conv3_n1"):
     return tc, rp, ConvProblem.from_dict(rp.conv)
 
 
-class _Compiler:
-    def __init__(self):
-        self.configs: dict[int, dict] = {}
-        self.workers = 4
-
-    def compile(self, family, configs):
-        out = []
-        for c in configs:
-            h = len(self.configs)
-            self.configs[h] = dict(c)
-            out.append(types.SimpleNamespace(handle=h))
-        return out
-
-    def unload(self, handle):
-        pass
-
-
-class _Bench:
-    def __init__(self, compiler, evaluator, aten_us, clock=None, measure_s=0.0):
-        self.compiler, self.evaluator, self.aten_us = compiler, evaluator, aten_us
-        self.clock, self.measure_s = clock, measure_s
-
-    def _t(self, h):
-        return self.aten_us if h == ATEN else self.evaluator.median(self.compiler.configs[h]).time_us
-
-    def measure(self, ws, handle, cutoff_us=None):
-        if self.clock is not None:
-            self.clock.advance(self.measure_s)
-        return Outcome("ok", time_us=self._t(handle))
-
-    def remeasure(self, ws, handles, rounds=5):
-        if self.clock is not None:
-            self.clock.advance(self.measure_s * rounds * len(handles))
-        return [self._t(h) for h in handles]
-
-
 def _ax_tuner(budget=Budget(14)):
     tc, rp, problem = _recorded()
-    comp = _Compiler()
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), _Bench(comp, rp.evaluator(), 1e6),
-                  lambda p: None, tc, strategy="ax", budget=budget, seed=3)
-    return tuner, comp, problem
+    backend = replay_backend(rp.evaluator(), 1e6)
+    tuner = Tuner(backend, tc, strategy="ax", budget=budget, seed=3)
+    return tuner, backend.compiler, problem
 
 
 @pytest.mark.slow
@@ -180,11 +144,11 @@ class FakeClock:
             self.offset += seconds
 
 
-class _SlowCompiler(_Compiler):
+class _SlowCompiler(ReplayCompiler):
     """Each call compiles in waves of ``workers`` candidates, ``wave_s`` of simulated time each."""
 
-    def __init__(self, clock, wave_s):
-        super().__init__()
+    def __init__(self, evaluator, clock, wave_s):
+        super().__init__(evaluator)
         self.clock, self.wave_s = clock, wave_s
 
     def compile(self, family, configs):
@@ -202,10 +166,9 @@ def test_the_time_budget_holds_end_to_end(strategy, seconds):
         from ax import Client  # noqa: F401
     tc, rp, problem = _recorded()
     clock = FakeClock()
-    comp = _SlowCompiler(clock, wave_s=1.2)
-    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.06)
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
-                  strategy=strategy, budget=Budget(200, seconds), seed=0, clock=clock)
+    ev = rp.evaluator()
+    backend = replay_backend(ev, 1e6, clock=clock, measure_s=0.06, compiler=_SlowCompiler(ev, clock, wave_s=1.2))
+    tuner = Tuner(backend, tc, strategy=strategy, budget=Budget(200, seconds), seed=0, clock=clock)
     t0 = clock()
     r = tuner.tune(problem)
     spent = clock() - t0
@@ -214,12 +177,12 @@ def test_the_time_budget_holds_end_to_end(strategy, seconds):
     assert 1 < r.evaluations < 200 and r.family == tc.FAMILY  # it searched, and stopped on time
 
 
-class _CachingCompiler(_Compiler):
+class _CachingCompiler(ReplayCompiler):
     """Per-family NVRTC cost (``wave_s[family]`` per wave of ``workers`` compiles) and a cubin cache: what
     ``prefetch`` compiled loads for free, as the real compiler's start points do."""
 
-    def __init__(self, clock, wave_s):
-        super().__init__()
+    def __init__(self, evaluator, clock, wave_s):
+        super().__init__(evaluator)
         self.clock, self.wave_s, self.cached, self.family_of = clock, wave_s, set(), {}
 
     def prefetch(self, items):
@@ -247,12 +210,13 @@ def _families_tuner(comp, clock, rp, seconds, families, slower=1.3):
     searched, none wins outright)."""
     from bagf_torch.kernels import implicit_gemm_tc as tc
 
-    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.02)
+    comp.evaluator = rp.evaluator()  # the problem's recording (one compiler may serve several problems)
+    backend = replay_backend(comp.evaluator, 1e6, clock=clock, measure_s=0.02, compiler=comp)
+    bench = backend.benchmarker
     recorded, best = bench._t, rp.evaluator().best()[1].time_us
     bench._t = lambda h: (recorded(h) if h == ATEN or comp.family_of[h] == tc.FAMILY
-                          else slower * best + sum(comp.configs[h].values()) % 7)
-    return Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, list(families),
-                 strategy="random", budget=Budget(200, seconds), seed=0, clock=clock)
+                          else Outcome("ok", time_us=slower * best + sum(comp.configs[h].values()) % 7))
+    return Tuner(backend, list(families), strategy="random", budget=Budget(200, seconds), seed=0, clock=clock)
 
 
 @pytest.mark.parametrize("seconds", [4.0, 5.0, 6.0, 8.0])
@@ -266,7 +230,7 @@ def test_the_time_budget_holds_with_families_that_compile_at_different_speeds(se
 
     tc, rp, problem = _recorded()
     clock = FakeClock()
-    comp = _CachingCompiler(clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
     tuner = _families_tuner(comp, clock, rp, seconds, [implicit_gemm, tc])
     t0 = clock()
     r = tuner.tune(problem)
@@ -284,8 +248,8 @@ def test_the_time_budget_holds_for_a_later_problem_whose_start_points_are_cached
     from bagf_torch.kernels import implicit_gemm
 
     clock = FakeClock()
-    tc = _recorded()[0]
-    comp = _CachingCompiler(clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
+    tc, first, _ = _recorded()
+    comp = _CachingCompiler(first.evaluator(), clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
     comp.wave_seconds = {}
     spent = []
     for name in ("alexnet_conv3_n1", "alexnet_conv4_n1", "alexnet_conv5_n1"):
@@ -307,7 +271,7 @@ def test_a_prefetch_wave_teaches_only_the_families_it_compiled():
 
     clock = FakeClock()
     tc, rp, problem = _recorded()
-    comp = _CachingCompiler(clock, {tc.FAMILY: 6.0, implicit_gemm.FAMILY: 0.3})
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 6.0, implicit_gemm.FAMILY: 0.3})
     comp.wave_seconds = {tc.FAMILY: 6.0}  # what earlier problems of this process measured
     tuner = _families_tuner(comp, clock, rp, 8.0, [implicit_gemm, tc])
     comp.cached.add((tc.FAMILY, config_key(tuner.start_config(tc, problem))))
@@ -324,13 +288,12 @@ def test_cached_warm_start_seeds_are_measured_and_leave_the_finalists_their_rese
     very end of the budget, and the re-timing after them past it)."""
     clock = FakeClock()
     tc, rp, problem = _recorded()
-    comp = _CachingCompiler(clock, {tc.FAMILY: 6.0})
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 6.0})
     comp.wave_seconds = {tc.FAMILY: 6.0}
     valid = tc.space().valid_configs()
     seeds = [(tc.FAMILY, c) for c in valid[:: max(1, len(valid) // 20)][:20]]
     comp.cached.update((tc.FAMILY, config_key(c)) for _, c in seeds)
-    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.3)
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
+    tuner = Tuner(replay_backend(comp.evaluator, 1e6, clock=clock, measure_s=0.3, compiler=comp), tc,
                   strategy="random", budget=Budget(200, 5.0), seed=0, clock=clock)
     comp.cached.add((tc.FAMILY, config_key(tuner.start_config(tc, problem))))
     t0 = clock()
@@ -350,7 +313,7 @@ def test_a_cold_process_with_a_short_budget_still_searches(caplog):
 
     clock = FakeClock()
     tc, rp, problem = _recorded()
-    comp = _CachingCompiler(clock, {tc.FAMILY: 3.0, implicit_gemm.FAMILY: 2.0, winograd_tc.FAMILY: 4.0})
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 3.0, implicit_gemm.FAMILY: 2.0, winograd_tc.FAMILY: 4.0})
     comp.wave_seconds = {}
     tuner = _families_tuner(comp, clock, rp, 8.0, [implicit_gemm, tc, winograd_tc], slower=1.2)
     t0 = clock()
@@ -364,14 +327,14 @@ def test_a_cold_process_with_a_short_budget_still_searches(caplog):
 def test_finalists_are_retimed_in_the_reserve_left_for_them():
     tc, rp, problem = _recorded()
     clock = FakeClock()
-    comp = _SlowCompiler(clock, wave_s=0.3)
+    ev = rp.evaluator()
+    backend = replay_backend(ev, 1e6, clock=clock, measure_s=0.1, compiler=_SlowCompiler(ev, clock, wave_s=0.3))
     rounds = []
-    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.1)
+    bench = backend.benchmarker
     real = bench.remeasure
     bench.remeasure = lambda ws, handles, rounds_=5, **kw: (rounds.append(kw.get("rounds", rounds_))
                                                             or real(ws, handles, kw.get("rounds", rounds_)))
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
-                  strategy="random", budget=Budget(200, 4.0), seed=0, clock=clock)
+    tuner = Tuner(backend, tc, strategy="random", budget=Budget(200, 4.0), seed=0, clock=clock)
     t0 = clock()
     tuner.tune(problem)
     assert clock() - t0 <= 4.0 + 0.6  # one round of six re-timings is the most it can go over
@@ -395,9 +358,7 @@ class _StallStrategy:
 def test_a_stalled_strategy_step_is_abandoned_within_the_budget(monkeypatch, caplog):
     monkeypatch.setitem(strategies.STRATEGIES, "stall", _StallStrategy)
     tc, rp, problem = _recorded()
-    comp = _Compiler()
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), _Bench(comp, rp.evaluator(), 1e6),
-                  lambda p: None, tc, strategy="stall", budget=Budget(50, 1.5), seed=0)
+    tuner = Tuner(replay_backend(rp.evaluator(), 1e6), tc, strategy="stall", budget=Budget(50, 1.5), seed=0)
     t0 = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="bagf_torch"):
         r = tuner.tune(problem)
@@ -808,10 +769,10 @@ def test_a_deadline_inside_a_batch_is_not_reported_as_a_stall(caplog):
     """The search told that the budget is spent ends normally; only a step that does not come back is a stall."""
     tc, rp, problem = _recorded()
     clock = FakeClock()
-    comp = _SlowCompiler(clock, wave_s=0.05)
-    bench = _Bench(comp, rp.evaluator(), 1e6, clock=clock, measure_s=0.25)  # slow timings cut batches short
-    tuner = Tuner(comp, types.SimpleNamespace(check=lambda ws, h: None), bench, lambda p: None, tc,
-                  strategy="random", budget=Budget(200, 3.0), seed=0, clock=clock)
+    ev = rp.evaluator()
+    comp = _SlowCompiler(ev, clock, wave_s=0.05)
+    tuner = Tuner(replay_backend(ev, 1e6, clock=clock, measure_s=0.25, compiler=comp),  # slow timings cut batches short
+                  tc, strategy="random", budget=Budget(200, 3.0), seed=0, clock=clock)
     with caplog.at_level(logging.WARNING, logger="bagf_torch"):
         tuner.tune(problem)
     assert not [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
@@ -823,7 +784,8 @@ def test_a_check_that_raises_leaves_nothing_loaded_but_the_winner(fail_at):
     the tuning fails with nothing left loaded, inside a search the search ends and the tuner chooses among what
     it measured, unloading all but the winner."""
     tc, rp, problem = _recorded()
-    comp = _Compiler()
+    backend = replay_backend(rp.evaluator(), 1e6)
+    comp = backend.compiler
     unloaded = []
     comp.unload = unloaded.append
     calls = []
@@ -833,8 +795,8 @@ def test_a_check_that_raises_leaves_nothing_loaded_but_the_winner(fail_at):
         if len(calls) == fail_at:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    tuner = Tuner(comp, types.SimpleNamespace(check=check), _Bench(comp, rp.evaluator(), 1e6), lambda p: None,
-                  tc, strategy="random", budget=Budget(20), seed=0)
+    backend.checker = types.SimpleNamespace(check=check)
+    tuner = Tuner(backend, tc, strategy="random", budget=Budget(20), seed=0)
     if fail_at == 1:
         with pytest.raises(RuntimeError, match="illegal memory access"):
             tuner.tune(problem)

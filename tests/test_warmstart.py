@@ -51,14 +51,14 @@ def test_neighbour_seeds_ranks_filters_and_dedups():
 
 
 def test_tuner_measures_seeds_after_the_start_and_counts_them():
-    from test_tuner import PROBLEM, FakeBench, FakeChecker, FakeCompiler, _family, _time
+    from test_tuner import PROBLEM, FakeCompiler, _family, _time, fake_backend
 
     from bagf_torch.tuning.common import Budget
     from bagf_torch.tuning.tuner import Tuner
 
     fam = _family()
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="random",
+    tuner = Tuner(fake_backend(comp), fam, strategy="random",
                   budget=Budget(6))
     best = {"A": 4, "B": 2, "C": 1}
     seeds = [("toy", best), ("other_family", best), ("toy", {"A": 8, "B": 8, "C": 0})]  # 2nd/3rd: skipped
@@ -116,14 +116,14 @@ def test_neighbour_winners_on_the_h200_recording():
 
 
 def test_a_seed_equal_to_the_start_point_costs_nothing():
-    from test_tuner import PROBLEM, FakeBench, FakeChecker, FakeCompiler, _family
+    from test_tuner import PROBLEM, FakeCompiler, _family, fake_backend
 
     from bagf_torch.tuning.common import Budget
     from bagf_torch.tuning.tuner import Tuner
 
     fam = _family()
     comp = FakeCompiler()
-    tuner = Tuner(comp, FakeChecker(comp), FakeBench(comp, 50.0), lambda p: None, fam, strategy="random",
+    tuner = Tuner(fake_backend(comp), fam, strategy="random",
                   budget=Budget(5))
     r = tuner.tune(PROBLEM, seeds=[("toy", dict(fam.DEFAULT))])
     assert len(comp.compiled) == 5 == r.evaluations  # the duplicate seed did not eat an evaluation

@@ -8,15 +8,14 @@ failure "crashed", the worker is restarted on the next request and tuning goes o
 finish within the time limit (a hang, a spin loop), the worker is killed and the candidate gets "timeout".
 The user's process only ever loads the winner, from the cubin the worker stored in the cache.
 
-``WorkerPool(device)`` owns the worker; ``pool.compiler()``, ``pool.checker()``, ``pool.benchmarker()`` and
-``pool.workspace`` are what the Tuner takes (see its docstring) and speak to the worker. Handles the Tuner
-sees are the pool's own numbers; after a restart the worker re-loads the ones still in use from the cubin
-cache before it needs them, so the finalists' re-measurement survives a crash of an unrelated candidate.
+``WorkerPool(device)`` owns the worker; ``pool.backend()`` is the ``TrialBackend`` (``tuning.backend``) the Tuner
+takes: its compiler, checker, benchmarker and workspace each speak to the worker, and ``local`` is False. Handles
+the Tuner sees are the pool's own numbers; after a restart the worker re-loads the ones still in use from the
+cubin cache before it needs them, so the finalists' re-measurement survives a crash of an unrelated candidate.
 
-What runs in the worker is a *backend* named ``"module:function"``; ``function(device)`` returns an object
-with ``compiler``, ``checker``, ``benchmarker``, ``workspace(problem)`` and ``healthy() -> str | None`` (None
-when the device is still usable). The default, ``cuda_backend``, is the real NVRTC compiler, CudaChecker and
-CudaBenchmarker; tests run the protocol on a CPU with a fake backend.
+What runs in the worker is itself a ``TrialBackend``, made by a factory named ``"module:function"`` (the one form
+that crosses a spawn); ``function(device)`` returns it. The default is ``tuning.backend.cuda_backend``, the real
+NVRTC compiler, CudaChecker and CudaBenchmarker; tests run the protocol on a CPU with a fake backend.
 
 The worker is a ``multiprocessing`` "spawn" child, so, as with any spawn start method, a user script run as
 ``python script.py`` must keep its work under ``if __name__ == "__main__":`` (the child imports the main
@@ -52,7 +51,7 @@ from .common import Outcome
 
 logger = logging.getLogger("bagf_torch")
 
-DEFAULT_BACKEND = "bagf_torch.tuning.isolated:cuda_backend"
+DEFAULT_BACKEND = "bagf_torch.tuning.backend:cuda_backend"
 START_TIMEOUT_S = 300.0
 """Worker start: spawn, import torch, create the CUDA context, load the (already built) extension."""
 ORPHAN_EXIT = 4
@@ -283,6 +282,12 @@ class WorkerPool:
     def workspace(self, problem: ConvProblem) -> RemoteWorkspace:
         return RemoteWorkspace(problem)
 
+    def backend(self):
+        """The Tuner's ``TrialBackend`` whose every part is a request to this pool's worker."""
+        from .backend import TrialBackend
+
+        return TrialBackend(self.compiler(), self.checker(), self.benchmarker(), self.workspace, local=False)
+
 
 class _Part:
     """A view of the pool with only the methods one of the Tuner's pieces has."""
@@ -487,45 +492,3 @@ def _worker_main(conn, device: int, backend_spec: str, parent_pid: int) -> None:
         conn.send(reply)
         if reply[0] == "outcome" and reply[1].status == "crashed":
             os._exit(3)  # a poisoned context cannot be repaired: the parent starts a fresh worker
-
-
-# ---- the real backend -----------------------------------------------------------------------------------
-
-
-class _CudaBackend:
-    def __init__(self, device: int):
-        import torch
-
-        from .. import settings
-        from ..cache import Cache
-        from ..jit.compiler import KernelCompiler
-        from .measure import CudaBenchmarker, CudaChecker
-
-        torch.cuda.set_device(device)
-        self.torch = torch
-        self.device = torch.device("cuda", device)
-        # The same cache file as the parent: the cubins compiled here are what the parent loads the winner from.
-        self.compiler = KernelCompiler(Cache.for_dir(settings.cache_dir()), device, settings.compile_workers())
-        self.checker = CudaChecker(self.compiler.ext)
-        self.benchmarker = CudaBenchmarker()
-
-    def workspace(self, problem: ConvProblem):
-        from .measure import Workspace
-
-        return Workspace(problem, self.device)
-
-    def healthy(self) -> str | None:
-        try:
-            self.torch.cuda.synchronize(self.device)
-            t = self.torch.ones(16, device=self.device)
-            if float((t + 1).sum()) != 32.0:
-                return "a probe computation returned a wrong result"
-        except Exception as e:  # noqa: BLE001 - any error means the context is gone
-            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return None
-
-
-def cuda_backend(device: int) -> _CudaBackend:
-    """The worker's real backend: NVRTC compiler (cubins in the shared cache), CudaChecker, CudaBenchmarker."""
-    return _CudaBackend(device)
-

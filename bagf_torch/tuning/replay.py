@@ -11,6 +11,9 @@ tile waste, occupancy cliffs, a rugged surface, a few resource failures) but the
 must never be reported as kernel performance; they exist so that strategies can be tested and compared
 before GPU recordings exist.
 
+``replay_backend`` runs the whole Tuner on a recording (a ``TrialBackend`` whose compiler, checker and
+benchmarker answer from it).
+
 ``load_recording`` / ``write_recording`` read and write the recorded-space file format
 ``bagf-recorded-space/1`` (gzip-compressed JSON, written by benchmarks/record_space.py on a GPU and
 documented in benchmarks/data/README.md); ``RecordedProblem.evaluator`` replays one problem of one family.
@@ -111,6 +114,11 @@ class ReplayEvaluator:
                            "record it on the GPU or replay a space that matches the recording")
         return self._outcomes[key]
 
+    def recorded(self, config: Mapping[str, int]) -> Outcome | None:
+        """The recorded outcome of ``config``, or None when the recording does not have it (its time is then asked
+        of the recording only if it is timed, which raises: a replay cannot invent times)."""
+        return self._outcomes.get(config_key(config))
+
     def best(self) -> tuple[Config, Outcome]:
         """The fastest recorded configuration and its outcome (the true optimum of the recording)."""
         key, outcome = min(((k, o) for k, o in self._outcomes.items() if o.ok), key=lambda t: t[1].time_us)
@@ -136,6 +144,105 @@ class ReplayEvaluator:
                     self._best = min(self._best, outcome.time_us)
             out.append(outcome)
         return out
+
+
+# ---- the Tuner on a recording ---------------------------------------------------------------------------
+
+_COMPILE_FAILURES = ("invalid", "compile", "resources")  # what KernelCompiler.compile returns instead of a kernel
+_CHECK_FAILURES = ("launch", "wrong", "crashed")  # what the checker reports (crashed: an isolated worker died)
+
+
+class ReplayCompiler:
+    """A compiler whose kernels are recorded configurations: each loads as a new handle, or comes back as its
+    recorded compile-time failure (one the recording lacks loads too: a subclass or a patched benchmarker may
+    time it). ``configs`` maps handle -> configuration; ``compile_s`` per configuration is
+    charged to ``clock`` (a fake clock with ``advance``), so a budget in seconds can be replayed."""
+
+    def __init__(self, evaluator: ReplayEvaluator, *, clock=None, compile_s: float = 0.0, workers: int = 4):
+        self.evaluator, self.clock, self.compile_s, self.workers = evaluator, clock, compile_s, workers
+        self.configs: dict[int, Config] = {}
+        self.unloaded: set[int] = set()
+
+    def compile(self, family, configs: Sequence[Config]) -> list:
+        from types import SimpleNamespace
+
+        out = []
+        for c in configs:
+            if self.clock is not None and self.compile_s:
+                self.clock.advance(self.compile_s)
+            recorded = self.evaluator.recorded(c)
+            if recorded is not None and recorded.status in _COMPILE_FAILURES:
+                out.append(recorded)
+                continue
+            h = len(self.configs)
+            self.configs[h] = dict(c)
+            out.append(SimpleNamespace(handle=h, compile_seconds=self.compile_s))
+        return out
+
+    def unload(self, handle: int) -> None:
+        self.unloaded.add(handle)
+
+
+class ReplayChecker:
+    """Reports a configuration's recorded check failure ("wrong", "launch"), else passes it."""
+
+    def __init__(self, compiler: ReplayCompiler):
+        self.compiler = compiler
+
+    def check(self, ws, handle: int) -> Outcome | None:
+        recorded = self.compiler.evaluator.recorded(self.compiler.configs[handle])
+        return recorded if recorded is not None and recorded.status in _CHECK_FAILURES else None
+
+
+class ReplayBenchmarker:
+    """Times from the recording (the evaluator's: median, or with its seeded noise), cuDNN at ``aten_us``;
+    ``measure_s`` per timing (x rounds x handles per re-timing) charged to ``clock``."""
+
+    def __init__(self, compiler: ReplayCompiler, aten_us: float, *, clock=None, measure_s: float = 0.0):
+        self.compiler, self.aten_us, self.clock, self.measure_s = compiler, aten_us, clock, measure_s
+
+    def _t(self, handle: int) -> Outcome:
+        from ..ops import ATEN
+
+        if handle == ATEN:
+            return Outcome("ok", time_us=self.aten_us)
+        return self.compiler.evaluator([self.compiler.configs[handle]])[0]
+
+    def measure(self, ws, handle: int, cutoff_us: float | None = None) -> Outcome:
+        if self.clock is not None and self.measure_s:
+            self.clock.advance(self.measure_s)
+        return self._t(handle)
+
+    def remeasure(self, ws, handles: Sequence[int], rounds: int = 5) -> list[float]:
+        if self.clock is not None and self.measure_s:
+            self.clock.advance(self.measure_s * rounds * len(handles))
+        return [self._t(h).time_us for h in handles]
+
+
+def replay_backend(evaluator: ReplayEvaluator, aten_us: float, *, clock=None, compile_s: float = 0.0,
+                   measure_s: float = 0.0, compiler: ReplayCompiler | None = None):
+    """A ``TrialBackend`` that answers from ``evaluator``'s recording, with cuDNN at ``aten_us``: the whole Tuner
+    (families, budget, finalists, listeners) on a CPU. ``clock``, ``compile_s`` and ``measure_s`` replay the cost
+    of compiles and timings on a fake clock; ``compiler``, a ReplayCompiler (or subclass: compile waves, a cubin
+    cache) of the same evaluator, replaces the default one. The backend's ``compiler.configs`` maps handles to
+    configurations.
+
+    >>> from bagf_torch.kernels import implicit_gemm
+    >>> from bagf_torch.problem import ConvProblem
+    >>> from bagf_torch.tuning.common import Budget
+    >>> from bagf_torch.tuning.tuner import Tuner
+    >>> ev = ReplayEvaluator(synthetic_times(implicit_gemm.space(), ALEXNET_CONV2, seed=0))
+    >>> best, _ = ev.best()
+    >>> problem = ConvProblem(n=128, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+    >>> tuner = Tuner(replay_backend(ev, aten_us=1e6), implicit_gemm, strategy="exhaustive", budget=Budget(10**6))
+    >>> tuner.tune(problem).config == best
+    True
+    """
+    from .backend import TrialBackend
+
+    compiler = compiler or ReplayCompiler(evaluator, clock=clock, compile_s=compile_s)
+    return TrialBackend(compiler, ReplayChecker(compiler),
+                        ReplayBenchmarker(compiler, aten_us, clock=clock, measure_s=measure_s), lambda problem: None)
 
 
 # ---- synthetic landscape --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from ..kernels.space import Config, Space, config_key
 from ..ops import ATEN
 from ..problem import ConvProblem
 from . import strategies
+from .backend import TrialBackend
 from .common import Budget, Outcome, Phase, TrialEvent, TrialListener, tuning_context
 
 
@@ -313,11 +314,8 @@ class TuneResult:
 class Tuner:
     """Tunes one problem at a time, over one or several kernel families.
 
-    ``compiler.compile(family, configs) -> [Loaded | Outcome]`` and ``compiler.unload(handle)``;
-    ``checker.check(workspace, handle) -> Outcome | None``;
-    ``benchmarker.measure(workspace, handle, cutoff_us) -> Outcome`` and
-    ``benchmarker.remeasure(workspace, handles) -> [us]``;
-    ``workspace(problem)`` makes the inputs and reference for a problem.
+    ``backend`` (a ``tuning.backend.TrialBackend``) is where the trials run: its compiler, checker, benchmarker
+    and workspace, on this process's GPU, in an isolated worker, or replayed from a recording.
 
     Algorithm is a tuning dimension: ``family`` may be a list of families. Each family is searched as its
     own experiment (one strategy run over its own space), with the budget split by measured speed: every
@@ -348,16 +346,16 @@ class Tuner:
     goes on.
     """
 
-    def __init__(self, compiler, checker, benchmarker, workspace: Callable[[ConvProblem], Any], family,
-                 strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
+    def __init__(self, backend: TrialBackend, family, strategy: str = "ax", budget: Budget = Budget(40), seed: int = 0,
                  strategy_options: dict | None = None, finalists: int = 5, cutoff_factor: float = 4.0,
                  space_limit: int | None = None, sms: int | None = None, prune_factor: float = 0.0,
                  clock: Callable[[], float] = time.perf_counter, listeners: Sequence[TrialListener] = ()):
-        self.compiler = compiler
+        self.backend = backend
+        self.compiler = backend.compiler
         self.clock = clock  # what the seconds budget is measured with (tests pass a fake one)
-        self.checker = checker
-        self.bench = benchmarker
-        self.workspace = workspace
+        self.checker = backend.checker
+        self.bench = backend.benchmarker
+        self.workspace = backend.workspace
         self.families = list(family) if isinstance(family, (list, tuple)) else [family]
         self.family = self.families[0]
         self.strategy = strategy
