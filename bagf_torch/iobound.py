@@ -160,7 +160,7 @@ def winograd_lower_bound(problem: ConvProblem, m: int, r: int, fast_memory_words
     never stores the transformed operands, so this is a bound for the unfused (or seed-style) pipeline,
     not for every schedule; the Hong-Kung constant is taken as in the direct bound.
     Requires stride 1, dilation 1, groups 1 and an r x r kernel; or stride s > 1 on both axes and a kernel of at
-    most rs x rs, the polyphase form (``winograd.polyphase``: C s^2 channels of r x r filters, zero past the
+    most rs x rs, the polyphase form (``winograd_math.polyphase``: C s^2 channels of r x r filters, zero past the
     real taps) with C s^2 in the core term and the original problem's compulsory words. That is a bound for
     the polyphase algorithm, not for the convolution: a schedule that skipped the zero taps could move less.
 
@@ -592,7 +592,7 @@ def winograd_gemm_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Tr
       with gemm_wgmma, GE 6-7: U's small parts too, which the GEMM then reads as a second A panel);
     * stage 1, one thread per (c, tile): the tile's A x A input patch, bounds-checked (padding reads nothing)
       -> ``words_read_input`` = N*C*rowsin*colsin, as the fused kernel's per block row; E words of V stored;
-    * at stride s > 1 (the polyphase form, ``winograd.polyphase``) C is C' = C s^2 everywhere above except the
+    * at stride s > 1 (the polyphase form, ``winograd_math.polyphase``) C is C' = C s^2 everywhere above except the
       raw reads: stage 0 reads each of the K*C*R*S filter words once (a phase's taps past R or S are zeros, not
       loads), stage 1 the in-bounds rows s*(tile*MT + a) + ph - pad of each component;
     * the GEMM, E products of (K x C) by (C x T): a block per BM x BN tile of the product

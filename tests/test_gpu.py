@@ -291,7 +291,7 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
         torch.testing.assert_close(torch.ops.bagf.conv2d(x, w5, b, [1, 1], [2, 2], [1, 1], handle),
                                    F.conv2d(x, w5, b, 1, 2), rtol=1e-4, atol=1e-4)
         w3 = w.detach()  # 3x3 at stride 2: the host computes it in the polyphase form (the tuner does not
-        # offer it there, winograd.polyphase_applies); at unequal strides ATen answers
+        # offer it there, winograd_math.polyphase_applies); at unequal strides ATen answers
         for st in ([2, 2], [2, 1]):
             torch.testing.assert_close(torch.ops.bagf.conv2d(x, w3, b, st, [1, 1], [1, 1], handle),
                                        F.conv2d(x, w3, b, st, 1), rtol=1e-4, atol=1e-4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bagf_torch import winograd as wg
+from bagf_torch import winograd_math as wg
 from bagf_torch.problem import ConvProblem
 from bagf_torch.tuning.measure import REL_TOL
 

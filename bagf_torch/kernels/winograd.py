@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .. import winograd as _transforms
+from .. import winograd_math as _transforms
 from .geometry import LaunchGeometry
 from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, size_split,
                     template_expression, thread_count_rule)

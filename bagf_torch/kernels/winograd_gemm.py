@@ -2,7 +2,7 @@
 (csrc/kernels/winograd_gemm.cuh).
 
 It computes 3x3 stride-1 convolutions, and strided ones with filters of up to 3s x 3s at stride s as the 3x3
-stride-1 convolution of their s x s polyphase components (``winograd.polyphase``: C s^2 channels, the filter
+stride-1 convolution of their s x s polyphase components (``winograd_math.polyphase``: C s^2 channels, the filter
 zero-padded to 3s x 3s; :func:`applies`). AlexNet's conv1 (11x11, stride 4, C = 3) runs as 3x3 over 48
 channels: 1.19x its direct products before F(4x4)'s 4x (F(5x5)'s 4.6x) fewer, where implicit GEMM on it runs
 at about half the fp32 roof (671 us at N = 128: benchmarks/results/profile_ncu_h200.md). The transforms read the input and the filters in
@@ -50,7 +50,7 @@ Knobs (template parameters; GE picks the second kernel):
 knob      values           meaning
 ========  ===============  =====================================================================
 MT        2 4 5 6          output tile: F(MTxMT, 3x3); E = (MT+2)^2 Winograd points (5 and 6: the
-                           Toom-Cook matrices of bagf_torch.winograd.toom_cook; 13x13 maps need 441
+                           Toom-Cook matrices of bagf_torch.winograd_math.toom_cook; 13x13 maps need 441
                            products per channel pair with F(5x5), 576 with F(4x4) or F(6x6))
 TB        64 128 256 512   threads per block of the three transform stages
 VL        0 1              V layout: 0 [E][C][T] (threads along tiles), 1 [E][T][C] (along channels)
@@ -75,7 +75,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .. import winograd as _transforms
+from .. import winograd_math as _transforms
 from .geometry import LaunchGeometry
 from .space import Config, Space, register_rule, template_expression, thread_count_rule
 
@@ -126,7 +126,7 @@ LEGACY: Config = {"GE": 0, "SO": 0}
 
 def applies(problem) -> str | None:
     """None when the family computes ``problem`` (3x3, stride 1, dilation 1, groups 1; or stride s > 1 with
-    filters of up to 3s x 3s through their polyphase components, ``winograd.polyphase_applies``), else why not."""
+    filters of up to 3s x 3s through their polyphase components, ``winograd_math.polyphase_applies``), else why not."""
     return _transforms.polyphase_applies(problem)
 
 

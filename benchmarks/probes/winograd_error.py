@@ -1,7 +1,7 @@
 """fp32 error of Winograd F(2x2,3x3) to F(6x6,3x3) against float64, next to direct fp32, on real layer shapes
 (AlexNet's conv1 through its polyphase components: 3x3 over 48 channels, as winograd_gemm computes it).
 
-Runs anywhere (the arithmetic is bagf_torch.winograd's plain-torch reference, in float32 on the CPU), so the
+Runs anywhere (the arithmetic is bagf_torch.winograd_math's plain-torch reference, in float32 on the CPU), so the
 numbers are the algorithm's rounding, not any GPU kernel's; a GPU kernel that sums in another order lands
 near them. Writes JSON and a Markdown table.
 
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bagf_torch import winograd  # noqa: E402
+from bagf_torch import winograd_math as winograd  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.measure import REL_TOL  # noqa: E402
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
              "input and 1/sqrt(fan-in) weights. `max` = max|err| / max|ref|, `norm` = ||err|| / ||ref|| (what "
              f"the tuner's check bounds by {REL_TOL:.0e}, and max by {10 * REL_TOL:.0e}). alexnet_conv1 (11x11, "
              "stride 4) is computed through its 4 x 4 polyphase components (3x3 filters over 48 channels, "
-             "`winograd.polyphase`); its multiplies saved count the padded filter's zeros as products.", "",
+             "`winograd_math.polyphase`); its multiplies saved count the padded filter's zeros as products.", "",
              "| layer | F(m,3) | multiplies saved | Winograd max | Winograd norm | direct fp32 max | direct fp32 norm |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
