@@ -1,134 +1,39 @@
 """Bayesian optimisation with Ax 1.3: the default strategy (its example is skipped by doctest only
-because fitting GPs takes seconds).
+because fitting GPs takes seconds). The measurements behind each choice below are in docs/strategies.md.
 
-Encoding. Every knob becomes an ordered integer ChoiceParameter: power-of-two knobs as their exponents
-(BM 16..128 -> 4..7, VEC 1|4 -> 0|2, so the GP sees the spacing that matters), other integer knobs as
-their values; single-valued knobs stay out of Ax. With only choice parameters Ax (BoTorch
-``optimize_acqf_discrete``) scores every raw combination (implicit_gemm: 5120) in one pass. In exponents
-most validity rules are linear, so Ax also gets up to 8 linear parameter constraints with +-1 coefficients
-that every valid configuration satisfies (``_linear_constraints``, derived from the space by enumeration,
-so they can never exclude a valid one): the discrete optimiser drops what they exclude before scoring.
-For implicit_gemm five of them exclude 1504 of the 1552 invalid combinations, and on the synthetic spaces
-Ax then proposed 0-2 invalid configurations per run (it was 7.5-46 before). Our own ``Space`` rules still
-decide validity. The objective given to Ax is log(time_us): kernel
-times span 30x over the space and effects multiply, and on the synthetic landscape raw times needed a
-median of 76.5 evaluations to reach 95% of the optimum (2 of 10 runs missed within 120) against 31.5 with
-log times (same penalty handling).
+Encoding. Knobs are ordered integer choices, power-of-two ones as exponents (BM 16..128 -> 4..7: the spacing that
+matters), and Ax models log(time_us): times span 30x and effects multiply. Where Ax enumerates raw combinations, up
+to 8 +-1 linear constraints that every valid configuration satisfies (``_linear_constraints``) drop most invalid ones.
 
-Loop. The prior (the tuner's start point and warm-start seeds) is attached as completed trials, then
-``initial_trials`` (prior included) valid configurations are attached before the first model fit: by
-default ("local") unseen one-knob neighbours of the best configuration known so far, else uniform random
-ones (seeded); Ax's own Sobol start ("initial": "sobol", 30% of implicit_gemm's raw space is invalid) was
-worse (median 42 vs 31.5 evaluations, penalty handling). With a warm start, random initial trials threw
-away what the start point and seeds had found (H200 replay, docs/strategies.md: 45% of runs never within
-95% on the five problems that needed a search, 20% with the local design).
+Loop and initial design. The prior (start point, warm-start seeds) is attached as completed trials, then
+``initial_trials`` unseen one-knob neighbours of the best known ("local"): random ones throw away what the warm
+start found, and Ax's Sobol start wastes 30% on invalid points. Each Ax batch (qLogEI, pending points) is evaluated
+as one batch. After 3 generations without a new evaluation, or with fewer unproposed raw combinations left than a
+batch (Ax would rejection-sample for a minute), unseen valid configurations are drawn at random, so the loop ends.
 
-Small batches while the GP knows little (options ``initial_batch``, ``early_batch``, ``early_until``). The
-local design runs in batches of 4, each centred on the best configuration known after the one before (the
-start's neighbours, then the neighbours of the best of them), and the GP generations up to evaluation 24
-ask for 4 trials, later ones for ``batch_size`` = 8. Simulated annealing's walk, in steps of 4, had been
-level with or ahead of ax at budgets 7-18 (one batch of 7 neighbours, then the GP's first batch of 8 chosen
-from 8 points): on the H200 replay, 7 problems x seeds 0-39, the mean fraction of the optimum at
-evaluations 8/12/16/20/24 went from 0.871/0.889/0.899/0.924/0.932 to 0.883/0.891/0.912/0.930/0.938 (the
-walk alone: 0.883/0.891/0.901/0.919/0.928) and ax's lowest margin over annealing at budgets 2-24 from
--0.0034 (at 16) to +0.0006 (at 12). On held-out seeds 40-59 ax is above annealing at budgets 2-30 and below it at
-31-48 by up to 0.0043 (conv3x3_256 reaches 95% later than with one batch of 8), within the seed noise: over
-seeds 0-59 it is never significantly below annealing at any budget (docs/strategies.md).
+Small early batches (``initial_batch``, ``early_batch``, ``early_until``). The local design runs in batches of 4,
+each centred on the best after the one before, and GP generations ask for 4 until evaluation 24, then 8
+(``batch_size``): while the GP knows little, a short walk is what keeps up with simulated annealing.
 
-Which neighbours first (options ``initial_order``, ``initial_ranked``; the tuner passes the family's
-``warps_in_flight(problem, config)``). Before any time is known the local design tries the two neighbours
-that put the most warps in flight on an SM first (a batch-1 layer leaves most SMs idle), the rest in the
-seeded random order. On the H200 replay (7 problems x 20 seeds) that took the mean fraction of the
-optimum at evaluations 3/5/7 from 0.834/0.853/0.859 to 0.859/0.861/0.865, above annealing and the genetic
-algorithm at every budget up to 50 (before: below annealing at 5-7, 15, 16 and the GA at 3), @20/@50
-0.925/0.969 -> 0.928/0.971; ranking the whole design that way (or only moving the neighbours that lower
-it last) was better up to evaluation 8 but left out the neighbours on the way to most optima (BM=128)
-and fell to 0.906 @20 (docs/strategies.md).
+Which neighbours first (``initial_order``, ``initial_ranked``). Before any time is known the 2 neighbours with the
+most warps in flight per SM go first (a batch-1 layer leaves most SMs idle), the rest in seeded random order:
+ranking them all would leave out the neighbours on the way to most optima (BM=128).
 
-Problem-aware inputs (option ``features``; the tuner passes the family's ``features(problem, config)``).
-The knobs alone do not say how they combine on a problem: the fastest SPLIT depends on BM and BN through
-the grid, the work per block on BK and SPLIT through C*R*S. With ``implicit_gemm_tc.features`` (log2 of
-grid blocks per SM, of K-tiles per split-K slice and of resident blocks per SM) the GP models log time over
-the 7 knobs plus these 3 values (each scaled to [0, 1] over the valid configurations, through a BoTorch
-input transform looked up per configuration). On the H200 replay (7 problems x 20 seeds) that took BO's
-mean fraction of the optimum @30/@40/@50 from 0.943/0.952/0.964 to 0.946/0.959/0.969 and the budgets where
-it is below annealing from 20 to 5 (all in the initial design or just after: 5-7, 15, 16); offline, the
-8 best-predicted configurations held a better one (0.889 vs 0.855 of the optimum) than with the knobs
-alone (docs/strategies.md).
+Problem-aware features (``features``). The knobs alone do not say how they combine on a problem (the best SPLIT
+depends on BM and BN through the grid), so the GP also gets the family's features (e.g. log2 grid blocks per SM).
 
-Candidates (options ``candidates``, ``trust_region``). Each generation Ax's acquisition scores the valid
-configurations it does not hold yet (our own list through Ax's ``candidate_set`` path, so an invalid
-proposal is impossible), by default only those within 3 one-knob steps of the incumbent (a trust region
-that grows after a generation without a new best): on the H200 replay the same quality within noise as
-scoring all of them and 37% less Ax time per run (the acquisition over ~2900 points was most of a
-generation). Each generation then asks Ax for ``batch_size``
-trials (``early_batch`` = 4 while fewer than ``early_until`` = 24 evaluations are done; qLogEI with pending
-points), hands them to ``objective`` as one batch (the real evaluator compiles them in parallel) and
-reports each back. A proposal that repeats an evaluated configuration is
-answered from ``Objective``'s memo (no budget spent) and reported again. If three generations in a row
-spend no evaluation (only invalid proposals or repeats), the next batch is unseen valid configurations
-drawn at random (also when fewer raw combinations are left unproposed than a batch asks for: Ax would
-retry and then rejection-sample for a minute), so the loop always terminates; it ends when every valid
-configuration has been evaluated.
+Candidates and trust region (``candidates``, ``trust_region``). Ax scores our list of the valid configurations it
+has not seen (``candidate_set``: no invalid proposal is possible) within 3 one-knob steps of the incumbent, a
+radius that grows after a generation without a new best: the same quality as scoring all, less Ax time.
 
-Invalid proposals and failures (option ``invalid``); a failure is a typed evaluator status (compile,
-resources, launch, wrong), never proposed again because Ax deduplicates against every arm it has seen:
+Invalid proposals and failures (``invalid``; a failure is a typed status, never proposed again). "constraint": an
+outcome constraint on ``excess`` (validity rules broken), learnt by a second GP, with qLogNEI; "abandon":
+``mark_trial_abandoned``, nothing learnt; "penalty": 2x the slowest time seen, which steers the GP away from the
+fastest configurations (they have more invalid neighbours than most). "abandon" is the default: with valid-only
+candidates nothing invalid is proposed, so a second GP buys nothing. A "timeout" is a penalty time in every mode.
 
-- "constraint": an outcome constraint ``excess <= 0.5``. ``excess`` is 0 for a configuration
-  that ran; for one that did not (invalid, or a failure) it is the number of validity rules broken, at
-  least 1. Ax fits a second GP and weights the acquisition by the modelled feasibility, so it learns
-  where the invalid region is and stops proposing into it.
-- "abandon" (default, see below): ``mark_trial_abandoned``. Ax keeps the arm
-  as pending (never re-proposed) but learns nothing about the region, so it keeps proposing neighbours
-  of invalid points.
-- "penalty": complete the trial with time = 2 x the slowest time seen (Ax's winsorisation clips it to
-  the top of the data anyway). The GP then believes the neighbourhood of an invalid point is slow; the
-  fastest configurations have more invalid or failing neighbours than most (16% of one-step neighbours
-  of the top 5 vs 8% typical, synthetic AlexNet conv2), so it is steered away from them.
-A "timeout" is reported as a penalty time in every mode: the configuration is valid, just slow.
-
-Generation cost (options ``acquisition``, ``fit_maxiter``). Profiled on the 2-core CI machine with 40
-trials: BoTorch's default GP fit ran 258 L-BFGS iterations (3.1 s) and qLogNEI over 5120 points with 512
-QMC samples took 4.4 s for a batch of 4; with qLogEI, 64 samples and at most 40 fit iterations a
-generation took 1.0-3.0 s. In ``invalid="constraint"`` mode BoTorch cannot build qLogEI
-and qLogNEI is used.
-
-Why "abandon" (the H200 recording of implicit_gemm_tc replayed, docs/strategies.md): with valid-only
-candidates and the linear constraints Ax proposed 0 invalid configurations in 140 runs, so "abandon" (one GP,
-qLogEI) loses nothing against "constraint" (two GPs, qLogNEI: 34 s per run of 50 evaluations on the 2-core
-CPU), and batch 8 with a 20-iteration fit takes a run from 27 s (batch 4, fit 40) to 14.7 s at the same
-quality (median 46 vs 42 evaluations to 95%, 46% vs 43% never within 50). Where invalid proposals are
-common (no linear constraints, raw candidates), the outcome constraint does best, as measured on a
-SYNTHETIC landscape without the linear constraints and the options above (``replay.synthetic_times``,
-implicit_gemm, AlexNet conv2 N=128, landscape seed 0: 4 of 3568 valid configurations within 95% of the
-optimum), 10 seeds each, evaluations until the best time is within 95% of the optimum (cap 120), a 2-core
-CPU::
-
-    invalid=     median evals  worst   invalid proposals/run   s per generation of 4
-    constraint   16.5          27      7.5                     2.38 (two GPs)
-    abandon      18.5          32      21.2                    1.27
-    penalty      31.5          110     10.5                    1.52
-    random search: median 576 / mean 738 evaluations (2000 simulated runs); 9 of 10 runs missed at 120
-
-With a fixed budget of 40 evaluations both constraint and abandon found the true optimum for all 10
-seeds, but abandon made 70.7 invalid proposals per run against 25.4 and so spent 2x the generations: Ax's
-wall time per run averaged 105 s against 56 s: there "constraint" has the fewest evaluations and invalid
-proposals, and the least Ax time per run despite the dearer generation. On a harder landscape (AlexNet
-conv1 at N=1: 1 configuration within 95%, random search needs a median of 1773) constraint still did best
-(3 of 10 seeds within 95% by 120 evaluations vs 1 of 10 for penalty, 0 for random; median best 0.912 vs
-0.910 vs 0.859) but proposed 46 invalid configurations per run against 14 and spent about 6x penalty's
-Ax time there; abandon's pending arms piled up and made every generation slower than the last.
-
-Acquisition cost (option ``mc_samples``). For a fully discrete space of at most 10 000 raw combinations
-Ax enumerates them all, so ``num_restarts``/``raw_samples`` do not apply (Ax drops them); a generation is
-a GP fit plus ``batch_size`` sequential qLogNEI passes over 5120 points, with 512 quasi-MC samples by
-default. A seeded 64-sample Sobol QMC sampler cut a generation of 4 from 2.55 s to 0.75 s (fixed data of
-40 trials, one thread; 128: 0.94 s, 32: 0.82 s) and did not cost quality: penalty handling reached 95% in a
-median of 31.5 evaluations with 64 samples and 38 with 512 (1 of 10 missed).
-
-Reproduce: ``python benchmarks/probes/compare_invalid_handling.py`` (and ``--timing-only``); see
-docs/strategies.md. Ax's sequences do not depend on PYTHONHASHSEED (same trials under 0, 1, 12345 and
-random); ``Client(random_seed=seed)`` and the seeded samplers make a run reproducible.
+Generation cost (``mc_samples``, ``fit_maxiter``, ``acquisition``). qLogEI, a seeded 64-sample QMC sampler and at
+most 20 L-BFGS fit iterations cost a fraction of BoTorch's defaults (qLogNEI, 512 samples, a full fit), same quality.
 
 >>> from bagf_torch.kernels.space import Space
 >>> from bagf_torch.tuning.common import Budget, Objective, Outcome
