@@ -25,7 +25,8 @@
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
 #   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
 #   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
-#   overhead = benchmarks/bench_overhead.py ($OVERHEAD_ARGS); firstcall = benchmarks/first_call.py ($FIRSTCALL_ARGS,
+#   overhead = benchmarks/bench_overhead.py ($OVERHEAD_ARGS); compare = benchmarks/compare_versions.py (an older
+#   checkout in $COMPARE_OLD, default .old_main, against this one on the same plans; $COMPARE_ARGS); firstcall = benchmarks/first_call.py ($FIRSTCALL_ARGS,
 #   and its --alexnet mode once per budget in $FIRSTCALL_ALEXNET, e.g. "5 25"). build installs the package
 #   non-editable (pip install --no-deps --no-build-isolation .) and the tests stage runs the GPU tests against
 #   that copy from outside the checkout (BAGF_TEST_INSTALLED=1).
@@ -39,7 +40,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|firstcall) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -200,6 +201,16 @@ if has overhead; then
   timeout ${OVERHEAD_TIMEOUT:-420} python3 benchmarks/bench_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-} \
     > "$OUT/overhead.log" 2>&1 || rc=1
   tail -n 48 "$OUT/overhead.log"
+fi
+if has compare; then
+  wait_alongside
+  # compare = benchmarks/compare_versions.py: the same plans under an older checkout ($COMPARE_OLD, e.g. a carried
+  # `git archive <commit>` folder) and this one, alternating; $COMPARE_ARGS (default: the AlexNet winners of
+  # benchmarks/results/first_call_alexnet_h200.json). Results: $OUT/compare_versions_h200.{json,md}.
+  # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
+  timeout ${COMPARE_TIMEOUT:-420} python3 benchmarks/compare_versions.py --old "${COMPARE_OLD:-.old_main}" --out "$OUT" \
+    ${COMPARE_ARGS:---plans-from benchmarks/results/first_call_alexnet_h200.json} > "$OUT/compare.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/compare.log"
 fi
 if has firstcall; then
   wait_alongside

@@ -239,6 +239,8 @@ def _fake_runtime(family: str = "aten", warn_in_inference_mode: bool = False):
                           context=lambda index: contextlib.nullcontext())
 
     class FakeTuner:
+        backend = TrialBackend(compiler, None, None, lambda p: None)  # local: its handles are this process's
+
         def tune(self, problem, progress=None, seeds=()):
             import torch
 
@@ -356,3 +358,28 @@ def test_device_check_knows_the_new_stages():
     case = next(line for line in text.splitlines() if line.strip().startswith('case "$a" in'))
     assert "|overhead|" in case + "|" and "|firstcall)" in case
     assert "benchmarks/bench_overhead.py --out \"$OUT\"" in text and "benchmarks/first_call.py --out \"$OUT\"" in text
+
+
+def test_compare_versions_plans_and_verdict(tmp_path):
+    cv = _script("compare_versions")
+    doc = {"rows": [{"plan": "winograd_gemm_f4_tb128_vl0_ml0_ge6_so1_sm90", "layers": ["features.6"],
+                     "problem": {"n": 32}},
+                    {"plan": "aten (cuDNN)", "layers": ["features.3"], "problem": {"n": 32}},
+                    {"plan": "implicit_gemm_tc_x", "layers": ["features.0"], "problem": {"n": 1}}]}
+    (tmp_path / "fc.json").write_text(json.dumps(doc))
+    assert cv.plans_from(tmp_path / "fc.json") == ["winograd_gemm_f4_tb128_vl0_ml0_ge6_so1_sm90@conv3:32",
+                                                   "implicit_gemm_tc_x@conv1:1"]
+
+    def row(plan, graph, eager=10.0):
+        return {"plan": plan, "layer": "conv3", "n": 32, "ours_graph_us": graph, "ours_eager_us": eager,
+                "ours_issue_us": 5.0, "cudnn_graph_us": 50.0}
+
+    same = cv.compare({"old": [[row("a", 10.0), row("b", 20.0)], [row("a", 10.2), row("b", 20.0)]],
+                       "new": [[row("a", 10.1), row("b", 19.9)], [row("a", 10.1), row("b", 20.1)]]}, 0.03)
+    assert same["summary"]["pass"] and same["summary"]["plans"] == 2
+    assert same["summary"]["geomean_new_over_old_graph"] == pytest.approx(1.0, abs=0.01)
+    slower = cv.compare({"old": [[row("a", 10.0), row("b", 20.0)]], "new": [[row("a", 11.0), row("b", 22.0)]]}, 0.03)
+    assert not slower["summary"]["pass"] and slower["summary"]["geomean_new_over_old_graph"] == pytest.approx(1.1)
+    meta = {"gpu": "G", "date": "d", "versions": "v", "old": "o", "new": "n", "command": "c", "rounds": 1}
+    stem = cv.write(tmp_path, "t", meta, slower)
+    assert "Pass (GPU-time geomean within 3% of 1): NO" in stem.with_suffix(".md").read_text()
