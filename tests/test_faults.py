@@ -427,6 +427,24 @@ def test_row_isolated_worker_survives_crash_poison_hang_and_wrong(counts):
     assert pool._proc is None
 
 
+def test_the_isolated_pool_is_a_trial_backend_the_tuner_runs_on():
+    """``WorkerPool.backend()`` is what the runtime hands the Tuner with BAGF_ISOLATE=1: a whole tuning runs through
+    it in the worker, and the backend says its handles are not this process's."""
+    from bagf_torch.tuning.common import Budget
+    from bagf_torch.tuning.isolated import WorkerPool
+    from bagf_torch.tuning.tuner import Tuner
+
+    pool = WorkerPool(0, timeout_s=10.0, backend="fault_helpers:cpu_backend")
+    try:
+        backend = pool.backend()
+        assert backend.local is False and pool.backend_spec == "fault_helpers:cpu_backend"
+        result = Tuner(backend, ig, strategy="random", budget=Budget(6), seed=0).tune(fh.P)
+        assert result.evaluations >= 3 and result.family == ig.FAMILY  # (random search also met the planted faults)
+        assert result.config["BM"] not in (fh.CRASH_BM, fh.POISON_BM, fh.HANG_BM) and result.config["BN"] != fh.WRONG_BN
+    finally:
+        pool.close()
+
+
 # ---- GPU rows: the real NVRTC path, the real worker, a deliberately faulty kernel ------------------------
 
 _GPU_PROBLEM = dict(n=2, c=8, h=12, w=10, k=20, r=3, s=3, padding=(1, 1))

@@ -97,7 +97,7 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.compile_timeout_s = compile_timeout_s
         self.start_timeout_s = start_timeout_s
-        self.backend = backend
+        self.backend_spec = backend  # "module:function" of the TrialBackend factory the worker runs
         self.crashes = 0
         self.timeouts = 0
         self.restarts = 0
@@ -112,7 +112,7 @@ class WorkerPool:
     # ---- the worker's life ------------------------------------------------------------------------------
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.device, self.backend, os.getpid()),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.device, self.backend_spec, os.getpid()),
                                  daemon=True, name=f"bagf-isolated-worker-{self.device}")
         _start_process(proc)
         child.close()
