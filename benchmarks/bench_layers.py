@@ -16,7 +16,6 @@ import argparse
 import datetime
 import faulthandler
 import json
-import os
 import platform
 import statistics
 import sys
@@ -26,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402

@@ -58,7 +58,6 @@ import torch
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from bagf_torch import bench, log, runtime  # noqa: E402
 from bagf_torch.nn import TunedConv2d  # noqa: E402

@@ -235,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -x, -k expr)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     t0 = time.monotonic()
     rows = matrix(run_tests(args.pytest_args))
     if args.noise:

@@ -60,7 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_overhead as common  # noqa: E402  (also puts the checkout on sys.path)
+import bench_overhead as common  # noqa: E402
 from bench_overhead import (  # noqa: E402
     REPO, LogCapture, Layer, arm_watchdog, bagf_env, command_line, console_logging, keep_environ, parse_batches,
     parse_layers, pin_build_dir, run_meta, seconds_suffix, to_json, version_line)

@@ -31,7 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bagf_torch.kernels import FAMILIES  # noqa: E402
 from bagf_torch.kernels.space import config_key  # noqa: E402

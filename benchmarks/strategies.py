@@ -53,7 +53,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -61,7 +60,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bagf_torch.kernels import FAMILIES  # noqa: E402
 from bagf_torch.kernels.space import Space, config_key  # noqa: E402

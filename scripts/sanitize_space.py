@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = [  # n, c, h, w, k, r, s, stride, pad, dil
     (1, 3, 9, 7, 5, 3, 3, 1, 1, 1),

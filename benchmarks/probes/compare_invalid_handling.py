@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bagf_torch.kernels import implicit_gemm  # noqa: E402
 from bagf_torch.tuning.common import Budget, Objective  # noqa: E402

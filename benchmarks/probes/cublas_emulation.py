@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_layers
 from bagf_torch.bench import fp32, time_forward  # noqa: E402
-from benchmarks.bench_layers import ALEXNET  # noqa: E402
+from bench_layers import ALEXNET  # noqa: E402
 
 COMPUTE = {"32F": 68, "32F_FAST_TF32": 77, "32F_EMULATED_16BFX9": 78}
 STRATEGY = {"default": 0, "performant": 1, "eager": 2}

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # (N, C, H=W, K, kernel, stride, pad)
 LAYERS = {"conv3_n128": (128, 192, 13, 384, 3, 1, 1), "conv4_n128": (128, 384, 13, 256, 3, 1, 1),

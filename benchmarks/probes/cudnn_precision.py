@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_layers
 from bagf_torch.bench import time_forward  # noqa: E402
-from benchmarks.bench_layers import ALEXNET  # noqa: E402
+from bench_layers import ALEXNET  # noqa: E402
 
 
 def set_mode(mode: str) -> None:

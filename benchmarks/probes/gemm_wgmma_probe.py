@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
-from benchmarks.probes.cublas_emulation import median_us, shapes as _products  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for cublas_emulation (also when imported)
+from cublas_emulation import median_us, shapes as _products  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parents[2] / "csrc" / "kernels"
 CONFIGS = [  # WN, NB, WG, STAGES

@@ -25,7 +25,6 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 

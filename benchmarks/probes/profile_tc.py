@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for record_space
 from record_space import _ALEXNET, _conv  # noqa: E402

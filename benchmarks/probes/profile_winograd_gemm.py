@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bagf_torch import iobound  # noqa: E402
 from bagf_torch.cache import Cache  # noqa: E402

@@ -19,14 +19,12 @@ import argparse
 import datetime as dt
 import importlib
 import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from bagf_torch import iobound  # noqa: E402
 from bagf_torch.kernels.space import config_key  # noqa: E402

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bagf_torch import winograd_math as winograd  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
