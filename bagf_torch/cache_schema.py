@@ -4,8 +4,8 @@ to be written is checked here, field by field, before anything else looks at it.
 Why one typed boundary: a cache is shared by every process of a machine and, through ``cache export`` and
 ``cache import``, by other machines. A row with valid JSON but the wrong shape (a text ``time_us``, a float
 ``evaluations``, a ``stride`` of 0, an ``env`` that is a list, a configuration with a knob outside the
-family's space) used to travel unchecked into the warm start, the report, ``cache list`` and the NVRTC name
-expression, and one such row could stop every later tuning on the machine. Here it fails with a
+family's space) would otherwise travel into the warm start, the report, ``cache list`` and the NVRTC name
+expression, where one such row can stop every later tuning on the machine. Here it fails with a
 ``SchemaError`` naming the field; callers skip the row with one log line and go on.
 
 Only the standard library (dataclasses and explicit checks): pydantic is not a dependency of bagf_torch.

@@ -126,8 +126,8 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         # cuDNN benchmark mode for this pass: torch keeps ONE algorithm per conv shape per process, and the first
         # call decides it -- a heuristic pick (benchmark off) is cached and then reused even in benchmark mode.
         # Measured on the H200: AlexNet conv3 at N=128 ran 1024 us with the heuristic pick against 415-450 us
-        # with benchmark's (FFT); this pass used to fix the heuristic one, so the tuner then compared our kernels
-        # with a 2.4x slower cuDNN (benchmarks/results/cudnn_contexts_h200.json).
+        # with benchmark's (FFT); a recording pass with benchmark off would pin the heuristic one, and the tuner
+        # would then compare our kernels with a 2.4x slower cuDNN (python benchmarks/probes/cudnn_contexts.py).
         bk = torch.backends.cudnn
         with torch.no_grad(), bk.flags(enabled=bk.enabled, benchmark=True, deterministic=bk.deterministic,
                                        allow_tf32=bk.allow_tf32):
