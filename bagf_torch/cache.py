@@ -10,7 +10,7 @@ How it stays safe:
   of failing with "database is locked"). Every write is one ``BEGIN IMMEDIATE`` transaction: it takes the
   write lock up front, so two processes can never both read, then both try to upgrade, and deadlock.
 - Each write is followed by a ``wal_checkpoint(TRUNCATE)``, which copies the WAL into the file and cuts the
-  ``-wal`` to 0 bytes (unless another connection holds it up past ``CHECKPOINT_WAIT_MS``: then the next
+  ``-wal`` to 0 bytes (unless another connection holds it up past ``cache_file.CHECKPOINT_WAIT_MS``: then the next
   write's checkpoint catches up). SQLite
   cannot tell which database a ``-wal`` belongs to: a cache file copied over one whose ``-wal`` still holds
   commits reads as the old file's pages laid over the copy (the old file's plans, not the copy's, in
@@ -75,9 +75,9 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .cache_schema import PLAN_FIELDS, PlanRecord, SchemaError, check_cubin_row, check_trial_row
 
-from .cache_file import (  # CHECKPOINT_WAIT_MS and _create_schema too: tools and tests reach them as cache.<name>
-    _CLAIMS, CHECKPOINT_WAIT_MS, SCHEMA_VERSION, _checkpoint, _connect, _create_schema, _Damaged, _is_corruption,
-    _memory_connection, _move_aside, _open_file, _open_lock, _read_only_copy, _transaction)
+from .cache_file import (  # noqa: F401  (_create_schema: tests build a file of their own through cache._create_schema)
+    _CLAIMS, SCHEMA_VERSION, _checkpoint, _connect, _create_schema, _Damaged, _is_corruption, _memory_connection,
+    _move_aside, _open_file, _open_lock, _read_only_copy, _transaction)
 
 __all__ = ["Cache", "CacheUnavailable", "CACHE_FILENAME", "SCHEMA_VERSION", "EXPORT_FORMAT", "FOREIGN_DIGEST_PREFIX",
            "default_cache_path", "owner_id"]

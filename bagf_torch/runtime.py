@@ -99,7 +99,8 @@ class Runtime:
     ``devices(index) -> _Device`` and ``make_tuner(runtime, device, listeners) -> tuner`` replace the CUDA
     device and the Tuner (a Tuner over a replay backend, say), which reports its trials to ``listeners``: CPU
     tests drive the whole lookup, claims and background tuning this way; by default they are ``Runtime.device``
-    and ``Runtime.tuner``. Install one with ``runtime.install(Runtime(...))``.
+    and ``Runtime.tuner``. What ``make_tuner`` returns has ``tune(problem, seeds=)`` and a ``backend`` whose
+    ``local`` says where the winner's handle lives. Install one with ``runtime.install(Runtime(...))``.
     """
 
     def __init__(self, devices: Callable[[int], _Device] | None = None,

@@ -62,6 +62,7 @@ def compare(runs: dict[str, list[list[dict]]], tolerance: float) -> dict:
         return {k: {f: statistics.median(r[f] for r in rs) for f in FIELDS} for k, rs in by_plan.items()}
 
     old, new = medians(runs["old"]), medians(runs["new"])
+    missing = sorted(set(old) ^ set(new))  # a plan one version could not run must not vanish from the verdict
     rows = []
     for key in old:
         if key not in new:
@@ -77,7 +78,7 @@ def compare(runs: dict[str, list[list[dict]]], tolerance: float) -> dict:
                "geomean_new_over_old_eager": geomean([r["ratio_eager"] for r in rows]),
                "worst_graph_ratio": max(r["ratio_graph"] for r in rows),
                "best_graph_ratio": min(r["ratio_graph"] for r in rows), "tolerance": tolerance,
-               "pass": bool(abs(g - 1.0) <= tolerance)}
+               "measured_by_one_version_only": missing, "pass": bool(abs(g - 1.0) <= tolerance and not missing)}
     return {"summary": summary, "rows": rows}
 
 
@@ -123,8 +124,12 @@ def write(out: Path, tag: str, meta: dict, result: dict) -> Path:
                      f"{r['old_cudnn_graph_us']:.1f} / {r['new_cudnn_graph_us']:.1f} |")
     lines += ["", f"{s['plans']} plans: geomean new / old {s['geomean_new_over_old_graph']:.4f} on GPU time "
               f"(range {s['best_graph_ratio']:.3f}-{s['worst_graph_ratio']:.3f}), "
-              f"{s['geomean_new_over_old_eager']:.4f} eager. Pass (GPU-time geomean within "
-              f"{s['tolerance']:.0%} of 1): {'yes' if s['pass'] else 'NO'}."]
+              f"{s['geomean_new_over_old_eager']:.4f} eager."]
+    if s["measured_by_one_version_only"]:
+        lines.append("Measured by one version only (fails the comparison): "
+                     + ", ".join(s["measured_by_one_version_only"]) + ".")
+    lines.append(f"Pass (GPU-time geomean within {s['tolerance']:.0%} of 1, every plan measured by both): "
+                 f"{'yes' if s['pass'] else 'NO'}.")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return stem
@@ -170,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     new_commit = os.environ.get("GIT_COMMIT") or git_commit(HERE.parent)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0),
-            "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
-                        f"Python {sys.version.split()[0]}",
+            "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                        f"cuDNN {torch.backends.cudnn.version()}, Python {sys.version.split()[0]}",
             "old": args.old_commit or git_commit(args.old), "new": new_commit, "rounds": args.rounds,
             "plans": plans, "command": "python benchmarks/compare_versions.py " + " ".join(
                 sys.argv[1:] if argv is None else argv)}

@@ -382,4 +382,7 @@ def test_compare_versions_plans_and_verdict(tmp_path):
     assert not slower["summary"]["pass"] and slower["summary"]["geomean_new_over_old_graph"] == pytest.approx(1.1)
     meta = {"gpu": "G", "date": "d", "versions": "v", "old": "o", "new": "n", "command": "c", "rounds": 1}
     stem = cv.write(tmp_path, "t", meta, slower)
-    assert "Pass (GPU-time geomean within 3% of 1): NO" in stem.with_suffix(".md").read_text()
+    verdict = "Pass (GPU-time geomean within 3% of 1, every plan measured by both): NO"
+    assert verdict in stem.with_suffix(".md").read_text()
+    lost = cv.compare({"old": [[row("a", 10.0), row("b", 20.0)]], "new": [[row("a", 10.0)]]}, 0.03)
+    assert not lost["summary"]["pass"] and lost["summary"]["measured_by_one_version_only"] == ["b@conv3:32"]

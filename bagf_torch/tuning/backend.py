@@ -19,7 +19,8 @@ The implementations:
   own CUDA context (``BAGF_ISOLATE=1``); ``local`` is False. The child names its backend factory as a
   ``"module:function"`` string, the one form that crosses a spawn, which returns a ``TrialBackend``.
 * ``tuning.replay.replay_backend(evaluator)``: answers from a recording instead of a GPU, so that the whole Tuner
-  (budget, families, finalists, listeners) runs on a CPU, in tests and strategy replays.
+  (budget, families, finalists, listeners) runs on a CPU (the tests; ``benchmarks/strategies.py`` replays the
+  strategies alone, without the Tuner).
 
 Nothing else decides where a trial runs: the runtime picks the backend once per tuning (``Runtime.backend``),
 and the Tuner sees only this object.

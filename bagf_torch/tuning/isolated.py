@@ -13,8 +13,8 @@ takes: its compiler, checker, benchmarker and workspace each speak to the worker
 the Tuner sees are the pool's own numbers; after a restart the worker re-loads the ones still in use from the
 cubin cache before it needs them, so the finalists' re-measurement survives a crash of an unrelated candidate.
 
-What runs in the worker is itself a ``TrialBackend``, made by a factory named ``"module:function"`` (the one form
-that crosses a spawn); ``function(device)`` returns it. The default is ``tuning.backend.cuda_backend``, the real
+What runs in the worker is a backend with the ``TrialBackend`` parts and ``healthy()``, made by a factory named
+``"module:function"`` (the one form that crosses a spawn); ``function(device)`` returns it. The default is ``tuning.backend.cuda_backend``, the real
 NVRTC compiler, CudaChecker and CudaBenchmarker; tests run the protocol on a CPU with a fake backend.
 
 The worker is a ``multiprocessing`` "spawn" child, so, as with any spawn start method, a user script run as

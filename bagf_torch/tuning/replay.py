@@ -176,7 +176,9 @@ class ReplayCompiler:
                 continue
             h = len(self.configs)
             self.configs[h] = dict(c)
-            out.append(SimpleNamespace(handle=h, compile_seconds=self.compile_s))
+            # compile_seconds None: "compiled now, cost not known" (the Tuner counts it a compile; 0 would be a
+            # cubin-cache hit and teach its deadline that compiles are free)
+            out.append(SimpleNamespace(handle=h, compile_seconds=self.compile_s or None))
         return out
 
     def unload(self, handle: int) -> None:
@@ -216,7 +218,8 @@ class ReplayBenchmarker:
     def remeasure(self, ws, handles: Sequence[int], rounds: int = 5) -> list[float]:
         if self.clock is not None and self.measure_s:
             self.clock.advance(self.measure_s * rounds * len(handles))
-        return [self._t(h).time_us for h in handles]
+        # a failure (a cut-off of an evaluator with cutoff_factor) re-times as infinitely slow, never as a time
+        return [o.time_us if o.ok else math.inf for o in (self._t(h) for h in handles)]
 
 
 def replay_backend(evaluator: ReplayEvaluator, aten_us: float, *, clock=None, compile_s: float = 0.0,

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
