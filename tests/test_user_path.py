@@ -240,6 +240,85 @@ def test_the_time_budget_holds_with_families_that_compile_at_different_speeds(se
     assert {t.family for t in r.trials if t.config is not None} == {tc.FAMILY, implicit_gemm.FAMILY}
 
 
+def test_the_strategys_imports_load_during_the_compile_wave_and_nothing_is_timed_meanwhile(monkeypatch):
+    """The strategy's preload (Ax's import, 5.8 s on the H200's host) starts right before the start points' compile
+    wave and is waited for right after it, before any start point is timed, for at most half the time left to
+    the search; its wait counts as strategy time."""
+    from bagf_torch.kernels import implicit_gemm
+
+    events, waits = [], []
+    base = strategies.STRATEGIES["random"]
+
+    class WithPreload:
+        OPTIONS = base.OPTIONS
+        tune = staticmethod(base.tune)
+
+        @staticmethod
+        def preload():
+            events.append("preload")
+
+            def wait(timeout=None):
+                events.append("wait")
+                waits.append(timeout)
+                clock.advance(0.5)  # the rest of the import, past the compile wave
+                return True
+            return wait
+
+    monkeypatch.setitem(strategies.STRATEGIES, "random", WithPreload)
+    tc, rp, problem = _recorded()
+    clock = FakeClock()
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
+    real_prefetch = comp.prefetch
+    comp.prefetch = lambda items: (events.append("prefetch"), real_prefetch(items))[1]
+    tuner = _families_tuner(comp, clock, rp, 8.0, [implicit_gemm, tc])
+    measure = tuner.bench.measure
+    tuner.bench.measure = lambda ws, h, cutoff_us=None: (events.append("aten" if h == ATEN else "time"),
+                                                         measure(ws, h, cutoff_us))[1]
+    r = tuner.tune(problem)
+    assert events[:5] == ["aten", "preload", "prefetch", "wait", "time"], events[:6]
+    assert events.count("preload") == 1 and 0 < waits[0] <= 8.0 / 2
+    assert r.phases["strategy"] >= 0.5 and r.seconds <= 8.0 + 0.1
+
+
+def test_a_budget_of_start_points_only_does_not_preload_the_strategy(monkeypatch):
+    """No evaluation left for a search: nothing to import for it."""
+    from bagf_torch.kernels import implicit_gemm
+
+    called = []
+    base = strategies.STRATEGIES["random"]
+    fake = types.SimpleNamespace(OPTIONS=base.OPTIONS, tune=base.tune, preload=lambda: called.append(1))
+    monkeypatch.setitem(strategies.STRATEGIES, "random", fake)
+    tc, rp, problem = _recorded()
+    clock = FakeClock()
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 2.0, implicit_gemm.FAMILY: 0.25})
+    tuner = _families_tuner(comp, clock, rp, 8.0, [implicit_gemm, tc])
+    tuner.budget = Budget(2, 8.0)  # the two start points
+    tuner.tune(problem)
+    assert not called
+
+
+def test_ax_preload_imports_ax_in_a_thread_once():
+    """In a fresh process: preload starts one daemon thread that imports Ax; its wait reports the end; a second
+    preload starts nothing new; the strategy's own import then finds Ax loaded."""
+    code = (
+        "import sys, threading\n"
+        "from bagf_torch.tuning import strategies\n"
+        "assert 'ax.api.client' not in sys.modules\n"
+        "wait = strategies.preload('ax')\n"
+        "names = [t.name for t in threading.enumerate()]\n"
+        "assert 'bagf-ax-import' in names, names\n"
+        "assert wait(120) is True and 'ax.api.client' in sys.modules\n"
+        "again = strategies.preload('ax')\n"
+        "assert again is not None and again(0) is True\n"
+        "assert [t.name for t in threading.enumerate()].count('bagf-ax-import') == 0\n"
+        "assert strategies.preload('random') is None\n"
+        "print('ok')\n")
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_the_time_budget_holds_for_a_later_problem_whose_start_points_are_cached():
     """A process tuning a model's problems one after another: the later problems' start points come from the cubin
     cache (no compile to measure), so the first real compile wave of a slow family is known only from the earlier

@@ -592,12 +592,22 @@ class Tuner:
             # land in the cache, so their compiles below are loads): one compile wave instead of one per family.
             # The seeds are winners of neighbouring problems, usually in the cache already: then this costs nothing,
             # and the budget knows they need no compile.
+            # The strategy's own imports (Ax: seconds, once per process) load meanwhile, when a search will follow
+            # (evaluations left after the start points and seeds): the main thread mostly waits for NVRTC here.
+            wait = strategies.preload(self.strategy) if self.budget.evaluations > len(items) else None
             t = clock()
             compiled = prefetch(items)
             prefetched.update((fam.FAMILY, config_key(c)) for fam, c in items)
             phases["compile"] += clock() - t
             for name, seconds in (compiled or {}).items():  # each family's NVRTC time in that wave
                 deadline.compiled([name], 1, seconds)
+            if wait is not None:
+                # Nothing is timed while it loads (it would take the GIL from the timed launches), for at most half
+                # the time left to the search, so that a tight budget still measures the start points (the rest
+                # of the import then runs beside their timings, and the search waits for it).
+                t = clock()
+                wait(max(0.0, (deadline.search_end() - t) / 2))
+                phases["strategy"] += clock() - t
         defaults: dict[str, float | None] = {}
         for fam in families:
             limit[0] = deadline.search_end()  # (the reserve grows with the first timings)

@@ -45,6 +45,14 @@ def check_options(name: str, options: dict[str, Any]) -> ModuleType:
     return module
 
 
+def preload(name: str) -> Callable[..., bool] | None:
+    """Start loading what strategy ``name`` imports on its first use, in the background (Ax: seconds); returns
+    ``wait(timeout=None) -> bool`` (True once loaded), or None when the strategy needs nothing or it is loaded."""
+    module = STRATEGIES.get(name)
+    start = getattr(module, "preload", None)
+    return start() if start is not None else None
+
+
 def run(name: str, space: Space, evaluate: Evaluate, budget: Budget, seed: int, *,
         clock: Callable[[], float] = time.monotonic, prior: Sequence[tuple[Config, Outcome]] = (),
         **options: Any) -> list[tuple[Config, Outcome]]:

@@ -49,6 +49,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
+import threading
 import time
 import warnings
 from typing import Any, Mapping
@@ -343,6 +345,48 @@ def _quiet_ax():
             set_stderr_log_level(old)
 
 
+_PRELOAD: threading.Thread | None = None
+_PRELOAD_LOCK = threading.Lock()
+
+
+def preload() -> Any:
+    """Start importing Ax in a daemon thread, once per process (nothing when Ax is imported already); returns
+    ``wait(timeout=None) -> bool`` (True once the import has ended) or None when there is nothing to wait for.
+
+    Why: Ax's import (with BoTorch, GPyTorch, pandas) took 5.8 s on the H200's host (``first_call.py``'s
+    ``prewarm.ax_import_s``), inside the first tuning of a process, where it is search time lost. The tuner
+    starts it before its first compile wave, during which the main thread mostly waits for NVRTC (which releases
+    the GIL), and waits for it before it times anything: an import competing for the GIL would delay the launches
+    of the timed calls. A failed import is left to ``tune``'s own import, which reports it."""
+    global _PRELOAD
+    with _PRELOAD_LOCK:
+        if "ax.api.client" in sys.modules and _PRELOAD is None:
+            return None
+        if _PRELOAD is None:
+            def load() -> None:
+                try:
+                    import ax.api.client  # noqa: F401  (what ``from ax import Client`` loads)
+                except Exception:  # noqa: BLE001 - tune() imports again and reports the error
+                    pass
+
+            _PRELOAD = threading.Thread(target=load, name="bagf-ax-import", daemon=True)
+            _PRELOAD.start()
+        thread = _PRELOAD
+
+    def wait(timeout: float | None = None) -> bool:
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    return wait
+
+
+def _wait_preload() -> None:
+    """Never import Ax on two threads at once: a preload in flight is waited for (the import is then free)."""
+    thread = _PRELOAD
+    if thread is not None:
+        thread.join()
+
+
 def _candidate_acquisition(codec: _Codec, candidates: list):
     """An Ax ``Acquisition`` subclass that scores only ``candidates`` (a list of configurations the loop
     refills before each generation; empty: Ax's own enumeration of every raw combination) through
@@ -527,6 +571,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     def unseen_valid(n: int) -> list[Config]:
         return unseen_random(objective, valid, rng, n)
 
+    _wait_preload()
     with _quiet_ax():
         from ax import Client
         from ax.exceptions.core import OptimizationComplete
