@@ -221,6 +221,35 @@ def test_ax_near_optimum_on_synthetic_landscape(seed):
     assert strict.calls <= 40
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("invalid", ["abandon", "constraint"])
+def test_ax_completes_trials_directly_with_the_same_search(monkeypatch, invalid):
+    """The direct completion (``ax_bo._completer``) leaves Ax with what ``Client.complete_trial`` would: the same
+    seed proposes the same configurations in the same order, and Client.complete_trial is not called."""
+    from ax import Client
+
+    from bagf_torch.tuning.strategies import ax_bo
+
+    space = implicit_gemm.space()
+    replay = ReplayEvaluator(synthetic_times(space, ALEXNET_CONV2, seed=0))
+    calls = []
+    real = Client.complete_trial
+    monkeypatch.setattr(Client, "complete_trial", lambda self, *a, **k: (calls.append(1), real(self, *a, **k))[1])
+
+    def search(fast: bool) -> list:
+        monkeypatch.setattr(ax_bo, "FAST_COMPLETE", fast)
+        calls.clear()
+        strict = StrictEvaluator(space, lambda c: replay.median(c).time_us,
+                                 fail=lambda c: None if replay.median(c).ok else "resources")
+        trials = run("ax", space, strict, Budget(14), seed=3, invalid=invalid, initial_trials=4)
+        return [config_key(c) for c, _ in trials], len(calls)
+
+    direct, direct_calls = search(True)
+    client, client_calls = search(False)
+    assert direct == client and len(direct) >= 14
+    assert direct_calls == 0 and client_calls > 0
+
+
 def test_ax_option_values_checked():
     with pytest.raises(ValueError, match="invalid='ignore'"):
         run("ax", small_space(), StrictEvaluator(small_space(), small_time), Budget(3), seed=0, invalid="ignore")
