@@ -357,7 +357,10 @@ def preload() -> Any:
     ``prewarm.ax_import_s``), inside the first tuning of a process, where it is search time lost. The tuner
     starts it before its first compile wave, during which the main thread mostly waits for NVRTC (which releases
     the GIL), and waits for it before it times anything: an import competing for the GIL would delay the launches
-    of the timed calls. A failed import is left to ``tune``'s own import, which reports it."""
+    of the timed calls. A failed import is left to ``tune``'s own import, which reports it. Unlike ``tune``'s import,
+    this one runs outside ``_quiet_ax`` (``warnings.catch_warnings`` is process-wide, not safe on a second thread):
+    Ax's import-time DeprecationWarnings are Python's default business (hidden outside ``__main__``), and a
+    ``-W error`` process fails the import here and imports again in ``tune``."""
     global _PRELOAD
     with _PRELOAD_LOCK:
         if "ax.api.client" in sys.modules and _PRELOAD is None:
@@ -374,6 +377,8 @@ def preload() -> Any:
         thread = _PRELOAD
 
     def wait(timeout: float | None = None) -> bool:
+        if timeout is not None and not 0 <= timeout < threading.TIMEOUT_MAX:  # an unbounded budget: to the end
+            timeout = None
         thread.join(timeout)
         return not thread.is_alive()
 
@@ -385,6 +390,16 @@ def _wait_preload() -> None:
     thread = _PRELOAD
     if thread is not None:
         thread.join()
+
+
+def _ax_at_least(major: int, minor: int) -> bool:
+    import ax
+
+    try:
+        found = tuple(int(p) for p in ax.__version__.split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return found >= (major, minor)
 
 
 FAST_COMPLETE = True
@@ -402,7 +417,7 @@ def _completer(client) -> Any:
     trials. Ax's internals differ between versions: whatever is missing here, or a metric the experiment does not
     know (Client would register it), takes ``Client.complete_trial`` instead."""
     slow = client.complete_trial
-    if not FAST_COMPLETE:
+    if not FAST_COMPLETE or not _ax_at_least(1, 3):  # earlier 1.x Clients attach and mark trials differently
         return lambda index, raw_data: slow(index, raw_data=raw_data)
     try:
         experiment = client._experiment
@@ -418,7 +433,11 @@ def _completer(client) -> Any:
             return slow(index, raw_data=raw_data)
         if not set(raw_data) <= set(experiment.metrics):
             return slow(index, raw_data=raw_data)
-        attach(to_data(raw_data={arm: [(float("nan"), raw_data)]}))  # Client.attach_data's form (no progression)
+        try:  # nothing is changed until the data is built: any surprise here can still take the Client's way
+            data = to_data(raw_data={arm: [(float("nan"), raw_data)]})  # Client.attach_data's form (no progression)
+        except Exception:  # noqa: BLE001
+            return slow(index, raw_data=raw_data)
+        attach(data)
         mark()
 
     return complete
