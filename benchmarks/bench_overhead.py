@@ -40,6 +40,7 @@ import copy
 import datetime
 import faulthandler
 import json
+import math
 import logging
 import os
 import platform
@@ -146,20 +147,28 @@ def seconds_suffix(seconds: float | None, default: float) -> str:
 
 # ---- run metadata and the environment --------------------------------------------------------------------
 
-def git_commit() -> str:
-    """GIT_COMMIT when set (the device machine's copy of the working tree carries the .git of the session's
-    start, whose HEAD is not what runs), else HEAD of the checkout (with '+dirty' when tracked files differ)."""
-    if os.environ.get("GIT_COMMIT"):
+def git_commit(repo: Path = REPO) -> str:
+    """For this checkout: GIT_COMMIT when set (the device machine's copy of the working tree carries the .git of
+    the session's start, whose HEAD is not what runs), else HEAD; for another ``repo``, its HEAD. '+dirty' when
+    tracked files differ. A folder that is not the top of a checkout (an unpacked ``git archive``, even inside
+    this one) has no commit of its own."""
+    if repo == REPO and os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        head = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=repo, capture_output=True,
+                              text=True, timeout=10)
+        top, _, commit = head.stdout.strip().partition("\n")
+        if head.returncode == 0 and Path(top).resolve() == Path(repo).resolve():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
                                    capture_output=True, text=True, timeout=10)
-            return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+            return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown (no git checkout here; set GIT_COMMIT)"
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def command_line(script: str, argv: Sequence[str]) -> str:

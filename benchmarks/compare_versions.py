@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -30,6 +29,9 @@ from pathlib import Path
 from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # this folder, for bench_overhead's helpers (also when a test loads this file)
+
+from bench_overhead import command_line, geomean, git_commit, to_json  # noqa: E402
 ALEXNET_LAYERS = {"features.0": "conv1", "features.3": "conv2", "features.6": "conv3", "features.8": "conv4",
                   "features.10": "conv5"}
 FIELDS = ("ours_graph_us", "ours_eager_us", "ours_issue_us", "cudnn_graph_us")
@@ -45,10 +47,6 @@ def plans_from(path: Path) -> list[str]:
             continue
         out.append(f"{plan}@{ALEXNET_LAYERS[r['layers'][0]]}:{r['problem']['n']}")
     return out
-
-
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def compare(runs: dict[str, list[list[dict]]], tolerance: float) -> dict:
@@ -96,17 +94,9 @@ def run_version(version: str, tree: Path, plans: list[str], out: Path, tag: str,
     return json.loads((out / f"host_floor_{tag}.json").read_text())["rows"]
 
 
-def git_commit(tree: Path) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write(out: Path, tag: str, meta: dict, result: dict) -> Path:
     stem = out / f"compare_versions_{tag}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, **result}, indent=1))
+    stem.with_suffix(".json").write_text(to_json({"meta": meta, **result}))
     s = result["summary"]
     lines = [f"# The same plans under two versions of bagf_torch ({meta['gpu']})", "",
              f"{meta['date']}; {meta['versions']}; old `{meta['old']}`, new `{meta['new']}`.", "",
@@ -172,14 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for version in order:
             runs[version].append(run_version(version, trees[version], plans, work, f"{version}_{rnd}", envs[version]))
     result = compare(runs, args.tolerance)
-    new_commit = os.environ.get("GIT_COMMIT") or git_commit(HERE.parent)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0),
             "versions": f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
                         f"cuDNN {torch.backends.cudnn.version()}, Python {sys.version.split()[0]}",
-            "old": args.old_commit or git_commit(args.old), "new": new_commit, "rounds": args.rounds,
-            "plans": plans, "command": "python benchmarks/compare_versions.py " + " ".join(
-                sys.argv[1:] if argv is None else argv)}
+            "old": args.old_commit or git_commit(args.old.resolve()), "new": git_commit(), "rounds": args.rounds,
+            "plans": plans, "command": command_line("compare_versions.py", sys.argv[1:] if argv is None else argv)}
     args.out.mkdir(parents=True, exist_ok=True)
     write(args.out, args.tag, meta, result)
     return 0 if result["summary"]["pass"] else 1

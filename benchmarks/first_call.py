@@ -46,7 +46,6 @@ import argparse
 import copy
 import faulthandler
 import json
-import math
 import os
 import subprocess
 import sys
@@ -430,7 +429,7 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                "search_failed": failures, "source": "tune JSON" if report is not None else "cache (no tune JSON)"}
     summary["pass"] = bool(rc == 0 and rows and all(r["within_budget"] for r in rows) and not failures)
     speeds = [x for x in (speedup(r) for r in rows) if x is not None]
-    geo = math.exp(sum(math.log(x) for x in speeds) / len(speeds)) if speeds else None
+    geo = common.geomean(speeds) if speeds else None
     summary["geomean_speedup"] = geo
     if args.dry_run:
         for r in rows:
