@@ -389,3 +389,25 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
           budget=Budget(4)).tune(PROBLEM)
     assert seen["anneal"] == "absent"  # annealing has no model and no features option
     assert order["anneal"] == "absent"
+
+
+def test_judge_output_is_the_check_every_cached_candidate_passes():
+    """Error norm within REL_TOL of the reference's, worst element within 10 x REL_TOL of its largest, every output
+    finite; each failure says which."""
+    import torch
+
+    from bagf_torch.tuning.measure import REL_TOL, judge_output
+
+    ref = torch.linspace(-4.0, 4.0, 10001, dtype=torch.float64)
+    norm, big = float(ref.norm()), float(ref.abs().max())
+    assert judge_output(ref.float(), ref, norm, big) is None
+    one_off = ref.clone()
+    one_off[50] += 9 * REL_TOL * big  # one element: inside 10 x REL_TOL of the largest, norm error < REL_TOL
+    assert judge_output(one_off, ref, norm, big) is None
+    one_off[50] += 2 * REL_TOL * big  # now 11 x
+    assert "relative error" in judge_output(one_off, ref, norm, big)
+    spread = ref * (1 + 2 * REL_TOL)  # every element a little off: the norm error is 2 x REL_TOL
+    assert "relative error" in judge_output(spread, ref, norm, big)
+    poisoned = ref.clone()
+    poisoned[3] = float("nan")
+    assert judge_output(poisoned, ref, norm, big) == "1 of 10001 outputs unwritten or not finite"

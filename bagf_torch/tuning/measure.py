@@ -65,6 +65,23 @@ class Workspace:
         return lambda: F.conv2d(x, w, b, p.stride, p.padding, p.dilation)
 
 
+def judge_output(out: torch.Tensor, ref: torch.Tensor, ref_norm: float, ref_max: float,
+                 rel_tol: float = REL_TOL) -> str | None:
+    """Why ``out`` is wrong against the float64 reference ``ref`` (whose norm and largest magnitude are given), or
+    None: every output finite, the error's norm within ``rel_tol`` of the reference's and its worst element within
+    10 x ``rel_tol`` of the reference's largest. What every candidate passes before it is cached."""
+    out = out.double()
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:
+        return f"{bad} of {out.numel()} outputs unwritten or not finite"
+    err = out - ref
+    rel = float(err.norm()) / max(ref_norm, 1e-30)
+    worst = float(err.abs().max()) / max(ref_max, 1e-30)
+    if rel > rel_tol or worst > 10 * rel_tol:
+        return f"relative error {rel:.2e} (max {worst:.2e}) > {rel_tol:.0e}"
+    return None
+
+
 class CudaChecker:
     """Runs a candidate once into a NaN-poisoned output and compares it with the float64 reference."""
 
@@ -81,16 +98,8 @@ class CudaChecker:
             torch.cuda.current_stream().synchronize()
         except RuntimeError as e:
             return Outcome("launch", detail=str(e))
-        out = ws.out.double()
-        bad = int((~torch.isfinite(out)).sum())
-        if bad:
-            return Outcome("wrong", detail=f"{bad} of {out.numel()} outputs unwritten or not finite")
-        err = out - ws.ref
-        rel = float(err.norm()) / max(ws.ref_norm, 1e-30)
-        worst = float(err.abs().max()) / max(ws.ref_max, 1e-30)
-        if rel > self.rel_tol or worst > 10 * self.rel_tol:
-            return Outcome("wrong", detail=f"relative error {rel:.2e} (max {worst:.2e}) > {self.rel_tol:.0e}")
-        return None
+        why = judge_output(ws.out, ws.ref, ws.ref_norm, ws.ref_max, self.rel_tol)
+        return None if why is None else Outcome("wrong", detail=why)
 
 
 @dataclass(frozen=True)
