@@ -36,12 +36,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ..kernels import implicit_gemm
 from ..kernels.space import Config, Space, config_key
+from ..ops import ATEN
 from .common import Outcome
 
 Record = dict
@@ -164,8 +166,6 @@ class ReplayCompiler:
         self.unloaded: set[int] = set()
 
     def compile(self, family, configs: Sequence[Config]) -> list:
-        from types import SimpleNamespace
-
         out = []
         for c in configs:
             if self.clock is not None and self.compile_s:
@@ -204,8 +204,6 @@ class ReplayBenchmarker:
         self.compiler, self.aten_us, self.clock, self.measure_s = compiler, aten_us, clock, measure_s
 
     def _t(self, handle: int) -> Outcome:
-        from ..ops import ATEN
-
         if handle == ATEN:
             return Outcome("ok", time_us=self.aten_us)
         return self.compiler.evaluator([self.compiler.configs[handle]])[0]
