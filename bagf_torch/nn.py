@@ -28,6 +28,13 @@ _compiling = torch.compiler.is_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 
 
+@torch.compiler.assume_constant_result
+def _tf32_at_trace() -> bool:
+    """The TF32 flag as torch.compile's traced forward reads it: dynamo cannot trace the flag's read (a torch.*
+    call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is."""
+    return cudnn_tf32()
+
+
 def _autocast_on(x: torch.Tensor) -> bool:
     """Whether autocast is on for ``x``'s device (``x.is_cuda`` first: ``x.device.type`` costs half a microsecond)."""
     return torch.is_autocast_enabled("cuda" if x.is_cuda else x.device.type)
@@ -97,10 +104,10 @@ class TunedConv2d(nn.Conv2d):
         self._bagf_reset()
 
     def _bagf_reset(self) -> None:
-        self._bagf_handles: dict = {}
-        self._bagf_fast: dict = {}
-        self.__dict__["_bagf_last"] = None  # the last fast entry used, checked before the dict
-        self._bagf_told: set = set()  # kinds of input the kernels never take, already checked and logged
+        """Forget what this layer learnt about its calls (a new weight, a copy, a recording pass)."""
+        self.__dict__["_bagf_plans"] = {}
+        self.__dict__["_bagf_last"] = None  # the last entry used, checked before the dict
+        self.__dict__["_bagf_told"] = set()  # kinds of input the kernels never take, already checked and logged
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "TunedConv2d":
@@ -112,12 +119,12 @@ class TunedConv2d(nn.Conv2d):
 
     def __getstate__(self):
         # Plan handles index this process's loaded kernels: never let them travel with a pickle or deepcopy.
-        state = self.__dict__.copy()
-        state.update(_bagf_handles={}, _bagf_fast={}, _bagf_last=None, _bagf_told=set())
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")}
+        state.update(_bagf_plans={}, _bagf_last=None, _bagf_told=set())
         return state
 
     def _apply(self, *args, **kwargs):
-        # .to(), .cuda(), .half() and the like move or convert the weight: what the fast path learnt is void
+        # .to(), .cuda(), .half() and the like move or convert the weight: what the layer learnt is void
         out = super()._apply(*args, **kwargs)
         self._bagf_reset()
         return out
@@ -168,51 +175,49 @@ class TunedConv2d(nn.Conv2d):
             return "output with more than 2^31 elements"
         return None
 
-    def _handle(self, x: torch.Tensor, padding: tuple[int, int]) -> int:
-        key = (tuple(x.shape), x.get_device())
-        if torch.compiler.is_compiling():
-            # Traced code never tunes: it uses the plan this module already has for the shape, else ATen.
-            entry = self._bagf_handles.get(key)
-            return ATEN if entry is None else entry[0]
-        tf32 = _tf32()
-        entry = self._bagf_handles.get(key)
-        if entry is not None and entry[1] == tf32:
-            return entry[0]
+    def _lookup(self, x: torch.Tensor, padding: tuple[int, int]) -> tuple:
+        """What calls like ``x`` run, from the runtime's plan for their problem: the entry ``_remember`` keeps."""
         problem = ConvProblem.from_call(x, self.weight, self.bias, self.stride, padding, self.dilation, 1)
+        generation = runtime.GENERATION  # before the lookup: a plan stored while it runs moves it past this
         try:
             handle, final = runtime.get().lookup(problem, x.get_device())
         except Exception as e:  # a broken toolchain or tuner must not break the user's forward
             log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} "
                      f"({type(e).__name__}: {e}); using torch's conv2d for it")
             handle, final = ATEN, True
-        if final:  # ATen standing in (BAGF_TUNE=0, or tuning in the background): ask the runtime again next call
-            self._bagf_handles[key] = (handle, tf32)
-        return handle
+        if handle != ATEN:
+            return self._kernel_entry(handle, padding)
+        # ATen standing in for now (BAGF_TUNE=0, tuning in the background, another process tuning it): ask again
+        return ("aten",) if final else ("later", time.monotonic() + RECHECK_S, generation)
+
+    def _kernel_entry(self, handle: int, padding: tuple[int, int]) -> tuple:
+        """The entry of a call that runs plan ``handle``: the op's arguments after the tensors."""
+        return ("kernel", handle, list(self.stride), list(padding), list(self.dilation))
 
     def __prepare_scriptable__(self) -> nn.Module:
         """What ``torch.jit.script`` compiles in this module's place: a plain ``nn.Conv2d`` sharing its parameters,
-        buffers and hooks. The tuned forward is Python (plan memos, the runtime) that TorchScript cannot compile;
-        a scripted model runs torch's own conv, as a scripted nn.Conv2d would."""
+        buffers and hooks. The tuned forward is Python (the plan table, the runtime) that TorchScript cannot
+        compile; a scripted model runs torch's own conv, as a scripted nn.Conv2d would."""
         conv = nn.Conv2d.__new__(nn.Conv2d)
         conv.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")})
         return conv
 
-    def _remember(self, x: torch.Tensor, value: tuple) -> None:
+    def _remember(self, x: torch.Tensor, entry: tuple) -> None:
         """Calls like ``x`` (shape, device, TF32 flag; fp32 and contiguous, as every call that gets here) take
-        ``value`` from the fast path from now on (see ``forward``; never called while compiling)."""
+        ``entry`` from the fast path from now on (see ``forward``; never called while compiling)."""
         key = (x.shape, x.get_device(), _tf32())
-        self.__dict__.setdefault("_bagf_fast", {})[key] = value
-        self.__dict__["_bagf_last"] = (*key, value)  # (not through nn.Module.__setattr__: it costs a microsecond)
+        self.__dict__.setdefault("_bagf_plans", {})[key] = entry
+        self.__dict__["_bagf_last"] = (*key, entry)  # (not through nn.Module.__setattr__: it costs a microsecond)
 
-    def _fast_entry(self, x: torch.Tensor) -> tuple | None:
-        fast = self.__dict__.get("_bagf_fast")
-        if not fast:
+    def _plan_entry(self, x: torch.Tensor) -> tuple | None:
+        plans = self.__dict__.get("_bagf_plans")
+        if not plans:
             return None
         key = (x.shape, x.get_device(), _tf32())
-        value = fast.get(key)
-        if value is not None:
-            self.__dict__["_bagf_last"] = (*key, value)
-        return value
+        entry = plans.get(key)
+        if entry is not None:
+            self.__dict__["_bagf_last"] = (*key, entry)
+        return entry
 
     def _tell(self, x: torch.Tensor, kind) -> str | None:
         """Why the kernels do not take ``x`` (``_unsupported``), logged the first time per reason in the process;
@@ -225,15 +230,15 @@ class TunedConv2d(nn.Conv2d):
         return reason
 
     def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """The forward torch.compile traces: no memo read or written, no clock, no logging, nothing tuned (each of
-        those would break the graph); the plan this module already has for the shape, else torch's conv."""
+        """The forward torch.compile traces: nothing written, no clock, no logging, nothing tuned (each of those
+        would break the graph); the kernel this layer already runs for such calls (in the TF32 mode of the
+        trace), else torch's conv."""
         if self._unsupported(input) is not None:
             return self._conv_forward(input, w, b)
-        padding = _numeric_padding(self)
-        handle = self._handle(input, padding)
-        if handle == ATEN:
+        entry = self.__dict__.get("_bagf_plans", {}).get((input.shape, input.get_device(), _tf32_at_trace()))
+        if entry is None or entry[0] != "kernel":
             return self._conv_forward(input, w, b)
-        return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
+        return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         # The parameters straight from _parameters: ``self.weight`` goes through nn.Module.__getattr__, which
@@ -254,13 +259,12 @@ class TunedConv2d(nn.Conv2d):
             if kind not in self.__dict__.get("_bagf_told", ()):
                 self._tell(input, kind)
             return self._conv_forward(input, w, b)
-        # Fast path, for a call like one this layer already ran (same shape, device and TF32 flag): the last
-        # entry used, else the entry of this shape. It skips the support checks and the plan lookup, which cost
-        # several microseconds per call (batch-1 calls are host-bound). An entry is
-        # - ("kernel", hkey, entry, stride, padding, dilation): our kernel, while ``entry`` is still the plan in
-        #   _bagf_handles (identity check, so clearing or replacing the handles drops it) and the weight is
-        #   still a contiguous float32 tensor;
-        # - ("aten", hkey, entry): the plan is torch's conv (cuDNN won), on the same condition;
+        # The plan table: what calls like this one (same shape, device and TF32 flag) run, learnt on the first
+        # such call; the last entry used first, else the table. It skips the support checks and the runtime's
+        # lookup, which cost several microseconds per call (batch-1 calls are host-bound). An entry is
+        # - ("kernel", handle, stride, padding, dilation): our kernel, while the weight is still a contiguous
+        #   float32 tensor;
+        # - ("aten",): the plan is torch's conv (cuDNN won);
         # - ("unsupported",): a call the kernels do not take for another reason (device, groups, padding...);
         # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
         #   until ``until`` or until the runtime's GENERATION moves (a plan may have appeared).
@@ -269,14 +273,14 @@ class TunedConv2d(nn.Conv2d):
         if last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32():
             hit = last[3]
         else:
-            hit = self._fast_entry(input)
+            hit = self._plan_entry(input)
         if hit is not None:
             kind = hit[0]
             if kind == "kernel":
-                if self._bagf_handles.get(hit[1]) is hit[2] and w.is_contiguous() and w.dtype is _F32:
+                if w.is_contiguous() and w.dtype is _F32:
                     call = None if _needs_dispatcher(input, w, b) else _inference_call()
-                    return (call or _op())(input, w, b, hit[3], hit[4], hit[5], hit[2][0])
-            elif kind == "unsupported" or (kind == "aten" and self._bagf_handles.get(hit[1]) is hit[2]) or (
+                    return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1])
+            elif kind == "aten" or kind == "unsupported" or (
                     kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
                 return self._conv_forward(input, w, b)
         reason = self._tell(input, None)
@@ -284,21 +288,11 @@ class TunedConv2d(nn.Conv2d):
             if reason is not _BAD_CALL:
                 self._remember(input, ("unsupported",))
             return self._conv_forward(input, w, b)
-        padding = _numeric_padding(self)
-        generation = runtime.GENERATION  # before the lookup: a plan stored while it runs moves it past this
-        handle = self._handle(input, padding)
-        hkey = (tuple(input.shape), input.get_device())
-        entry = self._bagf_handles.get(hkey)
-        if handle == ATEN:  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
-            if entry is not None and entry[0] == ATEN:
-                self._remember(input, ("aten", hkey, entry))
-            else:
-                self._remember(input, ("later", time.monotonic() + RECHECK_S, generation))
+        entry = self._lookup(input, _numeric_padding(self))
+        self._remember(input, entry)
+        if entry[0] != "kernel":  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
             return self._conv_forward(input, w, b)
-        args = (list(self.stride), list(padding), list(self.dilation))
-        if entry is not None and entry[0] == handle:
-            self._remember(input, ("kernel", hkey, entry, *args))
-        return _op()(input, w, b, *args, handle)
+        return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
 
 
 def convert(model: nn.Module) -> nn.Module:

@@ -110,14 +110,14 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         return ATEN  # run the call through torch's conv: nothing is tuned or loaded
 
     rt = runtime.get()
-    saved_memos = {m: (m._bagf_handles, m.__dict__.get("_bagf_fast"), m.__dict__.get("_bagf_last")) for m in names}
+    saved_tables = {m: (m.__dict__.get("_bagf_plans"), m.__dict__.get("_bagf_last")) for m in names}
     modes = {m: m.training for m in model.modules()}
     hooks = []
     try:
         for m in names:
-            m._bagf_handles = {}  # so every layer asks the runtime, even one that already has a plan
-            m._bagf_fast = {}  # (an ATen answer of the fast path would skip the lookup this pass records)
-            m.__dict__["_bagf_last"] = None
+            # every layer asks the runtime, even one that already has a plan (its table would skip the lookup
+            # this pass records)
+            m.__dict__.update(_bagf_plans={}, _bagf_last=None)
             hooks.append(m.register_forward_pre_hook(pre_hook))
             hooks.append(m.register_forward_hook(post_hook))
         # an instance attribute: shadows Runtime.lookup (which TunedConv2d and plan_handle ask) for this runtime
@@ -138,10 +138,8 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
             del rt.lookup
         for h in hooks:
             h.remove()
-        for m, (memo, fast, last) in saved_memos.items():
-            m._bagf_handles = memo  # drop the ATEN entries the recording run left
-            m._bagf_fast = {} if fast is None else fast
-            m.__dict__["_bagf_last"] = last
+        for m, (plans, last) in saved_tables.items():  # drop the ATEN entries the recording run left
+            m.__dict__.update(_bagf_plans={} if plans is None else plans, _bagf_last=last)
         for m, was in modes.items():
             m.training = was
     return found

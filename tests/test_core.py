@@ -431,10 +431,10 @@ def test_fallback_logs_once_per_reason(caplog):
 
 def test_plan_handles_do_not_travel():
     tuned = bagf_torch.TunedConv2d(3, 4, 3)
-    tuned._bagf_handles[((1, 3, 8, 8), 0)] = (5, False)
-    assert copy.deepcopy(tuned)._bagf_handles == {}
-    assert pickle.loads(pickle.dumps(tuned))._bagf_handles == {}
-    assert tuned._bagf_handles  # the original keeps its own
+    tuned._remember(torch.empty(1, 3, 8, 8), tuned._kernel_entry(5, (0, 0)))
+    assert copy.deepcopy(tuned)._bagf_plans == {} and copy.deepcopy(tuned)._bagf_last is None
+    assert pickle.loads(pickle.dumps(tuned))._bagf_plans == {}
+    assert tuned._bagf_plans and tuned._bagf_last  # the original keeps its own
 
 
 def test_cpu_only_torch_build_error_is_clear():
@@ -592,10 +592,10 @@ def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypa
             assert len(checks) == 3 and len(lookups) == 2
         finally:
             torch.backends.cudnn.allow_tf32 = old
-        conv._bagf_handles = {}  # as pretune does: the fast entry no longer matches
+        conv._bagf_reset()  # as a weight's move does: the layer asks again
         conv(x)
         assert len(checks) == 4 and len(lookups) == 3 and len(calls) == 5
-    assert copy.deepcopy(conv)._bagf_fast == {} and conv._bagf_fast
+    assert copy.deepcopy(conv)._bagf_plans == {} and conv._bagf_plans
 
     # which entry the fast path takes: the dispatcher-free kernel call when no gradient is needed
     inference = []

@@ -137,7 +137,8 @@ def _two_branch_model():
 
 def test_discover_records_what_the_layers_would_ask_and_restores_state(monkeypatch):
     model = _two_branch_model().train()
-    model.a._bagf_handles[((9, 9, 9, 9), 0)] = (123, False)  # a plan this layer already had
+    had = {(torch.Size((9, 9, 9, 9)), 0, False): model.a._kernel_entry(123, (1, 1))}  # a plan this layer already had
+    model.a._bagf_plans.update(had)
     found = pretune.discover(model, [fake_cuda(2, 3, 16, 16), fake_cuda(5, 3, 16, 16), fake_cuda(2, 3, 16, 16)])
     tf32 = torch.backends.cudnn.allow_tf32  # part of the problem, as in nn.py
     pa = ConvProblem(n=2, c=3, h=16, w=16, k=8, r=3, s=3, padding=(1, 1), tf32=tf32)
@@ -149,7 +150,7 @@ def test_discover_records_what_the_layers_would_ask_and_restores_state(monkeypat
     assert set(found.unsupported) == {("g", "groups > 1 (grouped and depthwise convs are not tuned yet)")}
     assert found.calls == 12
     # nothing left behind: the layer's own plans, the training flag, the runtime's lookup
-    assert model.a._bagf_handles == {((9, 9, 9, 9), 0): (123, False)} and model.b._bagf_handles == {}
+    assert model.a._bagf_plans == had and model.b._bagf_plans == {}
     assert model.training and model.a.training
     from bagf_torch import runtime
 

@@ -507,10 +507,10 @@ def test_discovery_sees_layers_whose_calls_took_the_fast_path(monkeypatch, answe
     with torch.no_grad():
         model(x)
         model(x)
-    fast_before = [dict(m._bagf_fast) for m in model]
+    fast_before = [dict(m._bagf_plans) for m in model]
     found = pretune.discover(model, [x])
     assert len(found.problems) == 2
-    assert [m._bagf_fast for m in model] == fast_before
+    assert [m._bagf_plans for m in model] == fast_before
 
 
 def test_a_call_under_autocast_returns_what_nn_conv2d_returns(monkeypatch, caplog):
@@ -824,6 +824,37 @@ def test_torch_compile_fullgraph_after_eager_calls(monkeypatch, answer):
         torch._dynamo.reset()
         out = torch.compile(conv, fullgraph=True, backend="eager")(x)
     torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias))
+
+
+def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatch):
+    """The traced forward reads the layer's plan table with the TF32 flag as a constant of the trace: a layer with
+    a kernel for one mode and torch's conv for the other traces the one of the mode the graph is compiled in."""
+    _cuda_looking(monkeypatch, (ATEN, True))
+    ran = []
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        ran.append(handle)
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    x = torch.randn(1, 3, 8, 8)
+    old = torch.backends.cudnn.allow_tf32
+    try:
+        for tf32 in (True, False):
+            torch.backends.cudnn.allow_tf32 = tf32
+            conv._remember(x, conv._kernel_entry(7, (1, 1)) if tf32 else ("aten",))
+        with torch.no_grad():
+            for tf32, want in ((True, [7]), (False, [])):
+                torch.backends.cudnn.allow_tf32 = tf32
+                torch._dynamo.reset()
+                ran.clear()
+                out = torch.compile(conv, fullgraph=True, backend="eager")(x)
+                torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias, 1, 1))
+                assert ran == want, tf32
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+        torch._dynamo.reset()
 
 
 def test_background_tuning_that_gave_up_on_a_claim_takes_the_plan_later(monkeypatch):
