@@ -533,30 +533,36 @@ at::Tensor conv2d_cpu(const at::Tensor& x, const at::Tensor& w, const std::optio
   return aten_conv(x, w, b, stride, padding, dilation);
 }
 
-// The op's CUDA kernel called from Python without the dispatcher (TunedConv2d's inference fast path, for calls
-// that need no gradient, outside torch.compile and tracing): the same checks, ATen fallback and launch, minus
-// the boxed dispatcher call, which is most of a batch-1 call's host time.
-at::Tensor conv2d_inference(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                            std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                            int64_t plan_handle) {
-  return conv2d_cuda(x, w, b, stride, padding, dilation, plan_handle);
+// Into a caller's output, and never through ATen: the tuner's check poisons ``y`` first to catch unwritten elements,
+// and a plan that cannot take the call must fail it (an ATen answer would pass).
+void launch_into(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                 at::Tensor& y, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const char* why = unsupported_reason(x, w, b, stride, dilation, plan);
+  BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch this plan: ", why);
+  BAGF_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
+                  y.size(0) == x.size(0) && y.size(1) == w.size(0) &&
+                  y.size(2) == out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]) &&
+                  y.size(3) == out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]),
+              "bagf_torch: out must be a contiguous float32 tensor of the output's NKPQ shape");
+  c10::cuda::CUDAGuard guard(x.device());
+  launch_plan(plan, x, w, b, y, stride, padding, dilation);
 }
 
-// Launch a plan into a caller-provided output (the tuner poisons it first to catch unwritten elements).
-void launch_into(int64_t plan_handle, const at::Tensor& x, const at::Tensor& w,
-                 const std::optional<at::Tensor>& b, at::Tensor y, std::vector<int64_t> stride,
-                 std::vector<int64_t> padding, std::vector<int64_t> dilation) {
+// The op's CUDA kernel called from Python without the dispatcher, the one other way into a plan: the boxed
+// dispatcher call is 2.7 us of a batch-1 call's 15.4 us of host time on the H200
+// (benchmarks/results/bench_layers_overhead_h200.md), so TunedConv2d takes this way for calls that need no
+// gradient, outside torch.compile and tracing. The tuner times candidates through it too (the user's call), and
+// with ``out`` checks them: launched into ``out``, strictly (see launch_into).
+at::Tensor conv2d_inference(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                            std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                            int64_t plan_handle, std::optional<at::Tensor> out) {
+  if (!out.has_value()) return conv2d_cuda(x, w, b, stride, padding, dilation, plan_handle);
   const Plan* plan = plan_for(plan_handle);
   BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", plan_handle);
   BAGF_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
              "bagf_torch: stride, padding and dilation must have 2 elements each");
-  const char* why = unsupported_reason(x, w, b, stride, dilation, *plan);
-  BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch plan ", plan_handle, ": ", why);
-  BAGF_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
-                  y.size(0) == x.size(0) && y.size(1) == w.size(0),
-              "bagf_torch: output must be a contiguous float32 NKPQ tensor");
-  c10::cuda::CUDAGuard guard(x.device());
-  launch_plan(*plan, x, w, b, y, stride, padding, dilation);
+  launch_into(*plan, x, w, b, *out, stride, padding, dilation);
+  return *out;
 }
 
 // ---------------------------------------------------------------------------------------- autograd
@@ -670,6 +676,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
-  m.def("launch_into", &launch_into, "Launch a plan into a caller-provided output tensor");
-  m.def("conv2d_inference", &conv2d_inference, "bagf::conv2d's CUDA kernel without the dispatcher (no autograd)");
+  m.def("conv2d_inference", &conv2d_inference,
+        "bagf::conv2d's CUDA kernel without the dispatcher (no autograd); with out=, the plan launched into it or "
+        "an error (never ATen)",
+        py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+        py::arg("dilation"), py::arg("plan"), py::kw_only(), py::arg("out") = py::none());
 }

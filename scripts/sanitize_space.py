@@ -104,7 +104,7 @@ def child(cache_dir: str, families: list[str], count: int, seed: int, only: str 
                     if rule is not None and rule(cfg, _problem((n, c, h, w, k, r, s, st, pd, dl))) is not None:
                         continue  # compiled for another filter geometry: the host refuses it (tests/test_gpu.py)
                     out = torch.full(ref.shape, float("nan"), device="cuda")
-                    compiler.ext.launch_into(b_.handle, xg, wg, bg, out, [st, st], [pd, pd], [dl, dl])
+                    compiler.ext.conv2d_inference(xg, wg, bg, [st, st], [pd, pd], [dl, dl], b_.handle, out=out)
                     launched += 1
                     err = (out.double().cpu() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
                     if not err < 1e-3:

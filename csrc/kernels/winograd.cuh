@@ -31,7 +31,7 @@
 namespace bagf {
 namespace wino {
 
-// Lavin and Gray's matrices (the same as bagf_torch/winograd.py): B^T (A x A), G (A x 3), A^T (MT x A).
+// Lavin and Gray's matrices (the same as bagf_torch/winograd_math.py): B^T (A x A), G (A x 3), A^T (MT x A).
 template <int MT>
 struct Mat;
 
@@ -73,7 +73,7 @@ struct Mat<4> {
   }
 };
 
-// Toom-Cook F(5, 3) and F(6, 3) (bagf_torch/winograd.py's toom_cook on POINTS; the non-fused family uses them).
+// Toom-Cook F(5, 3) and F(6, 3) (bagf_torch/winograd_math.py's toom_cook on POINTS; the non-fused family uses them).
 template <>
 struct Mat<5> {
   __host__ __device__ static constexpr float bt(int i, int j) {
