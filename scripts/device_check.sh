@@ -29,7 +29,8 @@
 #   checkout in $COMPARE_OLD, default .old_main, against this one on the same plans; $COMPARE_ARGS); firstcall = benchmarks/first_call.py ($FIRSTCALL_ARGS,
 #   and its --alexnet mode once per budget in $FIRSTCALL_ALEXNET, e.g. "5 25"). build installs the package
 #   non-editable (pip install --no-deps --no-build-isolation .) and the tests stage runs the GPU tests against
-#   that copy from outside the checkout (BAGF_TEST_INSTALLED=1).
+#   that copy from outside the checkout (BAGF_TEST_INSTALLED=1). budgets = benchmarks/budgets.py (a fast and a slow
+#   pre-tuning's plans re-timed side by side; BUDGETS_FAST, BUDGETS_SLOW, BUDGETS_ARGS).
 # Needs: on a machine whose Python lacks ax-platform (or tqdm, hypothesis), their wheels in ./.whl, installed into
 # /tmp/site at the start: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # ax-platform==1.3.1 <each requirement the machine lacks> (unzip -p .whl/NAME-*.whl '*/METADATA' lists them).
@@ -40,7 +41,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -236,8 +237,24 @@ if has firstcall; then
         --out "$OUT/first_call_alexnet" ${FIRSTCALL_ALEXNET_ARGS:-} > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
       tail -n 24 "$OUT/firstcall_alexnet_${s}s.log"
     done
-    ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )
   fi
+fi
+if has budgets; then
+  wait_alongside
+  # budgets = benchmarks/budgets.py: the plans of a fast and a slow pre-tuning re-timed side by side; BUDGETS_FAST and
+  # BUDGETS_SLOW are their tune JSONs (default: this call's `firstcall` --alexnet result of the first value in
+  # $FIRSTCALL_ALEXNET, against benchmarks/results/first_call_alexnet_h200.json); BUDGETS_ARGS more arguments (e.g.
+  # "--tag alexnet_h200"). Results: $OUT/budgets_<tag>.{json,md} (top level).
+  fast_s=$(echo "${FIRSTCALL_ALEXNET:-}" | awk '{print $1}')
+  # shellcheck disable=SC2086  # BUDGETS_ARGS is a list of arguments
+  timeout ${BUDGETS_TIMEOUT:-300} python3 benchmarks/budgets.py \
+    --fast "${BUDGETS_FAST:-$OUT/first_call_alexnet/first_call_alexnet_h200_${fast_s}s.json}" \
+    --slow "${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200.json}" --out "$OUT" ${BUDGETS_ARGS:-} \
+    > "$OUT/budgets.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/budgets.log"
+fi
+if [ -d "$OUT/first_call_alexnet" ]; then
+  ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )
 fi
 if [ -n "$bg_pid" ]; then
   wait "$bg_pid" || rc=1

@@ -386,3 +386,43 @@ def test_compare_versions_plans_and_verdict(tmp_path):
     assert verdict in stem.with_suffix(".md").read_text()
     lost = cv.compare({"old": [[row("a", 10.0), row("b", 20.0)]], "new": [[row("a", 10.0)]]}, 0.03)
     assert not lost["summary"]["pass"] and lost["summary"]["measured_by_one_version_only"] == ["b@conv3:32"]
+
+
+def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, capsys):
+    """benchmarks/budgets.py: the rows of two tune reports are paired by problem (either report shape), and the
+    summary's fractions are slow us / fast us; without a GPU it says so and exits 2."""
+    import torch
+
+    budgets = _script("budgets")
+    p1 = {"n": 1, "c": 3, "h": 8, "w": 8, "k": 4}
+    p2 = {"n": 32, "c": 3, "h": 8, "w": 8, "k": 4}
+    fast = {"rows": [{"problem": p1, "family": "aten", "wall_seconds": 6.0},
+                     {"problem": p2, "family": "winograd_gemm", "plan": "wg_a", "config": {}, "tune_seconds": 7.0}]}
+    slow = {"meta": {"commit": "abc1234def", "date": "d", "tune_command": "tune"}, "summary": {"command_wall_s": 50.0},
+            "tune_report": {"seconds": 49.0, "rows": [{"problem": p2, "family": "winograd_gemm", "plan": "wg_b"},
+                                                      {"problem": {**p2, "n": 128}, "family": "aten"}]}}
+    (tmp_path / "fast.json").write_text(json.dumps(fast))
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    fs, fr = budgets.tune_rows(tmp_path / "fast.json")
+    ss, sr = budgets.tune_rows(tmp_path / "slow.json")
+    assert ss["command_wall_s"] == 50.0 and fs["command_wall_s"] is None
+    pairs = budgets.pair_rows(fr, sr)
+    assert [(f["plan"], s["plan"]) for f, s in pairs] == [("wg_a", "wg_b")]  # only the problem both planned
+    assert budgets._plan_name(fr[0]) == "cuDNN" and budgets._seconds(fr[1]) == 7.0
+    rows = [{"fraction": 100.0 / 105.0, "cudnn_us": 200.0, "fast_us": 105.0, "slow_us": 100.0, "fast_s": 7.0,
+             "slow_s": 25.0, "short": "a", "fast_plan": "x", "slow_plan": "y"},
+            {"fraction": 1.0, "cudnn_us": 50.0, "fast_us": 50.0, "slow_us": 50.0, "fast_s": 6.0, "slow_s": 24.0,
+             "short": "b", "fast_plan": "cuDNN", "slow_plan": "cuDNN"}]
+    s = budgets.summarise(rows, 0.97)
+    assert s["kept"] == 1 and math.isclose(s["min_fraction"], 100 / 105) and s["fast_max_s"] == 7.0
+    assert math.isclose(s["slow_geomean_speedup"], math.sqrt(2.0)) and s["slow_tune_s"] == 49.0
+    meta = {"gpu": "G", "date": "d", "torch": "t", "cuda": "c", "cudnn": 1, "python": "3", "commit": "x",
+            "command": "cmd", "fast": "f", "slow": "s", "fast_source": "tune report",
+            "slow_source": budgets._source(ss), "rounds": 3, "slow_command_wall_s": 50.0}
+    text = budgets.markdown(meta, rows, s)
+    assert "1 of 2 at >= 0.97" in text and "| a | x | y | 7.0 | 25.0 | 200.0 | 105.0 | 100.0 | 0.952 |" in text
+    assert "Slow command's whole wall time: 50.0 s." in text and "commit abc1234" in text
+    if not torch.cuda.is_available():
+        assert budgets.main(["--fast", str(tmp_path / "fast.json"), "--slow", str(tmp_path / "slow.json"),
+                             "--out", str(tmp_path)]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().out
