@@ -302,13 +302,14 @@ def test_tuner_gives_winograd_gemm_the_wgmma_gemm_on_sm90_only():
     for arch, ges in (("sm_90", set(wgg.PARAMS["GE"])), ("sm_80", set(wgg.PARAMS["GE"]) - set(wgg.WGMMA_GEMMS))):
         tuner = Tuner(TrialBackend(SimpleNamespace(arch=arch), None, None, lambda p: None), wgg, sms=132)
         start = tuner.start_config(wgg, conv4)
-        assert start == (dict(wgg.DEFAULT, GE=6, SO=1) if arch == "sm_90" else wgg.DEFAULT)
+        # (MT 5: conv4's 13x13 output takes fewer products in 5x5 tiles than in 4x4)
+        assert start == (dict(wgg.DEFAULT, GE=6, SO=1, MT=5) if arch == "sm_90" else dict(wgg.DEFAULT, MT=5))
         space, _ = tuner.search_space(wgg, conv4)
         assert {c["GE"] for c in space.valid_configs()} == ges and space.is_valid(start)
         if arch == "sm_80":
             assert "needs an sm_90 GPU" in space.invalid_reason(dict(wgg.DEFAULT, GE=7))
     unknown_arch = Tuner(TrialBackend(None, None, None, lambda p: None), wgg)
-    assert unknown_arch.start_config(wgg, conv4) == wgg.DEFAULT
+    assert unknown_arch.start_config(wgg, conv4) == dict(wgg.DEFAULT, MT=5)
     for ge, target in ((0, "sm_90"), (3, "sm_90"), (6, "sm_90a"), (7, "sm_90a")):
         spec = KernelSpec(wgg, dict(wgg.DEFAULT, GE=ge), "sm_90")
         assert spec.target == target and f"--gpu-architecture={target}" in spec.options()

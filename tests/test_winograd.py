@@ -222,3 +222,27 @@ def test_kernel_index_map_computes_the_convolution(shape, vl):
     for mt in (2, 4):
         got = _emulate_winograd_gemm(x, wt, b, st, pad, mt, vl)
         torch.testing.assert_close(got, F.conv2d(x, wt, b, st, pad), rtol=1e-10, atol=1e-10)
+
+
+def test_winograd_gemm_starts_from_the_output_tile_that_multiplies_less():
+    """The start configuration's tile: F(5x5) where its tiles cover the output with less padding (13x13, AlexNet's
+    conv1 through its 55x55 polyphase output), F(4x4) where the two multiply alike (56, 28) or 4 does better (7);
+    the rest of the start is the fixed default, and it is a valid configuration every time."""
+    from bagf_torch.kernels import winograd_gemm as wgm
+
+    def start(n, h, c=64, **kw):
+        p = ConvProblem(n=n, c=c, h=h, w=h, k=64, **({"r": 3, "s": 3, "padding": (1, 1)} | kw))
+        cfg = wgm.default_for(p, arch="sm_90")
+        assert wgm.space().is_valid(cfg)
+        return cfg
+
+    conv1 = {"r": 11, "s": 11, "stride": (4, 4), "padding": (2, 2)}
+    assert [start(n, 13)["MT"] for n in (1, 32, 128)] == [5, 5, 5]
+    assert start(32, 224, c=3, **conv1)["MT"] == 5
+    assert [start(32, h)["MT"] for h in (56, 28, 7)] == [4, 4, 4]
+    assert start(32, 14)["MT"] == 5
+    p = ConvProblem(n=32, c=64, h=13, w=13, k=64, r=3, s=3, padding=(1, 1))
+    assert wg.multiplies(p, 5) < wg.multiplies(p, 4)
+    assert {k: v for k, v in wgm.default_for(p, arch="sm_90").items() if k != "MT"} == {
+        k: v for k, v in dict(wgm.DEFAULT, GE=6, SO=1).items() if k != "MT"}
+    assert wgm.default_for(p)["GE"] == wgm.DEFAULT["GE"]  # off sm_90: no wgmma

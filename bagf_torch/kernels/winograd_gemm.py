@@ -296,9 +296,17 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
 
 
 def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
-    """DEFAULT whatever the problem (nothing in it depends on the problem's size); on an sm_90 GPU with the wgmma
-    GEMM (GE = 6), the faster of the two there (benchmarks/results/gemm_wgmma_probe_h200.md), and staged outputs (SO = 1)."""
-    return dict(DEFAULT, GE=6, SO=1) if arch == "sm_90" else dict(DEFAULT)
+    """DEFAULT with the output tile of F(4x4, 3x3) or F(5x5, 3x3) that multiplies less on ``problem``
+    (``winograd_math.multiplies``: the edge tiles' padding counted; a tie keeps 4, the more accurate); on an sm_90 GPU
+    the wgmma GEMM (GE = 6), the faster there (benchmarks/results/gemm_wgmma_probe_h200.md), and staged outputs
+    (SO = 1). The tile is the knob that costs most when wrong: 13x13 outputs (AlexNet's conv3-5) take 3 x 3 tiles of
+    5 against 4 x 4 of 4, 23% fewer products, and F(5x5) won all six of them at N = 32 and 128 in the recorded
+    space (benchmarks/results/param_analysis_h200_winograd_gemm.md); at 56x56 and 28x28, where the two tie, F(4x4)
+    won at N = 32. F(2x2) and F(6x6) stay in the search, not in the start: the first multiplies 1.8x more per
+    output, and the best F(6x6) plan was 1.16x the optimum (geomean over that recording's problems)."""
+    base = dict(DEFAULT, GE=6, SO=1) if arch == "sm_90" else dict(DEFAULT)
+    m = min((4, 5), key=lambda m: (_transforms.multiplies(problem, m), m))
+    return dict(base, MT=m)
 
 
 def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
