@@ -302,8 +302,8 @@ def test_tuner_gives_winograd_gemm_the_wgmma_gemm_on_sm90_only():
     for arch, ges in (("sm_90", set(wgg.PARAMS["GE"])), ("sm_80", set(wgg.PARAMS["GE"]) - set(wgg.WGMMA_GEMMS))):
         tuner = Tuner(TrialBackend(SimpleNamespace(arch=arch), None, None, lambda p: None), wgg, sms=132)
         start = tuner.start_config(wgg, conv4)
-        # (MT 5: conv4's 13x13 output takes fewer products in 5x5 tiles than in 4x4)
-        assert start == (dict(wgg.DEFAULT, GE=6, SO=1, MT=5) if arch == "sm_90" else dict(wgg.DEFAULT, MT=5))
+        # (MT 5: conv4's 13x13 output takes fewer products in 5x5 tiles than in 4x4; GE 7: its T = 288 columns)
+        assert start == (dict(wgg.DEFAULT, GE=7, SO=1, MT=5) if arch == "sm_90" else dict(wgg.DEFAULT, MT=5))
         space, _ = tuner.search_space(wgg, conv4)
         assert {c["GE"] for c in space.valid_configs()} == ges and space.is_valid(start)
         if arch == "sm_80":

@@ -243,6 +243,17 @@ def test_winograd_gemm_starts_from_the_output_tile_that_multiplies_less():
     assert start(32, 14)["MT"] == 5
     p = ConvProblem(n=32, c=64, h=13, w=13, k=64, r=3, s=3, padding=(1, 1))
     assert wg.multiplies(p, 5) < wg.multiplies(p, 4)
-    assert {k: v for k, v in wgm.default_for(p, arch="sm_90").items() if k != "MT"} == {
-        k: v for k, v in dict(wgm.DEFAULT, GE=6, SO=1).items() if k != "MT"}
-    assert wgm.default_for(p)["GE"] == wgm.DEFAULT["GE"]  # off sm_90: no wgmma
+    assert {k: v for k, v in wgm.default_for(p, arch="sm_90").items() if k not in ("MT", "GE")} == {
+        k: v for k, v in dict(wgm.DEFAULT, SO=1).items() if k not in ("MT", "GE")}
+    assert wgm.default_for(p) == dict(wgm.DEFAULT, MT=5)  # off sm_90: no wgmma, no staging
+
+
+def test_winograd_gemm_starts_from_the_wgmma_gemm_whose_blocks_pad_the_columns_less():
+    """GE 7's 64-column blocks where 6's 128-column ones pad T by over 10% more (T = 288: AlexNet's conv3-5 at N=32
+    in F(5x5) tiles, where the GEMM probe measured 7 the fastest), else 6 (T = 512, 1152, 2048 there)."""
+    from bagf_torch.kernels import winograd_gemm as wgm
+
+    assert [wgm.wgmma_start(t) for t in (288, 512, 1152, 2048, 6272, 3872)] == [7, 6, 6, 6, 6, 6]
+    assert wgm.wgmma_start(130) == 7 and wgm.wgmma_start(128) == 6  # 256/130 against 192/130; no padding at 128
+    conv = dict(c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
+    assert [wgm.default_for(ConvProblem(n=n, **conv), arch="sm_90")["GE"] for n in (32, 128)] == [7, 6]

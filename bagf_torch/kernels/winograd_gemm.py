@@ -298,15 +298,31 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
 def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     """DEFAULT with the output tile of F(4x4, 3x3) or F(5x5, 3x3) that multiplies less on ``problem``
     (``winograd_math.multiplies``: the edge tiles' padding counted; a tie keeps 4, the more accurate); on an sm_90 GPU
-    the wgmma GEMM (GE = 6), the faster there (benchmarks/results/gemm_wgmma_probe_h200.md), and staged outputs
-    (SO = 1). The tile is the knob that costs most when wrong: 13x13 outputs (AlexNet's conv3-5) take 3 x 3 tiles of
-    5 against 4 x 4 of 4, 23% fewer products, and F(5x5) won all six of them at N = 32 and 128 in the recorded
-    space (benchmarks/results/param_analysis_h200_winograd_gemm.md); at 56x56 and 28x28, where the two tie, F(4x4)
-    won at N = 32. F(2x2) and F(6x6) stay in the search, not in the start: the first multiplies 1.8x more per
-    output, and the best F(6x6) plan was 1.16x the optimum (geomean over that recording's problems)."""
-    base = dict(DEFAULT, GE=6, SO=1) if arch == "sm_90" else dict(DEFAULT)
+    the wgmma GEMM with the columns that fit T better (:func:`wgmma_start`), and staged outputs (SO = 1).
+
+    The tile is the knob that costs most when wrong, and a short tuning budget lives on its start (a compile of
+    this family takes 3.5-4.3 s on the H200's host): 13x13 outputs (AlexNet's conv3-5) take 3 x 3 tiles of 5
+    against 4 x 4 of 4, 23% fewer products, and F(5x5) won all six of them at N = 32 and 128 in the recorded space
+    (benchmarks/results/param_analysis_h200_winograd_gemm.md); at 56x56 and 28x28, where the two tie, F(4x4) won
+    at N = 32. F(2x2) and F(6x6) stay in the search, not in the start: the first multiplies 1.8x more per output,
+    and the best F(6x6) plan was 1.16x the optimum (geomean over that recording's problems)."""
     m = min((4, 5), key=lambda m: (_transforms.multiplies(problem, m), m))
-    return dict(base, MT=m)
+    if arch != "sm_90":
+        return dict(DEFAULT, MT=m)
+    return dict(DEFAULT, MT=m, GE=wgmma_start(tiles(dict(DEFAULT, MT=m), problem)), SO=1)
+
+
+def wgmma_start(t: int) -> int:
+    """The wgmma GEMM to start from for T columns: 6 (128-column blocks), unless padding T to its blocks costs over
+    10% more than padding it to 7's 64-column blocks. Of the products measured (benchmarks/results/
+    gemm_wgmma_probe_h200.md: AlexNet's conv3-5, F(4x4) to F(6x6), N = 32 and 128), 7 was the fastest exactly on the
+    three with T = 288 (128-column blocks pad it to 384, 64-column ones to 320), 6 on the 15 others (T = 512, 1152
+    and 2048: no padding with either)."""
+    def padded(ge: int) -> float:
+        cols = 64 * WGMMA_GEMMS[ge][2]
+        return -(-t // cols) * cols / t
+
+    return 7 if padded(6) > 1.1 * padded(7) else 6
 
 
 def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
