@@ -31,7 +31,9 @@ _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device ques
 @torch.compiler.assume_constant_result
 def _tf32_at_trace() -> bool:
     """The TF32 flag as torch.compile's traced forward reads it: dynamo cannot trace the flag's read (a torch.*
-    call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is."""
+    call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is. No guard
+    comes with it: a graph compiled in one mode keeps that mode's plan after the flag changes, until it is compiled
+    again (``torch._dynamo.reset()``); our kernels are strict fp32 in either mode."""
     return cudnn_tf32()
 
 
