@@ -6,7 +6,8 @@
 
 Each JSON is a ``tune --json`` report, or a ``benchmarks/first_call.py --alexnet`` result (its ``tune_report``).
 For every problem both tunings planned, the two plans (a tuned kernel, or cuDNN where the tuner kept it) and cuDNN
-are checked against float64 and timed in one process, interleaved round by round: GPU time per call in a CUDA graph
+are timed in one process, interleaved round by round (each tuned kernel checked against float64 first, as the tuner
+checks it): GPU time per call in a CUDA graph
 (the same as ``host_floor.py``), cuDNN in benchmark mode in the problem's TF32 mode. Per problem: each tuning's
 time (wall where the report has it), each plan's GPU time, and the fraction of the slow plan's speed the fast one
 reaches (slow us / fast us). Summary: the geomean and the lowest fraction, how many problems reach
@@ -38,8 +39,11 @@ def tune_rows(path: Path) -> tuple[dict, list[dict]]:
     return summary, list(report["rows"])
 
 
-def problem_key(row: dict) -> str:
-    return json.dumps(row["problem"], sort_keys=True)
+def problem_key(row: dict):
+    """The row's problem as a ConvProblem (fields a report of another version lacks take their defaults)."""
+    from bagf_torch.problem import ConvProblem
+
+    return ConvProblem.from_dict(row["problem"])
 
 
 def pair_rows(fast: list[dict], slow: list[dict]) -> list[tuple[dict, dict]]:
@@ -60,7 +64,10 @@ def summarise(rows: list[dict], keep: float) -> dict:
 
 
 def _seconds(row: dict) -> float:
-    return float(row.get("wall_seconds") or row.get("tune_seconds") or 0.0)
+    for key in ("wall_seconds", "tune_seconds"):
+        if row.get(key) is not None:
+            return float(row[key])
+    return 0.0
 
 
 def _plan_name(row: dict) -> str:

@@ -246,12 +246,16 @@ if has budgets; then
   # $FIRSTCALL_ALEXNET, against benchmarks/results/first_call_alexnet_h200.json); BUDGETS_ARGS more arguments (e.g.
   # "--tag alexnet_h200"). Results: $OUT/budgets_<tag>.{json,md} (top level).
   fast_s=$(echo "${FIRSTCALL_ALEXNET:-}" | awk '{print $1}')
+  if [ -z "${BUDGETS_FAST:-}" ] && [ -z "$fast_s" ]; then
+    echo "budgets: set BUDGETS_FAST, or FIRSTCALL_ALEXNET with the firstcall stage" | tee "$OUT/budgets.log"; rc=1
+  else
   # shellcheck disable=SC2086  # BUDGETS_ARGS is a list of arguments
   timeout ${BUDGETS_TIMEOUT:-300} python3 benchmarks/budgets.py \
     --fast "${BUDGETS_FAST:-$OUT/first_call_alexnet/first_call_alexnet_h200_${fast_s}s.json}" \
     --slow "${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200.json}" --out "$OUT" ${BUDGETS_ARGS:-} \
     > "$OUT/budgets.log" 2>&1 || rc=1
   tail -n 30 "$OUT/budgets.log"
+  fi
 fi
 if [ -d "$OUT/first_call_alexnet" ]; then
   ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )

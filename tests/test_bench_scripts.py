@@ -395,13 +395,16 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     summary's fractions are slow us / fast us; without a GPU it says so and exits 2."""
     import torch
 
+    from bagf_torch.problem import ConvProblem
+
     budgets = _script("budgets")
-    p1 = {"n": 1, "c": 3, "h": 8, "w": 8, "k": 4}
-    p2 = {"n": 32, "c": 3, "h": 8, "w": 8, "k": 4}
+    p1 = ConvProblem(n=1, c=3, h=8, w=8, k=4, r=3, s=3).as_dict()
+    p2 = ConvProblem(n=32, c=3, h=8, w=8, k=4, r=3, s=3).as_dict()
+    p2_older = {k: v for k, v in p2.items() if k not in ("layout", "tf32")}  # a report of a version without them
     fast = {"rows": [{"problem": p1, "family": "aten", "wall_seconds": 6.0},
                      {"problem": p2, "family": "winograd_gemm", "plan": "wg_a", "config": {}, "tune_seconds": 7.0}]}
     slow = {"meta": {"commit": "abc1234def", "date": "d", "tune_command": "tune"}, "summary": {"command_wall_s": 50.0},
-            "tune_report": {"seconds": 49.0, "rows": [{"problem": p2, "family": "winograd_gemm", "plan": "wg_b"},
+            "tune_report": {"seconds": 49.0, "rows": [{"problem": p2_older, "family": "winograd_gemm", "plan": "wg_b"},
                                                       {"problem": {**p2, "n": 128}, "family": "aten"}]}}
     (tmp_path / "fast.json").write_text(json.dumps(fast))
     (tmp_path / "slow.json").write_text(json.dumps(slow))
@@ -411,6 +414,7 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     pairs = budgets.pair_rows(fr, sr)
     assert [(f["plan"], s["plan"]) for f, s in pairs] == [("wg_a", "wg_b")]  # only the problem both planned
     assert budgets._plan_name(fr[0]) == "cuDNN" and budgets._seconds(fr[1]) == 7.0
+    assert budgets._seconds({"wall_seconds": 0.0, "tune_seconds": 3.0}) == 0.0
     rows = [{"fraction": 100.0 / 105.0, "cudnn_us": 200.0, "fast_us": 105.0, "slow_us": 100.0, "fast_s": 7.0,
              "slow_s": 25.0, "short": "a", "fast_plan": "x", "slow_plan": "y"},
             {"fraction": 1.0, "cudnn_us": 50.0, "fast_us": 50.0, "slow_us": 50.0, "fast_s": 6.0, "slow_s": 24.0,

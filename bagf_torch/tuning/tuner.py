@@ -38,7 +38,9 @@ STALL_WARN_S = 5.0
 stall (a warning) rather than the end of the family's share (logged at INFO). An Ax step took 0.4 s on average on
 the H200's host (5.5 s of model fits and 4.7 s of acquisition over 27 generations in a profiled AlexNet tuning); its
 generation has also stalled for minutes inside pandas. At short budgets most families' last step outlasts their
-share: a warning for each (five in a ResNet-18 pre-tuning at 7 s per problem) would be noise."""
+share: a warning for each (five in a ResNet-18 pre-tuning at 7 s per problem) would be noise. Either way the step is
+abandoned at the deadline and costs the tuning nothing more; a share shorter than this never warns, a hung step
+in it included (its thread, a daemon, is left to finish or not)."""
 
 
 @contextlib.contextmanager
