@@ -23,21 +23,24 @@ as a user's first call in a fresh process does; the extension is loaded for the 
 cuDNN's benchmark-mode algorithm search for a shape is paid by the first context of each case only (torch keeps its
 pick for the process). fp32 with TF32 off, as the project measures.
 
-``--alexnet``: times ``python -m bagf_torch tune --model alexnet --batch 1,32,128 --json FILE [--seconds S]
---no-progress`` as a subprocess with a fresh cache and tabulates each problem's tuning seconds against the budget.
+``--model NAME`` (``--alexnet`` is ``--model alexnet``): times ``python -m bagf_torch tune --model NAME --batch
+1,32,128 --json FILE [--seconds S] --no-progress`` (``--model-batch``; NAME as the tune command takes it, e.g.
+``torchvision:resnet18``) as a subprocess with a fresh cache and tabulates each problem's tuning seconds against the
+budget.
 The JSON (pretune.ModelReport) holds per problem ``tune_seconds`` = TuneResult.seconds, the tuner's own clock (from
 the start of Tuner.tune through the finalists' re-timing; the claim, warm-start lookup and cache writes around it
 are not in it), not the per-problem wall time. So the table also gives the wall time between consecutive plan
 writes in the fresh cache (``created`` of each plan; the first one includes the process start, imports, the
 extension load and the model's discovery pass), and the whole command's wall time.
 
-Writes ``<out>/first_call_<tag>[_<S>s].json`` and ``.md`` (``first_call_alexnet_<tag>[_<S>s]`` with --alexnet, plus
-its ``.log`` with the command's output); the ``_<S>s`` suffix only when ``--seconds`` differs from the library's
+Writes ``<out>/first_call_<tag>[_<S>s].json`` and ``.md`` (``first_call_<model>_<tag>[_<S>s]`` with --model, e.g.
+``first_call_alexnet_h200_7s`` or ``first_call_resnet18_n32_h200_7s``, plus its ``.log`` with the command's output); the ``_<S>s`` suffix only when ``--seconds`` differs from the library's
 default. Exit 1 if a row fails (files written first). ``--dry-run`` exercises everything but the GPU on a CPU,
 with FAKE numbers marked in every row and in the file names.
 
     python benchmarks/first_call.py                      # conv3 at N=1,32,128 x grad, no_grad, inference_mode
-    python benchmarks/first_call.py --alexnet --seconds 5
+    python benchmarks/first_call.py --alexnet --seconds 7
+    python benchmarks/first_call.py --model torchvision:resnet18 --model-batch 32 --seconds 7
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from bagf_torch.nn import TunedConv2d  # noqa: E402
 CONTEXTS = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 DEFAULT_LAYERS = "192:384:13"  # AlexNet's conv3
 ALEXNET_PROBLEMS = 5  # conv layers per batch size
+OTHER_MODEL_PROBLEMS = 25  # the default timeout's guess for another model (ResNet-50 has 23 distinct convs per batch)
 
 
 def parse_contexts(text: str) -> list[str]:
@@ -297,13 +301,20 @@ def run_cases(args, meta: dict, out: Path, stem: str, root: Path, capture: LogCa
     return 0 if rows and all(row_pass(r) for r in rows) else 1
 
 
-# ---- --alexnet: the tune command -------------------------------------------------------------------------
+# ---- --model: the tune command ---------------------------------------------------------------------------
+
+
+def model_slug(model: str, batches: list[int]) -> str:
+    """The model's part of the file names: ``alexnet`` for AlexNet at the default batches, else the name without its
+    ``torchvision:`` prefix and the batches (``resnet18_n32``)."""
+    name = model.split(":")[-1].replace(".", "_")
+    return name if model == "alexnet" and batches == [1, 32, 128] else f"{name}_n{'_'.join(map(str, batches))}"
 
 def _canon(problem: dict) -> str:
     return json.dumps(problem, sort_keys=True)
 
 
-def alexnet_rows(report: dict | None, plans: list[dict], started: float, budget: float, args) -> list[dict]:
+def model_rows(report: dict | None, plans: list[dict], started: float, budget: float, args) -> list[dict]:
     """Per problem: the tune command's JSON row (or, without it, the cache's plan), its tuning seconds and the wall
     time since the plan written before it (the first: since the command started)."""
     from bagf_torch.problem import ConvProblem
@@ -377,25 +388,25 @@ def tf32_off_args() -> list[str]:
         return []
 
 
-def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
+def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     from bagf_torch.cache import Cache
 
     budget = args.seconds if args.seconds is not None else settings.budget_seconds()
-    cache_dir, json_path = root / "alexnet_cache", root / "tune_alexnet.json"
-    cmd = [sys.executable, "-m", "bagf_torch", "tune", "--model", "alexnet", "--batch",
-           ",".join(map(str, args.alexnet_batch)), "--json", str(json_path), "--no-progress", "--cache", str(cache_dir),
+    cache_dir, json_path = root / "model_cache", root / "tune_model.json"
+    cmd = [sys.executable, "-m", "bagf_torch", "tune", "--model", args.model, "--batch",
+           ",".join(map(str, args.model_batch)), "--json", str(json_path), "--no-progress", "--cache", str(cache_dir),
            *tf32_off_args()]
     if args.seconds is not None:
         cmd += ["--seconds", f"{args.seconds:g}"]
     if args.budget is not None:
         cmd += ["--budget", str(args.budget)]
     env = dict(os.environ, BAGF_CACHE_DIR=str(cache_dir))
-    timeout = args.alexnet_timeout or (len(args.alexnet_batch) * ALEXNET_PROBLEMS * (allowed_seconds(budget, args) + 8)
-                                       + 120)
+    per_batch = ALEXNET_PROBLEMS if args.model == "alexnet" else OTHER_MODEL_PROBLEMS
+    timeout = args.model_timeout or (len(args.model_batch) * per_batch * (allowed_seconds(budget, args) + 8) + 120)
     started, t0 = time.time(), time.perf_counter()
     rc, timed_out, stdout, stderr = 0, False, "", ""
     if args.dry_run:
-        _fake_tune(json_path, cache_dir, args.alexnet_batch)
+        _fake_tune(json_path, cache_dir, args.model_batch)
         stdout = "dry run: the tune command was not run\n"
     else:
         print(f"running: {' '.join(cmd)} (timeout {timeout:.0f} s)", flush=True)
@@ -407,7 +418,7 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
             timed_out, rc = True, None
             stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
             stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-    wall = (0.5 * 5 * len(args.alexnet_batch) + 3.0) if args.dry_run else time.perf_counter() - t0
+    wall = (0.5 * 5 * len(args.model_batch) + 3.0) if args.dry_run else time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.log").write_text(f"$ {' '.join(cmd)}\n# rc {rc}, timed out {timed_out}, {wall:.1f} s\n"
                                      f"--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
@@ -416,7 +427,7 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     if cache_dir.is_dir():
         with Cache.for_dir(cache_dir) as cache:
             plans = cache.plans()
-    rows = alexnet_rows(report, plans, started, budget, args)
+    rows = model_rows(report, plans, started, budget, args)
     failures = search_failures(stderr.splitlines() + stdout.splitlines())
     tuned = [r for r in rows if not r["cached"]]
     sum_tune = sum(r["tune_seconds"] or 0.0 for r in tuned)
@@ -437,8 +448,10 @@ def run_alexnet(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     meta.update(budget_s=budget, allowed_s=allowed_seconds(budget, args), tune_command=" ".join(cmd))
     (out / f"{stem}.json").write_text(to_json({"meta": meta, "summary": summary, "rows": rows, "tune_report": report}))
     fake = meta.get("dry_run")
-    lines = [f"# {'DRY RUN, FAKE NUMBERS: ' if fake else ''}AlexNet pre-tuning through the tune command, per-problem "
-             f"time against the budget ({meta['gpu']})", ""]
+    title = "AlexNet" if args.model == "alexnet" else args.model.split(":")[-1]
+    lines = [f"# {'DRY RUN, FAKE NUMBERS: ' if fake else ''}{title} pre-tuning at N = "
+             f"{', '.join(map(str, args.model_batch))} through the tune command, per-problem time against the budget "
+             f"({meta['gpu']})", ""]
     if fake:
         lines += ["**DRY RUN: every time below is FAKE (made up on a CPU, not measured).**", ""]
     lines += [version_line(meta), "", f"Command: `{meta['command']}`", "", f"Tune command: `{' '.join(cmd)}`", "",
@@ -510,13 +523,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-prewarm", dest="prewarm", action="store_false",
                     help="no process warm-up: the first row pays Ax's import and cuDNN's initialisation (the host "
                          "extension is loaded before any row either way, for the run's metadata)")
-    ap.add_argument("--alexnet", action="store_true", help="time `python -m bagf_torch tune --model alexnet` instead")
-    ap.add_argument("--alexnet-batch", type=parse_batches, default=parse_batches("1,32,128"),
-                    help="--alexnet: batch sizes (1,32,128)")
-    ap.add_argument("--alexnet-timeout", type=float, default=0.0,
-                    help="--alexnet: seconds before the command is killed (0: 15 problems x (allowed + 8) + 120)")
+    ap.add_argument("--model", default=None,
+                    help="time `python -m bagf_torch tune --model MODEL` instead (alexnet, torchvision:<name>)")
+    ap.add_argument("--alexnet", dest="model", action="store_const", const="alexnet", help="--model alexnet")
+    ap.add_argument("--model-batch", "--alexnet-batch", dest="model_batch", type=parse_batches,
+                    default=parse_batches("1,32,128"), help="--model: batch sizes (1,32,128)")
+    ap.add_argument("--model-timeout", "--alexnet-timeout", dest="model_timeout", type=float, default=0.0,
+                    help="--model: seconds before the command is killed (0: problems x (allowed + 8) + 120, with "
+                         f"{ALEXNET_PROBLEMS} problems per batch for AlexNet, {OTHER_MODEL_PROBLEMS} for another model)")
     ap.add_argument("--startup-allowance", type=float, default=60.0,
-                    help="--alexnet: the whole command may take tuned problems x allowed + this (60 s)")
+                    help="--model: the whole command may take tuned problems x allowed + this (60 s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="directory for the results (benchmarks/results; dry run: a temporary one)")
     ap.add_argument("--tag", default="h200")
@@ -537,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bagf_dryrun_")) if args.dry_run
                                            else REPO / "benchmarks" / "results")
-    stem = (f"first_call{'_alexnet' if args.alexnet else ''}_{args.tag}"
+    stem = (f"first_call{'_' + model_slug(args.model, args.model_batch) if args.model else ''}_{args.tag}"
             + seconds_suffix(args.seconds, settings.DEFAULT_TIME_BUDGET) + ("_dryrun" if args.dry_run else ""))
     console_logging()
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
@@ -552,8 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 meta = run_meta(command, args.dry_run)
             meta.update(seconds_arg=args.seconds, budget_arg=args.budget, overshoot_frac=args.overshoot_frac,
                         overshoot_s=args.overshoot_s, tf32=False, cudnn_benchmark=True)
-            if args.alexnet:
-                rc = run_alexnet(args, meta, out, stem, Path(tmp))
+            if args.model:
+                rc = run_model(args, meta, out, stem, Path(tmp))
             else:
                 meta.update(contexts=args.contexts, layers=[la.name for la in args.layers], batch=args.batch)
                 rc = run_cases(args, meta, out, stem, Path(tmp), capture)

@@ -30,7 +30,7 @@
 #   and its --alexnet mode once per budget in $FIRSTCALL_ALEXNET, e.g. "5 25"). build installs the package
 #   non-editable (pip install --no-deps --no-build-isolation .) and the tests stage runs the GPU tests against
 #   that copy from outside the checkout (BAGF_TEST_INSTALLED=1). budgets = benchmarks/budgets.py (a fast and a slow
-#   pre-tuning's plans re-timed side by side; BUDGETS_FAST, BUDGETS_SLOW, BUDGETS_ARGS).
+#   pre-tuning's plans re-timed side by side; BUDGETS_PAIRS, or BUDGETS_FAST and BUDGETS_SLOW; BUDGETS_ARGS).
 # Needs: on a machine whose Python lacks ax-platform (or tqdm, hypothesis), their wheels in ./.whl, installed into
 # /tmp/site at the start: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # ax-platform==1.3.1 <each requirement the machine lacks> (unzip -p .whl/NAME-*.whl '*/METADATA' lists them).
@@ -220,8 +220,11 @@ if has firstcall; then
   # Then, with FIRSTCALL_ALEXNET="5 25" (seconds per problem), its --alexnet mode once per value: the tune command's
   # per-problem seconds (FIRSTCALL_ALEXNET_TIMEOUT: seconds per value, default 15 x (1.1 s + 9) + 120;
   # FIRSTCALL_ALEXNET_ARGS: more arguments for it, e.g. "--overshoot-frac 0.2").
-  # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet results and the tune command's output
-  # go into $OUT/first_call_alexnet.tgz (a device call returns at most 8 files); the logs into logs.tgz.
+  # Then, with FIRSTCALL_MODELS="torchvision:resnet18@32 torchvision:resnet50@32" (model@batches), its --model mode
+  # for each, once per value of FIRSTCALL_MODEL_SECONDS (default "7"); FIRSTCALL_MODEL_TIMEOUT as above (default
+  # 25 x (1.1 s + 9) + 120 per batch size).
+  # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet/--model results and the tune command's
+  # output go into $OUT/first_call_models.tgz (a device call returns at most 8 files); the logs into logs.tgz.
   if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
     # shellcheck disable=SC2086  # FIRSTCALL_ARGS is a list of arguments
     timeout ${FIRSTCALL_TIMEOUT:-540} python3 benchmarks/first_call.py --out "$OUT" ${FIRSTCALL_ARGS:-} \
@@ -229,36 +232,56 @@ if has firstcall; then
     tail -n 16 "$OUT/firstcall.log"
   fi
   if [ -n "${FIRSTCALL_ALEXNET:-}" ]; then
-    mkdir -p "$OUT/first_call_alexnet"
+    mkdir -p "$OUT/first_call_models"
     for s in $FIRSTCALL_ALEXNET; do
       ta=${FIRSTCALL_ALEXNET_TIMEOUT:-$(awk -v s="$s" 'BEGIN { printf "%d", 15 * (1.1 * s + 9) + 120 }')}
       # shellcheck disable=SC2086  # FIRSTCALL_ALEXNET_ARGS is a list of arguments
       timeout $((ta + 30)) python3 benchmarks/first_call.py --alexnet --seconds "$s" --alexnet-timeout "$ta" \
-        --out "$OUT/first_call_alexnet" ${FIRSTCALL_ALEXNET_ARGS:-} > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
+        --out "$OUT/first_call_models" ${FIRSTCALL_ALEXNET_ARGS:-} > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
       tail -n 24 "$OUT/firstcall_alexnet_${s}s.log"
     done
   fi
+  for spec in ${FIRSTCALL_MODELS:-}; do
+    mkdir -p "$OUT/first_call_models"
+    m=${spec%@*}; b=${spec#*@}; nb=$(echo "$b" | tr ',' '\n' | wc -l)
+    for s in ${FIRSTCALL_MODEL_SECONDS:-7}; do
+      ta=${FIRSTCALL_MODEL_TIMEOUT:-$(awk -v s="$s" -v nb="$nb" 'BEGIN { printf "%d", nb * 25 * (1.1 * s + 9) + 120 }')}
+      log="$OUT/firstcall_$(echo "${m##*:}_${b}" | tr ',' '_')_${s}s.log"
+      timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" --seconds "$s" \
+        --model-timeout "$ta" --out "$OUT/first_call_models" > "$log" 2>&1 || rc=1
+      tail -n 24 "$log"
+    done
+  done
 fi
 if has budgets; then
   wait_alongside
-  # budgets = benchmarks/budgets.py: the plans of a fast and a slow pre-tuning re-timed side by side; BUDGETS_FAST and
-  # BUDGETS_SLOW are their tune JSONs (default: this call's `firstcall` --alexnet result of the first value in
-  # $FIRSTCALL_ALEXNET, against benchmarks/results/first_call_alexnet_h200.json); BUDGETS_ARGS more arguments (e.g.
-  # "--tag alexnet_h200"). Results: $OUT/budgets_<tag>.{json,md} (top level).
-  fast_s=$(echo "${FIRSTCALL_ALEXNET:-}" | awk '{print $1}')
-  if [ -z "${BUDGETS_FAST:-}" ] && [ -z "$fast_s" ]; then
-    echo "budgets: set BUDGETS_FAST, or FIRSTCALL_ALEXNET with the firstcall stage" | tee "$OUT/budgets.log"; rc=1
-  else
-  # shellcheck disable=SC2086  # BUDGETS_ARGS is a list of arguments
-  timeout ${BUDGETS_TIMEOUT:-300} python3 benchmarks/budgets.py \
-    --fast "${BUDGETS_FAST:-$OUT/first_call_alexnet/first_call_alexnet_h200_${fast_s}s.json}" \
-    --slow "${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200.json}" --out "$OUT" ${BUDGETS_ARGS:-} \
-    > "$OUT/budgets.log" 2>&1 || rc=1
-  tail -n 30 "$OUT/budgets.log"
+  # budgets = benchmarks/budgets.py: the plans of a fast and a slow pre-tuning re-timed side by side. BUDGETS_PAIRS,
+  # "FAST.json=SLOW.json=TAG ..." (paths as the call sees them; a first_call.py --model result or a tune --json
+  # report each), one run per pair; without it, one pair: BUDGETS_FAST (default: this call's `firstcall` --alexnet
+  # result of the first value in $FIRSTCALL_ALEXNET) against BUDGETS_SLOW (default
+  # benchmarks/results/first_call_alexnet_h200.json), tag alexnet_h200. BUDGETS_ARGS: more arguments for each run.
+  # Results: $OUT/budgets_<tag>.{json,md} (top level).
+  pairs=${BUDGETS_PAIRS:-}
+  if [ -z "$pairs" ]; then
+    fast_s=$(echo "${FIRSTCALL_ALEXNET:-}" | awk '{print $1}')
+    if [ -n "${BUDGETS_FAST:-}" ] || [ -n "$fast_s" ]; then
+      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_h200_${fast_s}s.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200.json}=alexnet_h200"
+    fi
   fi
+  if [ -z "$pairs" ]; then
+    echo "budgets: set BUDGETS_PAIRS or BUDGETS_FAST, or FIRSTCALL_ALEXNET with the firstcall stage" \
+      | tee "$OUT/budgets.log"; rc=1
+  fi
+  for pair in $pairs; do
+    IFS== read -r fast slow tag <<< "$pair"
+    # shellcheck disable=SC2086  # BUDGETS_ARGS is a list of arguments
+    timeout ${BUDGETS_TIMEOUT:-300} python3 benchmarks/budgets.py --fast "$fast" --slow "$slow" --tag "$tag" \
+      --out "$OUT" ${BUDGETS_ARGS:-} > "$OUT/budgets_$tag.log" 2>&1 || rc=1
+    tail -n 30 "$OUT/budgets_$tag.log"
+  done
 fi
-if [ -d "$OUT/first_call_alexnet" ]; then
-  ( cd "$OUT" && tar czf first_call_alexnet.tgz first_call_alexnet && rm -rf first_call_alexnet )
+if [ -d "$OUT/first_call_models" ]; then
+  ( cd "$OUT" && tar czf first_call_models.tgz first_call_models && rm -rf first_call_models )
 fi
 if [ -n "$bg_pid" ]; then
   wait "$bg_pid" || rc=1

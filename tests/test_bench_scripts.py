@@ -191,6 +191,23 @@ def test_first_call_alexnet_dry_run(first_call, tmp_path):
     assert first_call.speedup({"time_us": None, "aten_us": 3.0}) is None
 
 
+def test_first_call_times_any_model_through_the_tune_command(first_call, tmp_path):
+    """--model runs the tune command on another model (here in a dry run: the fake tune writes AlexNet's shapes) and
+    names the files after it and its batches; --alexnet is --model alexnet at N = 1, 32, 128."""
+    assert first_call.model_slug("alexnet", [1, 32, 128]) == "alexnet"
+    assert first_call.model_slug("alexnet", [8]) == "alexnet_n8"
+    assert first_call.model_slug("torchvision:resnet50", [1, 32]) == "resnet50_n1_32"
+    assert first_call.build_parser().parse_args(["--alexnet"]).model == "alexnet"
+    rc = first_call.main(["--dry-run", "--model", "torchvision:resnet18", "--model-batch", "32", "--seconds", "7",
+                          "--out", str(tmp_path)])
+    assert rc == 0
+    stem = tmp_path / "first_call_resnet18_n32_h200_7s_dryrun"
+    doc = _load(stem.with_suffix(".json"))
+    assert "--model torchvision:resnet18 --batch 32 " in doc["meta"]["tune_command"]
+    assert doc["summary"]["problems"] == 5 and all(r["problem"]["n"] == 32 for r in doc["rows"])
+    assert "resnet18 pre-tuning at N = 32" in stem.with_suffix(".md").read_text()
+
+
 def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
     """A tune command cut short leaves no JSON: the rows come from the plans it stored."""
     from bagf_torch.problem import ConvProblem
@@ -202,7 +219,7 @@ def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
              {"problem": p1.as_dict(), "family": "aten", "config": None, "evaluations": 8, "tune_seconds": 4.0,
               "time_us": 4.0, "aten_us": 4.0, "created": 110.0}]
     args = first_call.build_parser().parse_args(["--dry-run"])
-    rows = first_call.alexnet_rows(None, plans, started=100.0, budget=5.0, args=args)
+    rows = first_call.model_rows(None, plans, started=100.0, budget=5.0, args=args)
     assert [r["short"].split()[0] for r in rows] == ["N1", "N2"]  # in the order they were written
     assert [r["wall_gap_s"] for r in rows] == [10.0, 20.0] and rows[0]["gap_includes_startup"]
     assert rows[0]["within_budget"] and not rows[1]["within_budget"]  # 7.5 s > 5 * 1.1 + 1
