@@ -153,6 +153,9 @@ class TunedConv2d(nn.Conv2d):
             return "unbatched (3-D) input"
         if x.shape[1] != w.shape[1] * self.groups:
             return _BAD_CALL  # checked before anything is tuned: such a call is not a problem to tune
+        if min(self.stride) < 1 or min(self.dilation) < 1 or (
+                not isinstance(self.padding, str) and min(self.padding) < 0):
+            return _BAD_CALL  # nor is a stride or dilation below 1 or a negative padding: nn.Conv2d says which
         if not x.is_contiguous():
             return ("channels_last input" if x.is_contiguous(memory_format=torch.channels_last)
                     else "non-contiguous input")

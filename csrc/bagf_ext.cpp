@@ -330,6 +330,14 @@ int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t d
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
+// Strides and dilations of at least 1, paddings of at least 0: what out_extent (a division by the stride) and every
+// plan assume; anything else is ATen's to refuse with its own message.
+bool valid_geometry(at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  for (int i = 0; i < 2; ++i)
+    if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0) return false;
+  return true;
+}
+
 // Dynamic shared memory of one launch: the plan's fixed size, or for a direct plan the size its tile's input
 // patch and filters need on this call's geometry (the kernel lays its buffers out with the same halo_patch).
 int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stride, at::IntArrayRef dilation) {
@@ -510,7 +518,9 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   BAGF_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "bagf::conv2d: stride, padding and dilation must have 2 elements each");
   const Plan* plan = plan_for(plan_handle);
-  if (plan == nullptr) return aten_conv(x, w, b, stride, padding, dilation);
+  if (plan == nullptr || !valid_geometry(stride, padding, dilation)) {
+    return aten_conv(x, w, b, stride, padding, dilation);  // (ATen's own error for a bad stride, padding, dilation)
+  }
   if (const char* why = unsupported_reason(x, w, b, stride, dilation, *plan)) {
     TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
@@ -537,13 +547,19 @@ at::Tensor conv2d_cpu(const at::Tensor& x, const at::Tensor& w, const std::optio
 // and a plan that cannot take the call must fail it (an ATen answer would pass).
 void launch_into(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                  at::Tensor& y, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  BAGF_CHECK(valid_geometry(stride, padding, dilation), "bagf_torch: stride and dilation must be at least 1 and "
+             "padding at least 0, got stride (", stride[0], ", ", stride[1], "), padding (", padding[0], ", ",
+             padding[1], "), dilation (", dilation[0], ", ", dilation[1], ")");
   const char* why = unsupported_reason(x, w, b, stride, dilation, plan);
   BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch this plan: ", why);
-  BAGF_CHECK(y.is_cuda() && y.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 4 &&
+  BAGF_CHECK(y.is_cuda() && y.device() == x.device() && y.is_contiguous() && y.scalar_type() == at::kFloat &&
+                  y.dim() == 4 &&
                   y.size(0) == x.size(0) && y.size(1) == w.size(0) &&
                   y.size(2) == out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]) &&
                   y.size(3) == out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]),
-              "bagf_torch: out must be a contiguous float32 tensor of the output's NKPQ shape");
+              "bagf_torch: out must be a contiguous float32 tensor of the output's NKPQ shape on the input's device");
+  BAGF_CHECK(y.numel() > 0 && y.numel() <= INT_MAX, "bagf_torch: out has ", y.numel(),
+             " elements; a plan writes 1 to 2^31 - 1");
   c10::cuda::CUDAGuard guard(x.device());
   launch_plan(plan, x, w, b, y, stride, padding, dilation);
 }

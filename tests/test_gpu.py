@@ -225,6 +225,32 @@ def test_inference_calls_skip_the_autograd_node(compiler):
     assert graph.grad_fn is not None and graph.requires_grad
 
 
+def test_bad_geometry_and_bad_outputs_raise_never_crash(compiler):
+    """A loaded plan handed a stride or dilation of 0 or a negative padding: ATen's own error through the op (the
+    output-size formula divides by the stride: a SIGFPE had taken the process down); the strict launch into out=
+    says what is wrong, also for an out on another device or with no elements."""
+    fam = _family("implicit_gemm_tc")
+    handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda")
+    w = torch.randn(7, 5, 3, 3, device="cuda")
+    for stride, padding, dilation in (([0, 1], [1, 1], [1, 1]), ([1, 1], [-1, 1], [1, 1]), ([1, 1], [1, 1], [1, 0])):
+        with pytest.raises(RuntimeError):
+            torch.ops.bagf.conv2d(x, w, None, stride, padding, dilation, handle)
+        with pytest.raises(RuntimeError):
+            compiler.ext.conv2d_inference(x, w, None, stride, padding, dilation, handle)
+        with pytest.raises(RuntimeError, match="at least"):
+            compiler.ext.conv2d_inference(x, w, None, stride, padding, dilation, handle,
+                                          out=torch.empty(2, 7, 11, 13, device="cuda"))
+    with pytest.raises(RuntimeError, match="device"):
+        compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle, out=torch.empty(2, 7, 11, 13))
+    with pytest.raises(RuntimeError, match="NKPQ shape"):
+        compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle,
+                                      out=torch.empty(2, 7, 11, 12, device="cuda"))
+    out = torch.full((2, 7, 11, 13), float("nan"), device="cuda")
+    compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle, out=out)
+    torch.testing.assert_close(out, F.conv2d(x, w, None, 1, 1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("family,mt,split", [("winograd", 2, 1), ("winograd", 4, 4), ("winograd_tc", 2, 1),
                                              ("winograd_tc", 4, 4)])
 def test_winograd_opcheck_autograd_and_fallback_for_other_problems(compiler, family, mt, split):

@@ -576,6 +576,26 @@ def test_a_wrong_channel_count_is_not_tuned(monkeypatch):
     assert rt.lookups == 0
 
 
+@pytest.mark.parametrize("kw,message", [({"stride": 0}, "stride"), ({"dilation": (1, 0)}, "dilation"),
+                                        ({"padding": -1}, "padding")])
+def test_a_stride_dilation_or_padding_conv2d_refuses_is_not_tuned(monkeypatch, caplog, kw, message):
+    """nn.Conv2d's own error for a stride or dilation below 1 or a negative padding, every call, with nothing tuned
+    or logged (a stride of 0 had raised ZeroDivisionError from the output-size check, the others were tuned)."""
+    rt, _ = _cuda_looking(monkeypatch, (7, True))
+    stock = torch.nn.Conv2d(3, 4, 3, **kw)
+    conv = bagf_torch.TunedConv2d.from_conv(stock)
+    x = torch.randn(1, 3, 9, 9)
+    with pytest.raises(RuntimeError) as want:
+        stock(x)
+    assert message in str(want.value)
+    with caplog.at_level(logging.INFO, logger="bagf_torch"):
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as got:
+                conv(x)
+            assert str(got.value) == str(want.value)
+    assert rt.lookups == 0 and not [r for r in caplog.records if r.name == "bagf_torch"]
+
+
 def test_torch_jit_script_scripts_a_tuned_conv():
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
     bagf_torch.convert(m)
