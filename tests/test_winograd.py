@@ -248,12 +248,17 @@ def test_winograd_gemm_starts_from_the_output_tile_that_multiplies_less():
     assert wgm.default_for(p) == dict(wgm.DEFAULT, MT=5)  # off sm_90: no wgmma, no staging
 
 
-def test_winograd_gemm_starts_from_the_wgmma_gemm_whose_blocks_pad_the_columns_less():
-    """GE 7's 64-column blocks where 6's 128-column ones pad T by over 10% more (T = 288: AlexNet's conv3-5 at N=32
-    in F(5x5) tiles, where the GEMM probe measured 7 the fastest), else 6 (T = 512, 1152, 2048 there)."""
+def test_winograd_gemm_starts_from_the_wgmma_gemm_whose_blocks_pad_the_products_less():
+    """GE 7's 64 x 64 blocks where 6's 128 x 128 ones pad K x T by over 10% more (T = 288: AlexNet's conv3-5 at N=32
+    in F(5x5) tiles, where the GEMM probe measured 7 the fastest; K = 64: conv1, where the 25 s tunings kept 64-channel
+    tiles), else 6 (K = 256 and 384 with T = 512, 1152, 2048 there)."""
     from bagf_torch.kernels import winograd_gemm as wgm
 
-    assert [wgm.wgmma_start(t) for t in (288, 512, 1152, 2048, 6272, 3872)] == [7, 6, 6, 6, 6, 6]
-    assert wgm.wgmma_start(130) == 7 and wgm.wgmma_start(128) == 6  # 256/130 against 192/130; no padding at 128
+    assert [wgm.wgmma_start(256, t) for t in (288, 512, 1152, 2048, 6272, 3872)] == [7, 6, 6, 6, 6, 6]
+    assert wgm.wgmma_start(384, 130) == 7 and wgm.wgmma_start(384, 128) == 6  # 256/130 vs 192/130; no padding at 128
+    assert wgm.wgmma_start(64, 3872) == 7 and wgm.wgmma_start(64, 512) == 7  # half of a 128-channel block is padding
+    assert wgm.wgmma_start(192, 512) == 7 and wgm.wgmma_start(128, 1152) == 6  # 256/192 rows padded; none
     conv = dict(c=256, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
     assert [wgm.default_for(ConvProblem(n=n, **conv), arch="sm_90")["GE"] for n in (32, 128)] == [7, 6]
+    conv1 = dict(c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
+    assert [wgm.default_for(ConvProblem(n=n, **conv1), arch="sm_90")["GE"] for n in (32, 128)] == [7, 7]

@@ -298,7 +298,7 @@ def gemm_rule(c: Mapping[str, int]) -> str | None:
 def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     """DEFAULT with the output tile of F(4x4, 3x3) or F(5x5, 3x3) that multiplies less on ``problem``
     (``winograd_math.multiplies``: the edge tiles' padding counted; a tie keeps 4, the more accurate); on an sm_90 GPU
-    the wgmma GEMM with the columns that fit T better (:func:`wgmma_start`), and staged outputs (SO = 1).
+    the wgmma GEMM whose blocks fit the K x T products better (:func:`wgmma_start`), and staged outputs (SO = 1).
 
     The tile is the knob that costs most when wrong, and a short tuning budget lives on its start (a compile of
     this family takes 3.5-4.3 s on the H200's host): 13x13 outputs (AlexNet's conv3-5) take 3 x 3 tiles of 5
@@ -309,18 +309,21 @@ def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     m = min((4, 5), key=lambda m: (_transforms.multiplies(problem, m), m))
     if arch != "sm_90":
         return dict(DEFAULT, MT=m)
-    return dict(DEFAULT, MT=m, GE=wgmma_start(tiles(dict(DEFAULT, MT=m), problem)), SO=1)
+    return dict(DEFAULT, MT=m, GE=wgmma_start(problem.k, tiles(dict(DEFAULT, MT=m), problem)), SO=1)
 
 
-def wgmma_start(t: int) -> int:
-    """The wgmma GEMM to start from for T columns: 6 (128-column blocks), unless padding T to its blocks costs over
-    10% more than padding it to 7's 64-column blocks. Of the products measured (benchmarks/results/
-    gemm_wgmma_probe_h200.md: AlexNet's conv3-5, F(4x4) to F(6x6), N = 32 and 128), 7 was the fastest exactly on the
-    three with T = 288 (128-column blocks pad it to 384, 64-column ones to 320), 6 on the 15 others (T = 512, 1152
-    and 2048: no padding with either)."""
+def wgmma_start(k: int, t: int) -> int:
+    """The wgmma GEMM to start from for a K x T output per Winograd point: 6 (blocks of 128 channels x 128 columns),
+    unless padding K x T to its blocks costs over 10% more than padding it to 7's 64 x 64 blocks. Of the products
+    measured (benchmarks/results/gemm_wgmma_probe_h200.md: AlexNet's conv3-5, K = 256 and 384, F(4x4) to F(6x6),
+    N = 32 and 128), 7 was the fastest exactly on the three with T = 288 (128-column blocks pad it to 384, 64-column
+    ones to 320), 6 on the 15 others (T = 512, 1152 and 2048: no padding with either). With K = 64 (AlexNet's conv1)
+    a 128-channel block is half padding: every 25 s tuning of conv1 at N = 32 and 128 kept a 64-channel GEMM tile,
+    GE 4 and 7 in benchmarks/results/first_call_alexnet_h200.md, GE 7 and 2 in bench_layers_h200.md."""
     def padded(ge: int) -> float:
-        cols = 64 * WGMMA_GEMMS[ge][2]
-        return -(-t // cols) * cols / t
+        wn, nb, wg, _ = WGMMA_GEMMS[ge]
+        rows, cols = wn * nb, 64 * wg
+        return (-(-k // rows) * rows / k) * (-(-t // cols) * cols / t)
 
     return 7 if padded(6) > 1.1 * padded(7) else 6
 
