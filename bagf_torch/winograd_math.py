@@ -208,12 +208,27 @@ def multiplies(problem: ConvProblem, m: int) -> int:
     return (m + 2) ** 2 * problem.tiles(m) * problem.k * problem.c * phase_stride(problem) ** 2
 
 
+def tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) rounded to TF32, 10 explicit mantissa bits, to nearest with ties away from zero: the operand
+    a tensor-core TF32 product sees after ``cvt.rna.tf32.f32``, as float32. Relative change at most 2^-11.
+
+    >>> tf32_round(torch.tensor([1 + 2**-11, 1 + 2**-12, -(1 + 2**-11)])).tolist()
+    [1.0009765625, 1.0, -1.0009765625]
+    """
+    bits = t.to(torch.float32).contiguous().view(torch.int32)
+    sign = bits & -(2**31)
+    magnitude = ((bits & 0x7FFFFFFF) + 0x1000) & -0x2000  # half an ulp of TF32 up, then the 13 low bits cleared
+    return (sign | magnitude).view(torch.float32)
+
+
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,
-           stride: int = 1) -> torch.Tensor:
+           stride: int = 1, tf32: bool = False) -> torch.Tensor:
     """Stride-1 3x3 convolution by Winograd F(m x m, 3 x 3), computed in ``x``'s dtype (all transforms and
     the elementwise products included), NCHW in, NKPQ out. The reference the GPU kernels are checked
     against, and what :func:`fp32_error` measures. ``stride`` s > 1: the convolution of an up to 3s x 3s
-    filter at stride s, through its :func:`polyphase` components (as the non-fused family computes it)."""
+    filter at stride s, through its :func:`polyphase` components (as the non-fused family computes it).
+    ``tf32``: the Winograd-domain products take TF32-rounded operands (:func:`tf32_round`) and sum in float32, the
+    transforms stay float32 (``x`` must be float32): a tensor-core TF32 product's arithmetic."""
     if stride > 1:
         x, w = polyphase(x, w, stride, padding)
         padding = (0, 0)
@@ -228,6 +243,8 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding:
     d = xp.unfold(2, a, m).unfold(3, a, m)                       # N, C, th, tw, a, a
     v = torch.einsum("ij,nctujl,lk->nctuik", bt, d, bt.T)          # B^T d B
     u = torch.einsum("ij,kcjl,lm->kcim", g, w, g.T)                # G g G^T: K, C, a, a
+    if tf32:
+        u, v = tf32_round(u), tf32_round(v)
     mm = torch.einsum("kcij,nctuij->nktuij", u, v)                 # sum over C, per Winograd point
     y = torch.einsum("ij,nktujl,lm->nktuim", at, mm, at.T)         # A^T M A: N, K, th, tw, m, m
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, k, th * m, tw * m)[:, :, :p, :q]
@@ -236,11 +253,13 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding:
     return y.contiguous()
 
 
-def fp32_error(problem: ConvProblem, m: int, seed: int = 0) -> dict[str, float]:
+def fp32_error(problem: ConvProblem, m: int, seed: int = 0, tf32: bool = False) -> dict[str, float]:
     """Error of F(m x m, 3 x 3) computed in float32 against a float64 direct convolution, on realistic data
     (unit-normal input, weights scaled by 1/sqrt(fan-in), as the tuner's check uses), with the error of a
     float32 direct convolution (``F.conv2d``) on the same data beside it. Errors are relative to the
-    reference: ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref|| (the tuner's check)."""
+    reference: ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref|| (the tuner's check). ``tf32``: both
+    with TF32 products (the Winograd-domain operands rounded, see :func:`conv2d`; the direct convolution's input
+    and weights rounded, as a TF32 implicit GEMM such as cuDNN's rounds them)."""
     why = polyphase_applies(problem)
     if why is not None:
         raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
@@ -256,7 +275,7 @@ def fp32_error(problem: ConvProblem, m: int, seed: int = 0) -> dict[str, float]:
         e = y.double() - ref
         return float(e.abs().max() / ref.abs().max()), float(e.norm() / ref.norm())
 
-    wino_max, wino_norm = err(conv2d(x, w, b, pad, m, s))
-    direct_max, direct_norm = err(F.conv2d(x, w, b, s, pad))
+    wino_max, wino_norm = err(conv2d(x, w, b, pad, m, s, tf32=tf32))
+    direct_max, direct_norm = err(F.conv2d(tf32_round(x), tf32_round(w), b, s, pad) if tf32 else F.conv2d(x, w, b, s, pad))
     return {"winograd_max": wino_max, "winograd_norm": wino_norm, "direct_max": direct_max,
             "direct_norm": direct_norm}

@@ -262,3 +262,26 @@ def test_winograd_gemm_starts_from_the_wgmma_gemm_whose_blocks_pad_the_products_
     assert [wgm.default_for(ConvProblem(n=n, **conv), arch="sm_90")["GE"] for n in (32, 128)] == [7, 6]
     conv1 = dict(c=3, h=224, w=224, k=64, r=11, s=11, stride=(4, 4), padding=(2, 2))
     assert [wgm.default_for(ConvProblem(n=n, **conv1), arch="sm_90")["GE"] for n in (32, 128)] == [7, 7]
+
+
+def test_tf32_rounding_is_cvt_rna():
+    """tf32_round keeps 10 mantissa bits, rounds to nearest with ties away from zero, and moves a value by at most
+    2^-11 of itself (what the TF32 error tables assume of a tensor-core operand)."""
+    t = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 1e3
+    r = wg.tf32_round(t)
+    assert bool(((r.view(torch.int32) & 0x1FFF) == 0).all())
+    assert float(((r - t).abs() / t.abs()).max()) <= 2.0**-11
+    assert wg.tf32_round(torch.tensor([1 + 3 * 2**-11])).item() == 1 + 2**-9  # a tie: away from zero
+    assert wg.tf32_round(torch.tensor([-(1 + 3 * 2**-11)])).item() == -(1 + 2**-9)
+    assert torch.equal(wg.tf32_round(r), r)
+
+
+def test_tf32_products_keep_f2_near_a_tf32_direct_conv_and_not_the_larger_tiles():
+    """With TF32 Winograd-domain products, F(2x2)'s error stays near a TF32 direct convolution's (the rule's 2x) and
+    F(4x4)'s is an order of magnitude above it: why a TF32 mode can take TF32 products in F(2x2) tiles only
+    (benchmarks/results/winograd_error_tf32_cpu.md)."""
+    p = ConvProblem(n=1, c=64, h=13, w=13, k=32, r=3, s=3, padding=(1, 1))
+    e2, e4 = wg.fp32_error(p, 2, tf32=True), wg.fp32_error(p, 4, tf32=True)
+    assert 1e-4 < e2["direct_norm"] < 4e-4  # cuDNN's own TF32 error on the H200 is about 2e-4
+    assert e2["winograd_norm"] <= 2 * e2["direct_norm"] and e4["winograd_norm"] > 5 * e4["direct_norm"]
+    assert wg.fp32_error(p, 2)["winograd_norm"] < 1e-5  # without tf32: float32 throughout
