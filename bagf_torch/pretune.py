@@ -337,6 +337,9 @@ class ModelReport:
     unsupported: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     world_size: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What produced the report, where a caller says (the tune command: GPU, versions, date, the command line, its
+    settings and wall time); written to and read from the JSON as is."""
 
     @property
     def tuned(self) -> int:
@@ -357,7 +360,7 @@ class ModelReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"rows": [r.as_dict() for r in self.rows], "unsupported": [list(u) for u in self.unsupported],
-                "seconds": self.seconds, "world_size": self.world_size, "tuned": self.tuned,
+                "seconds": self.seconds, "world_size": self.world_size, "tuned": self.tuned, "meta": self.meta,
                 "conv_time_by_batch": {str(n): {"cudnn_us": a, "planned_us": b}
                                        for n, (a, b) in self.conv_time_by_batch().items()}}
 
@@ -377,7 +380,7 @@ class ModelReport:
                             rank=r.get("rank", 0), wall_seconds=r.get("wall_seconds"),
                             phases=dict(r.get("phases") or {})) for r in d["rows"]]
         return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
-                   seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1))
+                   seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1), meta=dict(d.get("meta") or {}))
 
     def __str__(self) -> str:
         head = (f"{'problem':<46} {'layers':<22} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'trials':>6} "

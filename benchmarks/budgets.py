@@ -34,8 +34,9 @@ def tune_rows(path: Path) -> tuple[dict, list[dict]]:
     """(the report's summary fields, its rows) of a ``tune --json`` report or a first_call.py --alexnet result."""
     data = json.loads(Path(path).read_text())
     report = data.get("tune_report", data)
-    summary = {"seconds": report.get("seconds"), "command_wall_s": data.get("summary", {}).get("command_wall_s"),
-               "meta": data.get("meta", {})}
+    meta = data.get("meta") or report.get("meta") or {}  # first_call.py's, or the tune command's own
+    wall = data.get("summary", {}).get("command_wall_s") or meta.get("wall_seconds")
+    summary = {"seconds": report.get("seconds"), "command_wall_s": wall, "meta": meta}
     return summary, list(report["rows"])
 
 

@@ -418,7 +418,8 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     p1 = ConvProblem(n=1, c=3, h=8, w=8, k=4, r=3, s=3).as_dict()
     p2 = ConvProblem(n=32, c=3, h=8, w=8, k=4, r=3, s=3).as_dict()
     p2_older = {k: v for k, v in p2.items() if k not in ("layout", "tf32")}  # a report of a version without them
-    fast = {"rows": [{"problem": p1, "family": "aten", "wall_seconds": 6.0},
+    fast = {"meta": {"wall_seconds": 9.5, "command": "python -m bagf_torch tune"},  # the tune command's own JSON
+            "rows": [{"problem": p1, "family": "aten", "wall_seconds": 6.0},
                      {"problem": p2, "family": "winograd_gemm", "plan": "wg_a", "config": {}, "tune_seconds": 7.0}]}
     slow = {"meta": {"commit": "abc1234def", "date": "d", "tune_command": "tune"}, "summary": {"command_wall_s": 50.0},
             "tune_report": {"seconds": 49.0, "rows": [{"problem": p2_older, "family": "winograd_gemm", "plan": "wg_b"},
@@ -427,7 +428,7 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     (tmp_path / "slow.json").write_text(json.dumps(slow))
     fs, fr = budgets.tune_rows(tmp_path / "fast.json")
     ss, sr = budgets.tune_rows(tmp_path / "slow.json")
-    assert ss["command_wall_s"] == 50.0 and fs["command_wall_s"] is None
+    assert ss["command_wall_s"] == 50.0 and fs["command_wall_s"] == 9.5
     pairs = budgets.pair_rows(fr, sr)
     assert [(f["plan"], s["plan"]) for f, s in pairs] == [("wg_a", "wg_b")]  # only the problem both planned
     assert budgets._plan_name(fr[0]) == "cuDNN" and budgets._seconds(fr[1]) == 7.0

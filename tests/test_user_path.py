@@ -822,6 +822,29 @@ def test_model_report_carries_each_problems_wall_time_and_phases():
     assert ModelReport.from_dict(old).rows[0].wall_seconds is None  # a report written before these fields
 
 
+def test_a_tune_report_says_what_made_it(monkeypatch):
+    """The tune command's JSON carries its run's meta (machine, versions, date, command line, settings, wall time), so
+    a report compared with another says where each came from; the meta survives the JSON round trip, and a report
+    written before it reads as having none."""
+    import json as _json
+
+    from bagf_torch.pretune import ModelReport
+
+    monkeypatch.setattr(sys, "argv", ["bagf_torch", "tune", "--model", "alexnet", "--seconds", "7"])
+    args = cli.build_parser().parse_args(["tune", "--model", "alexnet", "--batch", "1,32", "--seconds", "7"])
+    meta = cli._run_meta(args, tf32=False, wall_s=12.5)
+    assert meta["command"] == "python -m bagf_torch tune --model alexnet --seconds 7"
+    assert meta["batch"] == [1, 32] and meta["seconds_per_problem"] == 7.0 and meta["tf32"] is False
+    assert meta["wall_seconds"] == 12.5 and meta["torch"] == torch.__version__ and meta["date"]
+    assert meta["evaluations_per_problem"] == settings.budget_evaluations() and meta["strategy"] == settings.strategy()
+    report = ModelReport(rows=[], seconds=1.0, meta=meta)
+    doc = _json.loads(report.to_json())
+    assert doc["meta"] == _json.loads(_json.dumps(meta))
+    assert ModelReport.from_dict(doc).meta == doc["meta"]
+    del doc["meta"]
+    assert ModelReport.from_dict(doc).meta == {}
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 def test_tune_seconds_out_of_range_is_a_usage_error(capsys, value):
     with pytest.raises(SystemExit) as e:
