@@ -87,9 +87,9 @@ class TunedConv2d(nn.Conv2d):
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
     (BAGF_TUNE=1), then reuses it. Anything the kernels do not handle (CPU tensors, dtypes other than
     float32, non-contiguous or channels_last input, calls under torch.autocast, padding_mode other than 'zeros',
-    groups > 1, asymmetric 'same' padding, empty batches, input, weight or output of more than 2^31 elements) runs
-    through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses ATen's
-    convolution backward.
+    groups > 1, asymmetric 'same' padding, empty batches or weights, input, weight or output of more than 2^31
+    elements) runs through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses
+    ATen's convolution backward.
 
     Example::
 
@@ -163,6 +163,8 @@ class TunedConv2d(nn.Conv2d):
             return "weight is not a contiguous tensor on the input's device"
         if x.shape[0] == 0:
             return "empty batch"
+        if w.shape[0] == 0 or w.shape[1] == 0:
+            return "weight without output or input channels"
         if isinstance(self.padding, str) and _numeric_padding(self) is None:
             return "asymmetric 'same' padding (even kernel extent)"
         if x.numel() > _INT32_MAX:

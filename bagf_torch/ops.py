@@ -38,6 +38,9 @@ def register_fake() -> None:
         def _conv2d_fake(input, weight, bias, stride, padding, dilation, plan):
             torch._check(input.dim() == 4 and weight.dim() == 4,
                          lambda: "bagf::conv2d expects a 4-D NCHW input and a 4-D KCRS weight")
+            torch._check(min(stride) >= 1 and min(dilation) >= 1 and min(padding) >= 0,
+                         lambda: f"bagf::conv2d: stride and dilation must be at least 1 and padding at least 0, got "
+                                 f"stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)}")
             p = out_extent(input.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
             q = out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
             return input.new_empty((input.shape[0], weight.shape[0], p, q))

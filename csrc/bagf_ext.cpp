@@ -330,11 +330,13 @@ int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t d
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
-// Strides and dilations of at least 1, paddings of at least 0: what out_extent (a division by the stride) and every
-// plan assume; anything else is ATen's to refuse with its own message.
+// Strides and dilations of at least 1, paddings of at least 0, each an int (the kernels' Conv2dParams): what
+// out_extent (a division by the stride) and every plan assume; anything else is ATen's to take or refuse.
 bool valid_geometry(at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   for (int i = 0; i < 2; ++i)
-    if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0) return false;
+    if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0 || stride[i] > INT_MAX || dilation[i] > INT_MAX ||
+        padding[i] > INT_MAX)
+      return false;
   return true;
 }
 
@@ -548,7 +550,7 @@ at::Tensor conv2d_cpu(const at::Tensor& x, const at::Tensor& w, const std::optio
 void launch_into(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                  at::Tensor& y, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   BAGF_CHECK(valid_geometry(stride, padding, dilation), "bagf_torch: stride and dilation must be at least 1 and "
-             "padding at least 0, got stride (", stride[0], ", ", stride[1], "), padding (", padding[0], ", ",
+             "padding at least 0 (each below 2^31), got stride (", stride[0], ", ", stride[1], "), padding (", padding[0], ", ",
              padding[1], "), dilation (", dilation[0], ", ", dilation[1], ")");
   const char* why = unsupported_reason(x, w, b, stride, dilation, plan);
   BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch this plan: ", why);

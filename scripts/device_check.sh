@@ -274,6 +274,7 @@ if has budgets; then
   fi
   for pair in $pairs; do
     IFS== read -r fast slow tag <<< "$pair"
+    tag=${tag:-$(basename "${fast%.json}")}
     # shellcheck disable=SC2086  # BUDGETS_ARGS is a list of arguments
     timeout ${BUDGETS_TIMEOUT:-300} python3 benchmarks/budgets.py --fast "$fast" --slow "$slow" --tag "$tag" \
       --out "$OUT" ${BUDGETS_ARGS:-} > "$OUT/budgets_$tag.log" 2>&1 || rc=1

@@ -228,7 +228,7 @@ def test_inference_calls_skip_the_autograd_node(compiler):
 def test_bad_geometry_and_bad_outputs_raise_never_crash(compiler):
     """A loaded plan handed a stride or dilation of 0 or a negative padding: ATen's own error through the op (the
     output-size formula divides by the stride: a SIGFPE had taken the process down); the strict launch into out=
-    says what is wrong, also for an out on another device or with no elements."""
+    says what is wrong, also for an out on another device or of another shape."""
     fam = _family("implicit_gemm_tc")
     handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda")

@@ -271,7 +271,8 @@ def test_tf32_rounding_is_cvt_rna():
     r = wg.tf32_round(t)
     assert bool(((r.view(torch.int32) & 0x1FFF) == 0).all())
     assert float(((r - t).abs() / t.abs()).max()) <= 2.0**-11
-    assert wg.tf32_round(torch.tensor([1 + 3 * 2**-11])).item() == 1 + 2**-9  # a tie: away from zero
+    assert wg.tf32_round(torch.tensor([1 + 2**-11])).item() == 1 + 2**-10  # a tie: away from zero (even: 1.0)
+    assert wg.tf32_round(torch.tensor([1 + 3 * 2**-11])).item() == 1 + 2**-9
     assert wg.tf32_round(torch.tensor([-(1 + 3 * 2**-11)])).item() == -(1 + 2**-9)
     assert torch.equal(wg.tf32_round(r), r)
 
