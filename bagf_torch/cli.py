@@ -131,29 +131,25 @@ def _tf32_words(tf32: bool, flag: str | None) -> str:
 
 # ---- tune ----------------------------------------------------------------------------------------------
 
-def _run_meta(args, tf32: bool, wall_s: float) -> dict:
-    """What a tune report's JSON says of the run that made it: the machine, the versions, the date, the command line,
-    the settings it tuned with, and the command's wall time (from its start, Python's and torch's import excluded,
-    to the report)."""
+def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None) -> dict:
+    """What a tune report's JSON says of the run that made it: the machine and versions (``env``: the environment
+    every plan's cache key holds, of ``device``), the date, the command line, the settings it tuned with, and the
+    command's wall time (from its start, Python's and torch's import excluded, to the report)."""
     import datetime
     import platform
 
     import torch
 
-    from . import __version__, settings
-    from .jit import extension
+    from . import runtime, settings
 
-    ext = extension.loaded()
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "env": None if device is None else runtime.get().device(device).env,
             "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "nvrtc": None if ext is None else ext.versions().get("nvrtc"), "python": platform.python_version(),
-            "bagf_torch": __version__, "command": " ".join(["python -m bagf_torch", *sys.argv[1:]]),
+            "python": platform.python_version(), "command": " ".join(["python -m bagf_torch", *sys.argv[1:]]),
             "model": args.model, "batch": list(args.batch), "tf32": tf32,
             "seconds_per_problem": args.seconds if args.seconds is not None else settings.budget_seconds(),
             "evaluations_per_problem": args.budget if args.budget is not None else settings.budget_evaluations(),
             "strategy": args.strategy or settings.strategy(), "wall_seconds": wall_s}
-
 
 
 def tune_command(args) -> int:
@@ -182,7 +178,7 @@ def tune_command(args) -> int:
         if ctx.rank == 0:
             print(report)
             if args.json:
-                report.meta = _run_meta(args, tf32, time.perf_counter() - t0)
+                report.meta = _run_meta(args, tf32, time.perf_counter() - t0, device=local_rank)
                 report.save(args.json)
                 print(f"report written to {args.json}")
     finally:

@@ -860,6 +860,7 @@ def test_a_tune_report_says_what_made_it(monkeypatch):
     assert meta["command"] == "python -m bagf_torch tune --model alexnet --seconds 7"
     assert meta["batch"] == [1, 32] and meta["seconds_per_problem"] == 7.0 and meta["tf32"] is False
     assert meta["wall_seconds"] == 12.5 and meta["torch"] == torch.__version__ and meta["date"]
+    assert meta["env"] is None  # no device given (the tune command gives its own: the cache keys' environment)
     assert meta["evaluations_per_problem"] == settings.budget_evaluations() and meta["strategy"] == settings.strategy()
     report = ModelReport(rows=[], seconds=1.0, meta=meta)
     doc = _json.loads(report.to_json())
