@@ -231,25 +231,26 @@ if has firstcall; then
       > "$OUT/firstcall.log" 2>&1 || rc=1
     tail -n 16 "$OUT/firstcall.log"
   fi
-  if [ -n "${FIRSTCALL_ALEXNET:-}" ]; then
+  # one model at one budget: model, batches, seconds per problem, problems it has (for the default timeout),
+  # the timeout ("" for that default), more arguments
+  firstcall_model() {
+    local m=$1 b=$2 s=$3 problems=$4 ta=$5 log
+    shift 5
+    ta=${ta:-$(awk -v s="$s" -v p="$problems" 'BEGIN { printf "%d", p * (1.1 * s + 9) + 120 }')}
+    log="$OUT/firstcall_$(echo "${m##*:}_${b}" | tr ',' '_')_${s}s.log"
     mkdir -p "$OUT/first_call_models"
-    for s in $FIRSTCALL_ALEXNET; do
-      ta=${FIRSTCALL_ALEXNET_TIMEOUT:-$(awk -v s="$s" 'BEGIN { printf "%d", 15 * (1.1 * s + 9) + 120 }')}
-      # shellcheck disable=SC2086  # FIRSTCALL_ALEXNET_ARGS is a list of arguments
-      timeout $((ta + 30)) python3 benchmarks/first_call.py --alexnet --seconds "$s" --alexnet-timeout "$ta" \
-        --out "$OUT/first_call_models" ${FIRSTCALL_ALEXNET_ARGS:-} > "$OUT/firstcall_alexnet_${s}s.log" 2>&1 || rc=1
-      tail -n 24 "$OUT/firstcall_alexnet_${s}s.log"
-    done
-  fi
+    timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" --seconds "$s" \
+      --model-timeout "$ta" --out "$OUT/first_call_models" "$@" > "$log" 2>&1 || rc=1
+    tail -n 24 "$log"
+  }
+  for s in ${FIRSTCALL_ALEXNET:-}; do
+    # shellcheck disable=SC2086  # FIRSTCALL_ALEXNET_ARGS is a list of arguments
+    firstcall_model alexnet 1,32,128 "$s" 15 "${FIRSTCALL_ALEXNET_TIMEOUT:-}" ${FIRSTCALL_ALEXNET_ARGS:-}
+  done
   for spec in ${FIRSTCALL_MODELS:-}; do
-    mkdir -p "$OUT/first_call_models"
-    m=${spec%@*}; b=${spec#*@}; nb=$(echo "$b" | tr ',' '\n' | wc -l)
+    b=${spec#*@}
     for s in ${FIRSTCALL_MODEL_SECONDS:-7}; do
-      ta=${FIRSTCALL_MODEL_TIMEOUT:-$(awk -v s="$s" -v nb="$nb" 'BEGIN { printf "%d", nb * 25 * (1.1 * s + 9) + 120 }')}
-      log="$OUT/firstcall_$(echo "${m##*:}_${b}" | tr ',' '_')_${s}s.log"
-      timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" --seconds "$s" \
-        --model-timeout "$ta" --out "$OUT/first_call_models" > "$log" 2>&1 || rc=1
-      tail -n 24 "$log"
+      firstcall_model "${spec%@*}" "$b" "$s" $((25 * $(echo "$b" | tr ',' '\n' | wc -l))) "${FIRSTCALL_MODEL_TIMEOUT:-}"
     done
   done
 fi
