@@ -369,6 +369,25 @@ def test_a_prefetch_wave_teaches_only_the_families_it_compiled():
     assert comp.wave_seconds[tc.FAMILY] >= 6.0 and comp.wave_seconds[implicit_gemm.FAMILY] == pytest.approx(0.3, 0.1)
 
 
+def test_every_prefetched_start_point_is_measured_when_the_wave_ate_the_search_time():
+    """A 6 s wave of a 7 s budget (winograd_gemm's wgmma start at N=128 on the H200): the families' start points are
+    compiled, and each is measured, up to one round of re-timing before the end, not stopped at the search's
+    end (five rounds' reserve), which left the second family unmeasured and kept the first family's plan."""
+    from bagf_torch.kernels import implicit_gemm
+
+    clock = FakeClock()
+    tc, rp, problem = _recorded()
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 6.0, implicit_gemm.FAMILY: 0.3})
+    comp.wave_seconds = {}
+    tuner = _families_tuner(comp, clock, rp, 7.0, [implicit_gemm, tc])
+    tuner.bench.measure_s = 0.05
+    t0 = clock()
+    r = tuner.tune(problem)
+    assert clock() - t0 <= 7.0 + 0.1, r.phases
+    assert set(r.defaults) == {tc.FAMILY, implicit_gemm.FAMILY} and all(r.defaults.values()), r.defaults
+    assert r.family == tc.FAMILY  # the better family's start point, measured last, won
+
+
 def test_cached_warm_start_seeds_are_measured_and_leave_the_finalists_their_reserve():
     """Warm-start seeds are winners of neighbouring problems, so their cubins are cached: prefetched with the start
     points they cost no compile in the budget's eyes (charged a whole slow wave each, every seed was refused), and
