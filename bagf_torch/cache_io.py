@@ -99,7 +99,7 @@ def _cubin_digest_from_env(family: Any, config: dict, env: dict) -> str | None:
 def read_export(path: str | os.PathLike) -> ExportFile:
     """Read and check an export file; ValueError (one line: what is wrong, what to do) when it is not a
     bagf_torch export at all. Per-entry problems do not raise: they are in ``problems``."""
-    from .kernels import FAMILIES
+    from .kernels import FAMILIES, family_refuses
     from .problem import ConvProblem, fingerprint
 
     source = Path(path).expanduser()
@@ -137,7 +137,12 @@ def read_export(path: str | os.PathLike) -> ExportFile:
             out.problems.append(f"{label}: family {record.family!r} is not one of this bagf_torch's "
                                 f"({', '.join(FAMILIES)})")
             continue
-        expected = fingerprint(ConvProblem.from_dict(record.problem), record.env)
+        problem = ConvProblem.from_dict(record.problem)
+        why = family_refuses(record.family, record.config, problem)
+        if why is not None:
+            out.problems.append(f"{label}: {record.family} does not compute this problem ({why}); refused")
+            continue
+        expected = fingerprint(problem, record.env)
         if record.key != expected:
             out.problems.append(f"{label}: key does not match its problem and env (recomputed {expected[:16]}); "
                                 f"refused, a plan is only stored under the key of what it was tuned for")

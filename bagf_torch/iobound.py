@@ -712,6 +712,7 @@ def direct_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
 _MODELS = {
     "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
     "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
+    "implicit_gemm_tf32": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),  # the same kernel's loads
     "winograd": (winograd_traffic, winograd_fast_memory_words),
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),

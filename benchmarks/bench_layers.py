@@ -1,6 +1,7 @@
 """AlexNet's five conv layers (224x224 input): cuDNN vs our default configuration vs our tuned configuration.
 
-fp32 with TF32 off, cuDNN in benchmark mode. Each layer is tuned first-call style (the strategy and budget
+fp32 with TF32 off (``--tf32``: on, PyTorch's default, where cuDNN runs TF32 products and the tuner may too,
+within twice cuDNN's own error), cuDNN in benchmark mode. Each layer is tuned first-call style (the strategy and budget
 given), then cuDNN, the default configuration and the winner are re-timed interleaved in this same run
 (median of rounds of median-of-many CUDA-event timings). Also measures the per-call host overhead of
 TunedConv2d and of the bare op against F.conv2d at N=1 (--overhead). "default" is the implicit_gemm
@@ -35,7 +36,7 @@ from bagf_torch.tuning.backend import cuda_backend  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
-from bagf_torch.tuning.measure import CudaBenchmarker, Workspace  # noqa: E402
+from bagf_torch.tuning.measure import CudaBenchmarker, Workspace, output_error  # noqa: E402
 from bagf_torch.tuning.replay import load_recording  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
@@ -57,9 +58,9 @@ EXTRA = [
 ]
 
 
-def problem(layer, n: int) -> ConvProblem:
+def problem(layer, n: int, tf32: bool = False) -> ConvProblem:
     _, c, hw, k, ks, st, pd = layer
-    return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd))
+    return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd), tf32=tf32)
 
 
 def recorded_optima(paths) -> dict:
@@ -155,6 +156,9 @@ def main(argv=None) -> int:
                          "a cache holding the winners of the layers tuned before it in this run")
     ap.add_argument("--data", nargs="*", help="recordings whose optima are re-timed as the reference "
                                               "(default: benchmarks/data/*.json.gz)")
+    ap.add_argument("--tf32", action="store_true",
+                    help="TF32 mode (torch.backends.cudnn.allow_tf32 = True, PyTorch's default): cuDNN and the tuner "
+                         "in that mode; the table adds each plan's error against float64 beside cuDNN's")
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
@@ -166,7 +170,7 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     layers = [lay for lay in ALEXNET + EXTRA if lay[0] in args.layers.split(",")]
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
 
     rt = runtime.get()
@@ -189,7 +193,7 @@ def main(argv=None) -> int:
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
             "warm_start": not args.cold,
-            "tf32": False, "cudnn_benchmark": True,
+            "tf32": args.tf32, "cudnn_benchmark": True,
             "ceilings": {"fp32_tflops": ceilings.fp32_flops / 1e12, "copy_gbs": ceilings.bandwidth / 1e9,
                          "how": ceilings.how},
         }
@@ -208,7 +212,8 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
         lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
-                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 off, cudnn.benchmark=True; "
+                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 {'on' if args.tf32 else 'off'}, "
+                 "cudnn.benchmark=True; "
                  f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
                  "Times are medians (us) of interleaved re-timing in one run.", "",
                  "| layer | N | cuDNN us | default us | TC default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
@@ -220,6 +225,16 @@ def main(argv=None) -> int:
                          f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
         lines += ["", f"Geomean speedup vs cuDNN: {summary['geomean_speedup_vs_cudnn']:.2f}x; "
                   f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
+        lines += ["", "Error against float64 on fresh data (error norm / reference norm, and largest error / largest "
+                  "reference magnitude), the plan's beside cuDNN's in the same mode, and the bound the tuner's check "
+                  "held every candidate to" + (" (in TF32 mode: twice cuDNN's error on the tuning's own data, never "
+                  "below fp32's 1e-4 / 1e-3)" if args.tf32 else " (fp32: 1e-4 / 1e-3)") + ".", "",
+                  "| layer | N | plan | plan error | cuDNN error | plan / cuDNN | check bound |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            e = r["error"]
+            lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {e['plan'][0]:.2e} (max {e['plan'][1]:.2e}) | "
+                         f"{e['cudnn'][0]:.2e} (max {e['cudnn'][1]:.2e}) | {e['plan'][0] / max(e['cudnn'][0], 1e-30):.2f} | "
+                         f"{e['check_bound'][0]:.1e} / {e['check_bound'][1]:.1e} |")
         lines += ["", f"Roofline and I/O bound (ceilings measured in this run: fp32 "
                   f"{meta['ceilings']['fp32_tflops']:.1f} TFLOP/s from an SGEMM with TF32 off, copy "
                   f"{meta['ceilings']['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
@@ -262,7 +277,7 @@ def main(argv=None) -> int:
 
     for n in batches:
         for layer in layers:
-            p = problem(layer, n)
+            p = problem(layer, n, args.tf32)
             # In this process whatever BAGF_ISOLATE says: the winner's handle is timed and unloaded here below.
             tuner = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy, seed=args.seed,
                              listeners=[lambda e: print(f"  [{time.perf_counter() - t0:6.1f} s] {e.line()}", flush=True)],
@@ -302,6 +317,12 @@ def main(argv=None) -> int:
                 row["recorded_optimum_us_in_recording"] = opt[2]
                 row["fraction_of_optimum"] = min(opt_us, cudnn_us) / tuned_us
                 dev.compiler.unload(opt_handle)
+            # error against float64 on the comparison's fresh data: the plan's and cuDNN's in this mode
+            with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=args.tf32):
+                cudnn_err = output_error(ws.aten_call()(), ws.ref, ws.ref_norm, ws.ref_max)
+            plan_err = (cudnn_err if result.handle == ATEN
+                        else output_error(ws.op_call(result.handle)(), ws.ref, ws.ref_norm, ws.ref_max))
+            row["error"] = {"cudnn": cudnn_err, "plan": plan_err, "check_bound": [ws.rel_tol, ws.max_tol]}
             row["family_defaults_us"] = result.defaults
             row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings)
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]

@@ -163,6 +163,29 @@ def test_a_key_that_is_not_its_problems_is_refused(cache_dir, tmp_path):
     assert "key does not match its problem and env" in skipped[0]
 
 
+def test_a_plan_for_a_problem_its_family_does_not_compute_is_refused(cache_dir, tmp_path):
+    """A TF32 plan (one TF32 product per multiply) filed under a strict-fp32 problem would hand a strict caller
+    TF32's error; a Winograd plan under a 5x5 problem, a direct kernel under another filter geometry: refused by
+    the family's own rules (``applies``, ``problem_rule``), as the tuner would never have produced them. The
+    same TF32 plan under its TF32 problem is imported."""
+    import dataclasses
+
+    from bagf_torch.kernels import direct, implicit_gemm_tf32 as t32, winograd
+
+    p1_tf32 = dataclasses.replace(P1, tf32=True)
+    other_geometry = next(dict(direct.DEFAULT, G=g) for g in direct.GEOMETRIES
+                          if g and direct.problem_rule(dict(direct.DEFAULT, G=g), P1) is not None)
+    bad = [plan(P1, config=t32.DEFAULT, family=t32.FAMILY), plan(P1, config=winograd.DEFAULT, family=winograd.FAMILY),
+           plan(P1, config=other_geometry, family=direct.FAMILY)]
+    good = plan(p1_tf32, config=t32.DEFAULT, family=t32.FAMILY)
+    with Cache(None) as cache:
+        imported, skipped = cache.import_(export_file(tmp_path, bad + [good]), ENV)
+        assert imported == 1 and [p["family"] for p in cache.plans()] == [t32.FAMILY]
+        assert cache.plans()[0]["problem"]["tf32"] is True
+    assert len(skipped) == 3 and all("does not compute this problem" in line for line in skipped), skipped
+    assert "TF32 mode only" in skipped[0] and "compiled for" in skipped[2]
+
+
 def test_a_plan_whose_kernel_does_not_build_here_is_skipped(cache_dir, tmp_path):
     other = dict(ig.DEFAULT, BK=16)
     path = export_file(tmp_path, [plan(P1), plan(P2, config=other)])

@@ -45,11 +45,36 @@ def _assert_within_check(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert why is None, why
 
 
-def _problem(shape):
+def _problem(shape, tf32: bool = False):
     from bagf_torch.problem import ConvProblem
 
     n, c, h, w, k, r, s, st, pd, dl, bias = shape
-    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=st, padding=pd, dilation=dl, bias=bias)
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=st, padding=pd, dilation=dl, bias=bias, tf32=tf32)
+
+
+def _tf32_only(fam) -> bool:
+    """A family that computes TF32 mode only (implicit_gemm_tf32): one TF32 product per multiply."""
+    applies = getattr(fam, "applies", None)
+    return (applies is not None and applies(_problem(ODD_SHAPES[0])) is not None
+            and applies(_problem(ODD_SHAPES[0], tf32=True)) is None)
+
+
+def _tf32_reference(ws, x=None, w=None, b=None):
+    """Make ``ws``'s float64 reference the convolution of its operands rounded to TF32 as the tensor cores round
+    them (``winograd_math.tf32_round``: cvt.rna.tf32.f32), computed in float64: what a kernel of one TF32 product
+    per multiply and fp32 sums computes up to fp32 summation error, which the fp32 check's tolerance bounds. This
+    tests such a kernel on any shape, whatever cuDNN's own algorithm there (without TF32 on C = 3, its error sets
+    the tuner's TF32 bound to fp32's), and shows that its operands are rounded, not truncated (a bias of 2^-11 per
+    product: far outside)."""
+    from bagf_torch.winograd_math import tf32_round
+
+    p = ws.problem
+    x, w, b = (ws.x, ws.w, ws.b) if x is None else (x, w, b)
+    ws.ref = F.conv2d(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
+                      p.stride, p.padding, p.dilation)
+    ws.ref_norm = float(ws.ref.norm())
+    ws.ref_max = float(ws.ref.abs().max()) if ws.ref.numel() else 0.0
+    return ws
 
 
 @pytest.fixture
@@ -106,7 +131,8 @@ def _shapes_for(fam):
     applies = getattr(fam, "applies", None)
     if applies is None:
         return ODD_SHAPES
-    return [s for s in ODD_SHAPES + WINO_SHAPES if applies(_problem(s)) is None]
+    tf32 = _tf32_only(fam)
+    return [s for s in ODD_SHAPES + WINO_SHAPES if applies(_problem(s, tf32=tf32)) is None]
 
 
 def _sample_configs(fam, n: int, seed: int):
@@ -132,6 +158,8 @@ def _compile_and_check(compiler, fam, configs, shapes):
     bad = []
     for shape in shapes:
         ws = Workspace(_problem(shape), torch.device("cuda", 0))
+        if _tf32_only(fam):
+            _tf32_reference(ws)
         for c, b in zip(configs, built):
             if not _runs(fam, c, shape):
                 continue
@@ -147,6 +175,36 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
     fam = _family(family)
     configs = _sample_configs(fam, 40, seed=int(os.environ.get("BAGF_TEST_SEED", "1234")))
     _compile_and_check(compiler, fam, configs, _shapes_for(fam))
+
+
+@pytest.mark.parametrize("shape", [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
+                                   (2, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
+                                   (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)])
+def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape):
+    """In TF32 mode the tuner's check bounds a candidate by twice cuDNN's own TF32 error on the same data: the TF32
+    family passes it there and fails the strict-fp32 check of the same problem, which is how a TF32 plan never
+    reaches a strict caller's cache; the 3xTF32 family passes both. (AlexNet conv3 and conv2 and a ResNet 1x1
+    layer at N = 2, where cuDNN does use TF32.)"""
+    from bagf_torch.tuning.measure import REL_TOL, TF32_ERROR_FACTOR, CudaChecker, Workspace, output_error
+
+    tf32_fam, strict_fam = _family("implicit_gemm_tf32"), _family("implicit_gemm_tc")
+    built = {f.FAMILY: compiler.compile(f, [f.DEFAULT])[0] for f in (tf32_fam, strict_fam)}
+    checker = CudaChecker(compiler.ext)
+    tf32_ws = Workspace(_problem(shape, tf32=True), torch.device("cuda", 0))
+    strict_ws = Workspace(_problem(shape), torch.device("cuda", 0))
+    theirs = tf32_ws.cudnn_error
+    assert theirs is not None and theirs[0] > 10 * 1e-6, theirs  # cuDNN computed it with TF32 products
+    assert tf32_ws.rel_tol == pytest.approx(max(REL_TOL, TF32_ERROR_FACTOR * theirs[0]))
+    assert strict_ws.cudnn_error is None and strict_ws.rel_tol == REL_TOL
+    ours = output_error(tf32_ws.op_call(built[tf32_fam.FAMILY].handle)(), tf32_ws.ref, tf32_ws.ref_norm,
+                        tf32_ws.ref_max)
+    print(f"{_problem(shape).short()}: cuDNN TF32 error {theirs[0]:.2e} (max {theirs[1]:.2e}), "
+          f"implicit_gemm_tf32 {ours[0]:.2e} (max {ours[1]:.2e})")
+    assert checker.check(tf32_ws, built[tf32_fam.FAMILY].handle) is None
+    wrong = checker.check(strict_ws, built[tf32_fam.FAMILY].handle)
+    assert wrong is not None and "relative error" in wrong.detail, wrong
+    for ws in (tf32_ws, strict_ws):
+        assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
 def test_3xtf32_has_fp32_accuracy(compiler):
@@ -181,6 +239,10 @@ def test_misaligned_weight_uses_scalar_path(compiler, family):
     assert w.data_ptr() % 16 != 0 and w.is_contiguous()
     b = torch.randn(16, device="cuda")
     out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+    if _tf32_only(fam):
+        from bagf_torch.winograd_math import tf32_round
+
+        x, w = tf32_round(x), tf32_round(w)
     ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
     _assert_within_check(out, ref)
 

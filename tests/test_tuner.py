@@ -411,3 +411,59 @@ def test_judge_output_is_the_check_every_cached_candidate_passes():
     poisoned = ref.clone()
     poisoned[3] = float("nan")
     assert judge_output(poisoned, ref, norm, big) == "1 of 10001 outputs unwritten or not finite"
+
+
+def test_tf32_mode_bounds_candidates_by_twice_cudnns_own_tf32_error(monkeypatch):
+    """In TF32 mode the workspace measures what torch's conv (cuDNN on a GPU) misses the float64 reference by in
+    that mode, on the workspace's own data, and the check allows twice that, never less than fp32's bounds. Here
+    torch's conv is made to compute TF32 products (operands rounded as the tensor cores round them): a candidate
+    that computes the same passes, one with three times that error fails, and the same candidate fails the
+    strict-fp32 workspace of the same problem."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from bagf_torch.tuning import measure
+    from bagf_torch.tuning.measure import REL_TOL, TF32_ERROR_FACTOR, Workspace, judge_output, output_error
+    from bagf_torch.winograd_math import tf32_round
+
+    real_conv = F.conv2d
+
+    def tf32_conv(x, w, b=None, *args):
+        if x.dtype == torch.float32:  # the mode's products; the float64 reference stays exact
+            return real_conv(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
+                             *args).float()
+        return real_conv(x, w, b, *args)
+
+    problem = dataclasses.replace(PROBLEM, n=1, tf32=True)
+    monkeypatch.setattr(measure.F, "conv2d", tf32_conv)
+    ws = Workspace(problem, torch.device("cpu"), seed=3)
+    theirs = ws.cudnn_error
+    assert theirs is not None and theirs[0] > REL_TOL  # TF32 products: 2.0e-4 here, as cuDNN's on the H200
+    assert ws.rel_tol == TF32_ERROR_FACTOR * theirs[0] and ws.max_tol == max(10 * REL_TOL, TF32_ERROR_FACTOR * theirs[1])
+    same = tf32_conv(ws.x, ws.w, ws.b, problem.stride, problem.padding, problem.dilation)
+    assert judge_output(same, ws.ref, ws.ref_norm, ws.ref_max, ws.rel_tol, ws.max_tol) is None
+    worse = ws.ref + 3 * (same.double() - ws.ref)
+    assert output_error(worse, ws.ref, ws.ref_norm, ws.ref_max)[0] > ws.rel_tol
+    assert "relative error" in judge_output(worse, ws.ref, ws.ref_norm, ws.ref_max, ws.rel_tol, ws.max_tol)
+    strict = Workspace(dataclasses.replace(problem, tf32=False), torch.device("cpu"), seed=3)
+    assert strict.cudnn_error is None and (strict.rel_tol, strict.max_tol) == (REL_TOL, 10 * REL_TOL)
+    assert "relative error" in judge_output(same, strict.ref, strict.ref_norm, strict.ref_max, strict.rel_tol,
+                                            strict.max_tol)
+
+
+def test_the_tf32_family_is_searched_in_tf32_mode_only():
+    """implicit_gemm_tf32 computes TF32 products: the tuner takes it for a TF32-mode problem (beside the 3xTF32
+    family, which stays for problems where cuDNN itself does not use TF32) and never for a strict one."""
+    import dataclasses
+
+    from bagf_torch.kernels import FAMILIES, implicit_gemm_tc as tc, implicit_gemm_tf32 as t32
+
+    tuner = Tuner(fake_backend(FakeCompiler()), list(FAMILIES.values()), budget=Budget(4))
+    strict = [f.FAMILY for f in tuner.families_for(PROBLEM)]
+    tf32 = [f.FAMILY for f in tuner.families_for(dataclasses.replace(PROBLEM, tf32=True))]
+    assert t32.FAMILY not in strict and tc.FAMILY in strict
+    assert tf32 == [tc.FAMILY, t32.FAMILY] + strict[1:]
+    assert t32.name(t32.DEFAULT) == "implicit_gemm_tf32" + tc.name(tc.DEFAULT)[len("implicit_gemm_tc"):]
+    assert t32.name_expression(t32.DEFAULT) == tc.name_expression(tc.DEFAULT).replace("_tc_", "_tf32_")

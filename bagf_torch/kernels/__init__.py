@@ -10,13 +10,14 @@ is its own kernel, name_expression() names both kernels ("a;b", one cubin) and l
 in ``FAMILIES`` below (docs/adding-a-family.md).
 """
 
-from . import direct, implicit_gemm, implicit_gemm_tc, winograd, winograd_gemm, winograd_tc
+from . import direct, implicit_gemm, implicit_gemm_tc, implicit_gemm_tf32, winograd, winograd_gemm, winograd_tc
 from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
 FAMILIES: dict[str, KernelFamily] = {
-    f.FAMILY: f for f in (implicit_gemm_tc, winograd_tc, winograd, winograd_gemm, implicit_gemm, direct)}
+    f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, winograd_tc, winograd, winograd_gemm, implicit_gemm,
+                          direct)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
@@ -40,6 +41,20 @@ def complete_config(family: str, config) -> dict:
     return {**{k: v for k, v in legacy.items() if k not in config}, **config}
 
 
+def family_refuses(family: str, config, problem) -> str | None:
+    """Why ``family``'s plan ``config`` must not run ``problem`` (the family's ``applies`` and ``problem_rule``), or
+    None; "aten" and families this bagf_torch does not know are never refused here. What the tuner searches obeys
+    both already; an imported plan is held to them too (e.g. a TF32 plan filed under a strict-fp32 problem)."""
+    module = FAMILIES.get(family)
+    if module is None or config is None:
+        return None
+    applies = getattr(module, "applies", None)
+    why = applies(problem) if applies is not None else None
+    if why is None and getattr(module, "problem_rule", None) is not None:
+        why = module.problem_rule(complete_config(family, config), problem)
+    return why
+
+
 def family_name(family: str, config) -> str:
     """Readable name of a plan: ``aten`` or the family's instantiation name."""
     if config is None or family not in FAMILIES:
@@ -48,5 +63,6 @@ def family_name(family: str, config) -> str:
 
 
 __all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry", "OPTIONAL", "REQUIRED", "Space",
-           "complete_config", "config_key", "direct", "families_for", "family_name", "implicit_gemm", "implicit_gemm_tc",
+           "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses", "implicit_gemm", "implicit_gemm_tc",
+           "implicit_gemm_tf32",
            "winograd", "winograd_gemm", "winograd_tc"]

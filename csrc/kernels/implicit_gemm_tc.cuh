@@ -8,7 +8,8 @@
 // a_big*b_big + a_big*b_small + a_small*b_big, accumulated in fp32 by mma.sync m16n8k8. The dropped term
 // a_small*b_small is ~2^-22 relative, so results match an fp32 FFMA kernel (measured against float64 in the
 // tests; the tuner's correctness check enforces the same tolerance as for every other kernel). Plain TF32
-// would be 2^-11 relative and fails that check by design.
+// is 2^-11 relative per product and fails that check by design: it is the second kernel here,
+// implicit_gemm_tf32_conv2d, for TF32 mode only, where the check's tolerance follows cuDNN's own TF32 error.
 //
 // Template parameters are the tuning knobs (bagf_torch/kernels/implicit_gemm_tc.py has the validity rules):
 //   BM  block tile over output channels (M)     WM  warps along M (warp tile BM/WM, a multiple of 16)
@@ -67,6 +68,10 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
 #endif
 }
 
+// x rounded to TF32 (to nearest, ties away from zero: cvt.rna.tf32.f32's result, with integer ops as
+// split_tf32's big part), as the tensor core's operand bits.
+__device__ __forceinline__ unsigned round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
 // D += A(16x8, row) * B(8x8, col), TF32 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   asm volatile(
@@ -95,10 +100,17 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 }  // namespace tc
 
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, int SPLIT>
-__global__ void __launch_bounds__(32 * WM * WN)
-implicit_gemm_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w,
-                        const float* __restrict__ bias, float* __restrict__ y, const Conv2dParams p) {
+namespace tc {
+
+// The kernel body, for both precisions. PREC = 3: three TF32 products per fp32 product (fp32 accuracy,
+// implicit_gemm_tc_conv2d). PREC = 1: one, each operand rounded to TF32 (to nearest, ties away from zero, as
+// cvt.rna.tf32.f32) and fp32 accumulation: the arithmetic of cuDNN's TF32 convolutions, for callers that run
+// fp32 convolutions in TF32 mode (implicit_gemm_tf32_conv2d).
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, int SPLIT, int PREC>
+__device__ __forceinline__ void implicit_gemm_body(const float* __restrict__ x, const float* __restrict__ w,
+                                                   const float* __restrict__ bias, float* __restrict__ y,
+                                                   const Conv2dParams& p) {
+  static_assert(PREC == 1 || PREC == 3, "one TF32 product (TF32 mode) or three (fp32 accuracy)");
   constexpr int T = 32 * WM * WN;
   constexpr int WTM = BM / WM;  // warp tile
   constexpr int WTN = BN / WN;
@@ -231,44 +243,66 @@ implicit_gemm_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w
     const float* bs = Bs + st * B_STAGE + tig * LDB + wn * WTN + gid;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 8) {
-      unsigned a_big[MI][4], a_small[MI][4], b_big[NI][2], b_small[NI][2];
+      if constexpr (PREC == 1) {
+        unsigned a_t[MI][4], b_t[NI][2];
 #pragma unroll
-      for (int i = 0; i < MI; ++i) {
-        const float* a = as + i * 16 * LDA + kk;
-        tc::split_tf32(a[0], a_big[i][0], a_small[i][0]);
-        tc::split_tf32(a[8 * LDA], a_big[i][1], a_small[i][1]);
-        tc::split_tf32(a[4], a_big[i][2], a_small[i][2]);
-        tc::split_tf32(a[8 * LDA + 4], a_big[i][3], a_small[i][3]);
-      }
+        for (int i = 0; i < MI; ++i) {
+          const float* a = as + i * 16 * LDA + kk;
+          a_t[i][0] = tc::round_tf32(a[0]);
+          a_t[i][1] = tc::round_tf32(a[8 * LDA]);
+          a_t[i][2] = tc::round_tf32(a[4]);
+          a_t[i][3] = tc::round_tf32(a[8 * LDA + 4]);
+        }
 #pragma unroll
-      for (int j = 0; j < NI; ++j) {
-        const float* b = bs + kk * LDB + j * 8;
-        tc::split_tf32(b[0], b_big[j][0], b_small[j][0]);
-        tc::split_tf32(b[4 * LDB], b_big[j][1], b_small[j][1]);
-      }
-      if constexpr (BAGF_TC_MMA_PASSES) {
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
+        for (int j = 0; j < NI; ++j) {
+          const float* b = bs + kk * LDB + j * 8;
+          b_t[j][0] = tc::round_tf32(b[0]);
+          b_t[j][1] = tc::round_tf32(b[4 * LDB]);
+        }
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
-          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
+          for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_t[i], b_t[j]);
       } else {
+        unsigned a_big[MI][4], a_small[MI][4], b_big[NI][2], b_small[NI][2];
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+        for (int i = 0; i < MI; ++i) {
+          const float* a = as + i * 16 * LDA + kk;
+          tc::split_tf32(a[0], a_big[i][0], a_small[i][0]);
+          tc::split_tf32(a[8 * LDA], a_big[i][1], a_small[i][1]);
+          tc::split_tf32(a[4], a_big[i][2], a_small[i][2]);
+          tc::split_tf32(a[8 * LDA + 4], a_big[i][3], a_small[i][3]);
+        }
 #pragma unroll
-          for (int j = 0; j < NI; ++j) {
-            tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
-            tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
-            tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
-          }
-      }
+        for (int j = 0; j < NI; ++j) {
+          const float* b = bs + kk * LDB + j * 8;
+          tc::split_tf32(b[0], b_big[j][0], b_small[j][0]);
+          tc::split_tf32(b[4 * LDB], b_big[j][1], b_small[j][1]);
+        }
+        if constexpr (BAGF_TC_MMA_PASSES) {
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+              tc::mma_16x8x8(acc[i][j], a_small[i], b_big[j]);
+              tc::mma_16x8x8(acc[i][j], a_big[i], b_small[j]);
+              tc::mma_16x8x8(acc[i][j], a_big[i], b_big[j]);
+            }
+        }
+      }  // PREC == 3
     }
   };
 
@@ -317,6 +351,22 @@ implicit_gemm_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w
       }
     }
   }
+}
+
+}  // namespace tc
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, int SPLIT>
+__global__ void __launch_bounds__(32 * WM * WN)
+implicit_gemm_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w,
+                        const float* __restrict__ bias, float* __restrict__ y, const Conv2dParams p) {
+  tc::implicit_gemm_body<BM, BN, BK, WM, WN, STAGES, SPLIT, 3>(x, w, bias, y, p);
+}
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, int SPLIT>
+__global__ void __launch_bounds__(32 * WM * WN)
+implicit_gemm_tf32_conv2d(const float* __restrict__ x, const float* __restrict__ w,
+                          const float* __restrict__ bias, float* __restrict__ y, const Conv2dParams p) {
+  tc::implicit_gemm_body<BM, BN, BK, WM, WN, STAGES, SPLIT, 1>(x, w, bias, y, p);
 }
 
 }  // namespace bagf
