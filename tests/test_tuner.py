@@ -253,6 +253,17 @@ def test_two_families_share_the_budget_by_start_speed():
     assert {t.family for t in r.trials if t.config is not None} == {"fast", "slow"}
 
 
+def test_an_evaluation_budget_below_the_family_count_measures_the_first_families_only():
+    """Six evaluations where seven families apply (a 3x3 layer in TF32 mode): the budget holds, the first six
+    families' start points are measured, in the tuner's order."""
+    fams = [_family() for _ in range(3)]
+    for i, f in enumerate(fams):
+        f.FAMILY = f"f{i}"
+    comp = FakeCompiler()
+    r = Tuner(fake_backend(comp), fams, strategy="random", budget=Budget(2)).tune(PROBLEM)
+    assert r.evaluations == 2 and set(r.defaults) == {"f0", "f1"}
+
+
 # ------------------------------------------------------------------------- bound-guided pruning ----------
 RECORDING = Path(__file__).resolve().parent.parent / "benchmarks/data/implicit_gemm_tc_h200.json.gz"
 

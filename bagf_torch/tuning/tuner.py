@@ -632,6 +632,8 @@ class Tuner:
                 phases["strategy"] += clock() - t
         defaults: dict[str, float | None] = {}
         for fam in families:
+            if len(defaults) >= self.budget.evaluations:
+                break  # an evaluation budget below the number of families: the first families' start points only
             # (the reserve grows with the first timings); a prefetched start point needs no compile
             prefetched_start = (fam.FAMILY, config_key(starts[fam.FAMILY])) in prefetched
             limit[0] = deadline.start_end() if prefetched_start else deadline.search_end()
