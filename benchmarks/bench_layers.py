@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for bench_overhead's helpers
 
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402
@@ -39,6 +40,7 @@ from bagf_torch.ops import ATEN  # noqa: E402
 from bagf_torch.tuning.measure import CudaBenchmarker, Workspace, output_error  # noqa: E402
 from bagf_torch.tuning.replay import load_recording  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
+from bench_overhead import command_line, git_commit  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -194,6 +196,7 @@ def main(argv=None) -> int:
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
             "warm_start": not args.cold,
             "tf32": args.tf32, "cudnn_benchmark": True,
+            "commit": git_commit(), "command": command_line("bench_layers.py", sys.argv[1:] if argv is None else argv),
             "ceilings": {"fp32_tflops": ceilings.fp32_flops / 1e12, "copy_gbs": ceilings.bandwidth / 1e9,
                          "how": ceilings.how},
         }
@@ -216,6 +219,7 @@ def main(argv=None) -> int:
                  "cudnn.benchmark=True; "
                  f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
                  "Times are medians (us) of interleaved re-timing in one run.", "",
+                 f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
                  "| layer | N | cuDNN us | default us | TC default us | tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:

@@ -786,7 +786,9 @@ def test_gpu_first_call_in_an_inference_context_runs_the_search(monkeypatch, cap
     assert float((y.double() - want).norm() / want.norm()) < 1e-4
     r = runtime.get().results[-1]
     assert not [rec.getMessage() for rec in caplog.records if "failed" in rec.getMessage()]
-    assert r.evaluations >= 8, r.evaluations  # the search went past the start points
+    # the search went past the start points (in a process that has not imported Ax yet, its import takes 5.8 s of
+    # the 10: one search batch)
+    assert r.evaluations > len(r.defaults), (r.evaluations, r.defaults)
     assert r.seconds <= 10 * 1.1 + 1 and took <= 10 * 1.1 + 5, (r.seconds, took)
 
 
