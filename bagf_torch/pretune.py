@@ -249,6 +249,20 @@ class RuntimeTuneStep:
 
         return self.budget or settings.budget_evaluations()
 
+    def prepare(self, problems: Sequence[tuple[ConvProblem, int]]) -> int:
+        """Before the first problem is tuned: every family's start point for each problem, compiled in one
+        parallel wave per device (``Runtime.prefetch_starts``). Returns how many configurations it asked for."""
+        from . import settings
+        from .tuning.common import Budget
+
+        options = dict(budget=Budget(self.evaluations(), self.seconds or settings.budget_seconds()),
+                       strategy=self.strategy, seed=self.seed)
+        by_device: dict[int, list[ConvProblem]] = {}
+        for problem, device in problems:
+            by_device.setdefault(device, []).append(problem)
+        rt = runtime.get()
+        return sum(rt.prefetch_starts(probs, device, tuner_options=options) for device, probs in by_device.items())
+
     def __call__(self, problem: ConvProblem, device: int, progress: Progress) -> Record:
         from . import settings
         from .jit.compiler import KernelSpec
@@ -338,6 +352,9 @@ class ModelReport:
     seconds: float = 0.0
     world_size: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
+    prefetch: dict[str, Any] = field(default_factory=dict)
+    """This rank's up-front compile wave of every problem's start points: ``configs`` asked for, ``seconds``
+    (part of ``seconds``, before the first problem's tuning); empty when there was none."""
     """What produced the report, where a caller says (the tune command: GPU, versions, date, the command line, its
     settings and wall time); written to and read from the JSON as is."""
 
@@ -361,6 +378,7 @@ class ModelReport:
     def as_dict(self) -> dict[str, Any]:
         return {"rows": [r.as_dict() for r in self.rows], "unsupported": [list(u) for u in self.unsupported],
                 "seconds": self.seconds, "world_size": self.world_size, "tuned": self.tuned, "meta": self.meta,
+                "prefetch": self.prefetch,
                 "conv_time_by_batch": {str(n): {"cudnn_us": a, "planned_us": b}
                                        for n, (a, b) in self.conv_time_by_batch().items()}}
 
@@ -380,7 +398,8 @@ class ModelReport:
                             rank=r.get("rank", 0), wall_seconds=r.get("wall_seconds"),
                             phases=dict(r.get("phases") or {})) for r in d["rows"]]
         return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
-                   seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1), meta=dict(d.get("meta") or {}))
+                   seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1), meta=dict(d.get("meta") or {}),
+                   prefetch=dict(d.get("prefetch") or {}))
 
     def __str__(self) -> str:
         head = (f"{'problem':<46} {'layers':<22} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'trials':>6} "
@@ -400,7 +419,9 @@ class ModelReport:
             lines.append(f"not tuned: {layer}: {reason} (runs through ATen)")
         lines.append(f"{len(self.rows)} unique problems, {self.tuned} tuned now, "
                      f"{len(self.rows) - self.tuned} from the cache, in {self.seconds:.1f} s"
-                     + (f" on {self.world_size} ranks" if self.world_size > 1 else ""))
+                     + (f" on {self.world_size} ranks" if self.world_size > 1 else "")
+                     + (f" ({self.prefetch['seconds']:.1f} s of it compiling {self.prefetch['configs']} start points "
+                        "up front)" if self.prefetch.get("configs") else ""))
         return "\n".join(lines)
 
 
@@ -455,6 +476,12 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)
     label = "tuning" if ctx.world_size == 1 else f"rank {ctx.rank} tuning"
+    prefetch: dict[str, Any] = {}
+    prepare = getattr(step, "prepare", None)
+    if prepare is not None and mine:
+        # one compile wave for the whole share's start points, before the first problem's budget starts
+        t1 = time.perf_counter()
+        prefetch = {"configs": prepare([(p, found.devices[p]) for p in mine]), "seconds": time.perf_counter() - t1}
     bar = _Bar(len(mine), per_problem, progress, label, position=ctx.rank)
     records: list[Record] = []
     try:
@@ -478,5 +505,5 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
         raise RuntimeError(f"no winner came back for {len(missing)} problems ({missing[0]}, ...); a rank "
                            "must have skipped its share")
     return ModelReport(rows=rows, unsupported=found.unsupported, seconds=time.perf_counter() - t0,
-                       world_size=ctx.world_size)
+                       world_size=ctx.world_size, prefetch=prefetch)
 

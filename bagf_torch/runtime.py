@@ -430,6 +430,17 @@ class Runtime:
             _bump()  # layers serving this problem with ATen for now take the plan at their next call
             return key, self.cache().get_plan(key), True
 
+    def prefetch_starts(self, problems: Sequence[ConvProblem], device: int, *,
+                        tuner_options: dict | None = None) -> int:
+        """Compile the start points of those of ``problems`` the cache has no plan for on ``device``, in one
+        parallel wave (``Tuner.prefetch_starts``), before ``pretune`` tunes them one by one. Returns how many
+        configurations it asked for."""
+        dev = self.device(device)
+        todo = [p for p in problems if self.cache().get_plan(fingerprint(p, dev.env)) is None]
+        if not todo:
+            return 0
+        return self.tuner(dev, **(tuner_options or {})).prefetch_starts(todo)
+
     def forget(self) -> None:
         """Drop the in-memory memo (the disk cache stays); tests use it to simulate a new process."""
         with self._lock:

@@ -436,6 +436,7 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                "tuned": len(tuned), "sum_tune_seconds": sum_tune, "outside_tuning_s": wall - sum_tune,
                "max_tune_seconds": max((r["tune_seconds"] or 0.0 for r in tuned), default=None),
                "report_seconds": None if report is None else report.get("seconds"),
+               "prefetch": None if report is None else report.get("prefetch"),
                "whole_allowed_s": whole_allowed, "whole_within": bool(wall <= whole_allowed),
                "search_failed": failures, "source": "tune JSON" if report is not None else "cache (no tune JSON)"}
     summary["pass"] = bool(rc == 0 and rows and all(r["within_budget"] for r in rows) and not failures)
@@ -480,7 +481,9 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                      f"{gw} | {_us(r.get('time_us'))} | {_us(r.get('aten_us'))} | "
                      f"{'-' if speed is None else f'{speed:.2f}'} |")
     lines += ["", f"Whole command: {wall:.1f} s wall (rc {rc}{', TIMED OUT' if timed_out else ''}) for {len(tuned)} "
-              f"tuned problems; tuning {sum_tune:.1f} s of it, {wall - sum_tune:.1f} s outside the tuner; within "
+              f"tuned problems; tuning {sum_tune:.1f} s of it, {wall - sum_tune:.1f} s outside the tuner"
+              + (f" (of which {summary['prefetch']['seconds']:.1f} s compiling {summary['prefetch']['configs']} start "
+                 "points up front)" if (summary.get("prefetch") or {}).get("configs") else "") + "; within "
               f"{len(tuned)} x {allowed_seconds(budget, args):.1f} + {args.startup_allowance:g} s = "
               f"{whole_allowed:.1f} s: {'yes' if summary['whole_within'] else 'NO'}. 'search ... failed' warnings: "
               f"{len(failures)}. Source of the rows: {summary['source']}. Geomean x cuDNN over {len(speeds)} problems: "

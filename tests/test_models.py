@@ -183,6 +183,29 @@ def test_tune_model_tunes_each_unique_problem_once_and_reports(capsys):
     assert json.loads(report.to_json())["conv_time_by_batch"]["2"] == {"cudnn_us": 300.0, "planned_us": 150.0}
 
 
+def test_tune_model_compiles_every_start_point_up_front_through_the_steps_prepare():
+    """A step with ``prepare`` hears the whole share of (problem, device) pairs once, before its first problem is
+    tuned; the report says how many configurations that wave asked for and how long it took."""
+    events = []
+
+    class PreparingStep(FakeStep):
+        def prepare(self, problems):
+            events.append(("prepare", list(problems)))
+            return 9
+
+        def __call__(self, problem, device, progress):
+            events.append(("tune", problem))
+            return super().__call__(problem, device, progress)
+
+    report = bagf_torch.tune_model(_two_branch_model(), [fake_cuda(2, 3, 16, 16), fake_cuda(5, 3, 16, 16)],
+                                   step=PreparingStep(), progress=False)
+    assert [e[0] for e in events] == ["prepare"] + ["tune"] * 4
+    assert events[0][1] == [(e[1], -1) for e in events[1:]]  # every problem, in tuning order, with its device
+    assert report.prefetch["configs"] == 9 and report.prefetch["seconds"] >= 0
+    assert "compiling 9 start points up front" in str(report)
+    assert pretune.ModelReport.from_dict(json.loads(report.to_json())).prefetch == report.prefetch
+
+
 def test_tune_model_progress_lines_without_a_terminal(capsys):
     bagf_torch.tune_model(_two_branch_model(), fake_cuda(1, 3, 8, 8), step=FakeStep(), progress=None)
     err = capsys.readouterr().err  # pytest's stderr is not a terminal: one line per problem, no bar

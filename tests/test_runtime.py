@@ -134,6 +134,25 @@ def test_pretune_feeds_the_progress_bar_from_the_tuners_trials(fake_device):
     assert calls[1:] == [(t.outcome.status, t.outcome.time_us) for t in trials[1:]]
 
 
+def test_pretunings_up_front_wave_covers_the_problems_the_cache_lacks(fake_device):
+    """``RuntimeTuneStep.prepare`` (what tune_model calls before the first problem) hands the device's compiler one
+    prefetch of every family's start point for the problems not in the cache, deduplicated (one cubin serves
+    every shape); once a problem has its plan it is left out."""
+    import dataclasses
+
+    from bagf_torch import pretune
+
+    asked = []
+    fake_device.prefetch = lambda items: (asked.append([(f.FAMILY, dict(c)) for f, c in items]), {})[1]
+    step = pretune.RuntimeTuneStep(budget=6, seconds=5.0)
+    other = dataclasses.replace(P, n=2)
+    assert step.prepare([(P, 0), (other, 0)]) == 1 and asked == [[("implicit_gemm", dict(ig.DEFAULT))]]
+    runtime.get().pretune(P, 0)
+    asked.clear()
+    assert step.prepare([(P, 0)]) == 0 and asked == []
+    assert step.prepare([(P, 0), (other, 0)]) == 1 and len(asked) == 1
+
+
 def test_tune_disabled_serves_aten_without_tuning(fake_device, monkeypatch, caplog):
     monkeypatch.setenv("BAGF_TUNE", "0")
     monkeypatch.setenv("BAGF_LOG", "info")  # the untuned-problem line is INFO: serving with BAGF_TUNE=0 is normal

@@ -3,6 +3,8 @@ a budget, a serving path that costs what nn.Conv2d costs, settings that cannot b
 
 from __future__ import annotations
 
+import dataclasses
+
 import ast
 import logging
 import math
@@ -386,6 +388,37 @@ def test_every_prefetched_start_point_is_measured_when_the_wave_ate_the_search_t
     assert clock() - t0 <= 7.0 + 0.1, r.phases
     assert set(r.defaults) == {tc.FAMILY, implicit_gemm.FAMILY} and all(r.defaults.values()), r.defaults
     assert r.family == tc.FAMILY  # the better family's start point, measured last, won
+
+
+def test_a_models_start_points_compiled_up_front_leave_each_tuning_its_budget_for_the_search():
+    """``prefetch_starts`` over a model's problems compiles each family's start point once (problems that share one
+    share its cubin), records the wave's cost per family, and each tuning then loads its start points: no compile
+    wave of its own, so more of its budget goes to the search than in a tuning that compiles them itself."""
+    from bagf_torch.kernels import implicit_gemm
+
+    tc, rp, problem = _recorded()
+    twin = dataclasses.replace(problem, n=problem.n + 1)  # another batch: most start points are the same cubins
+
+    def run(up_front):
+        clock = FakeClock()
+        comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 3.0, implicit_gemm.FAMILY: 1.0})
+        comp.wave_seconds = {}
+        asked = []
+        real = comp.prefetch
+        comp.prefetch = lambda items: (asked.append(len(items)), real(items))[1]
+        tuner = _families_tuner(comp, clock, rp, 8.0, [implicit_gemm, tc])
+        if up_front:
+            n = tuner.prefetch_starts([problem, twin])
+            starts = {(f.FAMILY, config_key(tuner.start_config(f, p))) for p in (problem, twin) for f in (implicit_gemm, tc)}
+            assert n == len(starts) == asked[0] and comp.wave_seconds == {tc.FAMILY: 3.0, implicit_gemm.FAMILY: 1.0}
+        t0 = clock()
+        r = tuner.tune(problem)
+        assert clock() - t0 <= 8.0 + 0.1
+        return r
+
+    cold, warm = run(False), run(True)
+    assert warm.phases["compile"] < cold.phases["compile"] and warm.evaluations > cold.evaluations, (
+        warm.phases, cold.phases, warm.evaluations, cold.evaluations)
 
 
 def test_cached_warm_start_seeds_are_measured_and_leave_the_finalists_their_reserve():
