@@ -1,8 +1,9 @@
 """End-to-end inference timing of a whole model: stock PyTorch against bagf_torch, eager and CUDA graphs.
 
 Shared by ``python -m bagf_torch bench`` and ``benchmarks/bench_alexnet.py``. Everything is fp32 with TF32
-off for convs and matmuls (our kernels are strict fp32; comparing them with TF32 cuDNN would compare two
-precisions). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
+off for convs and matmuls (strict fp32, both sides), or with ``tf32``: cuDNN's TF32 on for convs as PyTorch's
+default has it (matmuls stay strict, also PyTorch's default), and the tuned model's plans are the ones tuned in
+that mode (one precision on both sides either way). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
 idle stream (a synchronize between runs), so the launch gaps of eager mode are in the time (at N=1 they are
 most of it) and the synchronize is not. Median and quartiles of many runs, after warm-up.
 
@@ -44,12 +45,13 @@ from torch import nn
 
 
 @contextlib.contextmanager
-def fp32(benchmark: bool):
-    """Strict fp32 for convs and matmuls, cudnn.benchmark as given; restores the previous flags."""
+def fp32(benchmark: bool, tf32: bool = False):
+    """fp32 convs with cuDNN's TF32 as ``tf32`` says and strict fp32 matmuls, cudnn.benchmark as given; restores
+    the previous flags."""
     matmul = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=benchmark, deterministic=False, allow_tf32=False):
+        with torch.backends.cudnn.flags(enabled=True, benchmark=benchmark, deterministic=False, allow_tf32=tf32):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
@@ -116,7 +118,7 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
-                 compile_max_autotune: bool = False, stock_model: str | None = None) -> dict:
+                 compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False) -> dict:
     """Time every variant on input ``x``; returns {variant: {median_us, ..., max_rel_diff}} and, with
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
     (otherwise its first warm-up call tunes).
@@ -124,10 +126,11 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``stock_model`` (a model name ``models.build`` takes, e.g. "alexnet"): the benchmark-off variants (``stock``,
     ``stock_graph``) are timed in a child process (see the module docstring). None: they are timed here,
     AFTER every benchmark-mode variant, so they do not poison the others' cuDNN choice -- but they then
-    inherit benchmark mode's algorithms and are not what a default PyTorch process runs."""
+    inherit benchmark mode's algorithms and are not what a default PyTorch process runs. ``tf32``: every variant
+    with cuDNN's TF32 on (``fp32``); the tuned model's plans must be TF32-mode plans."""
     out: dict = {}
     with torch.no_grad():
-        with fp32(benchmark=True):
+        with fp32(benchmark=True, tf32=tf32):
             ref = stock(x)
         variants: list[tuple[str, bool, Callable[[], Callable[[], torch.Tensor]]]] = [
             ("stock_benchmark", True, lambda: lambda: stock(x)),
@@ -143,7 +146,7 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             if graphs:
                 variants.append(("stock_graph", False, lambda: _graph_call(stock, x, out, "stock_graph")))
         for name, benchmark, make in variants:
-            with fp32(benchmark=benchmark):
+            with fp32(benchmark=benchmark, tf32=tf32):
                 fn = make()
                 # compared before timing: a CUDA-graph replay (ours, or torch.compile's max-autotune
                 # cudagraphs) overwrites its output on the next run
@@ -154,38 +157,39 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             entry.update(timing.as_dict())
             entry["max_rel_diff"] = diff
     if stock_model is not None:
-        child = stock_in_child(stock_model, tuple(x.shape), runs, graphs)
+        child = stock_in_child(stock_model, tuple(x.shape), runs, graphs, tf32)
         for name, entry in child.items():
             out.setdefault(name, {}).update(entry)
     order = list(VARIANT_ORDER)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
 
 
-def stock_in_child(model: str, shape: tuple, runs: int, graphs: bool) -> dict:
-    """``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off, fp32."""
+def stock_in_child(model: str, shape: tuple, runs: int, graphs: bool, tf32: bool = False) -> dict:
+    """``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off, fp32 (cuDNN's TF32 as
+    ``tf32``)."""
     cmd = [sys.executable, "-m", "bagf_torch.bench", "--stock-child", model, ",".join(map(str, shape)), str(runs),
-           "1" if graphs else "0"]
+           "1" if graphs else "0", "1" if tf32 else "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
     if r.returncode != 0:
         raise RuntimeError(f"the stock-timing child failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _stock_child(model: str, shape: str, runs: int, graphs: bool) -> dict:
+def _stock_child(model: str, shape: str, runs: int, graphs: bool, tf32: bool = False) -> dict:
     from .models import build  # the parent built this model by name already, so the name is known to build
 
     torch.manual_seed(0)
     net = build(model, tuned=False).cuda().eval()
     x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda")
     out: dict = {}
-    with torch.no_grad(), fp32(benchmark=False):
+    with torch.no_grad(), fp32(benchmark=False, tf32=tf32):
         for name, make in [("stock", lambda: lambda: net(x))] + (
                 [("stock_graph", lambda: _graph_call(net, x, out, "stock_graph"))] if graphs else []):
             fn = make()
             fn()
             torch.cuda.synchronize()
             out.setdefault(name, {}).update(time_forward(fn, runs=runs).as_dict())
-            out[name]["process"] = "child, cudnn.benchmark off"
+            out[name]["process"] = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}"
     return out
 
 
@@ -245,9 +249,11 @@ def table(results: dict[int, dict]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":  # python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS
-    if len(sys.argv) == 6 and sys.argv[1] == "--stock-child":
-        print(json.dumps(_stock_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1")))
+if __name__ == "__main__":  # python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS TF32
+    if len(sys.argv) == 7 and sys.argv[1] == "--stock-child":
+        print(json.dumps(_stock_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1",
+                                      sys.argv[6] == "1")))
     else:
-        print("usage: python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS(0|1)", file=sys.stderr)
+        print("usage: python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1)",
+              file=sys.stderr)
         sys.exit(2)

@@ -199,12 +199,15 @@ def bench_command(args) -> int:
 
     _build_model(args.model, tuned=False)
     _require_gpu("bench")
-    # Both models are timed in strict fp32 (bench.fp32): the plans it tunes and uses are TF32-off plans.
-    torch.backends.cudnn.allow_tf32 = False
+    # Both models are timed in one precision (bench.fp32): strict fp32, or cuDNN's TF32 with --tf32 on; the plans
+    # it tunes and uses are that mode's.
+    tf32 = args.tf32 == "on"
+    torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     stock, tuned = bench.stock_and_tuned(lambda: _build_model(args.model, tuned=False))
     xs = _inputs(args.model, args.batch, torch.device("cuda"))
-    print(f"{args.model} inference on {torch.cuda.get_device_name()}, strict fp32 (TF32 off); plans from "
+    print(f"{args.model} inference on {torch.cuda.get_device_name()}, "
+          f"{'fp32 with cuDNN TF32 on' if tf32 else 'strict fp32 (TF32 off)'}; plans from "
           f"{_cache_path()} (tuning what is missing first)", flush=True)
     report = tune_model(tuned, xs, budget=args.budget, progress=None)
     if report.tuned:
@@ -213,7 +216,7 @@ def bench_command(args) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
-                                        stock_model=args.model)
+                                        stock_model=args.model, tf32=tf32)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else
@@ -223,7 +226,7 @@ def bench_command(args) -> int:
     print("\n".join(bench.table(results)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "results": results,
+            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "tf32": tf32, "results": results,
                        "speedups": {n: bench.speedups(r) for n, r in results.items()}}, f, indent=1)
         print(f"results written to {args.json}")
     return 0
@@ -468,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common, models], help="end-to-end inference: stock vs bagf_torch")
     b.add_argument("--runs", type=int, default=200, help="timed runs per variant (median reported)")
     b.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph variants")
+    b.add_argument("--tf32", choices=["on", "off"], default="off",
+                   help="cuDNN's TF32 for both models (on: PyTorch's default; the plans are TF32-mode plans, tuned "
+                        "first where missing) or strict fp32 (off, the default)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     r = sub.add_parser("report", parents=[common], help="per-layer table from the cache, roofline plot")

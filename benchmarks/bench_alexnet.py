@@ -1,4 +1,4 @@
-"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32 with TF32 off.
+"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32 with TF32 off (``--tf32``: on, PyTorch's default).
 
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
 cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
@@ -38,12 +38,14 @@ def main(argv=None) -> int:
                     help="batch sizes to run torch.compile(mode='max-autotune') at (default: all)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tf32", action="store_true",
+                    help="cuDNN's TF32 on for both models, PyTorch's default (the plans are tuned in that mode)")
     args = ap.parse_args(argv)
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
         print(why, file=sys.stderr)
         return 2
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
     xs = [torch.randn(n, 3, 224, 224, device="cuda") for n in args.batch]
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-        "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": False,
+        "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
         "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
     }
     out = Path(args.out)
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         lines = [f"# AlexNet inference: stock PyTorch vs bagf_torch ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
-                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; fp32, TF32 off. Median GPU time (us) of one "
+                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; fp32, TF32 {'on' if args.tf32 else 'off'}. Median GPU time (us) of one "
                  f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
                  "defaults (cudnn.benchmark off) timed in a fresh child process; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
 
     for x in xs:
         n = x.shape[0]
-        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True, stock_model="alexnet",
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True, stock_model="alexnet", tf32=args.tf32,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])

@@ -49,3 +49,30 @@ def test_discovery_pass_runs_convs_in_cudnn_benchmark_mode():
         assert found.calls == 1  # the TunedConv2d was reached (on a CPU it is recorded as unsupported)
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def test_tf32_mode_reaches_both_sides_and_the_stock_child(monkeypatch):
+    """``bench --tf32 on`` times both models with cuDNN's TF32 on (matmuls strict, PyTorch's default), the stock
+    model's fresh child process included; the flags are restored afterwards."""
+    import json
+    import subprocess
+    import types
+
+    cudnn, matmul = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    with bench.fp32(benchmark=True, tf32=True):
+        assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is False
+    with bench.fp32(benchmark=True):
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (cudnn, matmul)
+
+    seen = []
+
+    def run(cmd, **kw):
+        seen.append(cmd)
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"stock": _row(1.0)}) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert bench.stock_in_child("alexnet", (1, 3, 224, 224), 5, False, tf32=True) == {"stock": _row(1.0)}
+    assert bench.stock_in_child("alexnet", (1, 3, 224, 224), 5, True)
+    assert seen[0][-2:] == ["0", "1"] and seen[1][-2:] == ["1", "0"]
+    assert seen[0][seen[0].index("--stock-child") + 1:] == ["alexnet", "1,3,224,224", "5", "0", "1"]
