@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=cli.parse_batches, default=[1, 32, 128], help="comma-separated batch sizes")
     ap.add_argument("--runs", type=int, default=200, help="timed runs per variant")
     ap.add_argument("--budget", type=int, default=None, help="evaluations per problem for what is not cached yet")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="tuning seconds per problem for what is not cached yet (default: BAGF_TIME_BUDGET's)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile(mode='max-autotune')")
     ap.add_argument("--compile-batch", type=cli.parse_batches, default=None,
                     help="batch sizes to run torch.compile(mode='max-autotune') at (default: all)")
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
     xs = [torch.randn(n, 3, 224, 224, device="cuda") for n in args.batch]
     t0 = time.perf_counter()
-    report = bagf_torch.tune_model(tuned, xs, budget=args.budget, progress=None)
+    report = bagf_torch.tune_model(tuned, xs, budget=args.budget, seconds=args.seconds, progress=None)
     tune_seconds = time.perf_counter() - t0
     print(report, flush=True)
     tuned_before, compiles_before = runtime.get().stats["tuned"], STATS.nvrtc_compiles

@@ -17,6 +17,8 @@
 #   gemmprobe = benchmarks/probes/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
 #   $GEMMPROBE_ARGS, e.g. "--tag h200").
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
+#   e2e = benchmarks/bench_alexnet.py with $E2E_ARGS alone (pre-tuning what the cache lacks first), e.g.
+#   E2E_ARGS="--tf32 --seconds 7 --no-compile --runs 100 --tag h200_tf32": AlexNet end to end with PyTorch's TF32.
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
@@ -41,7 +43,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -124,6 +126,12 @@ if has alexnet; then
     && python3 -m bagf_torch cache import /tmp/bagf_export.json --cache /tmp/bagf_cache_imported \
     && python3 -m bagf_torch cache list --cache /tmp/bagf_cache_imported; } >> "$OUT/alexnet.log" 2>&1 || rc=1
   tail -n 60 "$OUT/alexnet.log"
+fi
+if has e2e; then
+  export CUDA_VISIBLE_DEVICES=0
+  # shellcheck disable=SC2086  # E2E_ARGS is a list of bench_alexnet.py arguments
+  timeout ${E2E_TIMEOUT:-420} python3 benchmarks/bench_alexnet.py --out "$OUT" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/e2e.log"
 fi
 if has tests; then
   # against the installed copy, from outside the checkout (conftest refuses the checkout's copy with this set)
