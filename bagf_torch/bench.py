@@ -2,8 +2,8 @@
 
 Shared by ``python -m bagf_torch bench`` and ``benchmarks/bench_alexnet.py``. Everything is fp32 with TF32
 off for convs and matmuls (strict fp32, both sides), or with ``tf32``: cuDNN's TF32 on for convs as PyTorch's
-default has it (matmuls stay strict, also PyTorch's default), and the tuned model's plans are the ones tuned in
-that mode (one precision on both sides either way). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
+default has it (matmuls stay strict, also PyTorch's default), and the tuned model's plans are the ones tuned
+in that mode (one precision on both sides either way). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
 idle stream (a synchronize between runs), so the launch gaps of eager mode are in the time (at N=1 they are
 most of it) and the synchronize is not. Median and quartiles of many runs, after warm-up.
 

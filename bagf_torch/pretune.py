@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 from torch import nn
 
-from . import runtime
+from . import log, runtime
 from .kernels import FAMILIES
 from .nn import TunedConv2d
 from .ops import ATEN
@@ -249,14 +249,17 @@ class RuntimeTuneStep:
 
         return self.budget or settings.budget_evaluations()
 
-    def prepare(self, problems: Sequence[tuple[ConvProblem, int]]) -> int:
-        """Before the first problem is tuned: every family's start point for each problem, compiled in one
-        parallel wave per device (``Runtime.prefetch_starts``). Returns how many configurations it asked for."""
+    def _tuner_options(self) -> dict:
         from . import settings
         from .tuning.common import Budget
 
-        options = dict(budget=Budget(self.evaluations(), self.seconds or settings.budget_seconds()),
-                       strategy=self.strategy, seed=self.seed)
+        return dict(budget=Budget(self.evaluations(), self.seconds or settings.budget_seconds()),
+                    strategy=self.strategy, seed=self.seed)
+
+    def prepare(self, problems: Sequence[tuple[ConvProblem, int]]) -> int:
+        """Before the first problem is tuned: every family's start point for each problem, compiled in one
+        parallel wave per device (``Runtime.prefetch_starts``). Returns how many configurations it asked for."""
+        options = self._tuner_options()
         by_device: dict[int, list[ConvProblem]] = {}
         for problem, device in problems:
             by_device.setdefault(device, []).append(problem)
@@ -264,16 +267,12 @@ class RuntimeTuneStep:
         return sum(rt.prefetch_starts(probs, device, tuner_options=options) for device, probs in by_device.items())
 
     def __call__(self, problem: ConvProblem, device: int, progress: Progress) -> Record:
-        from . import settings
         from .jit.compiler import KernelSpec
-        from .tuning.common import Budget
 
         rt = runtime.get()
         dev = rt.device(device)
-        budget = Budget(self.evaluations(), self.seconds or settings.budget_seconds())
         t0 = time.perf_counter()
-        key, row, tuned_now = rt.pretune(problem, device,
-                                         tuner_options=dict(budget=budget, strategy=self.strategy, seed=self.seed),
+        key, row, tuned_now = rt.pretune(problem, device, tuner_options=self._tuner_options(),
                                          listeners=[_ProgressListener(progress)])
         wall = time.perf_counter() - t0  # the whole step: cache look, claim, tuning, storing, loading the winner
         phases = dict(rt.results[-1].phases) if tuned_now and rt.results else {}
@@ -352,11 +351,12 @@ class ModelReport:
     seconds: float = 0.0
     world_size: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
-    prefetch: dict[str, Any] = field(default_factory=dict)
-    """This rank's up-front compile wave of every problem's start points: ``configs`` asked for, ``seconds``
-    (part of ``seconds``, before the first problem's tuning); empty when there was none."""
     """What produced the report, where a caller says (the tune command: GPU, versions, date, the command line, its
     settings and wall time); written to and read from the JSON as is."""
+    prefetch: dict[str, Any] = field(default_factory=dict)
+    """This rank's up-front wave of every problem's start points: ``configs`` asked for, ``seconds`` (part of
+    ``seconds``, before the first problem's tuning: the compiles, and the strategy's imports beside them); empty
+    when there was none."""
 
     @property
     def tuned(self) -> int:
@@ -421,7 +421,7 @@ class ModelReport:
                      f"{len(self.rows) - self.tuned} from the cache, in {self.seconds:.1f} s"
                      + (f" on {self.world_size} ranks" if self.world_size > 1 else "")
                      + (f" ({self.prefetch['seconds']:.1f} s of it compiling {self.prefetch['configs']} start points "
-                        "up front)" if self.prefetch.get("configs") else ""))
+                        "up front, the strategy's imports beside them)" if self.prefetch.get("configs") else ""))
         return "\n".join(lines)
 
 
@@ -479,9 +479,16 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
     prefetch: dict[str, Any] = {}
     prepare = getattr(step, "prepare", None)
     if prepare is not None and mine:
-        # one compile wave for the whole share's start points, before the first problem's budget starts
+        # one compile wave for the whole share's start points, before the first problem's budget starts; only a
+        # head start: a failure here leaves each tuning to compile its own
+        if progress is not False:
+            print(f"{label}: compiling the start points of {len(mine)} problems up front", file=sys.stderr, flush=True)
         t1 = time.perf_counter()
-        prefetch = {"configs": prepare([(p, found.devices[p]) for p in mine]), "seconds": time.perf_counter() - t1}
+        try:
+            prefetch = {"configs": prepare([(p, found.devices[p]) for p in mine]), "seconds": time.perf_counter() - t1}
+        except Exception as e:
+            log.logger().warning(f"compiling the start points up front failed ({type(e).__name__}: {e}); each "
+                                 "problem's tuning compiles its own")
     bar = _Bar(len(mine), per_problem, progress, label, position=ctx.rank)
     records: list[Record] = []
     try:

@@ -433,13 +433,21 @@ class Runtime:
     def prefetch_starts(self, problems: Sequence[ConvProblem], device: int, *,
                         tuner_options: dict | None = None) -> int:
         """Compile the start points of those of ``problems`` the cache has no plan for on ``device``, in one
-        parallel wave (``Tuner.prefetch_starts``), before ``pretune`` tunes them one by one. Returns how many
-        configurations it asked for."""
+        parallel wave (``Tuner.prefetch_starts``), before ``pretune`` tunes them one by one. The compiles go to
+        ``dev.compiler``, whose cubin cache an isolated tuning's worker reads too (BAGF_ISOLATE=1 starts no worker
+        for this). Returns how many configurations it asked for."""
+        from .tuning.backend import TrialBackend
+
         dev = self.device(device)
         todo = [p for p in problems if self.cache().get_plan(fingerprint(p, dev.env)) is None]
         if not todo:
             return 0
-        return self.tuner(dev, **(tuner_options or {})).prefetch_starts(todo)
+        if self._make_tuner is not None:
+            tuner = self._make_tuner(self, dev, [])
+        else:
+            compile_only = TrialBackend(dev.compiler, None, None, lambda problem: None)
+            tuner = self.tuner(dev, backend=compile_only, **(tuner_options or {}))
+        return tuner.prefetch_starts(todo)
 
     def forget(self) -> None:
         """Drop the in-memory memo (the disk cache stays); tests use it to simulate a new process."""

@@ -212,13 +212,14 @@ def tf32_round(t: torch.Tensor) -> torch.Tensor:
     """``t`` (float32) rounded to TF32, 10 explicit mantissa bits, to nearest with ties away from zero: the operand
     a tensor-core TF32 product sees after ``cvt.rna.tf32.f32``, as float32. Relative change at most 2^-11.
 
-    >>> tf32_round(torch.tensor([1 + 2**-11, 1 + 2**-12, -(1 + 2**-11)])).tolist()
-    [1.0009765625, 1.0, -1.0009765625]
+    >>> tf32_round(torch.tensor([1 + 2**-11, 1 + 2**-12, -(1 + 2**-11), float("nan"), float("inf")])).tolist()
+    [1.0009765625, 1.0, -1.0009765625, nan, inf]
     """
-    bits = t.to(torch.float32).contiguous().view(torch.int32)
+    t = t.to(torch.float32).contiguous()
+    bits = t.view(torch.int32)
     sign = bits & -(2**31)
     magnitude = ((bits & 0x7FFFFFFF) + 0x1000) & -0x2000  # half an ulp of TF32 up, then the 13 low bits cleared
-    return (sign | magnitude).view(torch.float32)
+    return torch.where(torch.isnan(t), t, (sign | magnitude).view(torch.float32))  # (the carry would end a NaN)
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,

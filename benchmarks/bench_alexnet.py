@@ -1,4 +1,4 @@
-"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32 with TF32 off (``--tf32``: on, PyTorch's default).
+"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32, TF32 off (``--tf32``: on, as by default).
 
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
 cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
@@ -93,7 +93,8 @@ def main(argv=None) -> int:
 
     for x in xs:
         n = x.shape[0]
-        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True, stock_model="alexnet", tf32=args.tf32,
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True, stock_model="alexnet",
+                                        tf32=args.tf32,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])

@@ -231,8 +231,8 @@ def main(argv=None) -> int:
                   f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
         lines += ["", "Error against float64 on fresh data (error norm / reference norm, and largest error / largest "
                   "reference magnitude), the plan's beside cuDNN's in the same mode, and the bound the tuner's check "
-                  "held every candidate to" + (" (in TF32 mode: twice cuDNN's error on the tuning's own data, never "
-                  "below fp32's 1e-4 / 1e-3)" if args.tf32 else " (fp32: 1e-4 / 1e-3)") + ".", "",
+                  "sets on this data" + (" (in TF32 mode: twice cuDNN's error, never below fp32's 1e-4 / 1e-3; "
+                  "the tuning set its own on its own data)" if args.tf32 else " (fp32: 1e-4 / 1e-3)") + ".", "",
                   "| layer | N | plan | plan error | cuDNN error | plan / cuDNN | check bound |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             e = r["error"]

@@ -207,6 +207,21 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape):
         assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
+@pytest.mark.parametrize("family", ["implicit_gemm_tc", "implicit_gemm_tf32"])
+def test_a_nan_input_reaches_the_outputs_it_reaches_in_cudnn(compiler, family):
+    """A NaN in the input (GPU arithmetic's 0x7fffffff, whose rounding carry would make it a zero) and in the
+    weights reaches exactly the outputs whose windows hold it, as in torch's own conv."""
+    fam = _family(family)
+    handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda")
+    x.view(torch.int32)[0, 1, 3, 4] = 0x7FFFFFFF
+    w = torch.randn(7, 5, 3, 3, device="cuda")
+    w.view(torch.int32)[3, 2, 1, 1] = -1  # 0xffffffff: a NaN the carry would make +0
+    out = compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle)
+    ref = F.conv2d(x, w, None, 1, 1)
+    assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
+
+
 def test_3xtf32_has_fp32_accuracy(compiler):
     """The tensor-core family's split-TF32 products are far more accurate than TF32: on AlexNet conv3's shape
     (N=2) its error against float64 is at least 5x below cuDNN's with TF32 on, and inside the checker's

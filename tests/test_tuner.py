@@ -254,8 +254,8 @@ def test_two_families_share_the_budget_by_start_speed():
 
 
 def test_an_evaluation_budget_below_the_family_count_measures_the_first_families_only():
-    """Six evaluations where seven families apply (a 3x3 layer in TF32 mode): the budget holds, the first six
-    families' start points are measured, in the tuner's order."""
+    """Fewer evaluations than families (BAGF_BUDGET=6 where seven apply, a 3x3 layer in TF32 mode; here 2 of 3):
+    the budget holds, the first families' start points are measured, in the tuner's order."""
     fams = [_family() for _ in range(3)]
     for i, f in enumerate(fams):
         f.FAMILY = f"f{i}"

@@ -275,6 +275,9 @@ def test_tf32_rounding_is_cvt_rna():
     assert wg.tf32_round(torch.tensor([1 + 3 * 2**-11])).item() == 1 + 2**-9
     assert wg.tf32_round(torch.tensor([-(1 + 3 * 2**-11)])).item() == -(1 + 2**-9)
     assert torch.equal(wg.tf32_round(r), r)
+    nans = torch.tensor([0x7FFFFFFF, -1, 0x7F800001], dtype=torch.int32).view(torch.float32)  # carry would end them
+    assert torch.isnan(wg.tf32_round(nans)).all()
+    assert wg.tf32_round(torch.tensor([float("inf"), -float("inf")])).tolist() == [float("inf"), -float("inf")]
 
 
 def test_tf32_products_keep_f2_near_a_tf32_direct_conv_and_not_the_larger_tiles():

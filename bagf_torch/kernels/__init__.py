@@ -63,6 +63,5 @@ def family_name(family: str, config) -> str:
 
 
 __all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry", "OPTIONAL", "REQUIRED", "Space",
-           "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses", "implicit_gemm", "implicit_gemm_tc",
-           "implicit_gemm_tf32",
-           "winograd", "winograd_gemm", "winograd_tc"]
+           "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses",
+           "implicit_gemm", "implicit_gemm_tc", "implicit_gemm_tf32", "winograd", "winograd_gemm", "winograd_tc"]

@@ -11,7 +11,9 @@ cuDNN's own TF32 convolution misses by on the same data (``tuning.measure.Worksp
 computes a problem without TF32 (e.g. AlexNet conv1 at N=1, C=3) these kernels fail that check and
 ``implicit_gemm_tc`` is still searched beside them.
 
-Knobs, validity rules, launch geometry, start point and the search's features are ``implicit_gemm_tc``'s.
+Knobs, validity rules, launch geometry, start point and the search's features are ``implicit_gemm_tc``'s. Its
+register estimate counts both parts of the split fragments, which one product does not need: an upper bound, so
+the space may leave out a few large tiles that would fit.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Workspace:
         self.ref_norm = float(self.ref.norm())
         self.ref_max = float(self.ref.abs().max()) if self.ref.numel() else 0.0
         # The check's bounds (judge_output): fp32's, or in TF32 mode what cuDNN in that mode misses by here
-        # (benchmark mode: the algorithm the caller's cuDNN and the tuner's baseline run), times TF32_ERROR_FACTOR.
+        # (benchmark mode: the algorithm the tuner's baseline times), times TF32_ERROR_FACTOR.
         self.rel_tol, self.max_tol = REL_TOL, 10 * REL_TOL
         self.cudnn_error: tuple[float, float] | None = None
         if p.tf32 and self.ref.numel():

@@ -447,20 +447,25 @@ class Tuner:
                 return start
         return family.DEFAULT
 
-    def prefetch_starts(self, problems: Sequence[ConvProblem]) -> int:
+    def measured_families(self, problem: ConvProblem) -> list[ModuleType]:
+        """The families whose start points a tuning of ``problem`` measures: ``families_for``, the first
+        ``budget.evaluations`` of them when the evaluation budget is smaller than their number."""
+        return self.families_for(problem)[: self.budget.evaluations]
+
+    def prefetch_starts(self, problems: Sequence[ConvProblem], strategy_wait_s: float = 120.0) -> int:
         """Compile every family's start point for each of ``problems`` into the cubin cache in one parallel wave,
         before any of them is tuned (``tune_model``: a whole model's problems are known up front). One cubin
         serves every shape, so a model's problems share many start points, and each tuning's own start wave
-        becomes loads: on the H200 at 7 s per problem that wave took 2.1-6.7 s of each AlexNet problem's budget,
-        compiles its search could not make. The wave's NVRTC times are what later tunings expect a family's
-        compile wave to cost. The strategy's own imports (Ax: seconds) load meanwhile. Returns how many
-        distinct configurations it asked for."""
+        becomes loads (on the H200 at 7 s per problem, compiling took up to 6.7 s of an AlexNet problem's
+        budget, the start wave alone up to 6 s). The wave's NVRTC times are what later tunings expect a
+        family's compile wave to cost. The strategy's own imports (Ax: seconds) load meanwhile, waited for up
+        to ``strategy_wait_s``. Returns how many distinct configurations it asked for."""
         prefetch = getattr(self.compiler, "prefetch", None)
         if prefetch is None:
             return 0
         items, seen = [], set()
         for problem in problems:
-            for fam in self.families_for(problem):
+            for fam in self.measured_families(problem):
                 config = self.start_config(fam, problem)
                 if (fam.FAMILY, config_key(config)) not in seen:
                     seen.add((fam.FAMILY, config_key(config)))
@@ -468,14 +473,22 @@ class Tuner:
         if not items:
             return 0
         wait = strategies.preload(self.strategy)
-        compiled = prefetch(items)
-        waves = _Deadline(self.clock, math.inf, math.inf, workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)),
-                          finalists=self.finalists, waves=getattr(self.compiler, "wave_seconds", None))
-        for name, seconds in (compiled or {}).items():  # each family's NVRTC time in that wave, as a tuning records it
-            waves.compiled([name], 1, seconds)
+        self._compile_wave(prefetch, items, _Deadline(self.clock, math.inf, math.inf, workers=self._workers(),
+                                                      finalists=self.finalists,
+                                                      waves=getattr(self.compiler, "wave_seconds", None)))
         if wait is not None:
-            wait()
+            wait(strategy_wait_s)
         return len(items)
+
+    def _workers(self) -> int:
+        return max(1, int(getattr(self.compiler, "workers", 1) or 1))
+
+    @staticmethod
+    def _compile_wave(prefetch, items, deadline: "_Deadline") -> None:
+        """``prefetch(items)`` (the compiler's parallel compile into the cubin cache), each family's NVRTC time in
+        that wave recorded in ``deadline`` (and so in the compiler's record of its compile waves)."""
+        for name, seconds in (prefetch(items) or {}).items():
+            deadline.compiled([name], 1, seconds)
 
     def split_budget(self, defaults: dict[str, float | None], evaluations: int) -> dict[str, int]:
         """Evaluations per family after the defaults: by default speed, none for hopeless families."""
@@ -562,10 +575,9 @@ class Tuner:
     def _tune(self, problem: ConvProblem, seeds) -> TuneResult:
         clock = self.clock
         t_start = clock()
-        deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds,
-                             workers=max(1, int(getattr(self.compiler, "workers", 1) or 1)), finalists=self.finalists,
-                             waves=getattr(self.compiler, "wave_seconds", None))
-        families = self.families_for(problem)
+        deadline = _Deadline(clock, t_start + self.budget.seconds, self.budget.seconds, workers=self._workers(),
+                             finalists=self.finalists, waves=getattr(self.compiler, "wave_seconds", None))
+        families = self.measured_families(problem)
         # where the seconds go; they add up to ``seconds``: setup (float64 reference, cuDNN's baseline), compile,
         # check, measure (the search's timings), strategy (its own thinking), finalists (the re-timing)
         phases = {"setup": 0.0, "compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0, "finalists": 0.0}
@@ -647,11 +659,9 @@ class Tuner:
             # (evaluations left after the start points and seeds): the main thread mostly waits for NVRTC here.
             wait = strategies.preload(self.strategy) if self.budget.evaluations > len(items) else None
             t = clock()
-            compiled = prefetch(items)
+            self._compile_wave(prefetch, items, deadline)
             prefetched.update((fam.FAMILY, config_key(c)) for fam, c in items)
             phases["compile"] += clock() - t
-            for name, seconds in (compiled or {}).items():  # each family's NVRTC time in that wave
-                deadline.compiled([name], 1, seconds)
             if wait is not None:
                 # Nothing is timed while it loads (it would take the GIL from the timed launches), for at most half
                 # the time left to the search, so that a tight budget still measures the start points (the rest
@@ -660,9 +670,7 @@ class Tuner:
                 wait(max(0.0, (deadline.search_end() - t) / 2))
                 phases["strategy"] += clock() - t
         defaults: dict[str, float | None] = {}
-        for fam in families:
-            if len(defaults) >= self.budget.evaluations:
-                break  # an evaluation budget below the number of families: the first families' start points only
+        for fam in families:  # (an evaluation budget below their number: the first families only, measured_families)
             # (the reserve grows with the first timings); a prefetched start point needs no compile
             prefetched_start = (fam.FAMILY, config_key(starts[fam.FAMILY])) in prefetched
             limit[0] = deadline.start_end() if prefetched_start else deadline.search_end()

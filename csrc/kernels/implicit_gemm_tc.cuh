@@ -1,4 +1,5 @@
-// fp32 convolution as an implicit GEMM on tensor cores, with fp32 accuracy from three TF32 products.
+// fp32 convolution as an implicit GEMM on tensor cores: fp32 accuracy from three TF32 products
+// (implicit_gemm_tc_conv2d), or one TF32 product per multiply for TF32 mode (implicit_gemm_tf32_conv2d).
 //
 // Same GEMM view as implicit_gemm.cuh: Y[k][npq] = sum_{crs} W[k][crs] * X[crs][npq] (+ bias[k]), the im2col
 // matrix X gathered tile by tile from the NCHW input, never materialised.
@@ -68,9 +69,13 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
 #endif
 }
 
-// x rounded to TF32 (to nearest, ties away from zero: cvt.rna.tf32.f32's result, with integer ops as
-// split_tf32's big part), as the tensor core's operand bits.
-__device__ __forceinline__ unsigned round_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// x rounded to TF32 (to nearest, ties away from zero, as cvt.rna.tf32.f32 rounds; with integer ops as
+// split_tf32's big part), as the tensor core's operand bits. A NaN passes as it is: the carry of the rounding
+// would turn one with high mantissa bits into a zero or an infinity (0x7fffffff, GPU arithmetic's NaN, into -0).
+__device__ __forceinline__ unsigned round_tf32(float x) {
+  const unsigned u = __float_as_uint(x);
+  return x != x ? u : (u + 0x1000u) & 0xffffe000u;
+}
 
 // D += A(16x8, row) * B(8x8, col), TF32 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_16x8x8(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -98,9 +103,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-}  // namespace tc
-
-namespace tc {
 
 // The kernel body, for both precisions. PREC = 3: three TF32 products per fp32 product (fp32 accuracy,
 // implicit_gemm_tc_conv2d). PREC = 1: one, each operand rounded to TF32 (to nearest, ties away from zero, as
