@@ -3,9 +3,8 @@ a budget, a serving path that costs what nn.Conv2d costs, settings that cannot b
 
 from __future__ import annotations
 
-import dataclasses
-
 import ast
+import dataclasses
 import logging
 import math
 import sys
