@@ -264,6 +264,26 @@ RECORDS = [
 ]
 
 
+def test_ax_console_stays_quiet_while_runs_overlap():
+    """A search abandoned at its family's deadline winds up on its own thread while the next one runs: Ax's
+    console level is restored when the last run ends, not when the first does."""
+    pytest.importorskip("ax")
+    import logging
+
+    from ax.utils.common.logger import ROOT_STREAM_HANDLER
+
+    from bagf_torch.tuning.strategies import ax_bo
+
+    before = ROOT_STREAM_HANDLER.level
+    first, second = ax_bo._quiet_ax(), ax_bo._quiet_ax()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the abandoned search ends while the next one still generates
+    assert ROOT_STREAM_HANDLER.level == logging.ERROR
+    second.__exit__(None, None, None)
+    assert ROOT_STREAM_HANDLER.level == before
+
+
 def test_replay_deterministic_returns_median_and_counts():
     ev = ReplayEvaluator(RECORDS)
     out = ev([{"a": 1}, {"a": 2}, {"a": 4}])

@@ -325,6 +325,11 @@ def _feature_table(codec: _Codec, features) -> tuple[list[list[int]], np.ndarray
     return levels, table
 
 
+_QUIET_LOCK = threading.Lock()
+_QUIET_RUNS = 0  # runs inside _quiet_ax now
+_QUIET_OLD = logging.INFO  # the handler's level before the first of them
+
+
 @contextlib.contextmanager
 def _quiet_ax():
     """Silence Ax's console for one tuning run (importing Ax inside it too); the old level is restored.
@@ -332,17 +337,29 @@ def _quiet_ax():
     Ax logs to its own handler (its "ax" logger does not propagate to the root logger), INFO per trial
     and WARNING for states this loop expects and handles: "trial completed without time_us" in constraint
     mode, "fewer trials generated than asked" before a fallback batch. Only ERROR gets through.
+
+    Runs overlap: a search the tuner abandoned at its family's deadline winds up on its own thread while the
+    next family's starts. The handler's level is process-wide, so the first run in saves it and the last one out
+    restores it; a save/restore per run let the abandoned run restore INFO in the middle of the next one, whose
+    trials then went to the user's stderr (8 lines in a ResNet-18 pre-tuning).
     """
+    global _QUIET_RUNS, _QUIET_OLD
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Ax's and BoTorch's deprecation and numerical warnings
         from ax.utils.common.logger import ROOT_STREAM_HANDLER, set_stderr_log_level
 
-        old = ROOT_STREAM_HANDLER.level
-        set_stderr_log_level(logging.ERROR)
+        with _QUIET_LOCK:
+            if _QUIET_RUNS == 0:
+                _QUIET_OLD = ROOT_STREAM_HANDLER.level
+                set_stderr_log_level(logging.ERROR)
+            _QUIET_RUNS += 1
         try:
             yield
         finally:
-            set_stderr_log_level(old)
+            with _QUIET_LOCK:
+                _QUIET_RUNS -= 1
+                if _QUIET_RUNS == 0:
+                    set_stderr_log_level(_QUIET_OLD)
 
 
 _PRELOAD: threading.Thread | None = None
