@@ -149,7 +149,8 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None) -> dic
             "model": args.model, "batch": list(args.batch), "tf32": tf32,
             "seconds_per_problem": args.seconds if args.seconds is not None else settings.budget_seconds(),
             "evaluations_per_problem": args.budget if args.budget is not None else settings.budget_evaluations(),
-            "strategy": args.strategy or settings.strategy(), "wall_seconds": wall_s}
+            "strategy": args.strategy or settings.strategy(), "wall_seconds": wall_s,
+            "even": bool(getattr(args, "even", False))}
 
 
 def tune_command(args) -> int:
@@ -174,7 +175,7 @@ def tune_command(args) -> int:
                   f"{torch.cuda.get_device_name()}{f' and {ctx.world_size - 1} more ranks' if ctx.world_size > 1 else ''}"
                   f" (fp32, {_tf32_words(tf32, args.tf32)}); cache {_cache_path()}", flush=True)
         report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
-                            seed=args.seed, progress=None if args.progress else False)
+                            seed=args.seed, progress=None if args.progress else False, even=args.even)
         if ctx.rank == 0:
             print(report)
             if args.json:
@@ -459,7 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     t = sub.add_parser("tune", parents=[common, models], help="pre-tune a model's conv layers, print the table")
-    t.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (default BAGF_TIME_BUDGET)")
+    t.add_argument("--seconds", type=float, default=None,
+                   help="tuning seconds per problem (default BAGF_TIME_BUDGET); a problem with less than an even share "
+                        "of its forward's stock conv time gets less in proportion, at least 2 s (see --even)")
+    t.add_argument("--even", action="store_true",
+                   help="give every problem the full --seconds, whatever its share of the forward's conv time")
     t.add_argument("--strategy", choices=list(settings.STRATEGY_NAMES), default=None)
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--tf32", choices=["on", "off"], default=None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ class Discovery:
     devices: dict[ConvProblem, int] = field(default_factory=dict)        # device of the first call
     unsupported: list[tuple[str, str]] = field(default_factory=list)     # (layer, reason), run by ATen
     calls: int = 0                                                       # TunedConv2d calls seen
+    uses: dict[ConvProblem, dict[int, int]] = field(default_factory=dict)  # forward index -> calls in it
+    stock_us: dict[ConvProblem, dict[int, float]] = field(default_factory=dict)  # forward index -> GPU us, all calls
 
 
 def _call_list(example_inputs) -> list:
@@ -77,6 +80,10 @@ def _forward(model: nn.Module, call) -> None:
         model(call)
 
 
+TIMED_PASSES = 3
+"""Passes of each example input that ``discover`` times on a GPU (each layer's stock time, ``Discovery.stock_us``)."""
+
+
 def discover(model: nn.Module, example_inputs) -> Discovery:
     """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
     layers would look up, without tuning. Layer plan memos, training flags and the runtime are left as they
@@ -87,26 +94,45 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         raise ValueError(f"the model has no TunedConv2d layers ({plain} plain nn.Conv2d); call "
                          "bagf_torch.convert(model) first")
     found = Discovery()
-    current: list[str] = []
+    current: list[list] = []  # the layers being called: [name, its problem, the start event of a timed pass]
+    forward = [0]
+    timed: list[list] | None = None  # a timed pass's (problem, forward, start, end)
 
     def pre_hook(module, args):
-        current.append(names[module])
+        if timed is not None:
+            start = None
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record(torch.cuda.current_stream(args[0].device))
+            current.append([names[module], None, start])
+            return
+        current.append([names[module], None, None])
         found.calls += 1
         reason = module._unsupported(args[0]) if args and isinstance(args[0], torch.Tensor) else "no tensor input"
         if reason is not None:
             found.unsupported.append((names[module], reason))
 
     def post_hook(module, args, output):
-        current.pop()
+        _, problem, start = current.pop()
+        if timed is not None and start is not None and problem is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(torch.cuda.current_stream(args[0].device))
+            timed.append([problem, forward[0], start, end])
 
     def record(problem: ConvProblem, device: int) -> int:
+        if current:
+            current[-1][1] = problem
+        if timed is not None:
+            return ATEN
         if problem not in found.layers:
             found.problems.append(problem)
             found.layers[problem] = []
             found.devices[problem] = device
-        layer = current[-1] if current else "?"
+        layer = current[-1][0] if current else "?"
         if layer not in found.layers[problem]:
             found.layers[problem].append(layer)
+        uses = found.uses.setdefault(problem, {})
+        uses[forward[0]] = uses.get(forward[0], 0) + 1
         return ATEN  # run the call through torch's conv: nothing is tuned or loaded
 
     rt = runtime.get()
@@ -131,8 +157,32 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         bk = torch.backends.cudnn
         with torch.no_grad(), bk.flags(enabled=bk.enabled, benchmark=True, deterministic=bk.deterministic,
                                        allow_tf32=bk.allow_tf32):
-            for call in _call_list(example_inputs):
+            calls = _call_list(example_inputs)
+            for i, call in enumerate(calls):
+                forward[0] = i
+                for m in names:  # each forward asks for all its problems, the ones an earlier one asked too
+                    m.__dict__.update(_bagf_plans={}, _bagf_last=None)
                 _forward(model, call)
+            if found.problems and all(d >= 0 for d in found.devices.values()):
+                # The layers' stock GPU time, for allot_seconds: TIMED_PASSES more passes (cuDNN's algorithms
+                # picked by the first), each layer between two events, the median pass per problem and input.
+                passes: list[dict] = []
+                for _ in range(TIMED_PASSES):
+                    timed = []
+                    for i, call in enumerate(calls):
+                        forward[0] = i
+                        for m in names:  # every call asks the runtime again, so record() sees its problem
+                            m.__dict__.update(_bagf_plans={}, _bagf_last=None)
+                        _forward(model, call)
+                    torch.cuda.synchronize()
+                    sums: dict = {}
+                    for problem, i, start, end in timed:
+                        sums[problem, i] = sums.get((problem, i), 0.0) + 1e3 * start.elapsed_time(end)
+                    passes.append(sums)
+                    timed = None
+                for problem, i in passes[0]:
+                    found.stock_us.setdefault(problem, {})[i] = statistics.median(s.get((problem, i), 0.0)
+                                                                                  for s in passes)
     finally:
         with contextlib.suppress(AttributeError):
             del rt.lookup
@@ -143,6 +193,66 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         for m, was in modes.items():
             m.training = was
     return found
+
+
+# ---- seconds per problem -------------------------------------------------------------------------------
+
+# The rates of the roofline estimate below: what cuDNN and our kernels reach on an H200 on large 3x3 layers
+# (strict fp32 about 54 TFLOP/s, TF32 about 160; benchmarks/results/bench_layers_h200*.md) and a sustained
+# HBM read+write rate. Only their ratio matters: the estimate ranks problems within one forward pass.
+_FLOPS_FP32 = 50e12
+_FLOPS_TF32 = 150e12
+_BYTES_PER_S = 4e12
+
+MIN_SHARE_SECONDS = 2.0
+"""The least a problem gets when seconds are allotted by share (and never more than the per-problem budget):
+cuDNN's baseline, the measurement of the start points compiled up front and the finalists' re-timing fit in
+it (about 1.5 s on the H200, ``first_call.py``'s phases), a search batch hardly does."""
+
+
+def estimated_seconds(problem: ConvProblem) -> float:
+    """A roofline estimate of one call's GPU time: its multiply-adds at a conv's sustained rate or the words
+    every kernel must move at HBM's, whichever is longer (``iobound.compulsory_words``)."""
+    from . import iobound
+
+    rate = _FLOPS_TF32 if problem.tf32 else _FLOPS_FP32
+    words = sum(iobound.compulsory_words(problem).values())
+    element = torch.finfo(getattr(torch, problem.dtype)).bits // 8
+    return max(problem.flops / rate, words * element / _BYTES_PER_S)
+
+
+def allot_seconds(found: Discovery, seconds: float) -> dict[ConvProblem, float]:
+    """Tuning seconds per problem of a model: ``seconds`` (the per-problem budget) for each problem whose share
+    of its forward pass's estimated conv time is at least an even share, less for the others in proportion, at
+    least ``MIN_SHARE_SECONDS``.
+
+    Why: a model's pre-tuning time is what its user waits, and a problem's tuning can win back at most its
+    own share of the forward. ResNet-18 at N=32 spends 0.7% of its conv time in each of three 1x1 stride-2
+    layers and 24% in four 3x3 64-channel ones; an even budget spent 7 s on each. The share is
+    ``calls x estimated_seconds`` over the pass's sum, per example input (one batch size each); a problem
+    used by several passes takes its largest share. With P unique problems in a pass, a problem gets
+    ``seconds x P x share``, capped at ``seconds``: an even split keeps every problem at ``seconds``.
+
+    A problem's time in a pass is the stock layers' GPU time ``discover`` measured (``Discovery.stock_us``),
+    or, where a pass was not timed, ``calls x estimated_seconds``: the estimate misjudges layers cuDNN runs
+    far from the roofline (AlexNet's conv1, C=3: 90 us estimated, 207 us measured at N=32), which are the
+    ones with the most to win."""
+    out: dict[ConvProblem, float] = {}
+    passes: dict[int, dict[ConvProblem, float]] = {}
+    for p in found.problems:
+        for i, calls in (found.uses.get(p) or {0: 1}).items():
+            passes.setdefault(i, {})[p] = calls * estimated_seconds(p)
+    for i, times in passes.items():
+        measured = {p: found.stock_us.get(p, {}).get(i) for p in times}
+        if all(t is not None and t > 0 for t in measured.values()):
+            passes[i] = measured
+    least = min(seconds, MIN_SHARE_SECONDS)
+    for times in passes.values():
+        total = sum(times.values())
+        for p, t in times.items():
+            share = t / total if total > 0 else 1.0 / len(times)
+            out[p] = max(out.get(p, 0.0), min(seconds, max(least, seconds * len(times) * share)))
+    return out
 
 
 # ---- progress ------------------------------------------------------------------------------------------
@@ -243,18 +353,29 @@ class RuntimeTuneStep:
     def __init__(self, budget: int | None = None, seconds: float | None = None, strategy: str | None = None,
                  seed: int | None = None):
         self.budget, self.seconds, self.strategy, self.seed = budget, seconds, strategy, seed
+        self.allotted: dict[ConvProblem, float] = {}  # seconds per problem where not ``seconds`` (allot_seconds)
 
     def evaluations(self) -> int:
         from . import settings
 
         return self.budget or settings.budget_evaluations()
 
-    def _tuner_options(self) -> dict:
+    def per_problem_seconds(self) -> float:
         from . import settings
+
+        return self.seconds or settings.budget_seconds()
+
+    def seconds_for(self, problem: ConvProblem | None) -> float:
+        return self.allotted.get(problem, self.per_problem_seconds())
+
+    def allot(self, seconds: dict[ConvProblem, float]) -> None:
+        self.allotted = dict(seconds)
+
+    def _tuner_options(self, problem: ConvProblem | None = None) -> dict:
         from .tuning.common import Budget
 
-        return dict(budget=Budget(self.evaluations(), self.seconds or settings.budget_seconds()),
-                    strategy=self.strategy, seed=self.seed)
+        return dict(budget=Budget(self.evaluations(), self.seconds_for(problem)), strategy=self.strategy,
+                    seed=self.seed)
 
     def prepare(self, problems: Sequence[tuple[ConvProblem, int]]) -> int:
         """Before the first problem is tuned: every family's start point for each problem, compiled in one
@@ -272,7 +393,7 @@ class RuntimeTuneStep:
         rt = runtime.get()
         dev = rt.device(device)
         t0 = time.perf_counter()
-        key, row, tuned_now = rt.pretune(problem, device, tuner_options=self._tuner_options(),
+        key, row, tuned_now = rt.pretune(problem, device, tuner_options=self._tuner_options(problem),
                                          listeners=[_ProgressListener(progress)])
         wall = time.perf_counter() - t0  # the whole step: cache look, claim, tuning, storing, loading the winner
         phases = dict(rt.results[-1].phases) if tuned_now and rt.results else {}
@@ -284,8 +405,10 @@ class RuntimeTuneStep:
             if hit is not None and family is not None:
                 cubins.append({"digest": digest, "name": KernelSpec(family, row["config"], dev.compiler.arch).name,
                                "lowered_name": hit[1], "cubin": hit[0]})
-        return make_record(key, row, cubins=cubins, trials=cache.trials(key) if tuned_now else [],
-                           cached=not tuned_now, wall_seconds=wall, phases=phases)
+        rec = make_record(key, row, cubins=cubins, trials=cache.trials(key) if tuned_now else [],
+                          cached=not tuned_now, wall_seconds=wall, phases=phases)
+        rec["budget_seconds"] = self.seconds_for(problem)
+        return rec
 
 
 def make_record(key: str, plan: dict, *, cubins: Sequence[dict] = (), trials: Sequence[dict] = (),
@@ -329,6 +452,7 @@ class LayerReport:
     rank: int = 0
     wall_seconds: float | None = None  # the tuning step's wall time (None: not measured, e.g. a cached plan)
     phases: dict = field(default_factory=dict)  # the tuner's seconds per phase when it tuned now
+    budget_seconds: float | None = None  # the seconds it was given (allot_seconds; None: not said)
 
     @property
     def speedup(self) -> float | None:
@@ -339,7 +463,7 @@ class LayerReport:
                 "plan": self.plan, "family": self.family, "config": self.config, "time_us": self.time_us,
                 "aten_us": self.aten_us, "speedup": self.speedup, "evaluations": self.evaluations,
                 "tune_seconds": self.tune_seconds, "cached": self.cached, "rank": self.rank,
-                "wall_seconds": self.wall_seconds, "phases": dict(self.phases)}
+                "wall_seconds": self.wall_seconds, "phases": dict(self.phases), "budget_seconds": self.budget_seconds}
 
 
 @dataclass
@@ -396,25 +520,33 @@ class ModelReport:
                             family=r["family"], config=r["config"], time_us=r["time_us"], aten_us=r["aten_us"],
                             evaluations=r["evaluations"], tune_seconds=r["tune_seconds"], cached=r["cached"],
                             rank=r.get("rank", 0), wall_seconds=r.get("wall_seconds"),
-                            phases=dict(r.get("phases") or {})) for r in d["rows"]]
+                            phases=dict(r.get("phases") or {}), budget_seconds=r.get("budget_seconds"))
+                for r in d["rows"]]
         return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
                    seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1), meta=dict(d.get("meta") or {}),
                    prefetch=dict(d.get("prefetch") or {}))
 
     def __str__(self) -> str:
         head = (f"{'problem':<46} {'layers':<22} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'trials':>6} "
-                f"{'tune s':>7}  plan")
+                f"{'tune s':>9}  plan")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             layers = ",".join(r.layers)
             layers = layers if len(layers) <= 22 else layers[:19] + "..."
             speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
             aten = "-" if r.aten_us is None else f"{r.aten_us:.1f}"
-            tune = "cached" if r.cached else f"{r.tune_seconds:.1f}"
+            tune = "cached" if r.cached else f"{r.tune_seconds:.1f}" + (
+                f"/{r.budget_seconds:.0f}" if r.budget_seconds is not None else "")
             lines.append(f"{r.problem.short():<46} {layers:<22} {aten:>9} {r.time_us:9.1f} {speed:>8} "
-                         f"{r.evaluations:6d} {tune:>7}  {r.plan}")
+                         f"{r.evaluations:6d} {tune:>9}  {r.plan}")
         for n, (a, b) in self.conv_time_by_batch().items():
             lines.append(f"N={n}: all convs {a:.1f} us with cuDNN -> {b:.1f} us planned ({a / b:.2f}x)")
+        given = sorted(r.budget_seconds for r in self.rows if not r.cached and r.budget_seconds is not None)
+        if given and given[0] < given[-1]:
+            full = sum(1 for g in given if g == given[-1])
+            lines.append(f"tuning seconds by each problem's share of its forward's stock conv time: {full} at "
+                         f"{given[-1]:.1f} s, {len(given) - full} at {given[0]:.1f}-{given[-full - 1]:.1f} s "
+                         "(tune --even: all at the full budget)")
         for layer, reason in dict.fromkeys(self.unsupported):
             lines.append(f"not tuned: {layer}: {reason} (runs through ATen)")
         lines.append(f"{len(self.rows)} unique problems, {self.tuned} tuned now, "
@@ -431,21 +563,24 @@ def _layer_report(problem: ConvProblem, layers: list[str], rec: Record) -> Layer
                        aten_us=None if rec["aten_us"] is None else float(rec["aten_us"]),
                        evaluations=int(rec["evaluations"]), tune_seconds=float(rec["tune_seconds"]),
                        cached=bool(rec["cached"]), rank=int(rec.get("rank", 0)),
-                       wall_seconds=rec.get("wall_seconds"), phases=dict(rec.get("phases") or {}))
+                       wall_seconds=rec.get("wall_seconds"), phases=dict(rec.get("phases") or {}),
+                       budget_seconds=rec.get("budget_seconds"))
 
 
 # ---- the API -------------------------------------------------------------------------------------------
 
 def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, seconds: float | None = None,
                strategy: str | None = None, seed: int | None = None, progress: bool | None = True,
-               step: TuneStep | None = None, group=None) -> ModelReport:
+               step: TuneStep | None = None, group=None, even: bool = False) -> ModelReport:
     """Pre-tune every TunedConv2d problem of ``model`` for the given example inputs; return a ModelReport.
 
     ``example_inputs``: a Tensor, or a list with one entry per forward (a Tensor, a tuple of positional
     arguments or a dict of keyword arguments), e.g. one input per batch size. Inputs must be on the GPU the
     model will run on, in the dtype, memory format and TF32 mode (``torch.backends.cudnn.allow_tf32``) of
     production: all of them are part of the problem key. ``budget`` (evaluations) and ``seconds`` bound the
-    search per problem (default BAGF_BUDGET and BAGF_TIME_BUDGET); ``strategy`` and ``seed`` as in
+    search per problem (default BAGF_BUDGET and BAGF_TIME_BUDGET), ``seconds`` in full for each problem with at
+    least an even share of its forward's stock conv time and less for the others (``allot_seconds``; ``even``:
+    every problem gets ``seconds``); ``strategy`` and ``seed`` as in
     BAGF_STRATEGY / BAGF_SEED. Problems already in the cache are not tuned again. ``progress``: True shows a
     tqdm bar on stderr, None shows it when stderr is a terminal (one line per problem otherwise), False is
     silent.
@@ -473,6 +608,8 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
                              "in float32 and NCHW, as production will run them")
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
+    if not even and hasattr(step, "allot"):
+        step.allot(allot_seconds(found, step.per_problem_seconds()))
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)
     label = "tuning" if ctx.world_size == 1 else f"rank {ctx.rank} tuning"

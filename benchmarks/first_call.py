@@ -329,12 +329,13 @@ def model_rows(report: dict | None, plans: list[dict], started: float, budget: f
                    "layers": r.get("layers", []), "plan": r.get("plan"), "evaluations": r.get("evaluations"),
                    "tune_seconds": r.get("tune_seconds"), "time_us": r.get("time_us"), "aten_us": r.get("aten_us"),
                    "cached": r.get("cached", False), "wall_seconds": r.get("wall_seconds"),
-                   "phases": dict(r.get("phases") or {}), "from": "tune JSON"} for r in report.get("rows", [])]
+                   "phases": dict(r.get("phases") or {}), "from": "tune JSON",
+                   "given_s": r.get("budget_seconds")} for r in report.get("rows", [])]
     else:
         source = [{"problem": p["problem"], "short": ConvProblem.from_dict(p["problem"]).short(), "layers": [],
                    "plan": common.plan_name(p), "evaluations": p["evaluations"], "tune_seconds": p["tune_seconds"],
                    "time_us": p["time_us"], "aten_us": p["aten_us"], "cached": False, "wall_seconds": None,
-                   "phases": {}, "from": "cache (no tune JSON)"}
+                   "phases": {}, "from": "cache (no tune JSON)", "given_s": None}
                   for p in sorted(plans, key=lambda p: p["created"])]
     rows = []
     for r in source:
@@ -342,7 +343,10 @@ def model_rows(report: dict | None, plans: list[dict], started: float, budget: f
         # the problem's whole step (cache look, claim, tuning, storing, loading the winner) where the JSON has it,
         # else the tuner's own clock
         spent = r["wall_seconds"] if r["wall_seconds"] is not None else r["tune_seconds"]
-        r.update(budget_s=budget, allowed_s=allowed, wall_gap_s=gap, gap_includes_startup=first,
+        # the seconds the tune command gave this problem (its share of the forward, pretune.allot_seconds)
+        given = r.pop("given_s", None) or budget
+        allowed = allowed_seconds(given, args)
+        r.update(budget_s=given, allowed_s=allowed, wall_gap_s=gap, gap_includes_startup=first,
                  within_budget=bool(r["cached"] or (spent is not None and spent <= allowed)),
                  gap_within=None if gap is None or first else bool(gap <= allowed))
         rows.append(r)
@@ -400,6 +404,8 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
         cmd += ["--seconds", f"{args.seconds:g}"]
     if args.budget is not None:
         cmd += ["--budget", str(args.budget)]
+    if args.even:
+        cmd += ["--even"]
     env = dict(os.environ, BAGF_CACHE_DIR=str(cache_dir))
     per_batch = ALEXNET_PROBLEMS if args.model == "alexnet" else OTHER_MODEL_PROBLEMS
     timeout = args.model_timeout or (len(args.model_batch) * per_batch * (allowed_seconds(budget, args) + 8) + 120)
@@ -431,7 +437,7 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     failures = search_failures(stderr.splitlines() + stdout.splitlines())
     tuned = [r for r in rows if not r["cached"]]
     sum_tune = sum(r["tune_seconds"] or 0.0 for r in tuned)
-    whole_allowed = len(tuned) * allowed_seconds(budget, args) + args.startup_allowance
+    whole_allowed = sum(r["allowed_s"] for r in tuned) + args.startup_allowance
     summary = {"command_wall_s": wall, "returncode": rc, "timed_out": timed_out, "problems": len(rows),
                "tuned": len(tuned), "sum_tune_seconds": sum_tune, "outside_tuning_s": wall - sum_tune,
                "max_tune_seconds": max((r["tune_seconds"] or 0.0 for r in tuned), default=None),
@@ -443,6 +449,8 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     speeds = [x for x in (speedup(r) for r in rows) if x is not None]
     geo = common.geomean(speeds) if speeds else None
     summary["geomean_speedup"] = geo
+    # the model's own speedup: every conv of one forward, cuDNN against the plans (the tune command's sums)
+    summary["conv_time_by_batch"] = (report or {}).get("conv_time_by_batch") or {}
     if args.dry_run:
         for r in rows:
             r["fake"] = True
@@ -465,9 +473,12 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
               "plan's write to the fresh cache and the one before (the first includes the process start, the "
               "extension load and discovery). plan us and cuDNN us are the tuner's own medians (the winner's re-timing and "
               "cuDNN's baseline in benchmark mode, same process); x cuDNN is their ratio.", "",
-              "| problem | layers | plan | evals | tune s | wall s | within | phases s | wall gap s | gap within | "
-              "plan us | cuDNN us | x cuDNN |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Given s: the seconds the tune command gave the problem (its share of the forward's stock conv time, "
+              "`--seconds` in full for an even share or more; `--even`: all in full); allowed per problem is given "
+              f"x {1 + args.overshoot_frac:g} + {args.overshoot_s:g} s.", "",
+              "| problem | layers | plan | evals | given s | tune s | wall s | within | phases s | wall gap s | "
+              "gap within | plan us | cuDNN us | x cuDNN |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gap = "-" if r["wall_gap_s"] is None else f"{r['wall_gap_s']:.1f}" + (" (incl. start)" if
                                                                               r["gap_includes_startup"] else "")
@@ -477,17 +488,21 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()) or "-"
         speed = speedup(r)
         lines.append(f"| {r['short']} | {','.join(r['layers']) or '-'} | {str(r['plan']).replace('|', '/')} | "
-                     f"{r['evaluations']} | {ts} | {ws} | {'yes' if r['within_budget'] else 'NO'} | {ph} | {gap} | "
+                     f"{r['evaluations']} | {r['budget_s']:g} | {ts} | {ws} | {'yes' if r['within_budget'] else 'NO'} | "
+                     f"{ph} | {gap} | "
                      f"{gw} | {_us(r.get('time_us'))} | {_us(r.get('aten_us'))} | "
                      f"{'-' if speed is None else f'{speed:.2f}'} |")
     lines += ["", f"Whole command: {wall:.1f} s wall (rc {rc}{', TIMED OUT' if timed_out else ''}) for {len(tuned)} "
               f"tuned problems; tuning {sum_tune:.1f} s of it, {wall - sum_tune:.1f} s outside the tuner"
               + (f" (of which {summary['prefetch']['seconds']:.1f} s compiling {summary['prefetch']['configs']} start "
                  "points up front)" if (summary.get("prefetch") or {}).get("configs") else "") + "; within "
-              f"{len(tuned)} x {allowed_seconds(budget, args):.1f} + {args.startup_allowance:g} s = "
+              f"the problems' allowed seconds + {args.startup_allowance:g} s = "
               f"{whole_allowed:.1f} s: {'yes' if summary['whole_within'] else 'NO'}. 'search ... failed' warnings: "
               f"{len(failures)}. Source of the rows: {summary['source']}. Geomean x cuDNN over {len(speeds)} problems: "
               f"{'-' if geo is None else f'{geo:.3f}'}.",
+              *[f"All convs of one forward at N={n}: cuDNN {t['cudnn_us']:.1f} us, planned {t['planned_us']:.1f} us "
+                f"({t['cudnn_us'] / t['planned_us']:.2f}x), by the tuner's timings."
+                for n, t in summary["conv_time_by_batch"].items() if t.get("planned_us")],
               "", f"Pass (rc 0, every problem within, no failed search): {'yes' if summary['pass'] else 'NO'}."]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -534,6 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-timeout", "--alexnet-timeout", dest="model_timeout", type=float, default=0.0,
                     help="--model: seconds before the command is killed (0: problems x (allowed + 8) + 120, with "
                          f"{ALEXNET_PROBLEMS} problems per batch for AlexNet, {OTHER_MODEL_PROBLEMS} for another model)")
+    ap.add_argument("--even", action="store_true",
+                    help="--model: the tune command's --even (every problem the full --seconds, not by its share)")
     ap.add_argument("--startup-allowance", type=float, default=60.0,
                     help="--model: the whole command may take tuned problems x allowed + this (60 s)")
     ap.add_argument("--seed", type=int, default=0)
@@ -557,7 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bagf_dryrun_")) if args.dry_run
                                            else REPO / "benchmarks" / "results")
     stem = (f"first_call{'_' + model_slug(args.model, args.model_batch) if args.model else ''}_{args.tag}"
-            + seconds_suffix(args.seconds, settings.DEFAULT_TIME_BUDGET) + ("_dryrun" if args.dry_run else ""))
+            + seconds_suffix(args.seconds, settings.DEFAULT_TIME_BUDGET) + ("_even" if args.model and args.even else "")
+            + ("_dryrun" if args.dry_run else ""))
     console_logging()
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.benchmark = True

@@ -241,13 +241,19 @@ if has firstcall; then
   fi
   # one model at one budget: model, batches, seconds per problem, problems it has (for the default timeout),
   # the timeout ("" for that default), more arguments
+  # A value "default" is the library's budget (no --seconds); a value ending in "even", e.g. "25even", adds --even
+  # (every problem the full budget, not by its share of the forward).
   firstcall_model() {
-    local m=$1 b=$2 s=$3 problems=$4 ta=$5 log
+    local m=$1 b=$2 s=$3 problems=$4 ta=$5 log extra=()
+    log="$OUT/firstcall_$(echo "${m##*:}_${b}" | tr ',' '_')_$3.log"
     shift 5
-    ta=${ta:-$(awk -v s="$s" -v p="$problems" 'BEGIN { printf "%d", p * (1.1 * s + 9) + 120 }')}
-    log="$OUT/firstcall_$(echo "${m##*:}_${b}" | tr ',' '_')_${s}s.log"
+    case "$s" in *even) s=${s%even}; extra+=(--even) ;; esac
+    [ "$s" = default ] || extra+=(--seconds "$s")
+    local sec=$s
+    [ "$s" = default ] && sec=$(python3 -c "from bagf_torch import settings; print(settings.budget_seconds())")
+    ta=${ta:-$(awk -v s="$sec" -v p="$problems" 'BEGIN { printf "%d", p * (1.1 * s + 9) + 120 }')}
     mkdir -p "$OUT/first_call_models"
-    timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" --seconds "$s" \
+    timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" "${extra[@]}" \
       --model-timeout "$ta" --out "$OUT/first_call_models" "$@" > "$log" 2>&1 || rc=1
     tail -n 24 "$log"
   }

@@ -198,12 +198,13 @@ def test_first_call_times_any_model_through_the_tune_command(first_call, tmp_pat
     assert first_call.model_slug("alexnet", [8]) == "alexnet_n8"
     assert first_call.model_slug("torchvision:resnet50", [1, 32]) == "resnet50_n1_32"
     assert first_call.build_parser().parse_args(["--alexnet"]).model == "alexnet"
-    rc = first_call.main(["--dry-run", "--model", "torchvision:resnet18", "--model-batch", "32", "--seconds", "7",
-                          "--out", str(tmp_path)])
+    rc = first_call.main(["--dry-run", "--model", "torchvision:resnet18", "--model-batch", "32", "--seconds", "5",
+                          "--even", "--out", str(tmp_path)])
     assert rc == 0
-    stem = tmp_path / "first_call_resnet18_n32_h200_7s_dryrun"
+    stem = tmp_path / "first_call_resnet18_n32_h200_5s_even_dryrun"
     doc = _load(stem.with_suffix(".json"))
     assert "--model torchvision:resnet18 --batch 32 " in doc["meta"]["tune_command"]
+    assert doc["meta"]["tune_command"].endswith(" --seconds 5 --even")
     assert doc["summary"]["problems"] == 5 and all(r["problem"]["n"] == 32 for r in doc["rows"])
     assert "resnet18 pre-tuning at N = 32" in stem.with_suffix(".md").read_text()
 
@@ -225,6 +226,24 @@ def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
     assert rows[0]["within_budget"] and not rows[1]["within_budget"]  # 7.5 s > 5 * 1.1 + 1
     assert rows[1]["gap_within"] is False and rows[0]["gap_within"] is None
     assert all(r["from"] == "cache (no tune JSON)" for r in rows)
+
+
+def test_first_call_judges_each_problem_by_the_seconds_the_tune_command_gave_it(first_call):
+    """A problem with a small share of the forward gets fewer seconds (pretune.allot_seconds): its row is judged
+    against those, from the tune JSON's budget_seconds, not the per-problem budget."""
+    from bagf_torch.problem import ConvProblem
+
+    rows = []
+    for n, given, took in ((1, 7.0, 7.5), (2, 2.0, 2.5), (3, 2.0, 4.0)):
+        p = ConvProblem(n=n, c=3, h=8, w=8, k=4, r=3, s=3, padding=(1, 1))
+        rows.append({"problem": p.as_dict(), "layers": ["a"], "plan": "aten (cuDNN)", "evaluations": 5,
+                     "tune_seconds": took, "time_us": 4.0, "aten_us": 4.0, "cached": False, "wall_seconds": took,
+                     "phases": {}, "budget_seconds": given})
+    args = first_call.build_parser().parse_args(["--dry-run"])
+    got = first_call.model_rows({"rows": rows}, [], started=0.0, budget=7.0, args=args)
+    assert [r["budget_s"] for r in got] == [7.0, 2.0, 2.0]
+    assert [r["allowed_s"] for r in got] == pytest.approx([8.7, 3.2, 3.2])
+    assert [r["within_budget"] for r in got] == [True, True, False]
 
 
 def test_first_call_asks_the_tune_command_for_strict_fp32(first_call):
@@ -341,13 +360,13 @@ def test_first_call_gpu_path_simulated(first_call, simulated_gpu, monkeypatch, t
 
     simulated_gpu["warn"] = True  # the fake tuner's search "fails" in inference mode, as Ax's GP fit once did
     monkeypatch.setattr(first_call.common, "compute_device", lambda dry_run: torch.device("cpu"))
-    rc = first_call.main(["--out", str(tmp_path), "--batch", "1,2", "--layers", "4:8:6", "--seconds", "7",
+    rc = first_call.main(["--out", str(tmp_path), "--batch", "1,2", "--layers", "4:8:6", "--seconds", "5",
                           "--no-prewarm", "--watchdog", "0", "--reps", "3"])
     assert rc == 1
-    doc = _load(tmp_path / "first_call_h200_7s.json")
+    doc = _load(tmp_path / "first_call_h200_5s.json")
     assert doc["summary"]["complete"] and doc["summary"]["failed"] == 2
     for r in doc["rows"]:
-        assert r["budget_s"] == 7.0 and r["within_budget"] and r["runtime_stats"]["tuned"] == 1
+        assert r["budget_s"] == 5.0 and r["within_budget"] and r["runtime_stats"]["tuned"] == 1
         assert r["plan"] == "aten (cuDNN)" and r["tuner_seconds"] == 0.01 and r["phases"]["measure"] == 0.01
         assert r["cudnn_us"] == 5.0 and r["plan_us"] == 5.0 and r["quality_pass"] and r["reference_context"] == "grad"
         failed = r["context"] == "inference_mode"

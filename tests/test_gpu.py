@@ -669,6 +669,36 @@ def _small_model():
                                torch.nn.Conv2d(64, 64, 3, padding=1)).cuda().eval()
 
 
+def test_discover_times_each_layers_stock_conv_and_allots_by_it():
+    """The stock GPU time of every problem in every forward (events around each layer, the median of the timed
+    passes), which allot_seconds shares the budget by: the 3x3 layer gets it in full, the small 1x1 the least."""
+    import bagf_torch
+    from bagf_torch import pretune
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = torch.nn.Conv2d(128, 128, 3, padding=1)
+            self.small = torch.nn.Conv2d(128, 8, 1, stride=4)
+
+        def forward(self, x):
+            return self.small(self.big(x))
+
+    model = bagf_torch.convert(Net()).cuda()
+    found = pretune.discover(model, [torch.randn(n, 128, 56, 56, device="cuda") for n in (4, 32)])
+    assert len(found.problems) == 4 and found.calls == 4
+    for p in found.problems:
+        i = 0 if p.n == 4 else 1
+        assert set(found.stock_us[p]) == {i} and found.stock_us[p][i] > 0
+    big = {p.n: p for p in found.problems if p.k == 128}
+    small = {p.n: p for p in found.problems if p.k == 8}
+    # 30 GFLOP against a 1x1 of 8 outputs: a 10x gap at least, whatever the host adds to either span
+    assert found.stock_us[big[32]][1] > 10 * found.stock_us[small[32]][1], found.stock_us
+    got = pretune.allot_seconds(found, 7.0)
+    assert got[big[32]] == 7.0 and got[small[32]] == pretune.MIN_SHARE_SECONDS
+    assert model.big._bagf_plans == {} and model.small._bagf_plans == {}  # the timed passes left nothing behind
+
+
 def test_tune_model_then_compile_fullgraph_and_cuda_graph(monkeypatch):
     import bagf_torch
     from bagf_torch import runtime

@@ -157,6 +157,95 @@ def test_discover_records_what_the_layers_would_ask_and_restores_state(monkeypat
     assert "plan_handle" not in vars(runtime.get())
 
 
+def test_discover_counts_each_problems_calls_per_forward():
+    found = pretune.discover(_two_branch_model(), [fake_cuda(2, 3, 16, 16), fake_cuda(5, 3, 16, 16),
+                                                   fake_cuda(2, 3, 16, 16)])
+    tf32 = torch.backends.cudnn.allow_tf32
+    pa = ConvProblem(n=2, c=3, h=16, w=16, k=8, r=3, s=3, padding=(1, 1), tf32=tf32)
+    pc = ConvProblem(n=2, c=8, h=16, w=16, k=4, r=1, s=1, tf32=tf32)
+    assert found.uses[pa] == {0: 2, 2: 2} and found.uses[pc] == {0: 1, 2: 1}  # a and b call pa once each
+    assert found.stock_us == {}  # inputs off the GPU: nothing timed
+
+
+def _resnet_like_discovery(n=32, stock=None):
+    """Three problems of one forward: a 3x3 layer used 4 times, a 3x3 one used once, a small 1x1 stride-2 one."""
+    big = ConvProblem(n=n, c=64, h=56, w=56, k=64, r=3, s=3, padding=(1, 1), bias=False)
+    mid = ConvProblem(n=n, c=64, h=56, w=56, k=128, r=3, s=3, stride=(2, 2), padding=(1, 1), bias=False)
+    small = ConvProblem(n=n, c=64, h=56, w=56, k=128, r=1, s=1, stride=(2, 2), bias=False)
+    found = pretune.Discovery(problems=[big, mid, small])
+    found.uses = {big: {0: 4}, mid: {0: 1}, small: {0: 1}}
+    if stock is not None:
+        found.stock_us = {p: {0: t} for p, t in zip((big, mid, small), stock)}
+    return found, (big, mid, small)
+
+
+def test_allot_seconds_gives_the_full_budget_to_a_fair_share_and_less_in_proportion():
+    found, (big, mid, small) = _resnet_like_discovery()
+    est = {p: pretune.estimated_seconds(p) for p in (big, mid, small)}
+    assert est[big] > est[mid] > est[small] > 0
+    got = pretune.allot_seconds(found, 7.0)
+    total = 4 * est[big] + est[mid] + est[small]
+    assert got[big] == 7.0
+    assert got[mid] == pytest.approx(max(pretune.MIN_SHARE_SECONDS, 7.0 * 3 * est[mid] / total))
+    assert got[small] == pretune.MIN_SHARE_SECONDS < got[mid] < 7.0
+    assert pretune.allot_seconds(found, 1.5) == {big: 1.5, mid: 1.5, small: 1.5}  # never above the budget asked for
+    # measured stock times win over the estimate: here the 1x1 layer is the slow one
+    found, (big, mid, small) = _resnet_like_discovery(stock=[100.0, 50.0, 900.0])
+    got = pretune.allot_seconds(found, 7.0)
+    assert got[small] == 7.0 and got[big] == pytest.approx(7.0 * 3 * 100 / 1050)
+    # an even split keeps everyone at the budget; a problem of two forwards takes its larger share
+    found, (big, mid, small) = _resnet_like_discovery(stock=[300.0, 300.0, 300.0])
+    found.uses = {big: {0: 1}, mid: {0: 1}, small: {0: 1, 1: 1}}
+    found.stock_us[small][1] = 10.0
+    assert pretune.allot_seconds(found, 7.0) == {big: 7.0, mid: 7.0, small: 7.0}
+    # a forward whose problems were not all timed falls back to the estimate for all of them
+    found, (big, mid, small) = _resnet_like_discovery(stock=[100.0, 50.0, 900.0])
+    del found.stock_us[mid]
+    assert pretune.allot_seconds(found, 7.0) == pretune.allot_seconds(_resnet_like_discovery()[0], 7.0)
+
+
+def test_tune_model_allots_seconds_by_share_unless_even(capsys):
+    class AllottedStep(FakeStep):
+        seconds = 7.0
+
+        def __init__(self):
+            super().__init__()
+            self.allotted = None
+
+        def per_problem_seconds(self):
+            return self.seconds
+
+        def allot(self, seconds):
+            self.allotted = dict(seconds)
+
+        def __call__(self, problem, device, progress):
+            rec = super().__call__(problem, device, progress)
+            rec["budget_seconds"] = self.allotted.get(problem, self.seconds) if self.allotted else self.seconds
+            return rec
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = nn.Conv2d(64, 64, 3, padding=1)
+            self.small = nn.Conv2d(64, 4, 1, stride=4)
+
+        def forward(self, x):
+            return self.small(self.big(x))
+
+    step = AllottedStep()
+    report = bagf_torch.tune_model(bagf_torch.convert(Net()), fake_cuda(2, 64, 32, 32), step=step, progress=False)
+    by_k = {r.problem.k: r for r in report.rows}
+    assert step.allotted[by_k[64].problem] == 7.0 and step.allotted[by_k[4].problem] == pretune.MIN_SHARE_SECONDS
+    assert by_k[4].budget_seconds == pretune.MIN_SHARE_SECONDS
+    text = str(report)
+    assert "1 at 7.0 s, 1 at 2.0-2.0 s (tune --even" in text and "1.5/2" in text
+    assert pretune.ModelReport.from_dict(json.loads(report.to_json())).rows[1].budget_seconds == 2.0
+    step = AllottedStep()
+    report = bagf_torch.tune_model(bagf_torch.convert(Net()), fake_cuda(2, 64, 32, 32), step=step, progress=False,
+                                   even=True)
+    assert step.allotted is None and "share" not in str(report)
+
+
 def test_discover_needs_tuned_layers():
     with pytest.raises(ValueError, match="no TunedConv2d layers .1 plain nn.Conv2d.; call bagf_torch.convert"):
         pretune.discover(nn.Sequential(nn.Conv2d(3, 4, 3)), torch.randn(1, 3, 8, 8))
