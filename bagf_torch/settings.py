@@ -16,7 +16,7 @@ BAGF_TUNE                  1: tune a new problem on its first call;    1
                            (serving never stalls on tuning)
 BAGF_BUDGET                evaluations (candidates that reach the      80
                            GPU) per tuned problem
-BAGF_TIME_BUDGET           seconds per tuned problem                   25
+BAGF_TIME_BUDGET           seconds per tuned problem                   7
 BAGF_STRATEGY              ax | random | anneal | genetic | exhaustive ax
 BAGF_SEED                  seed of the search strategy                 0
 BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(8, CPU count)
@@ -164,11 +164,12 @@ def tune_enabled() -> bool:
     return get_bool("BAGF_TUNE", True)
 
 
-# The defaults bound a first call: a layer tuned in at most 30 s of wall time (the time budget ends the
-# search; the batch in flight and the finalists' re-timing follow it), with enough evaluations for every family
-# that applies (up to seven: six strict fp32, one more in TF32 mode).
+# The defaults bound a first call: a layer tuned in about 7 s of wall time (the time budget ends the search;
+# the batch in flight and the finalists' re-timing follow it), with enough evaluations for every family that
+# applies (up to seven: six strict fp32, one more in TF32 mode). 7 s rather than 25: on the H200 AlexNet's 15
+# problems at 7 s reached a geomean 0.993 of the 25 s plans' speed (benchmarks/results/budgets_alexnet_h200.md).
 DEFAULT_BUDGET = 80
-DEFAULT_TIME_BUDGET = 25.0
+DEFAULT_TIME_BUDGET = 7.0
 
 
 def budget_evaluations() -> int:
