@@ -61,7 +61,19 @@ def summarise(rows: list[dict], keep: float) -> dict:
             "fast_geomean_speedup": geomean([r["cudnn_us"] / r["fast_us"] for r in rows]),
             "slow_geomean_speedup": geomean([r["cudnn_us"] / r["slow_us"] for r in rows]),
             "fast_tune_s": sum(r["fast_s"] for r in rows), "slow_tune_s": sum(r["slow_s"] for r in rows),
-            "fast_max_s": max(r["fast_s"] for r in rows)}
+            "fast_max_s": max(r["fast_s"] for r in rows), "forward": forward_times(rows)}
+
+
+def forward_times(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per batch size, every conv of one forward: each problem's us times its layers (a problem without layer
+    names counts once), for cuDNN and each budget's plans -- the model's own speedup, which a geomean over
+    problems weighs the 1x1 downsampling layers as much as the 3x3 ones that hold the time."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        acc = out.setdefault(str(r["problem"]["n"]), {"cudnn_us": 0.0, "fast_us": 0.0, "slow_us": 0.0})
+        for k in acc:
+            acc[k] += max(1, len(r.get("layers") or [])) * r[k]
+    return out
 
 
 def _seconds(row: dict) -> float:
@@ -153,6 +165,11 @@ def markdown(meta: dict, rows: list[dict], summary: dict) -> str:
               f"fast {s['fast_geomean_speedup']:.2f}x, slow {s['slow_geomean_speedup']:.2f}x. Tuning time: fast "
               f"{s['fast_tune_s']:.1f} s in all (at most {s['fast_max_s']:.1f} s per problem), slow "
               f"{s['slow_tune_s']:.1f} s."]
+    for n, t in (s.get("forward") or {}).items():
+        fast, slow = t["cudnn_us"] / t["fast_us"], t["cudnn_us"] / t["slow_us"]
+        lines.append(f"Every conv of one forward at N={n} (us x layers): cuDNN {t['cudnn_us']:.1f} us, fast "
+                     f"{t['fast_us']:.1f} us ({fast:.2f}x), slow {t['slow_us']:.1f} us ({slow:.2f}x): the fast "
+                     f"budget keeps {fast / slow:.3f} of the slow one's speedup.")
     for who in ("fast", "slow"):
         wall = meta.get(f"{who}_command_wall_s")
         if wall:
@@ -162,13 +179,25 @@ def markdown(meta: dict, rows: list[dict], summary: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fast", type=Path, required=True, help="tune --json report (or first_call.py result), fast")
-    ap.add_argument("--slow", type=Path, required=True, help="... of the slow budget")
+    ap.add_argument("--fast", type=Path, help="tune --json report (or first_call.py result), fast")
+    ap.add_argument("--slow", type=Path, help="... of the slow budget")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (7)")
     ap.add_argument("--keep", type=float, default=0.97, help="the fraction a problem must reach (0.97)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--tag", default="alexnet_h200")
+    ap.add_argument("--from-json", type=Path, help="write the Markdown of this earlier result again (no GPU)")
     args = ap.parse_args(argv)
+    if args.from_json:
+        doc = json.loads(args.from_json.read_text())
+        summary = summarise(doc["rows"], doc["summary"].get("keep", args.keep))
+        doc["summary"] = summary
+        args.from_json.write_text(to_json(doc))
+        text = markdown(doc["meta"], doc["rows"], summary)
+        args.from_json.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    if args.fast is None or args.slow is None:
+        ap.error("--fast and --slow are required (or --from-json)")
     import torch
 
     if not torch.cuda.is_available():

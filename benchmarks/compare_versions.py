@@ -1,7 +1,7 @@
 """The same plans' speed under two versions of bagf_torch, in one run: did a refactor change what the kernels cost?
 
     python benchmarks/compare_versions.py --old DIR --plans <family name>@<layer>:<N> ... [--rounds 2]
-    python benchmarks/compare_versions.py --old DIR --plans-from benchmarks/results/first_call_alexnet_h200.json
+    python benchmarks/compare_versions.py --old DIR --plans-from benchmarks/results/first_call_alexnet_h200_25s.json
 
 ``DIR`` is a checkout of the older version (``git worktree add DIR <commit>``, or ``git archive <commit> | tar -x
 -C DIR``); the newer one is the ``bagf_torch`` this Python imports (the installed package). Each version runs

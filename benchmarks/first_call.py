@@ -34,8 +34,8 @@ writes in the fresh cache (``created`` of each plan; the first one includes the 
 extension load and the model's discovery pass), and the whole command's wall time.
 
 Writes ``<out>/first_call_<tag>[_<S>s].json`` and ``.md`` (``first_call_<model>_<tag>[_<S>s]`` with --model, e.g.
-``first_call_alexnet_h200_7s`` or ``first_call_resnet18_n32_h200_7s``, plus its ``.log`` with the command's output); the ``_<S>s`` suffix only when ``--seconds`` differs from the library's
-default. Exit 1 if a row fails (files written first). ``--dry-run`` exercises everything but the GPU on a CPU,
+``first_call_alexnet_h200_25s`` or ``first_call_resnet18_n32_h200_25s_even``, plus its ``.log`` with the command's
+output); the ``_<S>s`` suffix only when ``--seconds`` differs from the library's default, ``_even`` with ``--even``. Exit 1 if a row fails (files written first). ``--dry-run`` exercises everything but the GPU on a CPU,
 with FAKE numbers marked in every row and in the file names.
 
     python benchmarks/first_call.py                      # conv3 at N=1,32,128 x grad, no_grad, inference_mode
@@ -488,7 +488,7 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
         ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()) or "-"
         speed = speedup(r)
         lines.append(f"| {r['short']} | {','.join(r['layers']) or '-'} | {str(r['plan']).replace('|', '/')} | "
-                     f"{r['evaluations']} | {r['budget_s']:g} | {ts} | {ws} | {'yes' if r['within_budget'] else 'NO'} | "
+                     f"{r['evaluations']} | {r['budget_s']:.1f} | {ts} | {ws} | {'yes' if r['within_budget'] else 'NO'} | "
                      f"{ph} | {gap} | "
                      f"{gw} | {_us(r.get('time_us'))} | {_us(r.get('aten_us'))} | "
                      f"{'-' if speed is None else f'{speed:.2f}'} |")

@@ -215,10 +215,10 @@ if has compare; then
   wait_alongside
   # compare = benchmarks/compare_versions.py: the same plans under an older checkout ($COMPARE_OLD, e.g. a carried
   # `git archive <commit>` folder) and this one, alternating; $COMPARE_ARGS (default: the AlexNet winners of
-  # benchmarks/results/first_call_alexnet_h200.json). Results: $OUT/compare_versions_h200.{json,md}.
+  # benchmarks/results/first_call_alexnet_h200_25s.json). Results: $OUT/compare_versions_h200.{json,md}.
   # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
   timeout ${COMPARE_TIMEOUT:-420} python3 benchmarks/compare_versions.py --old "${COMPARE_OLD:-.old_main}" --out "$OUT" \
-    ${COMPARE_ARGS:---plans-from benchmarks/results/first_call_alexnet_h200.json} > "$OUT/compare.log" 2>&1 || rc=1
+    ${COMPARE_ARGS:---plans-from benchmarks/results/first_call_alexnet_h200_25s.json} > "$OUT/compare.log" 2>&1 || rc=1
   tail -n 30 "$OUT/compare.log"
 fi
 if has firstcall; then
@@ -274,13 +274,18 @@ if has budgets; then
   # "FAST.json=SLOW.json=TAG ..." (paths as the call sees them; a first_call.py --model result or a tune --json
   # report each), one run per pair; without it, one pair: BUDGETS_FAST (default: this call's `firstcall` --alexnet
   # result of the first value in $FIRSTCALL_ALEXNET) against BUDGETS_SLOW (default
-  # benchmarks/results/first_call_alexnet_h200.json), tag alexnet_h200. BUDGETS_ARGS: more arguments for each run.
+  # benchmarks/results/first_call_alexnet_h200_25s.json), tag alexnet_h200. BUDGETS_ARGS: more arguments for each run.
   # Results: $OUT/budgets_<tag>.{json,md} (top level).
   pairs=${BUDGETS_PAIRS:-}
   if [ -z "$pairs" ]; then
     fast_s=$(echo "${FIRSTCALL_ALEXNET:-}" | awk '{print $1}')
     if [ -n "${BUDGETS_FAST:-}" ] || [ -n "$fast_s" ]; then
-      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_h200_${fast_s}s.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200.json}=alexnet_h200"
+      # first_call.py's file name: _<S>s only where S is not the library's default, _even after it
+      sfx=""; s=${fast_s%even}
+      lib=$(python3 -c "from bagf_torch import settings; print(settings.DEFAULT_TIME_BUDGET)")
+      if [ "$s" != default ] && ! awk -v a="$s" -v b="$lib" 'BEGIN { exit !(a == b) }'; then sfx="_${s}s"; fi
+      [ "$s" != "$fast_s" ] && sfx="${sfx}_even"
+      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_h200${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_h200"
     fi
   fi
   if [ -z "$pairs" ]; then

@@ -453,11 +453,14 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     assert budgets._plan_name(fr[0]) == "cuDNN" and budgets._seconds(fr[1]) == 7.0
     assert budgets._seconds({"wall_seconds": 0.0, "tune_seconds": 3.0}) == 0.0
     rows = [{"fraction": 100.0 / 105.0, "cudnn_us": 200.0, "fast_us": 105.0, "slow_us": 100.0, "fast_s": 7.0,
-             "slow_s": 25.0, "short": "a", "fast_plan": "x", "slow_plan": "y"},
+             "slow_s": 25.0, "short": "a", "fast_plan": "x", "slow_plan": "y", "problem": {"n": 32},
+             "layers": ["l1", "l2", "l3"]},
             {"fraction": 1.0, "cudnn_us": 50.0, "fast_us": 50.0, "slow_us": 50.0, "fast_s": 6.0, "slow_s": 24.0,
-             "short": "b", "fast_plan": "cuDNN", "slow_plan": "cuDNN"}]
+             "short": "b", "fast_plan": "cuDNN", "slow_plan": "cuDNN", "problem": {"n": 32}, "layers": []}]
     s = budgets.summarise(rows, 0.97)
     assert s["kept"] == 1 and math.isclose(s["min_fraction"], 100 / 105) and s["fast_max_s"] == 7.0
+    # the model's own speedup weighs each problem by its layers: 3 x 200 + 50 us of cuDNN
+    assert s["forward"] == {"32": {"cudnn_us": 650.0, "fast_us": 365.0, "slow_us": 350.0}}
     assert math.isclose(s["slow_geomean_speedup"], math.sqrt(2.0)) and s["slow_tune_s"] == 49.0
     meta = {"gpu": "G", "date": "d", "torch": "t", "cuda": "c", "cudnn": 1, "python": "3", "commit": "x",
             "command": "cmd", "fast": "f", "slow": "s", "fast_source": "tune report",
@@ -465,6 +468,11 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
     text = budgets.markdown(meta, rows, s)
     assert "1 of 2 at >= 0.97" in text and "| a | x | y | 7.0 | 25.0 | 200.0 | 105.0 | 100.0 | 0.952 |" in text
     assert "Slow command's whole wall time: 50.0 s." in text and "commit abc1234" in text
+    assert "fast 365.0 us (1.78x), slow 350.0 us (1.86x): the fast budget keeps 0.959" in text
+    (tmp_path / "b.json").write_text(json.dumps({"meta": meta, "summary": {"keep": 0.97}, "rows": rows}))
+    assert budgets.main(["--from-json", str(tmp_path / "b.json")]) == 0  # the Markdown again, no GPU
+    assert (tmp_path / "b.md").read_text() == text
+    assert json.loads((tmp_path / "b.json").read_text())["summary"]["forward"] == s["forward"]
     if not torch.cuda.is_available():
         assert budgets.main(["--fast", str(tmp_path / "fast.json"), "--slow", str(tmp_path / "slow.json"),
                              "--out", str(tmp_path)]) == 2

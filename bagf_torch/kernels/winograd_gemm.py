@@ -319,7 +319,7 @@ def wgmma_start(k: int, t: int) -> int:
     N = 32 and 128), 7 was the fastest exactly on the three with T = 288 (128-column blocks pad it to 384, 64-column
     ones to 320), 6 on the 15 others (T = 512, 1152 and 2048: no padding with either). With K = 64 (AlexNet's conv1)
     a 128-channel block is half padding: every 25 s tuning of conv1 at N = 32 and 128 kept a 64-channel GEMM tile,
-    GE 4 and 7 in benchmarks/results/first_call_alexnet_h200.md, GE 7 and 2 in bench_layers_h200.md."""
+    GE 4 and 7 in benchmarks/results/first_call_alexnet_h200_25s.md, GE 7 and 2 in bench_layers_h200.md."""
     def padded(ge: int) -> float:
         wn, nb, wg, _ = WGMMA_GEMMS[ge]
         rows, cols = wn * nb, 64 * wg
