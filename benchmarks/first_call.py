@@ -454,8 +454,24 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
     if args.dry_run:
         for r in rows:
             r["fake"] = True
-    meta.update(budget_s=budget, allowed_s=allowed_seconds(budget, args), tune_command=" ".join(cmd))
+    meta.update(budget_s=budget, allowed_s=allowed_seconds(budget, args), tune_command=" ".join(cmd),
+                startup_allowance=args.startup_allowance)
     (out / f"{stem}.json").write_text(to_json({"meta": meta, "summary": summary, "rows": rows, "tune_report": report}))
+    lines = model_markdown(meta, summary, rows, args)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if summary["pass"] else 1
+
+
+def model_markdown(meta: dict, summary: dict, rows: list[dict], args) -> list[str]:
+    """The --model result's Markdown, from what its JSON holds (``--from-json`` writes it again)."""
+    cmd = meta["tune_command"].split(" ")
+    budget = meta["budget_s"]
+    wall, rc, timed_out = summary["command_wall_s"], summary["returncode"], summary["timed_out"]
+    tuned = [r for r in rows if not r["cached"]]
+    sum_tune, whole_allowed, failures = summary["sum_tune_seconds"], summary["whole_allowed_s"], summary["search_failed"]
+    speeds = [x for x in (speedup(r) for r in rows) if x is not None]
+    geo = summary["geomean_speedup"]
     fake = meta.get("dry_run")
     title = "AlexNet" if args.model == "alexnet" else args.model.split(":")[-1]
     lines = [f"# {'DRY RUN, FAKE NUMBERS: ' if fake else ''}{title} pre-tuning at N = "
@@ -504,9 +520,22 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                 f"({t['cudnn_us'] / t['planned_us']:.2f}x), by the tuner's timings."
                 for n, t in summary["conv_time_by_batch"].items() if t.get("planned_us")],
               "", f"Pass (rc 0, every problem within, no failed search): {'yes' if summary['pass'] else 'NO'}."]
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def rewrite_markdown(path: Path) -> int:
+    """``--from-json``: a --model result's Markdown from its JSON, with the settings the run had."""
+    doc = json.loads(path.read_text())
+    meta = doc["meta"]
+    words = meta["tune_command"].split(" ")
+    args = build_parser().parse_args([
+        "--model", words[words.index("--model") + 1], "--model-batch", words[words.index("--batch") + 1],
+        "--overshoot-frac", str(meta.get("overshoot_frac", 0.10)), "--overshoot-s", str(meta.get("overshoot_s", 1.0)),
+        "--startup-allowance", str(meta.get("startup_allowance", 60.0))])
+    lines = model_markdown(meta, doc["summary"], doc["rows"], args)
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if summary["pass"] else 1
+    return 0
 
 
 def speedup(row: dict) -> float | None:
@@ -560,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="dump all stacks to stderr when one first call or quality session takes over this many s "
                          "(0: off)")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: real bookkeeping, FAKE times")
+    ap.add_argument("--from-json", type=Path, metavar="JSON",
+                    help="--model results: write the Markdown of this earlier result again, beside it (no GPU)")
     ap.add_argument("--dry-run-fail", action="store_true", help=argparse.SUPPRESS)  # tests: the failure exit
     return ap
 
@@ -568,6 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = command_line("first_call.py", argv)
     args = build_parser().parse_args(argv)
+    if args.from_json:
+        return rewrite_markdown(args.from_json)
     if not args.dry_run and not torch.cuda.is_available():
         print("first_call: no CUDA GPU here; use --dry-run to check the script on a CPU", file=sys.stderr)
         return 2

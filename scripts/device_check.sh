@@ -136,8 +136,10 @@ fi
 if has tests; then
   # against the installed copy, from outside the checkout (conftest refuses the checkout's copy with this set)
   repo=$PWD
+  echo "# $(date -u +%FT%TZ), commit ${GIT_COMMIT:-?}, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1):" \
+    "pytest -m cuda -q ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests (the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
   (cd /tmp && BAGF_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 \
-    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee "$OUT/pytest_cuda.log"
+    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has gemmprobe; then

@@ -205,6 +205,10 @@ def test_first_call_times_any_model_through_the_tune_command(first_call, tmp_pat
     doc = _load(stem.with_suffix(".json"))
     assert "--model torchvision:resnet18 --batch 32 " in doc["meta"]["tune_command"]
     assert doc["meta"]["tune_command"].endswith(" --seconds 5 --even")
+    md = stem.with_suffix(".md").read_text()
+    stem.with_suffix(".md").unlink()
+    assert first_call.main(["--from-json", str(stem.with_suffix(".json"))]) == 0  # the Markdown again, no GPU
+    assert stem.with_suffix(".md").read_text() == md
     assert doc["summary"]["problems"] == 5 and all(r["problem"]["n"] == 32 for r in doc["rows"])
     assert "resnet18 pre-tuning at N = 32" in stem.with_suffix(".md").read_text()
 
