@@ -54,7 +54,7 @@ class Discovery:
     unsupported: list[tuple[str, str]] = field(default_factory=list)     # (layer, reason), run by ATen
     calls: int = 0                                                       # TunedConv2d calls seen
     uses: dict[ConvProblem, dict[int, int]] = field(default_factory=dict)  # forward index -> calls in it
-    stock_us: dict[ConvProblem, dict[int, float]] = field(default_factory=dict)  # forward index -> GPU us, all calls
+    stock_us: dict[ConvProblem, float] = field(default_factory=dict)  # torch's conv, GPU us per call (stock_us())
 
 
 def _call_list(example_inputs) -> list:
@@ -80,55 +80,40 @@ def _forward(model: nn.Module, call) -> None:
         model(call)
 
 
-TIMED_PASSES = 3
-"""Passes of each example input that ``discover`` times on a GPU (each layer's stock time, ``Discovery.stock_us``)."""
-
-
 def discover(model: nn.Module, example_inputs) -> Discovery:
     """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
-    layers would look up, without tuning. Layer plan memos, training flags and the runtime are left as they
-    were. Raises ValueError when the model has no TunedConv2d (convert it first)."""
+    layers would look up, and how often each forward asks for it, without tuning. Layer plan memos, training
+    flags and the runtime are left as they were. Where every problem is on a GPU, each one's stock conv is
+    then timed apart from the model (``stock_us``; a failure there leaves ``stock_us`` empty, with a
+    warning). Raises ValueError when the model has no TunedConv2d (convert it first)."""
     names = {m: name for name, m in model.named_modules() if isinstance(m, TunedConv2d)}
     if not names:
         plain = sum(1 for m in model.modules() if type(m) is nn.Conv2d)
         raise ValueError(f"the model has no TunedConv2d layers ({plain} plain nn.Conv2d); call "
                          "bagf_torch.convert(model) first")
     found = Discovery()
-    current: list[list] = []  # the layers being called: [name, its problem, the start event of a timed pass]
+    current: list[str] = []
     forward = [0]
-    timed: list[list] | None = None  # a timed pass's (problem, forward, start, end)
 
     def pre_hook(module, args):
-        if timed is not None:
-            start = None
-            if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record(torch.cuda.current_stream(args[0].device))
-            current.append([names[module], None, start])
-            return
-        current.append([names[module], None, None])
+        # every call asks the runtime, a layer called again with the same shape too (its memo would skip the
+        # lookup, and the problem's calls per forward would be undercounted)
+        module.__dict__.update(_bagf_plans={}, _bagf_last=None)
+        current.append(names[module])
         found.calls += 1
         reason = module._unsupported(args[0]) if args and isinstance(args[0], torch.Tensor) else "no tensor input"
         if reason is not None:
             found.unsupported.append((names[module], reason))
 
     def post_hook(module, args, output):
-        _, problem, start = current.pop()
-        if timed is not None and start is not None and problem is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record(torch.cuda.current_stream(args[0].device))
-            timed.append([problem, forward[0], start, end])
+        current.pop()
 
     def record(problem: ConvProblem, device: int) -> int:
-        if current:
-            current[-1][1] = problem
-        if timed is not None:
-            return ATEN
         if problem not in found.layers:
             found.problems.append(problem)
             found.layers[problem] = []
             found.devices[problem] = device
-        layer = current[-1][0] if current else "?"
+        layer = current[-1] if current else "?"
         if layer not in found.layers[problem]:
             found.layers[problem].append(layer)
         uses = found.uses.setdefault(problem, {})
@@ -157,32 +142,9 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         bk = torch.backends.cudnn
         with torch.no_grad(), bk.flags(enabled=bk.enabled, benchmark=True, deterministic=bk.deterministic,
                                        allow_tf32=bk.allow_tf32):
-            calls = _call_list(example_inputs)
-            for i, call in enumerate(calls):
+            for i, call in enumerate(_call_list(example_inputs)):
                 forward[0] = i
-                for m in names:  # each forward asks for all its problems, the ones an earlier one asked too
-                    m.__dict__.update(_bagf_plans={}, _bagf_last=None)
                 _forward(model, call)
-            if found.problems and all(d >= 0 for d in found.devices.values()):
-                # The layers' stock GPU time, for allot_seconds: TIMED_PASSES more passes (cuDNN's algorithms
-                # picked by the first), each layer between two events, the median pass per problem and input.
-                passes: list[dict] = []
-                for _ in range(TIMED_PASSES):
-                    timed = []
-                    for i, call in enumerate(calls):
-                        forward[0] = i
-                        for m in names:  # every call asks the runtime again, so record() sees its problem
-                            m.__dict__.update(_bagf_plans={}, _bagf_last=None)
-                        _forward(model, call)
-                    torch.cuda.synchronize()
-                    sums: dict = {}
-                    for problem, i, start, end in timed:
-                        sums[problem, i] = sums.get((problem, i), 0.0) + 1e3 * start.elapsed_time(end)
-                    passes.append(sums)
-                    timed = None
-                for problem, i in passes[0]:
-                    found.stock_us.setdefault(problem, {})[i] = statistics.median(s.get((problem, i), 0.0)
-                                                                                  for s in passes)
     finally:
         with contextlib.suppress(AttributeError):
             del rt.lookup
@@ -192,7 +154,54 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
             m.__dict__.update(_bagf_plans={} if plans is None else plans, _bagf_last=last)
         for m, was in modes.items():
             m.training = was
+    if found.problems and all(d >= 0 for d in found.devices.values()):
+        try:
+            found.stock_us = {p: stock_us(p, found.devices[p]) for p in found.problems}
+        except Exception as e:  # only the seconds' split depends on it: the estimate stands in
+            log.logger().warning(f"timing the layers' stock convs failed ({type(e).__name__}: {e}); tuning "
+                                 "seconds are split by a roofline estimate of each layer's time instead")
+            found.stock_us = {}
     return found
+
+
+STOCK_REPS = 10
+"""Back-to-back calls per timing in ``stock_us``; the median of STOCK_ROUNDS such timings is the answer."""
+STOCK_ROUNDS = 3
+
+
+def stock_us(problem: ConvProblem, device: int) -> float:
+    """torch's own conv on ``problem`` (cuDNN in benchmark mode, the problem's TF32 mode): GPU microseconds
+    per call, timed on random data apart from the model, its calls queued behind a GPU sleep so that the
+    host's launch cost at small N is not in the span (a layer's span inside an eager forward measured the
+    host at N=1 and gave AlexNet's conv1 7 s and conv5, the slower layer, 4.4 s)."""
+    dev = torch.device("cuda", device)
+    fmt = torch.channels_last if problem.layout == "nhwc" else torch.contiguous_format
+    dtype = getattr(torch, problem.dtype)
+    x = torch.randn(problem.n, problem.c, problem.h, problem.w, device=dev, dtype=dtype).to(memory_format=fmt)
+    w = torch.randn(problem.k, problem.c // problem.groups, problem.r, problem.s, device=dev, dtype=dtype)
+    b = torch.randn(problem.k, device=dev, dtype=dtype) if problem.bias else None
+    bk = torch.backends.cudnn
+    sleep = getattr(torch.cuda, "_sleep", None)
+    times = []
+    with torch.no_grad(), torch.cuda.device(dev), bk.flags(enabled=bk.enabled, benchmark=True,
+                                                           deterministic=bk.deterministic, allow_tf32=problem.tf32):
+        def call():
+            return torch.nn.functional.conv2d(x, w, b, problem.stride, problem.padding, problem.dilation,
+                                              problem.groups)
+
+        call()  # cuDNN's algorithm search for this shape
+        for _ in range(STOCK_ROUNDS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(dev)
+            if sleep is not None:
+                sleep(2_000_000)  # about a millisecond of GPU clock cycles, while the host queues the calls
+            start.record()
+            for _ in range(STOCK_REPS):
+                call()
+            end.record()
+            end.synchronize()
+            times.append(1e3 * start.elapsed_time(end) / STOCK_REPS)
+    return statistics.median(times)
 
 
 # ---- seconds per problem -------------------------------------------------------------------------------
@@ -223,29 +232,29 @@ def estimated_seconds(problem: ConvProblem) -> float:
 
 def allot_seconds(found: Discovery, seconds: float) -> dict[ConvProblem, float]:
     """Tuning seconds per problem of a model: ``seconds`` (the per-problem budget) for each problem whose share
-    of its forward pass's estimated conv time is at least an even share, less for the others in proportion, at
+    of its forward pass's conv time is at least an even share, less for the others in proportion, at
     least ``MIN_SHARE_SECONDS``.
 
     Why: a model's pre-tuning time is what its user waits, and a problem's tuning can win back at most its
     own share of the forward. ResNet-18 at N=32 spends 0.7% of its conv time in each of three 1x1 stride-2
     layers and 24% in four 3x3 64-channel ones; an even budget spent 7 s on each. The share is
-    ``calls x estimated_seconds`` over the pass's sum, per example input (one batch size each); a problem
+    the problem's time in the pass over the pass's sum, per example input (one batch size each); a problem
     used by several passes takes its largest share. With P unique problems in a pass, a problem gets
     ``seconds x P x share``, capped at ``seconds``: an even split keeps every problem at ``seconds``.
 
-    A problem's time in a pass is the stock layers' GPU time ``discover`` measured (``Discovery.stock_us``),
-    or, where a pass was not timed, ``calls x estimated_seconds``: the estimate misjudges layers cuDNN runs
-    far from the roofline (AlexNet's conv1, C=3: 90 us estimated, 207 us measured at N=32), which are the
-    ones with the most to win."""
+    A problem's time in a pass is its calls there times torch's own conv on it (``Discovery.stock_us``,
+    measured on the GPU), or, where not all of a pass's problems were timed, times ``estimated_seconds``: the
+    estimate misjudges layers cuDNN runs far from the roofline (AlexNet's conv1, C=3: 90 us estimated, 207 us
+    measured at N=32), which are the ones with the most to win."""
     out: dict[ConvProblem, float] = {}
-    passes: dict[int, dict[ConvProblem, float]] = {}
+    uses: dict[int, dict[ConvProblem, int]] = {}
     for p in found.problems:
         for i, calls in (found.uses.get(p) or {0: 1}).items():
-            passes.setdefault(i, {})[p] = calls * estimated_seconds(p)
-    for i, times in passes.items():
-        measured = {p: found.stock_us.get(p, {}).get(i) for p in times}
-        if all(t is not None and t > 0 for t in measured.values()):
-            passes[i] = measured
+            uses.setdefault(i, {})[p] = calls
+    passes: dict[int, dict[ConvProblem, float]] = {}
+    for i, calls in uses.items():
+        timed = all((found.stock_us.get(p) or 0) > 0 for p in calls)
+        passes[i] = {p: n * (found.stock_us[p] if timed else estimated_seconds(p)) for p, n in calls.items()}
     least = min(seconds, MIN_SHARE_SECONDS)
     for times in passes.values():
         total = sum(times.values())
@@ -407,7 +416,7 @@ class RuntimeTuneStep:
                                "lowered_name": hit[1], "cubin": hit[0]})
         rec = make_record(key, row, cubins=cubins, trials=cache.trials(key) if tuned_now else [],
                           cached=not tuned_now, wall_seconds=wall, phases=phases)
-        rec["budget_seconds"] = self.seconds_for(problem)
+        rec["budget_seconds"] = self.seconds_for(problem) if tuned_now else None  # a cached plan was given none
         return rec
 
 
@@ -536,7 +545,7 @@ class ModelReport:
             speed = "-" if r.speedup is None else f"{r.speedup:.2f}x"
             aten = "-" if r.aten_us is None else f"{r.aten_us:.1f}"
             tune = "cached" if r.cached else f"{r.tune_seconds:.1f}" + (
-                f"/{r.budget_seconds:.0f}" if r.budget_seconds is not None else "")
+                f"/{r.budget_seconds:.1f}" if r.budget_seconds is not None else "")
             lines.append(f"{r.problem.short():<46} {layers:<22} {aten:>9} {r.time_us:9.1f} {speed:>8} "
                          f"{r.evaluations:6d} {tune:>9}  {r.plan}")
         for n, (a, b) in self.conv_time_by_batch().items():
@@ -544,7 +553,7 @@ class ModelReport:
         given = sorted(r.budget_seconds for r in self.rows if not r.cached and r.budget_seconds is not None)
         if given and given[0] < given[-1]:
             full = sum(1 for g in given if g == given[-1])
-            lines.append(f"tuning seconds by each problem's share of its forward's stock conv time: {full} at "
+            lines.append(f"tuning seconds by each problem's share of its forward's conv time: {full} at "
                          f"{given[-1]:.1f} s, {len(given) - full} at {given[0]:.1f}-{given[-full - 1]:.1f} s "
                          "(tune --even: all at the full budget)")
         for layer, reason in dict.fromkeys(self.unsupported):
@@ -608,8 +617,8 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
                              "in float32 and NCHW, as production will run them")
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
-    if not even and hasattr(step, "allot"):
-        step.allot(allot_seconds(found, step.per_problem_seconds()))
+    if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
+        step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)
     label = "tuning" if ctx.world_size == 1 else f"rank {ctx.rank} tuning"

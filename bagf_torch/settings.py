@@ -166,8 +166,10 @@ def tune_enabled() -> bool:
 
 # The defaults bound a first call: a layer tuned in about 7 s of wall time (the time budget ends the search;
 # the batch in flight and the finalists' re-timing follow it), with enough evaluations for every family that
-# applies (up to seven: six strict fp32, one more in TF32 mode). 7 s rather than 25: on the H200 AlexNet's 15
-# problems at 7 s reached a geomean 0.993 of the 25 s plans' speed (benchmarks/results/budgets_alexnet_h200.md).
+# applies (up to seven: six strict fp32, one more in TF32 mode). 7 s rather than 25, measured on the H200
+# (benchmarks/results/): AlexNet's 15 problems at 7 s each reached a geomean 0.993 of the 25 s plans' speed
+# (budgets_alexnet_h200.md); ResNet-18 at N=32 with tune's split by share (2-7 s a problem) took 61 s against
+# 228 s and kept 0.941 of the 25 s plans' speedup on one forward's convs (budgets_resnet18_n32_h200.md).
 DEFAULT_BUDGET = 80
 DEFAULT_TIME_BUDGET = 7.0
 

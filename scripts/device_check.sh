@@ -255,7 +255,7 @@ if has firstcall; then
     [ "$s" = default ] && sec=$(python3 -c "from bagf_torch import settings; print(settings.budget_seconds())")
     ta=${ta:-$(awk -v s="$sec" -v p="$problems" 'BEGIN { printf "%d", p * (1.1 * s + 9) + 120 }')}
     mkdir -p "$OUT/first_call_models"
-    timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" "${extra[@]}" \
+    timeout $((ta + 30)) python3 benchmarks/first_call.py --model "$m" --model-batch "$b" ${extra[@]+"${extra[@]}"} \
       --model-timeout "$ta" --out "$OUT/first_call_models" "$@" > "$log" 2>&1 || rc=1
     tail -n 24 "$log"
   }
@@ -285,7 +285,9 @@ if has budgets; then
       # first_call.py's file name: _<S>s only where S is not the library's default, _even after it
       sfx=""; s=${fast_s%even}
       lib=$(python3 -c "from bagf_torch import settings; print(settings.DEFAULT_TIME_BUDGET)")
-      if [ "$s" != default ] && ! awk -v a="$s" -v b="$lib" 'BEGIN { exit !(a == b) }'; then sfx="_${s}s"; fi
+      if [ "$s" != default ] && ! awk -v a="$s" -v b="$lib" 'BEGIN { exit !(a == b) }'; then
+        sfx="_$(awk -v a="$s" 'BEGIN { printf "%g", a }')s"  # as first_call.py writes it (25.0 -> _25s)
+      fi
       [ "$s" != "$fast_s" ] && sfx="${sfx}_even"
       pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_h200${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_h200"
     fi

@@ -4,6 +4,7 @@ deduplication and report with a fake tuning step."""
 from __future__ import annotations
 
 import json
+import logging
 import types
 
 import pytest
@@ -167,6 +168,55 @@ def test_discover_counts_each_problems_calls_per_forward():
     assert found.stock_us == {}  # inputs off the GPU: nothing timed
 
 
+def test_discover_counts_a_layer_called_again_with_the_same_shape():
+    class Loop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            for _ in range(4):
+                x = self.conv(x)
+            return x
+
+    model = bagf_torch.convert(Loop())
+    found = pretune.discover(model, fake_cuda(2, 8, 8, 8))
+    assert found.calls == 4 and len(found.problems) == 1
+    assert found.uses[found.problems[0]] == {0: 4}
+    assert model.conv._bagf_plans == {}  # the memo as it was
+
+
+class FakeCuda0(FakeCuda):
+    """A FakeCuda on device 0 (get_device), so discover goes on to time the problems' stock convs."""
+
+    def get_device(self):
+        return 0
+
+
+def test_discover_times_each_problem_on_its_gpu_and_survives_a_failed_timing(monkeypatch, caplog):
+    asked = []
+
+    def fake_stock(problem, device):
+        asked.append((problem, device))
+        return 10.0 * problem.n
+
+    monkeypatch.setattr(pretune, "stock_us", fake_stock)
+    xs = [torch.randn(2, 3, 16, 16).as_subclass(FakeCuda0), torch.randn(5, 3, 16, 16).as_subclass(FakeCuda0)]
+    found = pretune.discover(_two_branch_model(), xs)
+    assert [a[1] for a in asked] == [0] * 4 and [a[0] for a in asked] == found.problems
+    assert found.stock_us == {p: 10.0 * p.n for p in found.problems}
+
+    def broken(problem, device):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(pretune, "stock_us", broken)
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        found = pretune.discover(_two_branch_model(), xs)
+    assert found.stock_us == {} and len(found.problems) == 4  # the discovery stands; the estimate splits the seconds
+    assert any("timing the layers' stock convs failed (RuntimeError: CUDA error: out of memory)" in r.getMessage()
+               for r in caplog.records)
+
+
 def _resnet_like_discovery(n=32, stock=None):
     """Three problems of one forward: a 3x3 layer used 4 times, a 3x3 one used once, a small 1x1 stride-2 one."""
     big = ConvProblem(n=n, c=64, h=56, w=56, k=64, r=3, s=3, padding=(1, 1), bias=False)
@@ -175,7 +225,7 @@ def _resnet_like_discovery(n=32, stock=None):
     found = pretune.Discovery(problems=[big, mid, small])
     found.uses = {big: {0: 4}, mid: {0: 1}, small: {0: 1}}
     if stock is not None:
-        found.stock_us = {p: {0: t} for p, t in zip((big, mid, small), stock)}
+        found.stock_us = dict(zip((big, mid, small), stock))
     return found, (big, mid, small)
 
 
@@ -192,12 +242,19 @@ def test_allot_seconds_gives_the_full_budget_to_a_fair_share_and_less_in_proport
     # measured stock times win over the estimate: here the 1x1 layer is the slow one
     found, (big, mid, small) = _resnet_like_discovery(stock=[100.0, 50.0, 900.0])
     got = pretune.allot_seconds(found, 7.0)
-    assert got[small] == 7.0 and got[big] == pytest.approx(7.0 * 3 * 100 / 1050)
-    # an even split keeps everyone at the budget; a problem of two forwards takes its larger share
+    assert got[small] == 7.0 and got[big] == pytest.approx(7.0 * 3 * 4 * 100 / (4 * 100 + 50 + 900))  # 4 calls
+    # an even split keeps everyone at the budget
     found, (big, mid, small) = _resnet_like_discovery(stock=[300.0, 300.0, 300.0])
-    found.uses = {big: {0: 1}, mid: {0: 1}, small: {0: 1, 1: 1}}
-    found.stock_us[small][1] = 10.0
+    found.uses = {big: {0: 1}, mid: {0: 1}, small: {0: 1}}
     assert pretune.allot_seconds(found, 7.0) == {big: 7.0, mid: 7.0, small: 7.0}
+    # a problem of two forwards takes its larger share: small next to a tinier one in the second
+    found, (big, mid, small) = _resnet_like_discovery(stock=[300.0, 300.0, 30.0])
+    tiny = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=1, s=1)
+    found.problems.append(tiny)
+    found.uses = {big: {0: 1}, mid: {0: 1}, small: {0: 1, 1: 1}, tiny: {1: 1}}
+    found.stock_us[tiny] = 3.0
+    got = pretune.allot_seconds(found, 7.0)
+    assert got[small] == 7.0 and got[tiny] == pretune.MIN_SHARE_SECONDS  # 30 / 630 of the first pass: 2 s
     # a forward whose problems were not all timed falls back to the estimate for all of them
     found, (big, mid, small) = _resnet_like_discovery(stock=[100.0, 50.0, 900.0])
     del found.stock_us[mid]
@@ -238,12 +295,13 @@ def test_tune_model_allots_seconds_by_share_unless_even(capsys):
     assert step.allotted[by_k[64].problem] == 7.0 and step.allotted[by_k[4].problem] == pretune.MIN_SHARE_SECONDS
     assert by_k[4].budget_seconds == pretune.MIN_SHARE_SECONDS
     text = str(report)
-    assert "1 at 7.0 s, 1 at 2.0-2.0 s (tune --even" in text and "1.5/2" in text
+    assert "1 at 7.0 s, 1 at 2.0-2.0 s (tune --even" in text and "1.5/2.0" in text
     assert pretune.ModelReport.from_dict(json.loads(report.to_json())).rows[1].budget_seconds == 2.0
-    step = AllottedStep()
+    # the same step again, even: no split is left from the first run
     report = bagf_torch.tune_model(bagf_torch.convert(Net()), fake_cuda(2, 64, 32, 32), step=step, progress=False,
                                    even=True)
-    assert step.allotted is None and "share" not in str(report)
+    assert step.allotted == {} and "share" not in str(report)
+    assert {r.budget_seconds for r in report.rows} == {7.0}
 
 
 def test_discover_needs_tuned_layers():

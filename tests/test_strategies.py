@@ -266,7 +266,7 @@ RECORDS = [
 
 def test_ax_console_stays_quiet_while_runs_overlap():
     """A search abandoned at its family's deadline winds up on its own thread while the next one runs: Ax's
-    console level is restored when the last run ends, not when the first does."""
+    console level and the warning filters are restored when the last run ends, not when the first does."""
     pytest.importorskip("ax")
     import logging
 
@@ -274,14 +274,18 @@ def test_ax_console_stays_quiet_while_runs_overlap():
 
     from bagf_torch.tuning.strategies import ax_bo
 
-    before = ROOT_STREAM_HANDLER.level
+    import warnings
+
+    before, filters = ROOT_STREAM_HANDLER.level, list(warnings.filters)
     first, second = ax_bo._quiet_ax(), ax_bo._quiet_ax()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)  # the abandoned search ends while the next one still generates
-    assert ROOT_STREAM_HANDLER.level == logging.ERROR
+    assert ROOT_STREAM_HANDLER.level == logging.ERROR and warnings.filters[0][0] == "ignore"
     second.__exit__(None, None, None)
-    assert ROOT_STREAM_HANDLER.level == before
+    assert ROOT_STREAM_HANDLER.level == before and warnings.filters == filters  # nothing left ignored
+    with pytest.warns(UserWarning, match="still heard"):
+        warnings.warn("still heard", UserWarning)
 
 
 def test_replay_deterministic_returns_median_and_counts():

@@ -327,39 +327,53 @@ def _feature_table(codec: _Codec, features) -> tuple[list[list[int]], np.ndarray
 
 _QUIET_LOCK = threading.Lock()
 _QUIET_RUNS = 0  # runs inside _quiet_ax now
-_QUIET_OLD = logging.INFO  # the handler's level before the first of them
+_QUIET_OLD: int | None = None  # Ax's console level before the first of them
+_QUIET_FILTERS: list = []  # Python's warning filters before the first of them
 
 
 @contextlib.contextmanager
 def _quiet_ax():
-    """Silence Ax's console for one tuning run (importing Ax inside it too); the old level is restored.
+    """Silence Ax's console and Python's warnings for one tuning run (importing Ax inside it too); both are
+    restored after.
 
     Ax logs to its own handler (its "ax" logger does not propagate to the root logger), INFO per trial
     and WARNING for states this loop expects and handles: "trial completed without time_us" in constraint
-    mode, "fewer trials generated than asked" before a fallback batch. Only ERROR gets through.
+    mode, "fewer trials generated than asked" before a fallback batch. Only ERROR gets through. Ax's and
+    BoTorch's deprecation and numerical warnings are ignored.
 
     Runs overlap: a search the tuner abandoned at its family's deadline winds up on its own thread while the
-    next family's starts. The handler's level is process-wide, so the first run in saves it and the last one out
-    restores it; a save/restore per run let the abandoned run restore INFO in the middle of the next one, whose
-    trials then went to the user's stderr (8 lines in a ResNet-18 pre-tuning).
+    next family's starts. The handler's level and the warning filters are process-wide, so the first run in
+    saves both and the last one out restores them. A save/restore per run let the abandoned run restore INFO
+    in the middle of the next one, whose trials then went to the user's stderr (8 lines in a ResNet-18
+    pre-tuning), and ``warnings.catch_warnings`` per run, left out of order, kept "ignore" for good.
     """
-    global _QUIET_RUNS, _QUIET_OLD
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Ax's and BoTorch's deprecation and numerical warnings
+    global _QUIET_RUNS, _QUIET_OLD, _QUIET_FILTERS
+    with _QUIET_LOCK:
+        if _QUIET_RUNS == 0:
+            _QUIET_FILTERS = list(warnings.filters)
+            warnings.simplefilter("ignore")
+        _QUIET_RUNS += 1
+    try:
         from ax.utils.common.logger import ROOT_STREAM_HANDLER, set_stderr_log_level
 
         with _QUIET_LOCK:
-            if _QUIET_RUNS == 0:
+            if _QUIET_OLD is None:
                 _QUIET_OLD = ROOT_STREAM_HANDLER.level
                 set_stderr_log_level(logging.ERROR)
-            _QUIET_RUNS += 1
-        try:
-            yield
-        finally:
-            with _QUIET_LOCK:
-                _QUIET_RUNS -= 1
-                if _QUIET_RUNS == 0:
+        yield
+    finally:
+        with _QUIET_LOCK:
+            _QUIET_RUNS -= 1
+            if _QUIET_RUNS == 0:
+                if _QUIET_OLD is not None:
+                    from ax.utils.common.logger import set_stderr_log_level
+
                     set_stderr_log_level(_QUIET_OLD)
+                    _QUIET_OLD = None
+                warnings.filters[:] = _QUIET_FILTERS
+                mutated = getattr(warnings, "_filters_mutated", None)  # what filterwarnings() calls after a change
+                if mutated is not None:
+                    mutated()
 
 
 _PRELOAD: threading.Thread | None = None
