@@ -623,7 +623,11 @@ def small_features(c):
 
 @pytest.mark.parametrize("options", [{"trust_region": 2}, {"candidates": "raw"}, {"initial": "random"},
                                      {"initial_batch": 2, "trust_region": 1}, {"features": small_features},
-                                     {"features": small_features, "candidates": "raw", "trust_region": 0}])
+                                     {"features": small_features, "candidates": "raw", "trust_region": 0},
+                                     {"explore": 2, "explore_from": "outside", "trust_region": 1},
+                                     {"explore": 2, "explore_from": "all"}, {"explore": 2, "explore_from": "far"},
+                                     {"explore": 1, "explore_from": "uncertain", "explore_after": 2},
+                                     {"explore": 2, "explore_from": "thompson", "features": small_features}])
 def test_ax_set_ups_never_send_invalid_and_find_the_optimum(options):
     space = small_space()
     n_valid = len(space.valid_configs())
@@ -664,6 +668,32 @@ def test_ax_trust_region_candidates():
     assert config_key(centre) not in {config_key(c) for c in inside}
     grown, r = _trust_region(ranks, centre, {config_key(centre)}, len(valid) - 1, 1, valid)
     assert len(grown) == len(valid) - 1 and r > 1  # grown until a batch fits
+
+
+def test_ax_far_picks_spread_from_what_was_evaluated():
+    import numpy as np
+
+    from bagf_torch.tuning.strategies.ax_bo import _Codec, _far
+
+    space = small_space()
+    codec = _Codec(space)
+    valid = space.valid_configs()
+    ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid}
+    done = [{"a": 8, "b": 2, "c": 1}]
+    pool = [c for c in valid if c not in done]
+    picked = _far(ranks, pool, done, 2, np.random.default_rng(0))
+    dist = {config_key(c): int(np.abs(ranks[config_key(c)] - ranks[config_key(done[0])]).sum()) for c in pool}
+    assert len(picked) == 2 and dist[config_key(picked[0])] == max(dist.values())
+    # the second is spread from the first as well as from what was evaluated
+    assert int(np.abs(ranks[config_key(picked[1])] - ranks[config_key(picked[0])]).sum()) >= 1
+    assert _far(ranks, [], done, 2, np.random.default_rng(0)) == []
+
+
+def test_ax_explore_options_checked():
+    space = small_space()
+    for bad in ({"explore": -1}, {"explore_after": -1}, {"explore_from": "nowhere"}):
+        with pytest.raises(ValueError, match="explore"):
+            run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, **bad)
 
 
 def test_ax_features_reach_the_gp_scaled_next_to_the_knobs():

@@ -79,6 +79,9 @@ OPTIONS: dict[str, Any] = {
     "features": None,
     "initial_order": None,
     "initial_ranked": 2,
+    "explore": 0,
+    "explore_after": 0,
+    "explore_from": "outside",
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
@@ -124,6 +127,15 @@ known (higher: tried first): the tuner passes the family's ``warps_in_flight(pro
 one (``implicit_gemm_tc.warps_in_flight``). Only with ``initial="local"``.
 initial_ranked: how many of the local initial design's neighbours are the best-ranked by ``initial_order``;
 the others follow in the seeded random order (0: all random).
+explore: how many trials of a GP generation are chosen away from the incumbent (0: none), the last ones of the
+batch (the others are pending for them): a way out of a local optimum that the trust region keeps circling.
+Only with ``candidates="valid"`` or a trust region. explore_after: only once this many evaluations have brought
+no new best (0: in every generation). explore_from: how they are chosen: "outside" (the acquisition over the
+unseen valid configurations beyond the trust region's radius), "all" (the acquisition over every unseen valid
+configuration), "uncertain" (the unseen valid configuration with the largest posterior variance), "thompson"
+(Thompson sampling over the unseen valid configurations: the best of one posterior draw), each over a seeded
+sample of at most ``EXPLORE_POOL``, or "far" (without the model: the unseen valid configurations furthest, in
+one-knob steps, from every configuration evaluated and from each other).
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
 drawn at random after stalls) and gen_seconds (wall time of each Ax generation)."""
 
@@ -131,6 +143,10 @@ INVALID_MODES = ("constraint", "abandon", "penalty")
 ACQUISITIONS = ("qLogEI", "qLogNEI")
 MAX_LINEAR_CONSTRAINTS = 8
 INITIAL_MODES = ("random", "local", "sobol")
+EXPLORE_FROM = ("outside", "all", "far", "uncertain", "thompson")
+EXPLORE_POOL = 512
+"""At most this many configurations (a seeded random sample) are scored for one exploring trial: the acquisition
+over every unseen valid configuration costs ~0.3 s per trial against ~0.03 s in a trust region."""
 CANDIDATES = ("valid", "raw")
 METRIC = "time_us"
 EXCESS = "excess"
@@ -474,9 +490,10 @@ def _completer(client) -> Any:
     return complete
 
 
-def _candidate_acquisition(codec: _Codec, candidates: list):
+def _candidate_acquisition(codec: _Codec, candidates: list, per_call: list | None = None):
     """An Ax ``Acquisition`` subclass that scores only ``candidates`` (a list of configurations the loop
-    refills before each generation; empty: Ax's own enumeration of every raw combination) through
+    refills before each generation; empty: Ax's own enumeration of every raw combination), or, while
+    ``per_call`` holds lists, the first of them (taken off: Ax generates a batch one trial at a time), through
     Ax's ``candidate_set`` path. Configurations are mapped into the model's space knob by knob through
     their value index: Ax's transforms keep each ordered choice parameter's order."""
     import torch
@@ -485,7 +502,11 @@ def _candidate_acquisition(codec: _Codec, candidates: list):
     names = list(codec.ax_values)
 
     def optimize(self, n, search_space_digest, *args, **kwargs):
-        chosen = list(candidates)
+        how = "acquisition"
+        if per_call:
+            chosen, how = per_call.pop(0)
+        else:
+            chosen = list(candidates)
         if not chosen or kwargs.get("candidate_set") is not None:
             return Acquisition.optimize(self, n, search_space_digest, *args, **kwargs)
         ssd = search_space_digest
@@ -507,6 +528,16 @@ def _candidate_acquisition(codec: _Codec, candidates: list):
             full = full[keep]
         if not len(full):
             return Acquisition.optimize(self, n, search_space_digest, *args, **kwargs)
+        if how == "uncertain":  # the candidate the model knows least about
+            model = self.surrogate.model
+            with torch.no_grad():
+                var = model.posterior(full.unsqueeze(-2)).variance.reshape(len(full), -1).sum(-1)
+            j = int(var.argmax())
+            return full[j:j + 1], var[j:j + 1], torch.ones(1, dtype=self.dtype, device=self.device)
+        if how == "thompson":
+            from botorch.generation.sampling import MaxPosteriorSampling
+
+            kwargs["sampling_strategy"] = MaxPosteriorSampling(model=self.surrogate.model, replacement=False)
         kwargs["candidate_set"] = full
         return Acquisition.optimize(self, min(n, len(full)), search_space_digest, *args, **kwargs)
 
@@ -568,6 +599,25 @@ def _trust_region(ranks: dict, centre: Config | None, known: set, n: int, radius
     return [c for c, d in zip(fresh, dist) if d <= radius], radius
 
 
+def _far(ranks: dict, pool: list[Config], evaluated: list[Config], m: int, rng) -> list[Config]:
+    """Up to ``m`` configurations of ``pool``, each the furthest (largest smallest L1 distance over value
+    indices) from every evaluated configuration and every one picked before it; ties broken at random."""
+    if not pool:
+        return []
+    x = np.array([ranks[config_key(c)] for c in pool])
+    seen = [ranks[config_key(c)] for c in evaluated if config_key(c) in ranks]
+    nearest = (np.abs(x[:, None, :] - np.array(seen)[None, :, :]).sum(-1).min(1) if seen
+               else np.full(len(pool), np.inf))
+    out: list[Config] = []
+    for _ in range(min(m, len(pool))):
+        top = np.flatnonzero(nearest == nearest.max())
+        j = int(rng.choice(top))
+        out.append(pool[j])
+        nearest = np.minimum(nearest, np.abs(x - x[j]).sum(-1))
+        nearest[j] = -1
+    return out
+
+
 def _excess(space: Space, config: Mapping[str, int]) -> float:
     """How many validity rules ``config`` breaks; at least 1 for any configuration that failed."""
     if any(v not in space.params[n] for n, v in config.items()):
@@ -584,7 +634,9 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
          acquisition: str = OPTIONS["acquisition"], fit_maxiter: int | None = OPTIONS["fit_maxiter"],
          candidates: str = OPTIONS["candidates"], trust_region: int = OPTIONS["trust_region"],
          features=OPTIONS["features"], initial_order=OPTIONS["initial_order"],
-         initial_ranked: int = OPTIONS["initial_ranked"], stats: dict | None = None) -> None:
+         initial_ranked: int = OPTIONS["initial_ranked"], explore: int = OPTIONS["explore"],
+         explore_after: int = OPTIONS["explore_after"], explore_from: str = OPTIONS["explore_from"],
+         stats: dict | None = None) -> None:
     if batch_size < 1 or initial_trials < 1:
         raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
     if initial_batch is not None and initial_batch < 1:
@@ -613,6 +665,10 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         raise ValueError(f"ax initial_order={initial_order!r}; expected None or a function config -> float")
     if initial_ranked < 0:
         raise ValueError(f"ax initial_ranked={initial_ranked}; it must be >= 0 (0: neighbours in random order)")
+    if explore < 0 or explore_after < 0:
+        raise ValueError(f"ax explore={explore}, explore_after={explore_after}; both must be >= 0")
+    if explore_from not in EXPLORE_FROM:
+        raise ValueError(f"ax explore_from={explore_from!r}; expected one of {EXPLORE_FROM}")
 
     space = objective.space
     codec = _Codec(space)
@@ -622,13 +678,15 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     valid = space.valid_configs()
     rng = np.random.default_rng(seed)
     stats = stats if stats is not None else {}
-    for key in ("generations", "invalid_proposals", "repeats", "fallback"):
+    for key in ("generations", "invalid_proposals", "repeats", "fallback", "explored"):
         stats.setdefault(key, 0)
     stats.setdefault("gen_seconds", [])
     own_initial = initial in ("random", "local")
     own_candidates = candidates == "valid" or trust_region > 0
-    ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region else {}
+    explore = explore if own_candidates else 0
+    ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region or explore else {}
     chosen: list = []  # the configurations Ax's next generation scores (own_candidates)
+    per_call: list = []  # candidate lists for the generation's next trials, one each (then ``chosen``)
 
     def incumbent() -> Config | None:
         best = objective.best(include_prior=True)
@@ -672,7 +730,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         client.set_generation_strategy(_generation_strategy(
             seed, initial_trials, own_initial, mc_samples,
             "qLogNEI" if invalid == "constraint" else acquisition, fit_maxiter,
-            _candidate_acquisition(codec, chosen) if own_candidates else None,
+            _candidate_acquisition(codec, chosen, per_call) if own_candidates else None,
             _feature_table(codec, features) if features is not None else None))
 
         worst_ok = -math.inf
@@ -701,6 +759,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
 
         attached = 0
         stalls = 0
+        since_best = 0  # evaluations since the incumbent last improved
         known: set = set()  # configurations Ax holds as trials; it never proposes them again
         for c, o in objective.prior:  # measured before the search: Ax's first data, part of its initial design
             if space.is_valid(c) and config_key(c) not in known:
@@ -731,11 +790,33 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                     radius = trust_region if best_t < last_best else radius + 1
                     last_best = min(last_best, best_t)
                     chosen[:], radius = _trust_region(ranks, incumbent(), known, n, radius, valid)
+                far: list[Config] = []
+                m = min(explore, n - 1) if explore and since_best >= explore_after else 0
+                if m:
+                    inside = {config_key(c) for c in chosen} if trust_region else set()
+                    pool = [c for c in valid if config_key(c) not in known
+                            and (explore_from != "outside" or config_key(c) not in inside)]
+                    if explore_from == "far":
+                        far = _far(ranks, pool, [c for c, _ in list(objective.prior) + objective.trials], m, rng)
+                        m = len(far)
+                    elif pool:
+                        if len(pool) > EXPLORE_POOL:
+                            pool = [pool[j] for j in sorted(rng.choice(len(pool), EXPLORE_POOL, replace=False))]
+                        how = explore_from if explore_from in ("uncertain", "thompson") else "acquisition"
+                        per_call[:] = [(list(chosen), "acquisition")] * (n - m) + [(pool, how)] * m
+                    else:
+                        m = 0
                 start = time.perf_counter()
                 try:
-                    trials = client.get_next_trials(max_trials=n)
+                    trials = client.get_next_trials(max_trials=n - len(far))
                 except OptimizationComplete:  # Ax has proposed every raw combination
                     trials = {}
+                per_call.clear()
+                if far:
+                    trials = dict(trials)
+                    for c in far:
+                        trials[client.attach_trial(codec.encode(c))] = codec.encode(c)
+                stats["explored"] += m
                 stats["gen_seconds"].append(time.perf_counter() - start)
                 stats["generations"] += 1
                 if not trials:
@@ -756,7 +837,11 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                 break  # every valid configuration has been evaluated
             known.update(config_key(c) for c in configs)
             spent = objective.spent
+            before = objective.best(include_prior=True)
             outcomes = objective(configs)
+            after = objective.best(include_prior=True)
+            improved = after is not None and (before is None or after[1].time_us < before[1].time_us)
+            since_best = 0 if improved else since_best + len(configs)
             stalls = stalls + 1 if objective.spent == spent else 0
             for index, c, o in zip(indices, configs, outcomes):
                 if o is None:  # budget ran out inside the batch
