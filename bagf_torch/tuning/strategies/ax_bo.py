@@ -26,6 +26,11 @@ Candidates and trust region (``candidates``, ``trust_region``). Ax scores our li
 has not seen (``candidate_set``: no invalid proposal is possible) within 3 one-knob steps of the incumbent, a
 radius that grows after a generation without a new best: the same quality as scoring all, less Ax time.
 
+Exploring trials (``explore``, ``explore_from``). The last 2 trials of each GP generation are the acquisition's
+best over a seeded random sample of 512 of all unseen valid configurations instead of the trust region: runs that
+failed circled one local optimum whose way out changes two coupled knobs at once (BM and WM), which the trust
+region's acquisition never proposed.
+
 Invalid proposals and failures (``invalid``; a failure is a typed status, never proposed again). "constraint": an
 outcome constraint on ``excess`` (validity rules broken), learnt by a second GP, with qLogNEI; "abandon":
 ``mark_trial_abandoned``, nothing learnt; "penalty": 2x the slowest time seen, which steers the GP away from the
@@ -79,9 +84,9 @@ OPTIONS: dict[str, Any] = {
     "features": None,
     "initial_order": None,
     "initial_ranked": 2,
-    "explore": 0,
+    "explore": 2,
     "explore_after": 0,
-    "explore_from": "outside",
+    "explore_from": "all",
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
