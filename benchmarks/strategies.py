@@ -366,6 +366,8 @@ def markdown(summary: dict, meta: dict) -> str:
              + f", {'noisy' if meta['noise'] else 'median'} replay, tuner cut-off "
              f"{meta.get('cutoff_factor') or 'off'}x; ax options {json.dumps(meta.get('ax_options') or {})}; "
              f"run {meta['date']}, {meta['cpu']}.", ""]
+    if meta.get("command"):
+        lines += [f"Command: `{meta['command']}` (commit `{meta.get('commit', '?')}`).", ""]
     if meta.get("excluded"):
         lines += ["Excluded (use --partial to add them, restricted to what was recorded):", ""]
         lines += [f"- {k}: {why}" for k, why in meta["excluded"].items()] + [""]
@@ -543,6 +545,10 @@ def main(argv=None) -> int:
                          "present twice is kept once, from the first file), then --json (without the runs: they "
                          "stay in the source files)/--md/--png as usual")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for bench_overhead's helpers
+    from bench_overhead import command_line, git_commit
+
+    command = command_line("strategies.py", sys.argv[1:] if argv is None else argv)
     if args.from_json:
         return _resummarise(args)
 
@@ -607,7 +613,8 @@ def main(argv=None) -> int:
             "strategies": strategies, "workers": args.workers,
             "wall_seconds": round(wall, 1), "cpu": f"{platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} cores", "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit(), "command": command}
     md = markdown(summary, meta) + f"\nWall time {wall:.0f} s with {args.workers} worker processes.\n"
     print(md)
     if args.md:
