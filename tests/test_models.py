@@ -3,6 +3,7 @@ deduplication and report with a fake tuning step."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import types
@@ -187,34 +188,36 @@ def test_discover_counts_a_layer_called_again_with_the_same_shape():
 
 
 class FakeCuda0(FakeCuda):
-    """A FakeCuda on device 0 (get_device), so discover goes on to time the problems' stock convs."""
+    """A FakeCuda on device 0 (get_device): its problems are on a GPU, for time_stock."""
 
     def get_device(self):
         return 0
 
 
-def test_discover_times_each_problem_on_its_gpu_and_survives_a_failed_timing(monkeypatch, caplog):
+def test_time_stock_times_each_problem_on_its_gpu_and_survives_a_failed_timing(monkeypatch, caplog):
     asked = []
 
     def fake_stock(problem, device):
         asked.append((problem, device))
+        if problem.n == 5 and problem.k == 4:
+            raise RuntimeError("CUDA error: out of memory")
         return 10.0 * problem.n
 
     monkeypatch.setattr(pretune, "stock_us", fake_stock)
     xs = [torch.randn(2, 3, 16, 16).as_subclass(FakeCuda0), torch.randn(5, 3, 16, 16).as_subclass(FakeCuda0)]
     found = pretune.discover(_two_branch_model(), xs)
-    assert [a[1] for a in asked] == [0] * 4 and [a[0] for a in asked] == found.problems
-    assert found.stock_us == {p: 10.0 * p.n for p in found.problems}
-
-    def broken(problem, device):
-        raise RuntimeError("CUDA error: out of memory")
-
-    monkeypatch.setattr(pretune, "stock_us", broken)
+    assert found.stock_us == {} and not asked  # discovery alone times nothing
     with caplog.at_level(logging.WARNING, logger="bagf_torch"):
-        found = pretune.discover(_two_branch_model(), xs)
-    assert found.stock_us == {} and len(found.problems) == 4  # the discovery stands; the estimate splits the seconds
-    assert any("timing the layers' stock convs failed (RuntimeError: CUDA error: out of memory)" in r.getMessage()
+        got = pretune.time_stock(found)
+    assert [a[1] for a in asked] == [0] * 4 and [a[0] for a in asked] == found.problems
+    failed = [p for p in found.problems if p.n == 5 and p.k == 4]
+    assert got == {p: 10.0 * p.n for p in found.problems if p not in failed}  # the others kept
+    assert any("timing torch's conv failed on 1 problems" in r.getMessage() and "out of memory" in r.getMessage()
                for r in caplog.records)
+    found.stock_us = got  # the N=5 forward lacks one timing: the estimate splits it
+    by_estimate = pretune.allot_seconds(dataclasses.replace(found, stock_us={}), 7.0)
+    split = pretune.allot_seconds(found, 7.0)
+    assert all(split[p] == by_estimate[p] for p in found.problems if p.n == 5)
 
 
 def _resnet_like_discovery(n=32, stock=None):

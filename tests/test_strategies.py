@@ -284,8 +284,6 @@ def test_ax_console_stays_quiet_while_runs_overlap():
     assert ROOT_STREAM_HANDLER.level == logging.ERROR and warnings.filters[0][0] == "ignore"
     second.__exit__(None, None, None)
     assert ROOT_STREAM_HANDLER.level == before and warnings.filters == filters  # nothing left ignored
-    with pytest.warns(UserWarning, match="still heard"):
-        warnings.warn("still heard", UserWarning)
 
 
 def test_replay_deterministic_returns_median_and_counts():
@@ -615,6 +613,22 @@ def test_strategies_benchmark_warm_start_mirrors_the_tuner(tmp_path):
     assert all(r["prior"] == 0 for r in runs["none"]["runs"])
 
 
+@pytest.mark.parametrize("explore", [0, 2])
+def test_ax_exploring_trials_are_the_last_of_each_generation(explore):
+    """Ax generates a batch one trial at a time (n=1 per acquisition call); the exploring rule's candidate lists
+    serve the last ``min(explore, n - 1)`` of them, and none without the option."""
+    space = small_space()
+    stats: dict = {}
+    run("ax", space, StrictEvaluator(space, small_time), Budget(24), seed=1, stats=stats,
+        **dict(FAST["ax"], explore=explore, explore_from="all"))
+    gp = [r for r in stats["roles"] if r]  # generations the GP made (the initial design has none)
+    assert gp, stats
+    for roles in gp:
+        m = min(explore, len(roles) - 1)
+        assert roles == ["region"] * (len(roles) - m) + ["explore"] * m, roles
+    assert stats["explored"] == sum(r.count("explore") for r in gp) and (stats["explored"] > 0) == (explore > 0)
+
+
 def small_features(c):
     """Problem-aware inputs for the small space: the product a*b (log2) that its validity rule and
     ``small_time``'s second basin depend on."""
@@ -626,8 +640,7 @@ def small_features(c):
                                      {"features": small_features, "candidates": "raw", "trust_region": 0},
                                      {"explore": 2, "explore_from": "outside", "trust_region": 1},
                                      {"explore": 2, "explore_from": "all"}, {"explore": 2, "explore_from": "far"},
-                                     {"explore": 1, "explore_from": "uncertain", "explore_after": 2},
-                                     {"explore": 2, "explore_from": "thompson", "features": small_features}])
+                                     {"explore": 1, "explore_from": "uncertain", "explore_after": 2}])
 def test_ax_set_ups_never_send_invalid_and_find_the_optimum(options):
     space = small_space()
     n_valid = len(space.valid_configs())

@@ -137,18 +137,21 @@ batch (the others are pending for them): a way out of a local optimum that the t
 Only with ``candidates="valid"`` or a trust region. explore_after: only once this many evaluations have brought
 no new best (0: in every generation). explore_from: how they are chosen: "outside" (the acquisition over the
 unseen valid configurations beyond the trust region's radius), "all" (the acquisition over every unseen valid
-configuration), "uncertain" (the unseen valid configuration with the largest posterior variance), "thompson"
-(Thompson sampling over the unseen valid configurations: the best of one posterior draw), each over a seeded
+configuration), "uncertain" (the unseen valid configuration with the largest posterior variance), each over a seeded
 sample of at most ``EXPLORE_POOL``, or "far" (without the model: the unseen valid configurations furthest, in
-one-knob steps, from every configuration evaluated and from each other).
+one-knob steps, from every configuration evaluated and from each other). With the default ``explore_after`` 0
+this holds from the first GP generation, and ``min(explore, n - 1)`` of a short batch (the early batches of
+``early_batch``, the last one) explore too: 2 of 4.
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
-drawn at random after stalls) and gen_seconds (wall time of each Ax generation)."""
+drawn at random after stalls), explored (trials chosen by the exploring rule), gen_seconds (wall time of each
+Ax generation) and roles (per generation, what each trial Ax generated was chosen for, in order: "region"
+or "explore", then "far")."""
 
 INVALID_MODES = ("constraint", "abandon", "penalty")
 ACQUISITIONS = ("qLogEI", "qLogNEI")
 MAX_LINEAR_CONSTRAINTS = 8
 INITIAL_MODES = ("random", "local", "sobol")
-EXPLORE_FROM = ("outside", "all", "far", "uncertain", "thompson")
+EXPLORE_FROM = ("outside", "all", "far", "uncertain")
 EXPLORE_POOL = 512
 """At most this many configurations (a seeded random sample) are scored for one exploring trial: the acquisition
 over every unseen valid configuration costs ~0.3 s per trial against ~0.03 s in a trust region."""
@@ -495,7 +498,8 @@ def _completer(client) -> Any:
     return complete
 
 
-def _candidate_acquisition(codec: _Codec, candidates: list, per_call: list | None = None):
+def _candidate_acquisition(codec: _Codec, candidates: list, per_call: list | None = None,
+                           served: list | None = None):
     """An Ax ``Acquisition`` subclass that scores only ``candidates`` (a list of configurations the loop
     refills before each generation; empty: Ax's own enumeration of every raw combination), or, while
     ``per_call`` holds lists, the first of them (taken off: Ax generates a batch one trial at a time), through
@@ -507,10 +511,13 @@ def _candidate_acquisition(codec: _Codec, candidates: list, per_call: list | Non
     names = list(codec.ax_values)
 
     def optimize(self, n, search_space_digest, *args, **kwargs):
-        how = "acquisition"
-        if per_call:
-            chosen, how = per_call.pop(0)
-        else:
+        how, role = "acquisition", "region"
+        if per_call and n == 1:  # Ax 1.x generates a batch one trial at a time (GenerationStrategy.gen, n=1)
+            chosen, how, role = per_call.pop(0)
+            if served is not None:
+                served.append(role)
+        else:  # several trials in one call: each entry no longer matches one trial, so none is used
+            per_call.clear()
             chosen = list(candidates)
         if not chosen or kwargs.get("candidate_set") is not None:
             return Acquisition.optimize(self, n, search_space_digest, *args, **kwargs)
@@ -539,10 +546,6 @@ def _candidate_acquisition(codec: _Codec, candidates: list, per_call: list | Non
                 var = model.posterior(full.unsqueeze(-2)).variance.reshape(len(full), -1).sum(-1)
             j = int(var.argmax())
             return full[j:j + 1], var[j:j + 1], torch.ones(1, dtype=self.dtype, device=self.device)
-        if how == "thompson":
-            from botorch.generation.sampling import MaxPosteriorSampling
-
-            kwargs["sampling_strategy"] = MaxPosteriorSampling(model=self.surrogate.model, replacement=False)
         kwargs["candidate_set"] = full
         return Acquisition.optimize(self, min(n, len(full)), search_space_digest, *args, **kwargs)
 
@@ -686,12 +689,14 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     for key in ("generations", "invalid_proposals", "repeats", "fallback", "explored"):
         stats.setdefault(key, 0)
     stats.setdefault("gen_seconds", [])
+    stats.setdefault("roles", [])
     own_initial = initial in ("random", "local")
     own_candidates = candidates == "valid" or trust_region > 0
     explore = explore if own_candidates else 0
     ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region or explore else {}
     chosen: list = []  # the configurations Ax's next generation scores (own_candidates)
-    per_call: list = []  # candidate lists for the generation's next trials, one each (then ``chosen``)
+    per_call: list = []  # (candidates, how, role) for the generation's next trials, one each (then ``chosen``)
+    served: list = []  # the roles ("region", "explore") the generation's trials were chosen for, in order
 
     def incumbent() -> Config | None:
         best = objective.best(include_prior=True)
@@ -735,7 +740,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         client.set_generation_strategy(_generation_strategy(
             seed, initial_trials, own_initial, mc_samples,
             "qLogNEI" if invalid == "constraint" else acquisition, fit_maxiter,
-            _candidate_acquisition(codec, chosen, per_call) if own_candidates else None,
+            _candidate_acquisition(codec, chosen, per_call, served) if own_candidates else None,
             _feature_table(codec, features) if features is not None else None))
 
         worst_ok = -math.inf
@@ -797,6 +802,9 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                     chosen[:], radius = _trust_region(ranks, incumbent(), known, n, radius, valid)
                 far: list[Config] = []
                 m = min(explore, n - 1) if explore and since_best >= explore_after else 0
+                served.clear()
+                if own_candidates:  # one entry per trial (the exploring ones, if any, replace the last below)
+                    per_call[:] = [(list(chosen), "acquisition", "region")] * n
                 if m:
                     inside = {config_key(c) for c in chosen} if trust_region else set()
                     pool = [c for c in valid if config_key(c) not in known
@@ -804,24 +812,26 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
                     if explore_from == "far":
                         far = _far(ranks, pool, [c for c, _ in list(objective.prior) + objective.trials], m, rng)
                         m = len(far)
+                        per_call[:] = per_call[:n - m]
                     elif pool:
                         if len(pool) > EXPLORE_POOL:
                             pool = [pool[j] for j in sorted(rng.choice(len(pool), EXPLORE_POOL, replace=False))]
-                        how = explore_from if explore_from in ("uncertain", "thompson") else "acquisition"
-                        per_call[:] = [(list(chosen), "acquisition")] * (n - m) + [(pool, how)] * m
-                    else:
-                        m = 0
+                        m = min(m, len(pool))
+                        how = "uncertain" if explore_from == "uncertain" else "acquisition"
+                        per_call[:] = [(list(chosen), "acquisition", "region")] * (n - m) + [(pool, how, "explore")] * m
                 start = time.perf_counter()
                 try:
                     trials = client.get_next_trials(max_trials=n - len(far))
                 except OptimizationComplete:  # Ax has proposed every raw combination
                     trials = {}
-                per_call.clear()
+                finally:
+                    per_call.clear()
                 if far:
                     trials = dict(trials)
                     for c in far:
                         trials[client.attach_trial(codec.encode(c))] = codec.encode(c)
-                stats["explored"] += m
+                stats["explored"] += len(far) + served.count("explore")
+                stats["roles"].append(list(served) + ["far"] * len(far))
                 stats["gen_seconds"].append(time.perf_counter() - start)
                 stats["generations"] += 1
                 if not trials:
