@@ -43,6 +43,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .problem import cudnn_conv_mode
+
 
 @contextlib.contextmanager
 def fp32(benchmark: bool, tf32: bool = False):
@@ -51,7 +53,7 @@ def fp32(benchmark: bool, tf32: bool = False):
     matmul = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=benchmark, deterministic=False, allow_tf32=tf32):
+        with cudnn_conv_mode(enabled=True, benchmark=benchmark, deterministic=False, tf32=tf32):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul

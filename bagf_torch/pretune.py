@@ -36,7 +36,7 @@ from . import log, runtime
 from .kernels import FAMILIES
 from .nn import TunedConv2d
 from .ops import ATEN
-from .problem import ConvProblem
+from .problem import ConvProblem, cudnn_conv_mode
 from .tuning.common import TrialEvent
 
 __all__ = ["Discovery", "LayerReport", "ModelReport", "Progress", "RuntimeTuneStep", "discover", "tune_model"]
@@ -138,9 +138,7 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         # Measured on the H200: AlexNet conv3 at N=128 ran 1024 us with the heuristic pick against 415-450 us
         # with benchmark's (FFT); a recording pass with benchmark off would pin the heuristic one, and the tuner
         # would then compare our kernels with a 2.4x slower cuDNN (python benchmarks/probes/cudnn_contexts.py).
-        bk = torch.backends.cudnn
-        with torch.no_grad(), bk.flags(enabled=bk.enabled, benchmark=True, deterministic=bk.deterministic,
-                                       allow_tf32=bk.allow_tf32):
+        with torch.no_grad(), cudnn_conv_mode(benchmark=True):
             for i, call in enumerate(_call_list(example_inputs)):
                 forward[0] = i
                 _forward(model, call)
@@ -191,11 +189,9 @@ def stock_us(problem: ConvProblem, device: int) -> float:
     x = torch.randn(problem.n, problem.c, problem.h, problem.w, device=dev, dtype=dtype).to(memory_format=fmt)
     w = torch.randn(problem.k, problem.c // problem.groups, problem.r, problem.s, device=dev, dtype=dtype)
     b = torch.randn(problem.k, device=dev, dtype=dtype) if problem.bias else None
-    bk = torch.backends.cudnn
     sleep = getattr(torch.cuda, "_sleep", None)
     times = []
-    with torch.no_grad(), torch.cuda.device(dev), bk.flags(enabled=bk.enabled, benchmark=True,
-                                                           deterministic=bk.deterministic, allow_tf32=problem.tf32):
+    with torch.no_grad(), torch.cuda.device(dev), cudnn_conv_mode(benchmark=True, tf32=problem.tf32):
         def call():
             return torch.nn.functional.conv2d(x, w, b, problem.stride, problem.padding, problem.dilation,
                                               problem.groups)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -37,6 +38,48 @@ def cudnn_tf32() -> bool:
         return _LEGACY_TF32()
     except RuntimeError:
         return _fp32_precision_tf32()
+
+
+@contextlib.contextmanager
+def cudnn_conv_mode(*, benchmark: bool | None = None, tf32: bool | None = None, enabled: bool | None = None,
+                    deterministic: bool | None = None):
+    """cuDNN's settings for a block of conv calls, restored after; None leaves a setting as it is.
+
+    TF32 goes through the API the process uses: the legacy ``allow_tf32`` while it can be read, else
+    ``torch.backends.cudnn.conv.fp32_precision``. ``torch.backends.cudnn.flags`` reads and sets the legacy
+    flag, which raises ("a mix of the legacy and new APIs") once a program has set ``conv.fp32_precision``
+    apart from the RNN's; it also resets ``benchmark_limit`` and ``depthwise_kernel``, which this leaves alone."""
+    c = torch._C
+    saved = (c._get_cudnn_enabled(), c._get_cudnn_benchmark(), c._get_cudnn_deterministic())
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    legacy, old_tf32 = True, None
+    if tf32 is not None:
+        try:
+            old_tf32 = c._get_cudnn_allow_tf32()
+        except RuntimeError:  # the newer API is in use
+            legacy, old_tf32 = False, conv.fp32_precision
+    try:
+        if enabled is not None:
+            c._set_cudnn_enabled(enabled)
+        if benchmark is not None:
+            c._set_cudnn_benchmark(benchmark)
+        if deterministic is not None:
+            c._set_cudnn_deterministic(deterministic)
+        if tf32 is not None:
+            if legacy:
+                c._set_cudnn_allow_tf32(tf32)
+            else:
+                conv.fp32_precision = "tf32" if tf32 else "ieee"
+        yield
+    finally:
+        c._set_cudnn_enabled(saved[0])
+        c._set_cudnn_benchmark(saved[1])
+        c._set_cudnn_deterministic(saved[2])
+        if tf32 is not None:
+            if legacy:
+                c._set_cudnn_allow_tf32(old_tf32)
+            else:
+                conv.fp32_precision = old_tf32
 
 
 def _pair(v) -> tuple[int, int]:

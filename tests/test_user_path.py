@@ -955,6 +955,68 @@ def test_the_tf32_mode_is_read_under_torchs_newer_precision_api(monkeypatch):
         torch.backends.cudnn.allow_tf32 = True  # back to the legacy API's default state
 
 
+@pytest.mark.parametrize("precision", [None, "ieee", "tf32"], ids=["legacy-api", "new-api-ieee", "new-api-tf32"])
+def test_cudnn_conv_mode_sets_and_restores_under_either_precision_api(precision):
+    """The tuner's timings, pre-tuning's discovery and the bench set benchmark and TF32 mode around their conv
+    calls. torch.backends.cudnn.flags raises once a program has set cudnn.conv.fp32_precision itself (it reads
+    the legacy allow_tf32); cudnn_conv_mode works under both APIs and restores every setting, benchmark_limit
+    included."""
+    from bagf_torch.problem import cudnn_conv_mode, cudnn_tf32
+
+    bk = torch.backends.cudnn
+    conv_settings = getattr(bk, "conv", None)
+    if precision is not None and (conv_settings is None or not hasattr(conv_settings, "fp32_precision")):
+        pytest.skip(f"torch {torch.__version__} has no cudnn.conv.fp32_precision")
+    old = conv_settings.fp32_precision if conv_settings is not None and hasattr(conv_settings, "fp32_precision") \
+        else None
+    limit, benchmark = bk.benchmark_limit, bk.benchmark
+    try:
+        if precision is not None:
+            conv_settings.fp32_precision = precision
+        before = cudnn_tf32()
+        for tf32 in (True, False):
+            with cudnn_conv_mode(benchmark=not benchmark, tf32=tf32, deterministic=False):
+                assert cudnn_tf32() is tf32 and bk.benchmark is (not benchmark)
+                x = torch.randn(1, 2, 5, 5)
+                torch.nn.functional.conv2d(x, torch.randn(3, 2, 3, 3))  # a conv runs inside
+            assert cudnn_tf32() is before and bk.benchmark is benchmark and bk.benchmark_limit == limit
+            if precision is not None:
+                assert conv_settings.fp32_precision == precision
+        with cudnn_conv_mode(benchmark=True):  # TF32 left alone
+            assert cudnn_tf32() is before
+    finally:
+        if old is not None:
+            conv_settings.fp32_precision = old
+        torch.backends.cudnn.allow_tf32 = True  # back to the legacy API's default state
+        bk.benchmark = benchmark
+
+
+def test_pre_tuning_discovers_under_torchs_newer_precision_api():
+    """discover() ran its forward under cudnn.flags, which raised once a program had set
+    cudnn.conv.fp32_precision: tune_model failed before tuning anything."""
+    from bagf_torch import pretune
+
+    conv_settings = getattr(torch.backends.cudnn, "conv", None)
+    if conv_settings is None or not hasattr(conv_settings, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no cudnn.conv.fp32_precision")
+
+    class FakeCuda(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    model = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))
+    old = conv_settings.fp32_precision
+    try:
+        conv_settings.fp32_precision = "ieee"
+        found = pretune.discover(model, torch.randn(2, 3, 8, 8).as_subclass(FakeCuda))
+        assert len(found.problems) == 1 and found.problems[0].tf32 is False
+        assert conv_settings.fp32_precision == "ieee"
+    finally:
+        conv_settings.fp32_precision = old
+        torch.backends.cudnn.allow_tf32 = True
+
+
 @pytest.mark.parametrize("answer", [(ATEN, True), (ATEN, False)], ids=["aten-plan", "miss-or-wait"])
 def test_torch_compile_fullgraph_after_eager_calls(monkeypatch, answer):
     """torch.compile traces a forward that touches no memo, clock or log: fullgraph holds after eager calls."""

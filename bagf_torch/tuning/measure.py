@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops import ATEN  # the candidate handle for torch's own conv (cuDNN): the op's plan value for ATen
-from ..problem import ConvProblem
+from ..problem import ConvProblem, cudnn_conv_mode
 from .common import Outcome
 
 # fp32 with fp32 accumulation over C*R*S <= a few thousand terms lands near 1e-6 relative; 1e-4 leaves room
@@ -53,7 +53,7 @@ class Workspace:
         self.args = (list(p.stride), list(p.padding), list(p.dilation))
         ph, pq = p.out_hw
         self.out = torch.empty(p.n, p.k, ph, pq, device=device)
-        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=False, allow_tf32=False):
+        with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
             self.ref = F.conv2d(self.x.double(), self.w.double(), None if self.b is None else self.b.double(),
                                 p.stride, p.padding, p.dilation)
         self.ref_norm = float(self.ref.norm())
@@ -63,7 +63,7 @@ class Workspace:
         self.rel_tol, self.max_tol = REL_TOL, 10 * REL_TOL
         self.cudnn_error: tuple[float, float] | None = None
         if p.tf32 and self.ref.numel():
-            with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=True):
+            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=True):
                 theirs = F.conv2d(self.x, self.w, self.b, p.stride, p.padding, p.dilation)
             self.cudnn_error = output_error(theirs, self.ref, self.ref_norm, self.ref_max)
             del theirs
@@ -184,14 +184,12 @@ class CudaBenchmarker:
 
     def measure(self, ws: Workspace, handle: int, cutoff_us: float | None = None) -> Outcome:
         """Time one candidate (or cuDNN for ``ATEN``, in benchmark mode, TF32 as the problem says)."""
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                        allow_tf32=ws.problem.tf32):
+        with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
             return self.time(self._call(ws, handle), cutoff_us)
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
         """Re-time the finalists interleaved; medians in microseconds, in the order of ``handles``."""
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                        allow_tf32=ws.problem.tf32):
+        with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
             return self.interleaved([self._call(ws, h) for h in handles], rounds)
 
     def interleaved(self, fns: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
