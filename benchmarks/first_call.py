@@ -319,7 +319,6 @@ def model_rows(report: dict | None, plans: list[dict], started: float, budget: f
     time since the plan written before it (the first: since the command started)."""
     from bagf_torch.problem import ConvProblem
 
-    allowed = allowed_seconds(budget, args)
     gaps, prev = {}, started
     for i, p in enumerate(sorted(plans, key=lambda p: p["created"])):
         gaps[_canon(p["problem"])] = (p["created"] - prev, i == 0)
