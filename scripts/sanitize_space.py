@@ -46,16 +46,20 @@ winograd_gemm's polyphase form (stride s, filters up to 3s x 3s) four: 11x11/4, 
 GEMM's 16-byte path) and 6x6/2 with padding larger than the stride."""
 
 
-def _problem(shape):
+def _problem(shape, tf32: bool = False):
     from bagf_torch.problem import ConvProblem
 
     n, c, h, w, k, r, s, st, pd, dl = shape
-    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=(st, st), padding=(pd, pd), dilation=(dl, dl))
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=(st, st), padding=(pd, pd), dilation=(dl, dl),
+                       tf32=tf32)
 
 
 def _shapes(fam) -> list:
+    """The shapes the family computes in either precision mode (a TF32-mode family's products are TF32: its error
+    stays far inside the sweep's 1e-3)."""
     applies = getattr(fam, "applies", None)
-    return [sh for sh in SHAPES if applies is None or applies(_problem(sh)) is None]
+    return [sh for sh in SHAPES
+            if applies is None or applies(_problem(sh)) is None or applies(_problem(sh, tf32=True)) is None]
 
 
 def _configs(fam, count: int, seed: int, only: str = ""):

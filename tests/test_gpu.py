@@ -180,14 +180,15 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
 @pytest.mark.parametrize("shape", [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
                                    (2, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
                                    (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)])
-def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape):
-    """In TF32 mode the tuner's check bounds a candidate by twice cuDNN's own TF32 error on the same data: the TF32
+@pytest.mark.parametrize("family", ["implicit_gemm_tf32", "implicit_gemm_wgmma"])
+def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
+    """In TF32 mode the tuner's check bounds a candidate by twice cuDNN's own TF32 error on the same data: each TF32
     family passes it there and fails the strict-fp32 check of the same problem, which is how a TF32 plan never
     reaches a strict caller's cache; the 3xTF32 family passes both. (AlexNet conv3 and conv2 and a ResNet 1x1
     layer at N = 2, where cuDNN does use TF32.)"""
     from bagf_torch.tuning.measure import REL_TOL, TF32_ERROR_FACTOR, CudaChecker, Workspace, output_error
 
-    tf32_fam, strict_fam = _family("implicit_gemm_tf32"), _family("implicit_gemm_tc")
+    tf32_fam, strict_fam = _family(family), _family("implicit_gemm_tc")
     built = {f.FAMILY: compiler.compile(f, [f.DEFAULT])[0] for f in (tf32_fam, strict_fam)}
     checker = CudaChecker(compiler.ext)
     tf32_ws = Workspace(_problem(shape, tf32=True), torch.device("cuda", 0))
@@ -199,7 +200,7 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape):
     ours = output_error(tf32_ws.op_call(built[tf32_fam.FAMILY].handle)(), tf32_ws.ref, tf32_ws.ref_norm,
                         tf32_ws.ref_max)
     print(f"{_problem(shape).short()}: cuDNN TF32 error {theirs[0]:.2e} (max {theirs[1]:.2e}), "
-          f"implicit_gemm_tf32 {ours[0]:.2e} (max {ours[1]:.2e})")
+          f"{family} {ours[0]:.2e} (max {ours[1]:.2e})")
     assert checker.check(tf32_ws, built[tf32_fam.FAMILY].handle) is None
     wrong = checker.check(strict_ws, built[tf32_fam.FAMILY].handle)
     assert wrong is not None and "relative error" in wrong.detail, wrong
@@ -207,7 +208,7 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape):
         assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
-@pytest.mark.parametrize("family", ["implicit_gemm_tc", "implicit_gemm_tf32"])
+@pytest.mark.parametrize("family", ["implicit_gemm_tc", "implicit_gemm_tf32", "implicit_gemm_wgmma"])
 def test_a_nan_input_reaches_the_outputs_it_reaches_in_cudnn(compiler, family):
     """A NaN in the input (GPU arithmetic's 0x7fffffff, whose rounding carry would make it a zero) and in the
     weights reaches exactly the outputs whose windows hold it, as in torch's own conv."""

@@ -464,17 +464,19 @@ def test_tf32_mode_bounds_candidates_by_twice_cudnns_own_tf32_error(monkeypatch)
                                             strict.max_tol)
 
 
-def test_the_tf32_family_is_searched_in_tf32_mode_only():
-    """implicit_gemm_tf32 computes TF32 products: the tuner takes it for a TF32-mode problem (beside the 3xTF32
-    family, which stays for problems where cuDNN itself does not use TF32) and never for a strict one."""
+def test_the_tf32_families_are_searched_in_tf32_mode_only():
+    """implicit_gemm_tf32 and implicit_gemm_wgmma compute TF32 products: the tuner takes them for a TF32-mode
+    problem (beside the 3xTF32 family, which stays for problems where cuDNN itself does not use TF32) and never for
+    a strict one."""
     import dataclasses
 
     from bagf_torch.kernels import FAMILIES, implicit_gemm_tc as tc, implicit_gemm_tf32 as t32
+    from bagf_torch.kernels import implicit_gemm_wgmma as wg
 
     tuner = Tuner(fake_backend(FakeCompiler()), list(FAMILIES.values()), budget=Budget(4))
     strict = [f.FAMILY for f in tuner.families_for(PROBLEM)]
     tf32 = [f.FAMILY for f in tuner.families_for(dataclasses.replace(PROBLEM, tf32=True))]
-    assert t32.FAMILY not in strict and tc.FAMILY in strict
-    assert tf32 == [tc.FAMILY, t32.FAMILY] + strict[1:]
+    assert t32.FAMILY not in strict and wg.FAMILY not in strict and tc.FAMILY in strict
+    assert tf32 == [tc.FAMILY, t32.FAMILY, wg.FAMILY] + strict[1:]
     assert t32.name(t32.DEFAULT) == "implicit_gemm_tf32" + tc.name(tc.DEFAULT)[len("implicit_gemm_tc"):]
     assert t32.name_expression(t32.DEFAULT) == tc.name_expression(tc.DEFAULT).replace("_tc_", "_tf32_")
