@@ -2,12 +2,14 @@
 benchmarks/probes/ncu_plan.py PLAN@LAYER:N ...``), and print each one's CUDA-event time.
 
 A plan is ``<family name>@<layer>:<N>`` as in host_floor.py. Each plan is checked against float64 first, then
-launched ``--launches`` times (ncu: ``--launch-skip``/``--launch-count`` pick among them).
+launched ``--launches`` times (ncu: ``--launch-skip``/``--launch-count`` pick among them). A family that computes
+TF32 mode only (e.g. implicit_gemm_wgmma) runs its layer as a TF32-mode problem, checked against cuDNN's TF32 error.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,6 +34,10 @@ def main(argv=None) -> int:
     checker = CudaChecker(dev.compiler.ext)
     for spec in args.plans:
         fam, cfg, p = parse_plan(spec)
+        applies = getattr(fam, "applies", None)
+        if applies is not None and applies(p) is not None:
+            p = dataclasses.replace(p, tf32=True)
+        torch.backends.cudnn.allow_tf32 = p.tf32
         name = fam.name(cfg)
         handle = dev.compiler.compile(fam, [cfg])[0].handle
         ws = Workspace(p, torch.device("cuda", 0))
