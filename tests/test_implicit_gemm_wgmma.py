@@ -43,9 +43,10 @@ def test_names_targets_and_mode():
 
 
 @pytest.mark.parametrize("n, c, h, k, r, split, wn", [
-    (128, 192, 13, 384, 3, 1, 128),  # AlexNet conv3 at N = 128: 43 x 3 blocks of 128 x 128 fill 132 SMs
-    (32, 192, 13, 384, 3, 2, 128),   # at N = 32: 43 x 3 = 129 blocks, 2 slices make every SM busy
-    (1, 192, 13, 384, 3, 8, 128),    # at N = 1: 2 x 3 blocks; 54 k tiles: 16 slices would get < 4 each
+    (128, 192, 13, 384, 3, 1, 192),  # AlexNet conv3 at N = 128: 169 x 2 blocks of 128 pixels x 192 channels
+    (32, 192, 13, 384, 3, 2, 192),   # at N = 32: 43 x 2 blocks, 2 slices fill 132 SMs
+    (1, 192, 13, 384, 3, 8, 192),    # at N = 1: 2 x 2 blocks; 54 k tiles: 16 slices would get < 4 each
+    (32, 256, 13, 256, 3, 4, 256),   # K = 256: one 256-channel instruction; 43 blocks, 4 slices
     (32, 64, 56, 64, 3, 1, 64),      # ResNet layer1 at N = 32: K = 64 takes 64-channel instructions
     (1, 3, 9, 5, 1, 1, 64),          # one k tile: no split
 ])

@@ -53,7 +53,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
 }
 
 # 128 output channels x 128 pixels per block (two warpgroups, one m64n128k8 instruction each per k-step of 8), a
-# 4-deep pipeline (135 KB of shared memory).
+# 4-deep pipeline (135 KB of shared memory); default_for sizes WN and SPLIT to the problem.
 DEFAULT: Config = {"WN": 128, "NB": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
 
 H200_SMS = 132
@@ -76,12 +76,13 @@ def _grid(problem, c: Mapping[str, int]) -> tuple[int, int]:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with 64 channels per instruction for K <= 64 (half of a 128-channel tile would be idle) and the
-    smallest SPLIT that fills every SM once (one block per SM fits: 135 KB of shared memory), while each slice keeps
-    at least 4 k tiles: a batch-1 layer has too few pixels to fill 132 SMs (AlexNet conv4 at N = 1: 2 x 2 blocks)."""
+    """DEFAULT with the instruction width WN that pads the K output channels least (the widest on a tie: the input
+    tile's gather, the kernel's main cost besides the tensor cores, is shared by more channels), e.g. 192 for
+    K = 384, 256 for K = 256, 64 for K = 64; and the smallest SPLIT that fills every SM once (one block per SM),
+    while each slice keeps at least 4 k tiles: a batch-1 layer has too few pixels to fill 132 SMs (AlexNet conv4 at
+    N = 1: 2 x 2 blocks)."""
     c = dict(DEFAULT)
-    if problem.k <= 64:
-        c["WN"] = 64
+    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, -wn))
     blocks, tiles = _grid(problem, c)
     for split in PARAMS["SPLIT"]:
         if tiles / split < 4:
@@ -110,7 +111,7 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (WN*NB/2 per thread) plus ~100: two sets of rounded fragments (32), the weights' copy
-    plan and addressing. ptxas with nvcc 13.0: 163 for WN=128 NB=1, 196 for WN=192, 234 for WN=256 (no spills)."""
+    plan and addressing. ptxas with nvcc 13.0: 156 for WN=128 NB=1, 187 for WN=192, 221 for WN=256 (no spills)."""
     return bm(c) // 2 + 100
 
 

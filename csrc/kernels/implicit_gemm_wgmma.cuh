@@ -93,35 +93,40 @@ __global__ void __launch_bounds__(128 * WG, 1)
     if (m0 + m < p.K) a_ok |= 1u << i;
   }
 
-  // Input loader: a fixed column (output pixel) per thread, decoded once; its rows b_row0 + ROW_STEP i of each
-  // tile, whose (c, r, s) a cursor advances ROW_STEP at a time with at most one carry per digit (no divisions).
+  // Input loader: a fixed column (output pixel) per thread, decoded once, and the rows b_row0 + 2 j (j < 16) of
+  // each tile. A row's tap (c, r, s) is the same for the 32 lanes of a warp (they share b_row0), so lane j (and
+  // j + 16) keeps the cursor of row b_row0 + 2 j, advanced BK at a time with at most one carry per digit, and the
+  // warp reads each row's offset and tap from it with shuffles: per element an add, a bounds test and the copy
+  // (a cursor per thread and row, as implicit_gemm_tc.cuh keeps, cost ~35 instructions per element here).
   const int b_col = tid % BN;
   const int b_row0 = tid / BN;
   const int npq = n0 + b_col;
-  const bool pix_ok = npq < NPQ;
-  int ih0 = 0, iw0 = 0;
+  int ih0 = -0x40000000, iw0 = 0, pix_base = 0;  // a column past N*P*Q: a window no tap reaches (zeros)
   const float* x_img = x;
-  if (pix_ok) {
+  if (npq < NPQ) {
     const int img = npq / PQ;
     const int pq = npq - img * PQ;
     const int oh = pq / p.Q;
     const int ow = pq - oh * p.Q;
     ih0 = oh * p.stride_h - p.pad_h;
     iw0 = ow * p.stride_w - p.pad_w;
+    pix_base = ih0 * p.W + iw0;  // the window's corner, relative to x_img (may be negative)
     x_img = x + img * p.C * HW;
   }
-  const int d_c = ROW_STEP / RS;
-  const int d_rs = ROW_STEP - d_c * RS;
+  const int my_row = b_row0 + ROW_STEP * (lane & 15);
+  const int d_c = BK / RS;
+  const int d_rs = BK - d_c * RS;
   const int d_r = d_rs / p.S;
   const int d_s = d_rs - d_r * p.S;
   int cur_c, cur_r, cur_s;
   {
-    const int kk = t_begin * BK + b_row0;
+    const int kk = t_begin * BK + my_row;
     cur_c = kk / RS;
     const int rs = kk - cur_c * RS;
     cur_r = rs / p.S;
     cur_s = rs - cur_r * p.S;
   }
+  const int row_w = p.dil_h * p.W;
 
   // Issue the copies of K-tile t into stage st (tiles are issued in order: the cursor stands at tile t).
   auto load_tile = [&](int t, int st) {
@@ -143,18 +148,25 @@ __global__ void __launch_bounds__(128 * WG, 1)
         tc::cp_async4(as + dst, ok ? w + (m0 + m) * CRS + k0 + k : w, ok ? 4 : 0);
       }
     }
+    // this lane's row of tile t: its offset from a window's corner and its tap; a row past C*R*S gets a tap no
+    // window reaches (its copies are zeros; ih0 + dr stays >= INT_MIN)
+    const int e_dr = k0 + my_row < CRS ? cur_r * p.dil_h : -0x40000000;
+    const int e_ds = cur_s * p.dil_w;
+    const int e_off = cur_c * HW + cur_r * row_w + e_ds;
+    cur_s += d_s;
+    cur_r += d_r;
+    cur_c += d_c;
+    if (cur_s >= p.S) { cur_s -= p.S; ++cur_r; }
+    if (cur_r >= p.R) { cur_r -= p.R; ++cur_c; }
+    float* bcol = bs + b_row0 * LDB + b_col;
 #pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) {
-      const int row = b_row0 + i * ROW_STEP;
-      const int ih = ih0 + cur_r * p.dil_h;
-      const int iw = iw0 + cur_s * p.dil_w;
-      const bool ok = pix_ok && k0 + row < CRS && ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
-      tc::cp_async4(bs + row * LDB + b_col, ok ? x_img + cur_c * HW + ih * p.W + iw : x, ok ? 4 : 0);
-      cur_s += d_s;
-      cur_r += d_r;
-      cur_c += d_c;
-      if (cur_s >= p.S) { cur_s -= p.S; ++cur_r; }
-      if (cur_r >= p.R) { cur_r -= p.R; ++cur_c; }
+    for (int j = 0; j < B_LOADS; ++j) {
+      const int dr = __shfl_sync(0xffffffffu, e_dr, j);
+      const int ds = __shfl_sync(0xffffffffu, e_ds, j);
+      const int off = __shfl_sync(0xffffffffu, e_off, j);
+      const bool ok = static_cast<unsigned>(ih0 + dr) < static_cast<unsigned>(p.H) &&
+                      static_cast<unsigned>(iw0 + ds) < static_cast<unsigned>(p.W);
+      tc::cp_async4(bcol + j * ROW_STEP * LDB, x_img + (ok ? pix_base + off : 0), ok ? 4 : 0);
     }
   };
 
