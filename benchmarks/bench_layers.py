@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for ben
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402
 from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_tc as tc  # noqa: E402
-from bagf_torch.problem import ConvProblem  # noqa: E402
+from bagf_torch.problem import ConvProblem, cudnn_conv_mode  # noqa: E402
 from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
 from bagf_torch.tuning.backend import cuda_backend  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
@@ -328,7 +328,8 @@ def main(argv=None) -> int:
                 opt_handle = getattr(built, "handle", None)
                 if opt_handle is not None:
                     handles.append(opt_handle)
-            times = bench.remeasure(ws, handles, rounds=args.rounds)
+            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=p.tf32):  # eager calls
+                times = bench.interleaved([bench._call(ws, h) for h in handles], args.rounds)
             cudnn_us, default_us, tc_default_us = times[0], times[1], times[2]
             tuned_us = times[3] if result.handle != ATEN else cudnn_us
             graph = graph_times(ws, result.handle, bench, args.rounds)

@@ -780,3 +780,46 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
     stats = json.loads(res.stdout.strip().splitlines()[-1])
     assert stats["tuned"] == 0 and stats["nvrtc"] == 0 and stats["hits"] == 10, stats
     print(f"warm second process: {stats}")  # setup seconds (imports, extension load, cubin loads) for the record
+
+
+def test_finalists_are_timed_by_gpu_time_whatever_the_host_does():
+    """The finalists' re-timing (``CudaBenchmarker.remeasure``, which picks the winner against cuDNN) measures GPU
+    time: with a Python thread taking the GIL in turns with it (as the first compiles' threads and an abandoned
+    strategy step do in a fresh process), cuDNN's conv at N = 1 still times as its CUDA-graph replay does. Timed
+    call by call between events, the host's pace entered the span, cuDNN's 34 us conv timed 154+ us and a 4.5x
+    slower plan was kept."""
+    import threading
+
+    from bagf_torch.ops import ATEN
+    from bagf_torch.tuning.measure import CudaBenchmarker, Workspace
+
+    ws = Workspace(_problem((1, 256, 14, 14, 256, 3, 3, (1, 1), (1, 1), (1, 1), True)), torch.device("cuda", 0))
+    bench = CudaBenchmarker()
+    call = bench._call(ws, ATEN)
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=False):
+        call()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                call()
+        graph_us = bench.timing(g.replay).median_us / 20
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            sum(i * i for i in range(20000))  # pure Python: holds the GIL for each switch interval
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    try:
+        queued = bench.remeasure(ws, [ATEN], rounds=3)[0]
+    finally:
+        stop.set()
+        t.join()
+    print(f"cuDNN: CUDA graph {graph_us:.1f} us per call, remeasure with a busy host thread {queued:.1f} us")
+    assert 0.7 * graph_us < queued < 1.3 * graph_us, (queued, graph_us)

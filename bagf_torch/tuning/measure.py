@@ -134,6 +134,13 @@ class Timing:
     reps: int
 
 
+QUEUED_MAX = 200
+"""At most this many calls per queued timing: well inside a stream's launch queue (a call is at most a memset and
+two kernels)."""
+QUEUED_SLEEP_CYCLES = 2_000_000
+"""The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
+
+
 class CudaBenchmarker:
     """Times callables with CUDA events: ``warmup_ms`` of warm-up, then ``rep_ms`` of timed repetitions."""
 
@@ -142,6 +149,7 @@ class CudaBenchmarker:
         self.rep_ms = rep_ms
         self.min_reps = min_reps
         self.max_reps = max_reps
+        self._sleep_cycles = QUEUED_SLEEP_CYCLES
 
     def _events(self, fn: Callable[[], object], reps: int) -> list[float]:
         stream = torch.cuda.current_stream()
@@ -188,9 +196,47 @@ class CudaBenchmarker:
             return self.time(self._call(ws, handle), cutoff_us)
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
-        """Re-time the finalists interleaved; medians in microseconds, in the order of ``handles``."""
+        """Re-time the finalists and cuDNN interleaved, by GPU time (``queued``); medians in microseconds, in the
+        order of ``handles``. The winner is picked from these: the GPU time is what a CUDA graph replays, and our
+        plans' host cost per call is below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a
+        plan that wins by GPU time wins eager too. Timing each call between events instead measured the host when
+        it was slower than the GPU: at N = 1 in a fresh process, with the first compiles still running on other
+        threads, cuDNN's 34 us conv timed 154+ us and a plan 4.5x slower than cuDNN's was kept."""
         with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
-            return self.interleaved([self._call(ws, h) for h in handles], rounds)
+            fns = [self._call(ws, h) for h in handles]
+            per: list[list[float]] = [[] for _ in fns]
+            for _ in range(rounds):
+                for i, fn in enumerate(fns):
+                    per[i].append(self.queued(fn))
+            return [statistics.median(t) for t in per]
+
+    def queued(self, fn: Callable[[], object], calls: int | None = None) -> float:
+        """GPU microseconds per call of ``fn``: ``calls`` calls (by default about ``rep_ms`` of them, 10 to
+        QUEUED_MAX) issued while a GPU sleep holds the stream, so that they run back to back whatever the host
+        does meanwhile (other threads, the GIL); the sleep grows until the host has queued them all before it
+        ends. Without ``torch.cuda._sleep``, one timed batch."""
+        fn()
+        if calls is None:
+            est = max(statistics.median(self._events(fn, 3)), 1.0)
+            calls = int(min(QUEUED_MAX, max(10, 1000.0 * self.rep_ms / est)))
+        sleep = getattr(torch.cuda, "_sleep", None)
+        stream = torch.cuda.current_stream()
+        cycles = self._sleep_cycles  # where the last queued timing got every call in
+        while True:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            stream.synchronize()
+            if sleep is not None:
+                sleep(cycles)
+            start.record(stream)
+            for _ in range(calls):
+                fn()
+            end.record(stream)
+            in_time = sleep is None or not start.query()  # the GPU still asleep: every call was queued behind it
+            end.synchronize()
+            if in_time or cycles >= 64 * QUEUED_SLEEP_CYCLES:
+                self._sleep_cycles = cycles
+                return 1000.0 * start.elapsed_time(end) / calls
+            cycles *= 4
 
     def interleaved(self, fns: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
         """Median over ``rounds`` of round-robin timings, so clock or thermal drift hits every candidate alike."""
