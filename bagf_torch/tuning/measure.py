@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -137,6 +138,12 @@ class Timing:
 QUEUED_MAX = 200
 """At most this many calls per queued timing: well inside a stream's launch queue (a call is at most a memset and
 two kernels)."""
+QUEUED_SWITCH_S = 5e-5
+"""The interpreter's thread switch interval while finalists are re-timed (Python's default is 5 ms). torch's ops
+release the GIL, so with another thread busy in Python (an abandoned strategy step, the first compiles) every
+call of the timing loop waited a whole interval to get it back: 200 calls of cuDNN's conv took a second to issue,
+longer than any GPU sleep queued ahead of them (measured on the H200: 4953 us per call against 57 us of GPU
+time). Restored after."""
 QUEUED_SLEEP_CYCLES = 2_000_000
 """The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
 
@@ -202,13 +209,18 @@ class CudaBenchmarker:
         plan that wins by GPU time wins eager too. Timing each call between events instead measured the host when
         it was slower than the GPU: at N = 1 in a fresh process, with the first compiles still running on other
         threads, cuDNN's 34 us conv timed 154+ us and a plan 4.5x slower than cuDNN's was kept."""
-        with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
-            fns = [self._call(ws, h) for h in handles]
-            per: list[list[float]] = [[] for _ in fns]
-            for _ in range(rounds):
-                for i, fn in enumerate(fns):
-                    per[i].append(self.queued(fn))
-            return [statistics.median(t) for t in per]
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, QUEUED_SWITCH_S))
+        try:
+            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
+                fns = [self._call(ws, h) for h in handles]
+                per: list[list[float]] = [[] for _ in fns]
+                for _ in range(rounds):
+                    for i, fn in enumerate(fns):
+                        per[i].append(self.queued(fn))
+                return [statistics.median(t) for t in per]
+        finally:
+            sys.setswitchinterval(switch)
 
     def queued(self, fn: Callable[[], object], calls: int | None = None) -> float:
         """GPU microseconds per call of ``fn``: ``calls`` calls (by default about ``rep_ms`` of them, 10 to
