@@ -46,6 +46,14 @@ winograd_gemm's polyphase form (stride s, filters up to 3s x 3s) four: 11x11/4, 
 GEMM's 16-byte path) and 6x6/2 with padding larger than the stride."""
 
 
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
 def _problem(shape, tf32: bool = False):
     from bagf_torch.problem import ConvProblem
 
@@ -161,7 +169,16 @@ def main() -> int:
            sys.executable, __file__, "--families", ",".join(families), "--count", str(args.count),
            "--seed", str(args.seed), "--only", args.only, "--child", scratch]
     res = subprocess.run(cmd, capture_output=True, text=True)
+    import datetime
+    import platform
+
+    import torch
+
     report = {
+        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+                 "python": platform.python_version(), "commit": os.environ.get("GIT_COMMIT") or _git_commit(),
+                 "command": "python scripts/sanitize_space.py " + " ".join(sys.argv[1:])},
         "families": per_family, "compile_failures": failed, "compile_seconds": round(compile_s, 1),
         "sanitizer_seconds": round(time.perf_counter() - t0, 1), "sanitizer_exit": res.returncode,
         "sanitizer_tail": res.stdout[-2000:] + res.stderr[-2000:],
