@@ -9,7 +9,7 @@
 #   to it); faults = the fault matrix with the noise row; alexnet = `tune --model alexnet`, bench_alexnet.py
 #   (torch.compile max-autotune at N=ALEXNET_COMPILE_BATCH, default 1), the roofline report and a cache export -> import into a fresh cache; profile =
 #   benchmarks/probes/profile_tc.py (an A/B of a kernel macro at large N, $PROFILE_ARGS) and ncu on two of its kernels
-#   (PROFILE_NCU=0: not); contexts =
+#   (PROFILE_NCU=0: not); ncu = Nsight Compute's full set on one launch of each plan in $NCU_PLANS; contexts =
 #   benchmarks/probes/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
 #   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
@@ -43,7 +43,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -171,6 +171,22 @@ has bench && wait_alongside
 if has bench && [ -z "$bg_pid" ]; then
   run_bench || rc=1
   tail -n 40 "$OUT/bench.log"
+fi
+if has ncu; then
+  # Nsight Compute, full set, on the first launch of one of our kernels (regex $NCU_KERNEL; cuDNN's kernels in the
+  # check do not match) for each plan in $NCU_PLANS ("<family name>@<layer>:<N> ...", a TF32-mode-only family's
+  # plan as a TF32 problem): $OUT/ncu_<k>.log per plan (k counts from 1: a device call does not return files
+  # whose names hold ':' or '@'), and the headline metrics here.
+  k=0
+  for plan in ${NCU_PLANS:-}; do
+    k=$((k + 1))
+    echo "# $plan" > "$OUT/ncu_$k.log"
+    timeout ${NCU_TIMEOUT:-150} ncu --set full --import-source no --launch-count 1 \
+      --kernel-name "regex:${NCU_KERNEL:-^(bagf::)?(implicit_gemm|winograd|direct|gemm_)}" \
+      python3 benchmarks/probes/ncu_plan.py --launches 1 "$plan" >> "$OUT/ncu_$k.log" 2>&1 || rc=1
+    grep -E "^# |Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Stall|stall" \
+      "$OUT/ncu_$k.log" | head -40
+  done
 fi
 if has profile; then
   wait_alongside
