@@ -784,11 +784,10 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
 
 def test_finalists_are_timed_by_gpu_time_whatever_the_host_does():
     """The finalists' re-timing (``CudaBenchmarker.remeasure``, which picks the winner against cuDNN) measures GPU
-    time: with a Python thread taking the GIL in turns with it (as the first compiles' threads and an abandoned
-    strategy step do in a fresh process), cuDNN's conv at N = 1 still times as its CUDA-graph replay does. Timed
-    call by call between events, the host's pace entered the span, cuDNN's 34 us conv timed 154+ us and a 4.5x
-    slower plan was kept; queued behind a GPU sleep at Python's 5 ms switch interval, each call waited an interval
-    for the GIL and the calls came 4953 us apart (hence ``QUEUED_SWITCH_S``)."""
+    time: with a Python thread taking the GIL in turns with it (as compiles and a search step left running on other
+    threads do), cuDNN's conv at N = 1 still times as its CUDA-graph replay does. Call by call between events, a
+    span holds the host's pace; at Python's 5 ms switch interval the calls of a timing loop come an interval apart
+    (``QUEUED_SWITCH_S``)."""
     import threading
 
     from bagf_torch.ops import ATEN

@@ -120,6 +120,19 @@ def test_picks_aten_when_nothing_is_faster():
     assert len(comp.unloaded) == len(comp.configs)  # every loaded candidate released
 
 
+@pytest.mark.parametrize("aten_us, wins", [(10.1, "aten"), (10.0 * 1.021, "kernel")])
+def test_a_kernel_within_the_margin_of_cudnn_leaves_cudnn_the_plan(aten_us, wins):
+    """The best kernel (10 us) replaces cuDNN only when it is at least ATEN_MARGIN faster in the re-timing: 1% is
+    a tie (cuDNN stays), 2.1% a win."""
+    from bagf_torch.tuning.tuner import ATEN_MARGIN
+
+    assert ATEN_MARGIN == 1.02
+    tuner, comp = _tuner(aten_us=aten_us)
+    r = tuner.tune(PROBLEM)
+    assert (r.family == "aten") == (wins == "aten"), r
+    assert r.aten_us == aten_us
+
+
 def test_typed_failures_recorded_and_never_win():
     best = {"A": 4, "B": 2, "C": 1}
     tuner, comp = _tuner(wrong=[best], compile_fail=[{"A": 4, "B": 1, "C": 1}],
@@ -478,5 +491,45 @@ def test_the_tf32_families_are_searched_in_tf32_mode_only():
     tf32 = [f.FAMILY for f in tuner.families_for(dataclasses.replace(PROBLEM, tf32=True))]
     assert t32.FAMILY not in strict and wg.FAMILY not in strict and tc.FAMILY in strict
     assert tf32 == [tc.FAMILY, t32.FAMILY, wg.FAMILY] + strict[1:]
+    for arch, has_wgmma in (("sm_90", True), ("sm_80", False)):  # wgmma compiles for sm_90a only
+        compiler = FakeCompiler()
+        compiler.arch = arch
+        on = Tuner(fake_backend(compiler), list(FAMILIES.values()), budget=Budget(4))
+        names = [f.FAMILY for f in on.families_for(dataclasses.replace(PROBLEM, tf32=True))]
+        assert (wg.FAMILY in names) == has_wgmma and t32.FAMILY in names, (arch, names)
     assert t32.name(t32.DEFAULT) == "implicit_gemm_tf32" + tc.name(tc.DEFAULT)[len("implicit_gemm_tc"):]
     assert t32.name_expression(t32.DEFAULT) == tc.name_expression(tc.DEFAULT).replace("_tc_", "_tf32_")
+
+
+def test_the_finalists_short_switch_interval_is_counted_and_restored():
+    """``remeasure`` lowers the interpreter's switch interval while it times; overlapping timings (two tuning threads,
+    or a nested one) keep it low until the last one ends, which restores the process's own interval, also after an
+    error."""
+    import sys
+    import threading
+
+    from bagf_torch.tuning.measure import QUEUED_SWITCH_S, _short_switch_interval
+
+    own = sys.getswitchinterval()
+    assert own > QUEUED_SWITCH_S
+    inside, go, done = threading.Event(), threading.Event(), []
+
+    def other():
+        with _short_switch_interval():
+            inside.set()
+            go.wait(5)
+            done.append(sys.getswitchinterval())
+
+    t = threading.Thread(target=other)
+    with _short_switch_interval():
+        assert sys.getswitchinterval() == pytest.approx(QUEUED_SWITCH_S)
+        t.start()
+        assert inside.wait(5)
+    assert sys.getswitchinterval() == pytest.approx(QUEUED_SWITCH_S)  # the other timing still runs
+    go.set()
+    t.join(5)
+    assert done == [pytest.approx(QUEUED_SWITCH_S)] and sys.getswitchinterval() == own
+    with pytest.raises(RuntimeError):
+        with _short_switch_interval():
+            raise RuntimeError("a failed launch")
+    assert sys.getswitchinterval() == own

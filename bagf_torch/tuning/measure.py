@@ -7,10 +7,12 @@ by default: in a network the previous layer's output is usually still in L2, as 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -138,14 +140,41 @@ class Timing:
 QUEUED_MAX = 200
 """At most this many calls per queued timing: well inside a stream's launch queue (a call is at most a memset and
 two kernels)."""
+QUEUED_MIN = 10
+"""At least this many (a host too slow to queue them within the longest sleep halves the count down to it)."""
 QUEUED_SWITCH_S = 5e-5
-"""The interpreter's thread switch interval while finalists are re-timed (Python's default is 5 ms). torch's ops
-release the GIL, so with another thread busy in Python (an abandoned strategy step, the first compiles) every
-call of the timing loop waited a whole interval to get it back: 200 calls of cuDNN's conv took a second to issue,
-longer than any GPU sleep queued ahead of them (measured on the H200: 4953 us per call against 57 us of GPU
-time). Restored after."""
+"""The interpreter's thread switch interval while finalists are re-timed (Python's default is 5 ms). torch's CUDA
+ops release the GIL, so with another thread busy in Python (a strategy step left running, the first compiles)
+every call of a timing loop can wait a whole interval to get it back: at 5 ms, 200 calls of cuDNN's conv take a
+second to issue, longer than any GPU sleep queued ahead of them (on the H200, 4953 us per call against 57 us of
+GPU time). Restored after, when the last timing that lowered it ends."""
 QUEUED_SLEEP_CYCLES = 2_000_000
 """The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
+QUEUED_MAX_SLEEP_CYCLES = 64 * QUEUED_SLEEP_CYCLES
+"""The longest (about 65 ms)."""
+
+_switch_lock = threading.Lock()
+_switch_depth = 0
+_switch_saved = 0.0
+
+
+@contextlib.contextmanager
+def _short_switch_interval():
+    """``QUEUED_SWITCH_S`` as the interpreter's switch interval for the block; nested and concurrent blocks are
+    counted, the first in saves the process's interval and the last out restores it."""
+    global _switch_depth, _switch_saved
+    with _switch_lock:
+        if _switch_depth == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, QUEUED_SWITCH_S))
+        _switch_depth += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_depth -= 1
+            if _switch_depth == 0:
+                sys.setswitchinterval(_switch_saved)
 
 
 class CudaBenchmarker:
@@ -204,36 +233,42 @@ class CudaBenchmarker:
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
         """Re-time the finalists and cuDNN interleaved, by GPU time (``queued``); medians in microseconds, in the
-        order of ``handles``. The winner is picked from these: the GPU time is what a CUDA graph replays, and our
-        plans' host cost per call is below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a
-        plan that wins by GPU time wins eager too. Timing each call between events instead measured the host when
-        it was slower than the GPU: at N = 1 in a fresh process, with the first compiles still running on other
-        threads, cuDNN's 34 us conv timed 154+ us and a plan 4.5x slower than cuDNN's was kept."""
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, QUEUED_SWITCH_S))
-        try:
-            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=ws.problem.tf32):
-                fns = [self._call(ws, h) for h in handles]
-                per: list[list[float]] = [[] for _ in fns]
-                for _ in range(rounds):
-                    for i, fn in enumerate(fns):
-                        per[i].append(self.queued(fn))
-                return [statistics.median(t) for t in per]
-        finally:
-            sys.setswitchinterval(switch)
+        order of ``handles``. The winner is picked from these. GPU time is what a CUDA graph replays, and our plans'
+        host cost per call is below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that
+        wins by GPU time is not slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a
+        call's host cost can exceed its GPU time). Timed call by call between events, a span holds the host's pace
+        whenever the host is slower than the GPU, e.g. with a search step or compiles busy on other threads."""
+        self._sleep_cycles = QUEUED_SLEEP_CYCLES
+        with _short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
+                                                       tf32=ws.problem.tf32):
+            fns = [self._call(ws, h) for h in handles]
+            counts = [self._queued_calls(fn) for fn in fns]
+            per: list[list[float]] = [[] for _ in fns]
+            for _ in range(rounds):
+                for i, fn in enumerate(fns):
+                    per[i].append(self.queued(fn, counts[i]))
+            return [statistics.median(t) for t in per]
+
+    def _queued_calls(self, fn: Callable[[], object]) -> int:
+        """About ``rep_ms`` of calls of ``fn`` (QUEUED_MIN to QUEUED_MAX), from a short event timing (an upper
+        bound of its GPU time)."""
+        fn()
+        est = max(statistics.median(self._events(fn, 3)), 1.0)
+        return int(min(QUEUED_MAX, max(QUEUED_MIN, 1000.0 * self.rep_ms / est)))
 
     def queued(self, fn: Callable[[], object], calls: int | None = None) -> float:
-        """GPU microseconds per call of ``fn``: ``calls`` calls (by default about ``rep_ms`` of them, 10 to
-        QUEUED_MAX) issued while a GPU sleep holds the stream, so that they run back to back whatever the host
-        does meanwhile (other threads, the GIL); the sleep grows until the host has queued them all before it
-        ends. Without ``torch.cuda._sleep``, one timed batch."""
-        fn()
+        """GPU microseconds per call of ``fn``: ``calls`` calls (by default ``_queued_calls``) issued while a GPU
+        sleep holds the stream, so that they run back to back whatever the host does meanwhile (other threads, the
+        GIL). The sleep grows until the host queues them all before it ends, up to QUEUED_MAX_SLEEP_CYCLES; past
+        that the count halves, down to QUEUED_MIN. A host that cannot queue even those in about 65 ms gives a time
+        paced by the host (an upper bound). Without ``torch.cuda._sleep``, one timed batch."""
         if calls is None:
-            est = max(statistics.median(self._events(fn, 3)), 1.0)
-            calls = int(min(QUEUED_MAX, max(10, 1000.0 * self.rep_ms / est)))
+            calls = self._queued_calls(fn)
+        else:
+            fn()
         sleep = getattr(torch.cuda, "_sleep", None)
         stream = torch.cuda.current_stream()
-        cycles = self._sleep_cycles  # where the last queued timing got every call in
+        cycles = self._sleep_cycles  # where the last queued timing of this re-timing got every call in
         while True:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             stream.synchronize()
@@ -245,10 +280,13 @@ class CudaBenchmarker:
             end.record(stream)
             in_time = sleep is None or not start.query()  # the GPU still asleep: every call was queued behind it
             end.synchronize()
-            if in_time or cycles >= 64 * QUEUED_SLEEP_CYCLES:
+            if in_time or (cycles >= QUEUED_MAX_SLEEP_CYCLES and calls <= QUEUED_MIN):
                 self._sleep_cycles = cycles
                 return 1000.0 * start.elapsed_time(end) / calls
-            cycles *= 4
+            if cycles < QUEUED_MAX_SLEEP_CYCLES:
+                cycles *= 4
+            else:
+                calls = max(QUEUED_MIN, calls // 2)
 
     def interleaved(self, fns: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
         """Median over ``rounds`` of round-robin timings, so clock or thermal drift hits every candidate alike."""
