@@ -111,7 +111,8 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (WN*NB/2 per thread) plus ~100: two sets of rounded fragments (32), the weights' copy
-    plan and addressing. ptxas with nvcc 13.0: 156 for WN=128 NB=1, 187 for WN=192, 221 for WN=256 (no spills)."""
+    plan and addressing. ptxas with nvcc 13.0 (WG=2, STAGES=4): 153 for WN=128 NB=1, 188 for WN=192, 217 for WN=256,
+    no spills."""
     return bm(c) // 2 + 100
 
 
