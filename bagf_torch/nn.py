@@ -28,7 +28,15 @@ _compiling = torch.compiler.is_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 
 
-@torch.compiler.assume_constant_result
+def _compile_constant(fn):
+    """``torch.compiler.assume_constant_result`` without its import of ``torch._dynamo`` (with sympy, 1.6 s of every
+    ``import bagf_torch`` on a 2-core CPU, for programs that never compile): the attribute dynamo reads when it
+    meets the function, which the decorator sets and has set since torch 2.0."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_compile_constant
 def _tf32_at_trace() -> bool:
     """The TF32 flag as torch.compile's traced forward reads it: dynamo cannot trace the flag's read (a torch.*
     call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is. No guard

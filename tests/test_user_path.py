@@ -1120,3 +1120,15 @@ def test_a_check_that_raises_leaves_nothing_loaded_but_the_winner(fail_at):
         kept = {tuner.tune(problem).handle}
     assert len(unloaded) == len(set(unloaded))  # none twice
     assert set(unloaded) == set(comp.configs) - kept
+
+
+def test_importing_bagf_torch_does_not_import_dynamo():
+    """``import bagf_torch`` leaves torch._dynamo (and sympy) unloaded: a program that never compiles does not pay
+    their import (1.6 s on a 2-core CPU); the forward's compile-time constant is marked as the decorator marks it
+    (test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time traces it)."""
+    import subprocess
+
+    code = "import sys, bagf_torch; print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "False"], out.stdout
