@@ -430,6 +430,45 @@ def implicit_gemm_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) ->
     )
 
 
+def implicit_gemm_wgmma_fast_memory_words(config: Mapping[str, int]) -> int:
+    """Shared memory words as allocated (``STAGES*(BM*32 + 32*(BN+8))``, BM = WN*NB, BN = 64*WG) + the accumulator
+    registers (``BM*BN`` per block). Fragments and addressing registers are not counted (conservative, as for
+    ``implicit_gemm_tc``)."""
+    bm, bn = config["WN"] * config["NB"], 64 * config["WG"]
+    return config["STAGES"] * (bm * 32 + 32 * (bn + 8)) + bm * bn
+
+
+def implicit_gemm_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of ``implicit_gemm_wgmma`` (csrc/kernels/implicit_gemm_wgmma.cuh).
+
+    Grid ceil(NPQ/BN) x ceil(K/BM) x SPLIT, BM = WN*NB, BN = 64*WG, k tiles of 32. Its loads are
+    ``implicit_gemm_tc``'s (see :func:`implicit_gemm_tc_traffic`): the weights' BM x 32 panel per k tile,
+    bounds-checked (``ceil(NPQ/BN) * K * CRS``), and one word per (im2col row, pixel) whose tap is in the image
+    (``ceil(K/BM) * N * C * sum_rs |P_r| * |Q_s|``); the output as stores or split-K atomics. The bias differs:
+    the epilogue loads it once per thread and channel for the thread's two pixels, whether or not they lie past
+    N*P*Q, so a block of slice 0 reads its K-clipped channels BN/2 times -> ``ceil(NPQ/BN) * K * BN/2``.
+    """
+    _check_problem(problem)
+    p, q = problem.out_hw
+    crs = problem.c * problem.r * problem.s
+    npq = problem.n * p * q
+    split = config["SPLIT"]
+    bm, bn = config["WN"] * config["NB"], 64 * config["WG"]
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
+    cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
+    return Traffic(
+        words_read_input=gy * problem.n * problem.c * int(rows_ok.sum() * cols_ok.sum()),
+        words_read_weight=gx * problem.k * crs,
+        words_read_bias=gx * problem.k * (bn // 2) if problem.bias else 0,
+        fast_memory_words=implicit_gemm_wgmma_fast_memory_words(config),
+        blocks=gx * gy * split,
+        grid=(gx, gy, split),
+        **_split_output(problem.k * npq, split),
+    )
+
+
 def _check_winograd_gemm_problem(problem: ConvProblem) -> None:
     from .kernels import winograd_gemm as wgg
 
@@ -713,6 +752,7 @@ _MODELS = {
     "implicit_gemm": (implicit_gemm_traffic, implicit_gemm_fast_memory_words),
     "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
     "implicit_gemm_tf32": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),  # the same kernel's loads
+    "implicit_gemm_wgmma": (implicit_gemm_wgmma_traffic, implicit_gemm_wgmma_fast_memory_words),
     "winograd": (winograd_traffic, winograd_fast_memory_words),
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),

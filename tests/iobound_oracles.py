@@ -26,6 +26,7 @@ from bagf_torch.iobound import (
     direct_fast_memory_words,
     implicit_gemm_fast_memory_words,
     implicit_gemm_tc_fast_memory_words,
+    implicit_gemm_wgmma_fast_memory_words,
     winograd_fast_memory_words,
     winograd_gemm_fast_memory_words,
     winograd_gemm_tile,
@@ -33,7 +34,7 @@ from bagf_torch.iobound import (
 from bagf_torch.problem import ConvProblem
 
 __all__ = [
-    "brute_force_traffic", "brute_force_tc_traffic", "brute_force_winograd_traffic",
+    "brute_force_traffic", "brute_force_tc_traffic", "brute_force_wgmma_traffic", "brute_force_winograd_traffic",
     "brute_force_winograd_gemm_traffic", "brute_force_direct_traffic",
 ]
 
@@ -194,6 +195,90 @@ def brute_force_tc_traffic(problem: ConvProblem, config: Mapping[str, int]) -> T
                                         n_out += 1  # a store, or one atomic read-modify-write
     out = problem.k * npq
     return _counted(n_in, n_w, n_b, n_out, out, implicit_gemm_tc_fast_memory_words(config), (gx, gy, split))
+
+
+def brute_force_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay implicit_gemm_wgmma.cuh's loads in Python - every block (x, y, z) and thread, the pipeline's
+    ``load_tile`` calls in issue order with the warp's shared row cursors (lane j keeps row b_row0 + 2 j's tap, a
+    thread's element j reads lane j's), and the epilogue's bias and output accesses - counting the words requested
+    element by element. Small shapes only."""
+    _check_problem(problem)
+    wn, nb, wg, split = config["WN"], config["NB"], config["WG"], config["SPLIT"]
+    bk, t_count, bm, bn = 32, 128 * wg, wn * nb, 64 * wg
+    step, b_loads = t_count // bn, 32 // (t_count // bn)
+    p, q = problem.out_hw
+    rs, pq = problem.r * problem.s, p * q
+    crs, npq = problem.c * rs, problem.n * pq
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    vec = crs % 4 == 0  # torch allocations are 16-byte aligned
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    num_k = -(-crs // bk)
+    per_split = -(-num_k // split)
+    d_c, d_rs = bk // rs, bk % rs
+    d_r, d_s = d_rs // problem.s, d_rs % problem.s
+    never = -0x40000000
+    n_in = n_w = n_b = n_out = 0
+    for bz in range(split):
+        t_begin = bz * per_split if split > 1 else 0
+        t_end = min(num_k, t_begin + per_split) if split > 1 else num_k
+        tiles = t_end - t_begin
+        for by in range(gy):
+            for bx in range(gx):
+                m0, n0 = by * bm, bx * bn
+                for warp in range(t_count // 32):
+                    # the warp's 16 row cursors (lanes j and j + 16 hold the same row)
+                    b_row0 = (warp * 32) // bn
+                    cur = []
+                    for j in range(16):
+                        kk = t_begin * bk + b_row0 + step * j
+                        cur.append([kk // rs, (kk % rs) // problem.s, (kk % rs) % problem.s])
+                    lanes = []
+                    for lane in range(32):
+                        tid = warp * 32 + lane
+                        pix = n0 + tid % bn
+                        ih0, iw0 = never, 0
+                        if pix < npq:
+                            rem = pix % pq
+                            ih0, iw0 = (rem // q) * sh - ph, (rem % q) * sw - pw
+                        lanes.append((tid, ih0, iw0))
+                    for i in range(tiles):  # load_tile(t_begin + i), in issue order
+                        k0 = (t_begin + i) * bk
+                        for tid, ih0, iw0 in lanes:
+                            if vec:
+                                for chunk in range(bm * 8 // t_count):
+                                    m = (tid >> 3) + chunk * (t_count // 8)
+                                    n_w += 4 if m0 + m < problem.k and k0 + 4 * (tid & 7) < crs else 0
+                            else:
+                                for e in range(tid, bm * bk, t_count):
+                                    n_w += 1 if m0 + e // bk < problem.k and k0 + e % bk < crs else 0
+                            for j in range(b_loads):
+                                c, r, s = cur[j]
+                                dr = r * dh if k0 + b_row0 + step * j < crs else never
+                                if 0 <= ih0 + dr < problem.h and 0 <= iw0 + s * dw < problem.w:
+                                    n_in += 1
+                        for j in range(16):
+                            c, r, s = cur[j]
+                            s, r, c = s + d_s, r + d_r, c + d_c
+                            if s >= problem.s:
+                                s, r = s - problem.s, r + 1
+                            if r >= problem.r:
+                                r, c = r - problem.r, c + 1
+                            cur[j] = [c, r, s]
+                    add_bias = problem.bias and (split == 1 or bz == 0)
+                    for tid, _, _ in lanes:
+                        lane = tid & 31
+                        gid, tig = lane >> 2, lane & 3
+                        frag_col = (warp >> 2) * 64 + (warp & 3) * 16 + 2 * gid
+                        col_ok = [n0 + frag_col + h < npq for h in range(2)]
+                        for j in range(nb):
+                            for i in range(wn // 8):
+                                for qq in range(2):
+                                    if m0 + j * wn + 8 * i + 2 * tig + qq >= problem.k:
+                                        continue
+                                    n_b += 1 if add_bias else 0
+                                    n_out += sum(col_ok)
+    out = problem.k * npq
+    return _counted(n_in, n_w, n_b, n_out, out, implicit_gemm_wgmma_fast_memory_words(config), (gx, gy, split))
 
 
 def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int],

@@ -11,6 +11,7 @@ import pytest
 from bagf_torch import iobound
 from bagf_torch.kernels import implicit_gemm as ig
 from bagf_torch.kernels import implicit_gemm_tc as tc
+from bagf_torch.kernels import implicit_gemm_wgmma as wgk
 from bagf_torch.kernels import winograd as wg
 from bagf_torch.problem import ConvProblem
 import iobound_oracles  # tests/ is on sys.path (pytest's default prepend import mode)
@@ -183,6 +184,42 @@ def test_tc_split_k_terms():
     assert one.words_written == out and one.words_read_output == 0 and one.words_memset == 0
     assert four.words_memset == out and four.words_read_output == 4 * out and four.words_written == 5 * out
     assert four.total - one.total == 8 * out
+
+
+# ----------------------------------------------------------------------------------- implicit_gemm_wgmma
+WGMMA_VALID = wgk.space().valid_configs()
+# K past one 64-channel block and off every instruction width, N*P*Q past one 64/128-pixel block, C*R*S over many
+# 32-row tiles (split-K slices, empty trailing ones, the shared row cursors' carries) and C*R*S % 4 both ways
+# (the weights' 16-byte and 4-byte copies), stride, padding and dilation.
+WGMMA_SMALL = [
+    ConvProblem(n=2, c=5, h=10, w=9, k=70, r=3, s=3, padding=(1, 1)),
+    ConvProblem(n=1, c=16, h=12, w=12, k=40, r=3, s=3, stride=(2, 2), padding=(1, 1), bias=False),
+    ConvProblem(n=1, c=3, h=15, w=13, k=9, r=5, s=5, stride=(2, 2), padding=(2, 2), dilation=(1, 1)),
+    ConvProblem(n=1, c=8, h=9, w=11, k=130, r=1, s=1),
+    ConvProblem(n=1, c=4, h=11, w=11, k=20, r=3, s=3, padding=(2, 2), dilation=(2, 2)),
+]
+
+
+@pytest.mark.parametrize("problem", WGMMA_SMALL, ids=lambda p: p.short())
+def test_wgmma_model_equals_brute_force(problem):
+    rng = random.Random(hash(problem.short()) % 1000)
+    small = [c for c in WGMMA_VALID if c["WN"] * c["NB"] <= 128]
+    configs = [wgk.DEFAULT, wgk.default_for(problem)] + rng.sample(small, 2)
+    configs += [{"WN": 64, "NB": 1, "WG": 1, "STAGES": 3, "SPLIT": 16},   # many empty slices, 128 threads
+                {"WN": 64, "NB": 2, "WG": 2, "STAGES": 4, "SPLIT": 2}]
+    for config in configs:
+        assert wgk.space().is_valid(config), config
+        model = iobound.implicit_gemm_wgmma_traffic(problem, config)
+        brute = iobound_oracles.brute_force_wgmma_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+
+
+def test_wgmma_bound_below_every_config():
+    for problem in alexnet(32) + WGMMA_SMALL:
+        for config in WGMMA_VALID[::4] + [wgk.DEFAULT]:
+            t = iobound.traffic("implicit_gemm_wgmma", problem, config)
+            assert t.fast_memory_words == iobound.fast_memory_words(wgk, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
 
 
 @pytest.mark.parametrize("n", [1, 128])
