@@ -203,7 +203,7 @@ def brute_force_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int]) -
     thread's element j reads lane j's), and the epilogue's bias and output accesses - counting the words requested
     element by element. Small shapes only."""
     _check_problem(problem)
-    wn, nb, wg, split = config["WN"], config["NB"], config["WG"], config["SPLIT"]
+    wn, nb, wg, stages, split = config["WN"], config["NB"], config["WG"], config["STAGES"], config["SPLIT"]
     bk, t_count, bm, bn = 32, 128 * wg, wn * nb, 64 * wg
     step, b_loads = t_count // bn, 32 // (t_count // bn)
     p, q = problem.out_hw
@@ -241,7 +241,9 @@ def brute_force_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int]) -
                             rem = pix % pq
                             ih0, iw0 = (rem // q) * sh - ph, (rem % q) * sw - pw
                         lanes.append((tid, ih0, iw0))
-                    for i in range(tiles):  # load_tile(t_begin + i), in issue order
+                    issued = [st for st in range(stages - 2) if st < tiles]  # the prologue
+                    issued += [i + stages - 2 for i in range(tiles) if i + stages - 2 < tiles]  # one per step
+                    for i in issued:  # load_tile(t_begin + i), in issue order
                         k0 = (t_begin + i) * bk
                         for tid, ih0, iw0 in lanes:
                             if vec:

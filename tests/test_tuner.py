@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from bagf_torch.kernels.space import Space, config_key
 from bagf_torch.ops import ATEN
@@ -131,6 +133,37 @@ def test_a_kernel_within_the_margin_of_cudnn_leaves_cudnn_the_plan(aten_us, wins
     r = tuner.tune(PROBLEM)
     assert (r.family == "aten") == (wins == "aten"), r
     assert r.aten_us == aten_us
+    if wins == "aten":
+        assert r.handle == ATEN and r.config is None and r.time_us == aten_us
+        assert len(comp.unloaded) == len(comp.configs)  # every candidate released
+    else:
+        assert r.time_us == 10.0 and r.handle not in comp.unloaded
+
+
+def test_a_re_timing_that_cannot_isolate_cudnn_keeps_cudnn():
+    """When the re-timing reports NaN for cuDNN (the host could not queue its calls ahead of the GPU: the span would
+    be the host's pace), cuDNN keeps the plan with its baseline time; a kernel's NaN never wins."""
+    class Unisolated(FakeBench):
+        def __init__(self, compiler, aten_us, nan_for):
+            super().__init__(compiler, aten_us)
+            self.nan_for = nan_for
+
+        def remeasure(self, ws, handles, rounds=5):
+            times = super().remeasure(ws, handles, rounds)
+            return [math.nan if self.nan_for(h) else t for h, t in zip(handles, times)]
+
+    comp = FakeCompiler()
+    tuner = Tuner(fake_backend(comp, bench=Unisolated(comp, 50.0, lambda h: h == ATEN)), _family(),
+                  strategy="exhaustive", budget=Budget(100))
+    r = tuner.tune(PROBLEM)
+    assert r.family == "aten" and r.aten_us == 50.0 and r.time_us == 50.0 and r.handle == ATEN
+    assert len(comp.unloaded) == len(comp.configs)
+    comp = FakeCompiler()
+    best = {"A": 4, "B": 2, "C": 1}  # the fastest (10 us): its re-timing NaN, the next one wins
+    tuner = Tuner(fake_backend(comp, bench=Unisolated(comp, 50.0, lambda h: h != ATEN and comp.configs[h] == best)),
+                  _family(), strategy="exhaustive", budget=Budget(100))
+    r = tuner.tune(PROBLEM)
+    assert r.family != "aten" and r.config != best and r.time_us < 50.0 / 1.02
 
 
 def test_typed_failures_recorded_and_never_win():
@@ -491,7 +524,7 @@ def test_the_tf32_families_are_searched_in_tf32_mode_only():
     tf32 = [f.FAMILY for f in tuner.families_for(dataclasses.replace(PROBLEM, tf32=True))]
     assert t32.FAMILY not in strict and wg.FAMILY not in strict and tc.FAMILY in strict
     assert tf32 == [tc.FAMILY, t32.FAMILY, wg.FAMILY] + strict[1:]
-    for arch, has_wgmma in (("sm_90", True), ("sm_80", False)):  # wgmma compiles for sm_90a only
+    for arch, has_wgmma in (("sm_90", True), ("sm_80", False), ("sm_100", False)):  # wgmma: sm_90a only
         compiler = FakeCompiler()
         compiler.arch = arch
         on = Tuner(fake_backend(compiler), list(FAMILIES.values()), budget=Budget(4))
@@ -533,3 +566,90 @@ def test_the_finalists_short_switch_interval_is_counted_and_restored():
         with _short_switch_interval():
             raise RuntimeError("a failed launch")
     assert sys.getswitchinterval() == own
+
+
+class _SimGPU:
+    """A simulated stream for CudaBenchmarker's queued timing on the CPU: each call costs the host and the GPU what
+    its function says (``call(host_us, gpu_us)``); a GPU sleep of c cycles lasts c / 2000 us. After a batch,
+    ``start.query()`` says whether the GPU had already reached the start event, i.e. the host was still queueing
+    calls when the sleep ended; then the span is the host's pace."""
+
+    def __init__(self, monkeypatch):
+        self.sleep_us = 0.0
+        self.queue: list[tuple[float, float]] = []
+        self.sleeps: list[int] = []
+        sim = self
+
+        class Stream:
+            def synchronize(self):
+                pass
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = 0
+
+            def record(self, stream=None):
+                self.at = len(sim.queue)
+
+            def query(self):
+                return sum(h for h, _ in sim.queue[self.at:]) > sim.sleep_us
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                batch = sim.queue[self.at:end.at]
+                if sum(h for h, _ in batch) <= sim.sleep_us:
+                    return sum(g for _, g in batch) / 1000.0
+                return sum(max(h, g) for h, g in batch) / 1000.0
+
+        monkeypatch.setattr(torch.cuda, "_sleep", self.sleep, raising=False)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    def sleep(self, cycles):
+        self.sleep_us = cycles / 2000.0
+        self.sleeps.append(cycles)
+
+    def fn(self, host_us, gpu_us):
+        return lambda: self.queue.append((host_us, gpu_us))
+
+
+@pytest.mark.parametrize("host_us, calls, want, sleeps", [
+    (5.0, 100, 20.0, 1),        # 100 calls queued in 0.5 ms, inside the first 1 ms sleep
+    (50.0, 100, 20.0, 3),       # 5 ms of queueing: the sleep grows twice (4 ms, then 16 ms)
+    (2000.0, 100, 20.0, 6),     # 200 ms: the longest sleep (64 ms) and the count halved twice (25 calls, 50 ms)
+    (10000.0, 100, None, 8),    # 10 ms per call: not even 10 calls fit the longest sleep -> NaN
+])
+def test_queued_timing_grows_the_sleep_then_halves_the_batch_and_never_returns_the_hosts_pace(
+        monkeypatch, host_us, calls, want, sleeps):
+    from bagf_torch.tuning.measure import QUEUED_MAX_SLEEP_CYCLES, QUEUED_SLEEP_CYCLES, CudaBenchmarker
+
+    sim = _SimGPU(monkeypatch)
+    got = CudaBenchmarker().queued(sim.fn(host_us, 20.0), calls)
+    if want is None:
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(want)
+    assert len(sim.sleeps) == sleeps and sim.sleeps[0] == QUEUED_SLEEP_CYCLES
+    assert max(sim.sleeps) <= QUEUED_MAX_SLEEP_CYCLES
+
+
+def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(monkeypatch):
+    """remeasure returns one median per handle, in order, from the rounds whose calls were all queued in time (a
+    host-paced round is only an upper bound) and NaN for a handle with none; it restarts the sleep each time and
+    restores the interpreter's switch interval."""
+    import sys
+
+    from bagf_torch.tuning.measure import QUEUED_SLEEP_CYCLES, CudaBenchmarker
+
+    sim = _SimGPU(monkeypatch)
+    fns = {1: sim.fn(5.0, 20.0), 2: sim.fn(10000.0, 30.0)}
+    monkeypatch.setattr(CudaBenchmarker, "_call", staticmethod(lambda ws, h: fns[h]))
+    monkeypatch.setattr(CudaBenchmarker, "_queued_calls", lambda self, fn: 40)
+    bench = CudaBenchmarker()
+    bench._sleep_cycles = 64 * QUEUED_SLEEP_CYCLES  # a previous re-timing's longest sleep: restarted
+    own = sys.getswitchinterval()
+    times = bench.remeasure(types.SimpleNamespace(problem=types.SimpleNamespace(tf32=False)), [1, 2], rounds=3)
+    assert times[0] == pytest.approx(20.0) and math.isnan(times[1])
+    assert sim.sleeps[0] == QUEUED_SLEEP_CYCLES and sys.getswitchinterval() == own

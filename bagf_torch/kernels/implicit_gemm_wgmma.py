@@ -23,10 +23,9 @@ SPLIT     1 2 4 8 16          split-K slices (grid.z); the host zeroes the outpu
                               atomically
 ========  ==================  ======================================================================
 
-Speed on the H200 (benchmarks/results/bench_layers_h200_tf32.md): the best candidates of a 7 s search reach 0.54-0.61x
-of cuDNN's TF32 kernels on AlexNet conv2-5 at N = 32 and 128, so cuDNN keeps those plans; at N = 1 the family won
-conv2 (split-K). The kernel issues ~14 instructions per gathered input element and stalls beyond that (about 3000
-cycles per k tile against 768 of tensor work at WN = 192): the next step is a producer warpgroup for the gather.
+Speed on the H200 (benchmarks/results/bench_layers_h200_tf32.{md,log}): the best candidates of a 7 s search run at
+0.54-0.61x of cuDNN's TF32 kernels on AlexNet conv2-5 at N = 32 and 128 (the search's own timings), so cuDNN keeps
+those plans; at N = 1 the family was kept on conv2 with split-K, 2.06x cuDNN eager and 0.94x in a CUDA graph.
 
 The reduction step is fixed at 32 (one 128-byte swizzle row of weights). Every configuration is valid for every
 problem: shapes are run-time arguments and all accesses are bounds checked; 16-byte weight copies only when

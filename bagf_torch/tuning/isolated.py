@@ -271,7 +271,13 @@ class WorkerPool:
 
     # ---- the Tuner's pieces -----------------------------------------------------------------------------
     def compiler(self):
-        return _Part(self, ("compile", "unload"))
+        import torch
+
+        part = _Part(self, ("compile", "unload"))
+        if torch.cuda.is_available():  # the tuner's arch rules (the worker compiles for this device)
+            major, minor = torch.cuda.get_device_capability(self.device)
+            part.arch = f"sm_{major}{minor}"
+        return part
 
     def checker(self):
         return _Part(self, ("check",))

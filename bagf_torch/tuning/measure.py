@@ -233,11 +233,12 @@ class CudaBenchmarker:
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
         """Re-time the finalists and cuDNN interleaved, by GPU time (``queued``); medians in microseconds, in the
-        order of ``handles``. The winner is picked from these. GPU time is what a CUDA graph replays, and our plans'
-        host cost per call is below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that
-        wins by GPU time is not slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a
-        call's host cost can exceed its GPU time). Timed call by call between events, a span holds the host's pace
-        whenever the host is slower than the GPU, e.g. with a search step or compiles busy on other threads."""
+        order of ``handles``; NaN for a handle none of whose timings could keep the host out of the span. The
+        winner is picked from these. GPU time is what a CUDA graph replays, and our plans' host cost per call is
+        below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that wins by GPU time is not
+        slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a call's host cost can
+        exceed its GPU time). Timed call by call between events, a span holds the host's pace whenever the host is
+        slower than the GPU, e.g. with a search step or compiles busy on other threads."""
         self._sleep_cycles = QUEUED_SLEEP_CYCLES
         with _short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
                                                        tf32=ws.problem.tf32):
@@ -246,8 +247,10 @@ class CudaBenchmarker:
             per: list[list[float]] = [[] for _ in fns]
             for _ in range(rounds):
                 for i, fn in enumerate(fns):
-                    per[i].append(self.queued(fn, counts[i]))
-            return [statistics.median(t) for t in per]
+                    us, counts[i] = self._queued(fn, counts[i])
+                    if us == us:  # a host-paced timing is only an upper bound: left out
+                        per[i].append(us)
+            return [statistics.median(t) if t else math.nan for t in per]
 
     def _queued_calls(self, fn: Callable[[], object]) -> int:
         """About ``rep_ms`` of calls of ``fn`` (QUEUED_MIN to QUEUED_MAX), from a short event timing (an upper
@@ -260,12 +263,15 @@ class CudaBenchmarker:
         """GPU microseconds per call of ``fn``: ``calls`` calls (by default ``_queued_calls``) issued while a GPU
         sleep holds the stream, so that they run back to back whatever the host does meanwhile (other threads, the
         GIL). The sleep grows until the host queues them all before it ends, up to QUEUED_MAX_SLEEP_CYCLES; past
-        that the count halves, down to QUEUED_MIN. A host that cannot queue even those in about 65 ms gives a time
-        paced by the host (an upper bound). Without ``torch.cuda._sleep``, one timed batch."""
+        that the count halves, down to QUEUED_MIN. NaN when the host cannot queue even those within the longest
+        sleep (the span would be the host's pace). Without ``torch.cuda._sleep``, one timed batch."""
         if calls is None:
             calls = self._queued_calls(fn)
-        else:
-            fn()
+        return self._queued(fn, calls)[0]
+
+    def _queued(self, fn: Callable[[], object], calls: int) -> tuple[float, int]:
+        """``queued``'s time and the call count it settled on (what the next round of a re-timing starts from)."""
+        fn()
         sleep = getattr(torch.cuda, "_sleep", None)
         stream = torch.cuda.current_stream()
         cycles = self._sleep_cycles  # where the last queued timing of this re-timing got every call in
@@ -280,13 +286,15 @@ class CudaBenchmarker:
             end.record(stream)
             in_time = sleep is None or not start.query()  # the GPU still asleep: every call was queued behind it
             end.synchronize()
-            if in_time or (cycles >= QUEUED_MAX_SLEEP_CYCLES and calls <= QUEUED_MIN):
+            if in_time:
                 self._sleep_cycles = cycles
-                return 1000.0 * start.elapsed_time(end) / calls
+                return 1000.0 * start.elapsed_time(end) / calls, calls
             if cycles < QUEUED_MAX_SLEEP_CYCLES:
                 cycles *= 4
-            else:
+            elif calls > QUEUED_MIN:
                 calls = max(QUEUED_MIN, calls // 2)
+            else:
+                return math.nan, calls
 
     def interleaved(self, fns: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
         """Median over ``rounds`` of round-robin timings, so clock or thermal drift hits every candidate alike."""
