@@ -86,19 +86,12 @@ def recorded_optima(paths) -> dict:
 def graph_times(ws, handle: int, bench: CudaBenchmarker, rounds: int) -> dict[str, float]:
     """GPU microseconds per call in a CUDA graph of cuDNN's conv (in the process's cuDNN mode) and of the tuned plan
     (``handle``; cuDNN's own time when it is ATEN), median over interleaved rounds."""
-    from host_floor import graph_us
+    from host_floor import interleaved_graph_us
 
     calls = {"cudnn": bench._call(ws, ATEN)}
     if handle != ATEN:
         calls["tuned"] = bench._call(ws, handle)
-    samples: dict[str, list[float]] = {k: [] for k in calls}
-    with torch.no_grad():
-        for fn in calls.values():
-            fn()  # cuDNN's benchmark-mode pick before any capture
-        for i in range(rounds):
-            for who in (list(calls) if i % 2 == 0 else list(reversed(calls))):
-                samples[who].append(graph_us(calls[who], bench))
-    us = {k: statistics.median(v) for k, v in samples.items()}
+    us = interleaved_graph_us(calls, bench, rounds)
     us.setdefault("tuned", us["cudnn"])
     return us
 

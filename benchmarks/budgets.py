@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -90,7 +89,7 @@ def _plan_name(row: dict) -> str:
 def measure(pairs: list[tuple[dict, dict]], rounds: int) -> list[dict]:
     import torch
 
-    from host_floor import graph_us
+    from host_floor import interleaved_graph_us
 
     from bagf_torch import runtime
     from bagf_torch.kernels import FAMILIES
@@ -119,16 +118,8 @@ def measure(pairs: list[tuple[dict, dict]], rounds: int) -> list[dict]:
             loaded.append(built.handle)
         calls = {"cudnn": bench._call(ws, ATEN), "fast": bench._call(ws, handles["fast"]),
                  "slow": bench._call(ws, handles["slow"])}
-        samples: dict[str, list[float]] = {k: [] for k in calls}
-        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                                         allow_tf32=p.tf32):
-            for fn in calls.values():
-                fn()  # cuDNN's benchmark-mode pick before any capture
-            for i in range(rounds):
-                order = list(calls) if i % 2 == 0 else list(reversed(calls))
-                for who in order:
-                    samples[who].append(graph_us(calls[who], bench))
-        us = {k: statistics.median(v) for k, v in samples.items()}
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=p.tf32):
+            us = interleaved_graph_us(calls, bench, rounds)
         row = {"problem": fast["problem"], "short": p.short(), "layers": fast.get("layers", []),
                "fast_plan": _plan_name(fast), "slow_plan": _plan_name(slow),
                "fast_s": _seconds(fast), "slow_s": _seconds(slow),

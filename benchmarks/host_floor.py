@@ -68,6 +68,19 @@ def graph_us(fn, bench: CudaBenchmarker) -> float:
     return bench.timing(g.replay).median_us / GRAPH_CALLS
 
 
+def interleaved_graph_us(calls: dict, bench: CudaBenchmarker, rounds: int) -> dict[str, float]:
+    """``graph_us`` of each of ``calls`` (name -> callable), median over ``rounds`` rounds in alternating order,
+    without grad; each is called once first (cuDNN's benchmark-mode pick before any capture)."""
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    with torch.no_grad():
+        for fn in calls.values():
+            fn()
+        for i in range(rounds):
+            for who in (list(calls) if i % 2 == 0 else list(reversed(calls))):
+                samples[who].append(graph_us(calls[who], bench))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def issue_us(fn) -> float:
     """Host microseconds per call while the GPU is busy (nothing waits for a kernel)."""
     out = []

@@ -46,14 +46,6 @@ winograd_gemm's polyphase form (stride s, filters up to 3s x 3s) four: 11x11/4, 
 GEMM's 16-byte path) and 6x6/2 with padding larger than the stride."""
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
 def _problem(shape, tf32: bool = False):
     from bagf_torch.problem import ConvProblem
 
@@ -174,10 +166,13 @@ def main() -> int:
 
     import torch
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_overhead import git_commit  # GIT_COMMIT on the device's copy, else HEAD (+dirty)
+
     report = {
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-                 "python": platform.python_version(), "commit": os.environ.get("GIT_COMMIT") or _git_commit(),
+                 "python": platform.python_version(), "commit": git_commit(),
                  "command": "python scripts/sanitize_space.py " + " ".join(sys.argv[1:])},
         "families": per_family, "compile_failures": failed, "compile_seconds": round(compile_s, 1),
         "sanitizer_seconds": round(time.perf_counter() - t0, 1), "sanitizer_exit": res.returncode,
