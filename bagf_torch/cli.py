@@ -104,6 +104,15 @@ def _build_model(name: str, tuned: bool):
         raise UsageError(str(e)) from None
 
 
+def _check_model(name: str) -> None:
+    from .models import ModelError, check
+
+    try:
+        check(name)
+    except ModelError as e:
+        raise UsageError(str(e)) from None
+
+
 def _inputs(name: str, batches: list[int], device):
     import torch
 
@@ -131,10 +140,24 @@ def _tf32_words(tf32: bool, flag: str | None) -> str:
 
 # ---- tune ----------------------------------------------------------------------------------------------
 
-def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None) -> dict:
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): the interpreter's start and the imports
+    before a command's own clock starts."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None, **phases: float | None) -> dict:
     """What a tune report's JSON says of the run that made it: the machine and versions (``env``: the environment
-    every plan's cache key holds, of ``device``), the date, the command line, the settings it tuned with, and the
-    command's wall time (from its start, Python's and torch's import excluded, to the report)."""
+    every plan's cache key holds, of ``device``), the date, the command line, the settings it tuned with, the
+    command's wall time (from its start, Python's and torch's import excluded, to the report) and ``phases``
+    (``startup_s``: the process's start and imports before that; ``build_s``: building the model)."""
     import datetime
     import platform
 
@@ -150,7 +173,7 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None) -> dic
             "seconds_per_problem": args.seconds if args.seconds is not None else settings.budget_seconds(),
             "evaluations_per_problem": args.budget if args.budget is not None else settings.budget_evaluations(),
             "strategy": args.strategy or settings.strategy(), "wall_seconds": wall_s,
-            "even": bool(getattr(args, "even", False))}
+            "even": bool(getattr(args, "even", False)), **phases}
 
 
 def tune_command(args) -> int:
@@ -160,14 +183,18 @@ def tune_command(args) -> int:
     from .pretune import tune_model
 
     t0 = time.perf_counter()
-    _build_model(args.model, tuned=True)  # an unknown model is reported before anything else
+    startup_s = _process_age_s()
+    _check_model(args.model)  # an unknown model is reported before anything else
     started, local_rank = distributed.init_from_env()
     try:
         _require_gpu("tune")
         torch.cuda.set_device(local_rank)
         tf32 = tf32_mode(args.tf32)
         torch.backends.cudnn.allow_tf32 = tf32  # part of every problem key: tune the mode you will run
-        model = _build_model(args.model, tuned=True).cuda().eval()
+        t1 = time.perf_counter()
+        with torch.device("cuda", local_rank):  # parameters initialised where they run (ResNet-50: 25M of them)
+            model = _build_model(args.model, tuned=True).eval()
+        build_s = time.perf_counter() - t1
         xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank))
         ctx = distributed.Context.current()
         if ctx.rank == 0:
@@ -179,7 +206,8 @@ def tune_command(args) -> int:
         if ctx.rank == 0:
             print(report)
             if args.json:
-                report.meta = _run_meta(args, tf32, time.perf_counter() - t0, device=local_rank)
+                report.meta = _run_meta(args, tf32, time.perf_counter() - t0, device=local_rank,
+                                        startup_s=startup_s, build_s=build_s)
                 report.save(args.json)
                 print(f"report written to {args.json}")
     finally:

@@ -18,7 +18,7 @@ from torch import nn
 
 from .nn import convert
 
-__all__ = ["AlexNet", "ModelError", "alexnet", "build", "input_size"]
+__all__ = ["AlexNet", "ModelError", "alexnet", "build", "check", "input_size"]
 
 TORCHVISION_PREFIX = "torchvision:"
 
@@ -91,15 +91,13 @@ def torchvision_names() -> list[str]:
     return sorted(tvm.list_models(module=tvm))
 
 
-def build(name: str, tuned: bool = True) -> nn.Module:
-    """The model called ``name``: ``"alexnet"`` (shipped here) or ``"torchvision:<name>"`` (any torchvision
-    classification model, untrained weights). ``tuned=True`` converts its convs to TunedConv2d.
-
-    Raises ``ModelError`` with a one-line message for an unknown name or a missing torchvision.
-    """
+def check(name: str) -> str | None:
+    """Whether ``build(name)`` can build the model, without building it: None for AlexNet, the torchvision name
+    for ``"torchvision:<name>"``. Raises ``ModelError`` with a one-line message for an unknown name or a missing
+    torchvision."""
     name = name.strip()
     if name.lower() == "alexnet":
-        return alexnet(tuned=tuned)
+        return None
     if name.startswith(TORCHVISION_PREFIX):
         short = name[len(TORCHVISION_PREFIX):]
         known = torchvision_names()
@@ -107,10 +105,23 @@ def build(name: str, tuned: bool = True) -> nn.Module:
             close = [k for k in known if short.lower()[:3] in k][:6] or known[:6]
             raise ModelError(f"torchvision has no classification model {short!r}; try one of "
                              f"{', '.join(close)} (all: torchvision.models.list_models())")
-        model = _torchvision_models().get_model(short, weights=None)
-        return convert(model) if tuned else model
+        return short
     raise ModelError(f"unknown model {name!r}; use alexnet or torchvision:<name> (e.g. torchvision:resnet18), "
                      "or call bagf_torch.tune_model on your own model from Python")
+
+
+def build(name: str, tuned: bool = True) -> nn.Module:
+    """The model called ``name``: ``"alexnet"`` (shipped here) or ``"torchvision:<name>"`` (any torchvision
+    classification model, untrained weights). ``tuned=True`` converts its convs to TunedConv2d. Built on the
+    current default device (``with torch.device("cuda"): build(...)`` initialises the parameters on the GPU).
+
+    Raises ``ModelError`` with a one-line message for an unknown name or a missing torchvision.
+    """
+    short = check(name)
+    if short is None:
+        return alexnet(tuned=tuned)
+    model = _torchvision_models().get_model(short, weights=None)
+    return convert(model) if tuned else model
 
 
 def input_size(name: str) -> int:

@@ -38,6 +38,7 @@ from .nn import TunedConv2d
 from .ops import ATEN
 from .problem import ConvProblem, cudnn_conv_mode
 from .tuning.common import TrialEvent
+from .tuning.measure import short_switch_interval
 
 __all__ = ["Discovery", "LayerReport", "ModelReport", "Progress", "RuntimeTuneStep", "discover", "tune_model"]
 
@@ -191,7 +192,9 @@ def stock_us(problem: ConvProblem, device: int) -> float:
     b = torch.randn(problem.k, device=dev, dtype=dtype) if problem.bias else None
     sleep = getattr(torch.cuda, "_sleep", None)
     times = []
-    with torch.no_grad(), torch.cuda.device(dev), cudnn_conv_mode(benchmark=True, tf32=problem.tf32):
+    # the short switch interval: the start points' compiles run beside this on a Python thread (tune_model)
+    with torch.no_grad(), torch.cuda.device(dev), cudnn_conv_mode(benchmark=True, tf32=problem.tf32), \
+            short_switch_interval():
         def call():
             return torch.nn.functional.conv2d(x, w, b, problem.stride, problem.padding, problem.dilation,
                                               problem.groups)
@@ -500,8 +503,12 @@ class ModelReport:
     settings and wall time); written to and read from the JSON as is."""
     prefetch: dict[str, Any] = field(default_factory=dict)
     """This rank's up-front wave of every problem's start points: ``configs`` asked for, ``seconds`` (part of
-    ``seconds``, before the first problem's tuning: the compiles, and the strategy's imports beside them); empty
-    when there was none."""
+    ``seconds``, before the first problem's tuning: the compiles, and the strategy's imports beside them; it
+    overlaps the stock timing); empty when there was none."""
+    setup: dict[str, float] = field(default_factory=dict)
+    """Where ``seconds`` went before the first problem's tuning: ``discover_s`` (the forward passes that find the
+    problems), ``stock_s`` (torch's conv timed per problem, when seconds are split by share), ``prefetch_wait_s``
+    (the start points' wave still running after that) and ``before_tuning_s`` (all of it)."""
 
     @property
     def tuned(self) -> int:
@@ -523,7 +530,7 @@ class ModelReport:
     def as_dict(self) -> dict[str, Any]:
         return {"rows": [r.as_dict() for r in self.rows], "unsupported": [list(u) for u in self.unsupported],
                 "seconds": self.seconds, "world_size": self.world_size, "tuned": self.tuned, "meta": self.meta,
-                "prefetch": self.prefetch,
+                "prefetch": self.prefetch, "setup": self.setup,
                 "conv_time_by_batch": {str(n): {"cudnn_us": a, "planned_us": b}
                                        for n, (a, b) in self.conv_time_by_batch().items()}}
 
@@ -545,7 +552,7 @@ class ModelReport:
                 for r in d["rows"]]
         return cls(rows=rows, unsupported=[tuple(u) for u in d.get("unsupported", [])],
                    seconds=d.get("seconds", 0.0), world_size=d.get("world_size", 1), meta=dict(d.get("meta") or {}),
-                   prefetch=dict(d.get("prefetch") or {}))
+                   prefetch=dict(d.get("prefetch") or {}), setup=dict(d.get("setup") or {}))
 
     def __str__(self) -> str:
         head = (f"{'problem':<46} {'layers':<22} {'cuDNN us':>9} {'plan us':>9} {'speedup':>8} {'trials':>6} "
@@ -621,6 +628,7 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
 
     t0 = time.perf_counter()
     found = discover(model, example_inputs)
+    setup: dict[str, float] = {"discover_s": time.perf_counter() - t0}
     if step is None:
         off_gpu = [p for p in found.problems if found.devices[p] < 0]
         if off_gpu or not found.problems and found.unsupported:
@@ -629,26 +637,34 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
                              "in float32 and NCHW, as production will run them")
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
-    if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
-        if not even:
-            found.stock_us = time_stock(found)
-        step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)
     label = "tuning" if ctx.world_size == 1 else f"rank {ctx.rank} tuning"
     prefetch: dict[str, Any] = {}
     prepare = getattr(step, "prepare", None)
+    wave = None
     if prepare is not None and mine:
         # one compile wave for the whole share's start points, before the first problem's budget starts; only a
-        # head start: a failure here leaves each tuning to compile its own
+        # head start: a failure here leaves each tuning to compile its own. The compiles run on the host while
+        # torch's conv is timed on the GPU below (on the H200 the wave took 5.4 s of ResNet-18's pre-tuning).
         if progress is not False:
             print(f"{label}: compiling the start points of {len(mine)} problems up front", file=sys.stderr, flush=True)
+        wave = _Background(lambda: prepare([(p, found.devices[p]) for p in mine]))
+    if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
+        if not even:
+            t1 = time.perf_counter()
+            found.stock_us = time_stock(found)
+            setup["stock_s"] = time.perf_counter() - t1
+        step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
+    if wave is not None:
         t1 = time.perf_counter()
         try:
-            prefetch = {"configs": prepare([(p, found.devices[p]) for p in mine]), "seconds": time.perf_counter() - t1}
+            prefetch = {"configs": wave.result(), "seconds": wave.seconds}
         except Exception as e:
             log.logger().warning(f"compiling the start points up front failed ({type(e).__name__}: {e}); each "
                                  "problem's tuning compiles its own")
+        setup["prefetch_wait_s"] = time.perf_counter() - t1
+    setup["before_tuning_s"] = time.perf_counter() - t0
     bar = _Bar(len(mine), per_problem, progress, label, position=ctx.rank)
     records: list[Record] = []
     try:
@@ -672,5 +688,35 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
         raise RuntimeError(f"no winner came back for {len(missing)} problems ({missing[0]}, ...); a rank "
                            "must have skipped its share")
     return ModelReport(rows=rows, unsupported=found.unsupported, seconds=time.perf_counter() - t0,
-                       world_size=ctx.world_size, prefetch=prefetch)
+                       world_size=ctx.world_size, prefetch=prefetch, setup=setup)
+
+
+class _Background:
+    """``fn()`` on a daemon thread, started at once; ``result()`` waits for it and returns its value or raises
+    its exception; ``seconds`` is how long it ran."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        import threading
+
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+
+        def run() -> None:
+            t = time.perf_counter()
+            try:
+                self._value = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller by result()
+                self._error = e
+            finally:
+                self.seconds = time.perf_counter() - t
+
+        self._thread = threading.Thread(target=run, name="bagf-prefetch", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 

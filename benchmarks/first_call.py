@@ -442,6 +442,9 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                "max_tune_seconds": max((r["tune_seconds"] or 0.0 for r in tuned), default=None),
                "report_seconds": None if report is None else report.get("seconds"),
                "prefetch": None if report is None else report.get("prefetch"),
+               "setup": None if report is None else report.get("setup"),
+               "command_phases": None if report is None else {
+                   k: (report.get("meta") or {}).get(k) for k in ("startup_s", "build_s", "wall_seconds")},
                "whole_allowed_s": whole_allowed, "whole_within": bool(wall <= whole_allowed),
                "search_failed": failures, "source": "tune JSON" if report is not None else "cache (no tune JSON)"}
     summary["pass"] = bool(rc == 0 and rows and all(r["within_budget"] for r in rows) and not failures)
@@ -510,7 +513,8 @@ def model_markdown(meta: dict, summary: dict, rows: list[dict], args) -> list[st
     lines += ["", f"Whole command: {wall:.1f} s wall (rc {rc}{', TIMED OUT' if timed_out else ''}) for {len(tuned)} "
               f"tuned problems; tuning {sum_tune:.1f} s of it, {wall - sum_tune:.1f} s outside the tuner"
               + (f" (of which {summary['prefetch']['seconds']:.1f} s compiling {summary['prefetch']['configs']} start "
-                 "points up front)" if (summary.get("prefetch") or {}).get("configs") else "") + "; within "
+                 "points up front)" if (summary.get("prefetch") or {}).get("configs") else "") + "; "
+              + _outside_words(summary) + "within "
               f"the problems' allowed seconds + {args.startup_allowance:g} s = "
               f"{whole_allowed:.1f} s: {'yes' if summary['whole_within'] else 'NO'}. 'search ... failed' warnings: "
               f"{len(failures)}. Source of the rows: {summary['source']}. Geomean x cuDNN over {len(speeds)} problems: "
@@ -541,6 +545,23 @@ def speedup(row: dict) -> float | None:
     """cuDNN's time over the plan's (the tuner's own medians in the tune JSON), or None where either is missing."""
     t, a = row.get("time_us"), row.get("aten_us")
     return a / t if t and a else None
+
+
+def _outside_words(summary: dict) -> str:
+    """Where the time outside the tuner went, as far as the tune command's JSON says: the interpreter's start and
+    imports before the command's clock, building the model, and tune_model's steps before the first problem."""
+    cp = summary.get("command_phases") or {}
+    setup = summary.get("setup") or {}
+    parts = []
+    if cp.get("startup_s") is not None:
+        parts.append(f"process start and imports {cp['startup_s']:.1f} s")
+    if cp.get("build_s") is not None:
+        parts.append(f"building the model on the GPU {cp['build_s']:.1f} s")
+    for key, words in (("discover_s", "discovery"), ("stock_s", "torch's conv timed per problem"),
+                       ("prefetch_wait_s", "waiting for the start points' compiles after that")):
+        if setup.get(key) is not None:
+            parts.append(f"{words} {setup[key]:.1f} s")
+    return f"outside the tuner: {', '.join(parts)}; " if parts else ""
 
 
 def _us(v) -> str:

@@ -246,3 +246,13 @@ def test_roofline_points_and_ceilings():
     plan = {"problem": p.as_dict(), "family": "aten", "config": None, "time_us": 2.0, "aten_us": 2.0}
     (pt,) = report.points_from_plans([plan])
     assert pt.intensity == 18 / 76 and pt.plan_flops == 18 / 2e-6 and pt.plan == "aten (cuDNN)"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process's age comes from Linux's /proc")
+def test_the_tune_reports_process_start_is_its_age():
+    """``startup_s`` in a tune report's meta: seconds from the process's start (interpreter, imports) to the
+    command's clock, read from /proc."""
+    code = "import time; time.sleep(0.5); from bagf_torch import cli; print(cli._process_age_s())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    age = float(out.stdout.strip())
+    assert 0.45 <= age < 60, age

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import types
 
 import pytest
@@ -80,6 +81,14 @@ def test_build_names():
     with pytest.raises(models.ModelError, match="unknown model 'resnet'.*torchvision:resnet18"):
         models.build("resnet")
     assert models.input_size("torchvision:inception_v3") == 299 and models.input_size("alexnet") == 224
+    # checked without building (the tune command checks the name first and builds once, on its GPU)
+    assert models.check(" alexnet") is None
+    with pytest.raises(models.ModelError, match="unknown model 'resnet'"):
+        models.check("resnet")
+    # built on the default device: here no memory at all
+    with torch.device("meta"):
+        net = models.build("alexnet")
+    assert {p.device.type for p in net.parameters()} == {"meta"} and isinstance(net.features[0], TunedConv2d)
 
 
 def test_torchvision_models():
@@ -354,6 +363,56 @@ def test_tune_model_compiles_every_start_point_up_front_through_the_steps_prepar
     assert report.prefetch["configs"] == 9 and report.prefetch["seconds"] >= 0
     assert "compiling 9 start points up front" in str(report)
     assert pretune.ModelReport.from_dict(json.loads(report.to_json())).prefetch == report.prefetch
+
+
+def test_tune_model_compiles_the_start_points_while_torchs_conv_is_timed(monkeypatch):
+    """The start points' compile wave (host) runs beside the stock timing (GPU), not after it: each side waits for
+    the other to have started, so run one after the other, the first would give up waiting. The report says
+    where the time before the first problem went."""
+    started = {"prepare": threading.Event(), "stock": threading.Event()}
+    seen = {}
+
+    def fake_stock(problem, device):
+        started["stock"].set()
+        seen.setdefault("prepare_running", started["prepare"].wait(5.0))
+        return 10.0 * problem.n
+
+    class PreparingStep(FakeStep):
+        def per_problem_seconds(self):
+            return 7.0
+
+        def allot(self, seconds):
+            self.allotted = dict(seconds)
+
+        def prepare(self, problems):
+            started["prepare"].set()
+            seen["stock_running"] = started["stock"].wait(5.0)
+            seen["prepare_thread"] = threading.current_thread().name
+            return 3
+
+    monkeypatch.setattr(pretune, "stock_us", fake_stock)
+    xs = [torch.randn(2, 3, 16, 16).as_subclass(FakeCuda0)]
+    step = PreparingStep()
+    report = bagf_torch.tune_model(_two_branch_model(), xs, step=step, progress=False)
+    assert seen["stock_running"] and seen["prepare_running"], seen
+    assert seen["prepare_thread"] != threading.current_thread().name
+    assert report.prefetch["configs"] == 3 and len(step.allotted) == 2
+    assert set(report.setup) == {"discover_s", "stock_s", "prefetch_wait_s", "before_tuning_s"}
+    assert report.setup["before_tuning_s"] >= report.setup["stock_s"] >= 0
+    assert pretune.ModelReport.from_dict(json.loads(report.to_json())).setup == report.setup
+
+
+def test_tune_model_survives_a_failed_compile_wave(monkeypatch, caplog):
+    class FailingStep(FakeStep):
+        def prepare(self, problems):
+            raise RuntimeError("nvrtc is gone")
+
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        report = bagf_torch.tune_model(_two_branch_model(), fake_cuda(2, 3, 16, 16), step=FailingStep(),
+                                       progress=False)
+    assert len(report.rows) == 2 and report.prefetch == {}
+    assert any("compiling the start points up front failed (RuntimeError: nvrtc is gone)" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_tune_model_progress_lines_without_a_terminal(capsys):

@@ -541,20 +541,20 @@ def test_the_finalists_short_switch_interval_is_counted_and_restored():
     import sys
     import threading
 
-    from bagf_torch.tuning.measure import QUEUED_SWITCH_S, _short_switch_interval
+    from bagf_torch.tuning.measure import QUEUED_SWITCH_S, short_switch_interval
 
     own = sys.getswitchinterval()
     assert own > QUEUED_SWITCH_S
     inside, go, done = threading.Event(), threading.Event(), []
 
     def other():
-        with _short_switch_interval():
+        with short_switch_interval():
             inside.set()
             go.wait(5)
             done.append(sys.getswitchinterval())
 
     t = threading.Thread(target=other)
-    with _short_switch_interval():
+    with short_switch_interval():
         assert sys.getswitchinterval() == pytest.approx(QUEUED_SWITCH_S)
         t.start()
         assert inside.wait(5)
@@ -563,7 +563,7 @@ def test_the_finalists_short_switch_interval_is_counted_and_restored():
     t.join(5)
     assert done == [pytest.approx(QUEUED_SWITCH_S)] and sys.getswitchinterval() == own
     with pytest.raises(RuntimeError):
-        with _short_switch_interval():
+        with short_switch_interval():
             raise RuntimeError("a failed launch")
     assert sys.getswitchinterval() == own
 

@@ -159,7 +159,7 @@ _switch_saved = 0.0
 
 
 @contextlib.contextmanager
-def _short_switch_interval():
+def short_switch_interval():
     """``QUEUED_SWITCH_S`` as the interpreter's switch interval for the block; nested and concurrent blocks are
     counted, the first in saves the process's interval and the last out restores it."""
     global _switch_depth, _switch_saved
@@ -240,7 +240,7 @@ class CudaBenchmarker:
         exceed its GPU time). Timed call by call between events, a span holds the host's pace whenever the host is
         slower than the GPU, e.g. with a search step or compiles busy on other threads."""
         self._sleep_cycles = QUEUED_SLEEP_CYCLES
-        with _short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
+        with short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
                                                        tf32=ws.problem.tf32):
             fns = [self._call(ws, h) for h in handles]
             counts = [self._queued_calls(fn) for fn in fns]
