@@ -504,9 +504,12 @@ def test_tc_start_config_sizes_split_k_to_the_problem():
     def conv(n, c, hw, k, ks, st, pd):
         return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd))
 
-    assert tc.default_for(conv(1, 384, 13, 256, 3, 1, 1))["SPLIT"] == 32  # 12 blocks: split to fill 132 SMs
+    # 12 blocks of 64x64: 128x32 blocks (12 of them too), split to fill 132 SMs within 4 K-tiles per slice
+    assert tc.default_for(conv(1, 384, 13, 256, 3, 1, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=32)
     assert tc.default_for(conv(128, 384, 13, 256, 3, 1, 1)) == tc.DEFAULT  # 1352 blocks: no split
     assert tc.default_for(conv(1, 3, 224, 64, 11, 4, 2))["SPLIT"] == 4  # C*R*S = 363: >= 4 K-tiles per slice
+    # ResNet-18's layer4.0.conv1 at N=32: 200 blocks of 64x64 for 132 SMs
+    assert tc.default_for(conv(32, 256, 14, 512, 3, 2, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=2)
     for n in (1, 2, 8, 32, 128):
         assert tc.space().is_valid(tc.default_for(conv(n, 64, 27, 192, 5, 1, 2)))
 
@@ -529,14 +532,15 @@ def test_tc_features_describe_the_grid_and_the_work_per_block():
 
 def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
     """On every completely recorded H200 problem, the problem-sized start point was measured no slower than
-    DEFAULT (within 5% noise), and on AlexNet conv2-conv5 at N=1 more than 4x faster."""
+    DEFAULT (within 5% noise), and on AlexNet conv2-conv5 at N=1 more than 4x faster; over the problems where it
+    reshapes the block, within 1.2x of each recorded optimum in the geomean (DEFAULT with split-K alone: 1.34x)."""
     from pathlib import Path
 
     from bagf_torch.kernels import implicit_gemm_tc as tc
     from bagf_torch.tuning.replay import load_recording
 
     rec = load_recording(Path(__file__).resolve().parent.parent / "benchmarks/data/implicit_gemm_tc_h200.json.gz")
-    checked = 0
+    checked, ratios = 0, []
     for p in rec.problems:
         if p.family != tc.FAMILY or not p.complete:
             continue
@@ -547,8 +551,11 @@ def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
         assert start <= 1.05 * default, (p.name, start, default)
         if p.name in ("alexnet_conv2_n1", "alexnet_conv3_n1", "alexnet_conv4_n1", "alexnet_conv5_n1"):
             assert start * 4 < default, (p.name, start, default)
+        if tc.default_for(problem)["BM"] != tc.DEFAULT["BM"]:
+            ratios.append(start / min(t for t in times.values()))
         checked += 1
-    assert checked >= 7
+    assert checked >= 7 and len(ratios) >= 5
+    assert math.prod(ratios) ** (1 / len(ratios)) < 1.2, ratios
 
 
 def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypatch):
