@@ -157,7 +157,9 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None, **phas
     """What a tune report's JSON says of the run that made it: the machine and versions (``env``: the environment
     every plan's cache key holds, of ``device``), the date, the command line, the settings it tuned with, the
     command's wall time (from its start, Python's and torch's import excluded, to the report) and ``phases``
-    (``startup_s``: the process's start and imports before that; ``build_s``: building the model)."""
+    (``startup_s``: the process's start and imports before that; then ``check_s``: the model's name checked,
+    ``gpu_init_s``: the GPU's context, ``build_s``: building the model, ``inputs_s``: the example inputs and the
+    first line printed)."""
     import datetime
     import platform
 
@@ -185,29 +187,42 @@ def tune_command(args) -> int:
     t0 = time.perf_counter()
     startup_s = _process_age_s()
     _check_model(args.model)  # an unknown model is reported before anything else
+    check_s = time.perf_counter() - t0
     started, local_rank = distributed.init_from_env()
     try:
         _require_gpu("tune")
+        # The search strategy's imports (Ax's: about 5 s) start now, beside the GPU's start, the model's build and
+        # discovery; the tuner waits for them before it times anything.
+        from . import settings
+        from .tuning import strategies
+
+        strategies.preload(args.strategy or settings.strategy())
+        t1 = time.perf_counter()
         torch.cuda.set_device(local_rank)
+        torch.cuda.init()
+        gpu_init_s = time.perf_counter() - t1
         tf32 = tf32_mode(args.tf32)
         torch.backends.cudnn.allow_tf32 = tf32  # part of every problem key: tune the mode you will run
         t1 = time.perf_counter()
         with torch.device("cuda", local_rank):  # parameters initialised where they run (ResNet-50: 25M of them)
             model = _build_model(args.model, tuned=True).eval()
         build_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
         xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank))
         ctx = distributed.Context.current()
         if ctx.rank == 0:
             print(f"pre-tuning {args.model} at N={','.join(map(str, args.batch))} on "
                   f"{torch.cuda.get_device_name()}{f' and {ctx.world_size - 1} more ranks' if ctx.world_size > 1 else ''}"
                   f" (fp32, {_tf32_words(tf32, args.tf32)}); cache {_cache_path()}", flush=True)
+        inputs_s = time.perf_counter() - t1
         report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
                             seed=args.seed, progress=None if args.progress else False, even=args.even)
         if ctx.rank == 0:
             print(report)
             if args.json:
                 report.meta = _run_meta(args, tf32, time.perf_counter() - t0, device=local_rank,
-                                        startup_s=startup_s, build_s=build_s)
+                                        startup_s=startup_s, check_s=check_s, gpu_init_s=gpu_init_s,
+                                        build_s=build_s, inputs_s=inputs_s)
                 report.save(args.json)
                 print(f"report written to {args.json}")
     finally:

@@ -444,7 +444,8 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
                "prefetch": None if report is None else report.get("prefetch"),
                "setup": None if report is None else report.get("setup"),
                "command_phases": None if report is None else {
-                   k: (report.get("meta") or {}).get(k) for k in ("startup_s", "build_s", "wall_seconds")},
+                   k: (report.get("meta") or {}).get(k)
+                   for k in ("startup_s", "check_s", "gpu_init_s", "build_s", "inputs_s", "wall_seconds")},
                "whole_allowed_s": whole_allowed, "whole_within": bool(wall <= whole_allowed),
                "search_failed": failures, "source": "tune JSON" if report is not None else "cache (no tune JSON)"}
     summary["pass"] = bool(rc == 0 and rows and all(r["within_budget"] for r in rows) and not failures)
@@ -553,10 +554,11 @@ def _outside_words(summary: dict) -> str:
     cp = summary.get("command_phases") or {}
     setup = summary.get("setup") or {}
     parts = []
-    if cp.get("startup_s") is not None:
-        parts.append(f"process start and imports {cp['startup_s']:.1f} s")
-    if cp.get("build_s") is not None:
-        parts.append(f"building the model on the GPU {cp['build_s']:.1f} s")
+    for key, words in (("startup_s", "process start and imports"), ("check_s", "the model's name checked"),
+                       ("gpu_init_s", "the GPU's context"), ("build_s", "building the model on the GPU"),
+                       ("inputs_s", "the example inputs")):
+        if cp.get(key) is not None:
+            parts.append(f"{words} {cp[key]:.1f} s")
     for key, words in (("discover_s", "discovery"), ("stock_s", "torch's conv timed per problem"),
                        ("prefetch_wait_s", "waiting for the start points' compiles after that")):
         if setup.get(key) is not None:

@@ -481,3 +481,16 @@ def test_budgets_pairs_problems_and_summarises_the_plan_speed_kept(tmp_path, cap
         assert budgets.main(["--fast", str(tmp_path / "fast.json"), "--slow", str(tmp_path / "slow.json"),
                              "--out", str(tmp_path)]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_first_call_says_where_the_time_outside_the_tuner_went(first_call):
+    """The tune command's phases (its meta) and tune_model's setup, in the order they ran; what the JSON lacks is
+    left out."""
+    summary = {"command_phases": {"startup_s": 4.3, "check_s": 1.2, "gpu_init_s": 0.8, "build_s": 0.04,
+                                  "inputs_s": None, "wall_seconds": 60.5},
+               "setup": {"discover_s": 0.5, "stock_s": 0.9, "prefetch_wait_s": 4.9, "before_tuning_s": 6.4}}
+    words = first_call._outside_words(summary)
+    assert words == ("outside the tuner: process start and imports 4.3 s, the model's name checked 1.2 s, the GPU's "
+                     "context 0.8 s, building the model on the GPU 0.0 s, discovery 0.5 s, torch's conv timed per "
+                     "problem 0.9 s, waiting for the start points' compiles after that 4.9 s; ")
+    assert first_call._outside_words({"command_phases": None, "setup": None}) == ""

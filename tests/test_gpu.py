@@ -708,8 +708,8 @@ def _stock_graph_us(p, calls: int = 20, rounds: int = 7) -> float:
 
 def test_time_stock_times_each_problems_stock_conv_and_allots_by_it():
     """torch's conv on every discovered problem, timed apart from the model (GPU time, the host's launch cost
-    kept out), which allot_seconds shares the budget by: the 3x3 layer gets it in full, the small 1x1 the
-    least, whichever runs first in the forward."""
+    kept out), which allot_seconds shares the budget by: at N=32 the 3x3 layer gets it in full, the small 1x1
+    less, whichever runs first in the forward."""
     import bagf_torch
     from bagf_torch import pretune
 
@@ -729,15 +729,15 @@ def test_time_stock_times_each_problems_stock_conv_and_allots_by_it():
     assert set(found.stock_us) == set(found.problems) and all(t > 0 for t in found.stock_us.values())
     big = {p.n: p for p in found.problems if p.r == 3}
     small = {p.n: p for p in found.problems if p.r == 1}
-    # 30 GFLOP against a 1x1 conv of 1/16 of the pixels: a 10x gap at least
-    assert found.stock_us[big[32]] > 10 * found.stock_us[small[32]], found.stock_us
-    # at N=1 the host's launch cost (about 10 us a call) is as long as a small conv's GPU time: the timing must
-    # be GPU time, as a CUDA graph of the same calls measures it
-    for p in (big[1], small[1]):
+    # GPU time, as a CUDA graph of the same calls measures it: at N=1 the host's launch cost (about 10 us a call)
+    # is as long as a small conv's GPU time. (How far apart cuDNN puts the two layers is cuDNN's business: in
+    # TF32 mode its 1x1 stride-4 conv took 11-23 us at N=1 and 32 alike, against 22 and 199 us for the 3x3.)
+    assert found.stock_us[big[32]] > found.stock_us[small[32]] and found.stock_us[big[32]] > found.stock_us[big[1]]
+    for p in found.problems:
         graph = _stock_graph_us(p)
         assert 0.6 * graph < found.stock_us[p] < 1.5 * graph, (p.short(), found.stock_us[p], graph)
-    got = pretune.allot_seconds(found, 7.0)
-    assert got[big[32]] == got[big[1]] == 7.0 and got[small[32]] == pretune.MIN_SHARE_SECONDS
+    got = pretune.allot_seconds(found, 7.0)  # the N=32 pass: the 3x3 has most of it, in full; the 1x1 less
+    assert got[big[32]] == 7.0 and pretune.MIN_SHARE_SECONDS <= got[small[32]] < 7.0, got
     assert model.big._bagf_plans == {} and model.small._bagf_plans == {}  # discovery left nothing behind
 
 
