@@ -113,7 +113,7 @@ def check(name: str) -> str | None:
 def build(name: str, tuned: bool = True) -> nn.Module:
     """The model called ``name``: ``"alexnet"`` (shipped here) or ``"torchvision:<name>"`` (any torchvision
     classification model, untrained weights). ``tuned=True`` converts its convs to TunedConv2d. Built on the
-    current default device (``with torch.device("cuda"): build(...)`` initialises the parameters on the GPU).
+    current default device (``torch.set_default_device``, ``with torch.device(...)``).
 
     Raises ``ModelError`` with a one-line message for an unknown name or a missing torchvision.
     """

@@ -646,24 +646,26 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
     if prepare is not None and mine:
         # one compile wave for the whole share's start points, before the first problem's budget starts; only a
         # head start: a failure here leaves each tuning to compile its own. The compiles run on the host while
-        # torch's conv is timed on the GPU below (on the H200 the wave took 5.4 s of ResNet-18's pre-tuning).
+        # torch's conv is timed on the GPU below (on the H200 the wave took about 6 s of ResNet-18's pre-tuning).
         if progress is not False:
             print(f"{label}: compiling the start points of {len(mine)} problems up front", file=sys.stderr, flush=True)
         wave = _Background(lambda: prepare([(p, found.devices[p]) for p in mine]))
-    if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
-        if not even:
+    try:
+        if hasattr(step, "allot"):  # a step used again for an even run must not keep an earlier split
+            if not even:
+                t1 = time.perf_counter()
+                found.stock_us = time_stock(found)
+                setup["stock_s"] = time.perf_counter() - t1
+            step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
+    finally:  # the wave ends before tune_model does, however it ends (no compiles left running into the cache)
+        if wave is not None:
             t1 = time.perf_counter()
-            found.stock_us = time_stock(found)
-            setup["stock_s"] = time.perf_counter() - t1
-        step.allot({} if even else allot_seconds(found, step.per_problem_seconds()))
-    if wave is not None:
-        t1 = time.perf_counter()
-        try:
-            prefetch = {"configs": wave.result(), "seconds": wave.seconds}
-        except Exception as e:
-            log.logger().warning(f"compiling the start points up front failed ({type(e).__name__}: {e}); each "
-                                 "problem's tuning compiles its own")
-        setup["prefetch_wait_s"] = time.perf_counter() - t1
+            try:
+                prefetch = {"configs": wave.result(), "seconds": wave.seconds}
+            except Exception as e:
+                log.logger().warning(f"compiling the start points up front failed ({type(e).__name__}: {e}); each "
+                                     "problem's tuning compiles its own")
+            setup["prefetch_wait_s"] = time.perf_counter() - t1
     setup["before_tuning_s"] = time.perf_counter() - t0
     bar = _Bar(len(mine), per_problem, progress, label, position=ctx.rank)
     records: list[Record] = []

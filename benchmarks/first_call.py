@@ -555,12 +555,12 @@ def _outside_words(summary: dict) -> str:
     setup = summary.get("setup") or {}
     parts = []
     for key, words in (("startup_s", "process start and imports"), ("check_s", "the model's name checked"),
-                       ("gpu_init_s", "the GPU's context"), ("build_s", "building the model on the GPU"),
+                       ("gpu_init_s", "the extension and the GPU's context"), ("build_s", "building the model"),
                        ("inputs_s", "the example inputs")):
         if cp.get(key) is not None:
             parts.append(f"{words} {cp[key]:.1f} s")
     for key, words in (("discover_s", "discovery"), ("stock_s", "torch's conv timed per problem"),
-                       ("prefetch_wait_s", "waiting for the start points' compiles after that")):
+                       ("prefetch_wait_s", "waiting for the start points' compiles (and the strategy's imports) after that")):
         if setup.get(key) is not None:
             parts.append(f"{words} {setup[key]:.1f} s")
     return f"outside the tuner: {', '.join(parts)}; " if parts else ""

@@ -380,7 +380,10 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
     fam = _family("winograd_gemm")
     handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1, GE=0)])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
-    w = torch.randn(7, 5, 3, 3, device="cuda", requires_grad=True)
+    # weights scaled to unit-variance outputs (as the tuner's check data) so that 1e-4 is relative: unscaled 3x3
+    # weights over 5 channels give outputs of about 7, where F(6x6)'s fp32 error (about 2e-5 of the output's
+    # scale) exceeded an absolute 1e-4
+    w = (torch.randn(7, 5, 3, 3, device="cuda") / 45 ** 0.5).requires_grad_()
     b = torch.randn(7, device="cuda", requires_grad=True)
     torch.library.opcheck(torch.ops.bagf.conv2d.default, (x, w, None, [1, 1], [0, 2], [1, 1], handle))
     _op_and_gradients_match_aten(handle, x, w, b, [1, 1], [1, 0])
@@ -391,13 +394,11 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
                                  [4, 4], [2, 1])
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True,
                                                      allow_tf32=False):
-        # unit-variance outputs here too: unscaled 3x3 weights over 5 channels give outputs of about 7, where
-        # F(6x6)'s fp32 error (about 2e-5 of the output's scale) exceeded an absolute 1e-4
-        w5 = torch.randn(7, 5, 5, 5, device="cuda") / 125 ** 0.5
+        w5 = torch.randn(7, 5, 5, 5, device="cuda") / 125 ** 0.5  # unit-variance outputs here too
         torch.testing.assert_close(torch.ops.bagf.conv2d(x, w5, b, [1, 1], [2, 2], [1, 1], handle),
                                    F.conv2d(x, w5, b, 1, 2), rtol=1e-4, atol=1e-4)
-        w3 = w.detach() / 45 ** 0.5  # 3x3 at stride 2: the host computes it in the polyphase form (the tuner
-        # does not offer it there, winograd_math.polyphase_applies); at unequal strides ATen answers
+        w3 = w.detach()  # 3x3 at stride 2: the host computes it in the polyphase form (the tuner does not
+        # offer it there, winograd_math.polyphase_applies); at unequal strides ATen answers
         for st in ([2, 2], [2, 1]):
             torch.testing.assert_close(torch.ops.bagf.conv2d(x, w3, b, st, [1, 1], [1, 1], handle),
                                        F.conv2d(x, w3, b, st, 1), rtol=1e-4, atol=1e-4)

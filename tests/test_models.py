@@ -81,7 +81,7 @@ def test_build_names():
     with pytest.raises(models.ModelError, match="unknown model 'resnet'.*torchvision:resnet18"):
         models.build("resnet")
     assert models.input_size("torchvision:inception_v3") == 299 and models.input_size("alexnet") == 224
-    # checked without building (the tune command checks the name first and builds once, on its GPU)
+    # checked without building (the tune command checks the name first and builds once)
     assert models.check(" alexnet") is None
     with pytest.raises(models.ModelError, match="unknown model 'resnet'"):
         models.check("resnet")

@@ -773,8 +773,8 @@ def test_tc_warps_in_flight_counts_what_the_grid_can_fill():
     from bagf_torch.tuning.tuner import search_initial_order
 
     conv2 = ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))  # N*P*Q = 729
-    start = tc.default_for(conv2)  # 12 x 3 x SPLIT 8 = 288 blocks, 4 of 128 threads resident per SM
-    assert start["SPLIT"] == 8 and tc.blocks_per_sm(start) == 4
+    start = dict(tc.DEFAULT, SPLIT=8)  # 12 x 3 x SPLIT 8 = 288 blocks, 4 of 128 threads resident per SM
+    assert tc.blocks_per_sm(start) == 4
     assert tc.warps_in_flight(conv2, start) == pytest.approx(288 / 132 * 4)  # the grid, not residency, limits
     assert tc.warps_in_flight(conv2, start, sms=66) == pytest.approx(4 * 4)  # residency limits
     assert tc.warps_in_flight(conv2, dict(start, WM=1)) == pytest.approx(288 / 132 * 2)  # half the warps
