@@ -181,7 +181,9 @@ if has ncu; then
   for plan in ${NCU_PLANS:-}; do
     k=$((k + 1))
     echo "# $plan" > "$OUT/ncu_$k.log"
-    timeout ${NCU_TIMEOUT:-150} ncu --set full --import-source no --launch-count 1 \
+    # shellcheck disable=SC2086  # NCU_ARGS: more ncu arguments (e.g. "--print-details all": the sections' bodies,
+    # such as the stall reasons behind Warp State Statistics, which the default text output leaves out)
+    timeout ${NCU_TIMEOUT:-150} ncu --set full --import-source no --launch-count 1 ${NCU_ARGS:-} \
       --kernel-name "regex:${NCU_KERNEL:-^(bagf::)?(implicit_gemm|winograd|direct|gemm_)}" \
       python3 benchmarks/probes/ncu_plan.py --launches 1 "$plan" >> "$OUT/ncu_$k.log" 2>&1 || rc=1
     grep -E "^# |Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Stall|stall" \
