@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import textwrap
@@ -675,36 +674,18 @@ def _small_model():
 
 
 def _stock_graph_us(p, calls: int = 20, rounds: int = 7) -> float:
-    """torch's conv on ``p`` in its cuDNN mode: GPU microseconds per call of ``calls`` calls in one CUDA graph,
-    the median of ``rounds`` replays."""
+    """torch's conv on ``p`` in its cuDNN mode: GPU microseconds per call of ``calls`` calls in one CUDA graph
+    (``bench.graphed``), the median of ``rounds`` replays (``bench.time_forward``)."""
+    from bagf_torch import bench
     from bagf_torch.problem import cudnn_conv_mode
 
     x = torch.randn(p.n, p.c, p.h, p.w, device="cuda")
     w = torch.randn(p.k, p.c, p.r, p.s, device="cuda")
     b = torch.randn(p.k, device="cuda")
     with torch.no_grad(), cudnn_conv_mode(benchmark=True, tf32=p.tf32):
-        def call():
-            return F.conv2d(x, w, b, p.stride, p.padding, p.dilation)
-
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                call()
-        times = []
-        for _ in range(rounds):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            g.replay()
-            end.record()
-            end.synchronize()
-            times.append(1e3 * start.elapsed_time(end) / calls)
-    return statistics.median(times)
+        replay, _ = bench.graphed(lambda x: [F.conv2d(x, w, b, p.stride, p.padding, p.dilation)
+                                             for _ in range(calls)], x)
+        return bench.time_forward(replay, runs=rounds, warmup=1).median_us / calls
 
 
 def test_time_stock_times_each_problems_stock_conv_and_allots_by_it():

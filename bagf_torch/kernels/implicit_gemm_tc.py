@@ -127,9 +127,8 @@ def warps_in_flight(problem, c: Mapping[str, int], sms: int = H200_SMS) -> float
     model: the highest is not always the fastest (BN=32 on conv3x3_256_56 at N=1: 0.57 against 0.70 for
     the start), and the way to most optima passes through a neighbour that lowers it (BM=128 halves the
     grid; 5 of the 7 optima have BM=128 and get their warps back with WM=4), which is why ax ranks only the
-    first two of its initial design by it (docs/strategies.md). Those figures were measured around the
-    previous start point, DEFAULT with split-K; on small grids the start is now already a 128-row block of 8
-    warps (``SMALL_GRID_TILE``), and the replays of docs/strategies.md have not been rerun from it.
+    first two of its initial design by it (docs/strategies.md). Those figures are for neighbours of DEFAULT with
+    split-K; where ``default_for`` starts from ``SMALL_GRID_TILE`` the start is a 128-row block of 8 warps already.
     """
     p, q = problem.out_hw
     grid = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"]) * c["SPLIT"]
