@@ -104,6 +104,17 @@ def _build_model(name: str, tuned: bool):
         raise UsageError(str(e)) from None
 
 
+def _check_format(args) -> None:
+    """An error (exit 2) for a dtype and memory format no kernel family computes: every layer would run ATen."""
+    from .kernels import supported_formats
+
+    want = (DTYPES[args.dtype], "nhwc" if args.channels_last else "nchw")
+    if want not in supported_formats():
+        tuned = ", ".join(f"{d} {'channels_last' if l == 'nhwc' else 'NCHW'}" for d, l in sorted(supported_formats()))
+        raise SystemExit(f"python -m bagf_torch tune: {want[0]} {'channels_last' if args.channels_last else 'NCHW'} is "
+                         f"not tuned (the kernels compute {tuned}); drop --channels-last or pick another --dtype")
+
+
 def _check_model(name: str) -> None:
     from .models import ModelError, check
 
@@ -113,14 +124,23 @@ def _check_model(name: str) -> None:
         raise UsageError(str(e)) from None
 
 
-def _inputs(name: str, batches: list[int], device):
+def _inputs(name: str, batches: list[int], device, dtype=None, channels_last: bool = False):
+    """One random input per batch size, on ``device``, in ``dtype`` (default float32) and, with ``channels_last``,
+    that memory format: as the model will be called."""
     import torch
 
     from .models import input_size
 
     size = input_size(name)
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(n, 3, size, size, generator=g).to(device) for n in batches]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return [torch.randn(n, 3, size, size, generator=g).to(device, dtype or torch.float32).contiguous(memory_format=fmt)
+            for n in batches]
+
+
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+"""``--dtype`` spellings -> torch dtype names."""
 
 
 def tf32_mode(flag: str | None) -> bool:
@@ -128,6 +148,16 @@ def tf32_mode(flag: str | None) -> bool:
     from .problem import cudnn_tf32
 
     return cudnn_tf32() if flag is None else flag == "on"
+
+
+def _format_words(dtype, channels_last: bool, tf32: bool, flag: str | None) -> str:
+    """The dtype and memory format a tune command tunes, with the TF32 mode for float32."""
+    import torch
+
+    fmt = ", channels_last" if channels_last else ""
+    if dtype is torch.float32:
+        return f"fp32{fmt}, {_tf32_words(tf32, flag)}"
+    return f"{'fp16' if dtype is torch.float16 else 'bf16'}{fmt}"
 
 
 def _tf32_words(tf32: bool, flag: str | None) -> str:
@@ -175,6 +205,8 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None, **phas
             "seconds_per_problem": args.seconds if args.seconds is not None else settings.budget_seconds(),
             "evaluations_per_problem": args.budget if args.budget is not None else settings.budget_evaluations(),
             "strategy": args.strategy or settings.strategy(), "wall_seconds": wall_s,
+            "dtype": DTYPES[getattr(args, "dtype", "float32")],
+            "channels_last": bool(getattr(args, "channels_last", False)),
             "even": bool(getattr(args, "even", False)), **phases}
 
 
@@ -187,6 +219,7 @@ def tune_command(args) -> int:
     t0 = time.perf_counter()
     startup_s = _process_age_s()
     _check_model(args.model)  # an unknown model is reported before anything else
+    _check_format(args)
     check_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     started, local_rank = distributed.init_from_env()
@@ -206,15 +239,18 @@ def tune_command(args) -> int:
         t1 = time.perf_counter()
         # built on the CPU, as the user builds it (a model whose layer widths come from float arithmetic, as
         # torchvision's RegNets', must get the same shapes), then moved
-        model = _build_model(args.model, tuned=True).cuda().eval()
+        dtype = getattr(torch, DTYPES[args.dtype])
+        model = _build_model(args.model, tuned=True).to(dtype).cuda().eval()
+        if args.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         build_s = time.perf_counter() - t1
         t1 = time.perf_counter()
-        xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank))
+        xs = _inputs(args.model, args.batch, torch.device("cuda", local_rank), dtype, args.channels_last)
         ctx = distributed.Context.current()
         if ctx.rank == 0:
             print(f"pre-tuning {args.model} at N={','.join(map(str, args.batch))} on "
                   f"{torch.cuda.get_device_name()}{f' and {ctx.world_size - 1} more ranks' if ctx.world_size > 1 else ''}"
-                  f" (fp32, {_tf32_words(tf32, args.tf32)}); cache {_cache_path()}", flush=True)
+                  f" ({_format_words(dtype, args.channels_last, tf32, args.tf32)}); cache {_cache_path()}", flush=True)
         inputs_s = time.perf_counter() - t1
         report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
                             seed=args.seed, progress=None if args.progress else False, even=args.even)
@@ -514,6 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="the cuDNN TF32 mode to tune for; it is part of every plan's key, so tune the mode the model "
                         "will run in (default: this process's torch.backends.cudnn.allow_tf32, PyTorch's default on)")
+    t.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                   help="the dtype the model will run in (default float32); float16 and bfloat16 are tuned in NCHW and "
+                        "channels_last; dtype and memory format are part of every plan's key")
+    t.add_argument("--channels-last", action="store_true",
+                   help="tune for channels_last (NHWC) inputs and weights, as "
+                        "model.to(memory_format=torch.channels_last) runs")
     t.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import log, runtime
+from .kernels import supported_formats
 from .ops import ATEN
 from .problem import ConvProblem, cudnn_tf32, out_extent
 
@@ -26,6 +27,28 @@ _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_FORMATS = supported_formats()
+"""(dtype name, layout) pairs some kernel family computes (ConvProblem.dtype, .layout); other inputs go to ATen."""
+_TAKEN = frozenset((d, c) for d, name in _DTYPE_NAMES.items() for c in (True, False)
+                   if (name, "nchw" if c else "nhwc") in _FORMATS)
+"""The same as (torch dtype, input.is_contiguous()) pairs, which the forward's fast path tests: an input that is not
+contiguous there is channels_last or goes to ATen (``_format``)."""
+
+
+_TAKEN_DTYPES = frozenset(d for d, _ in _TAKEN)
+
+
+def _format(x: torch.Tensor) -> tuple[str, str] | None:
+    """(dtype name, "nchw" or "nhwc") of ``x`` as ConvProblem.from_call names them, None for other dtypes or
+    strides."""
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        return None
+    if x.is_contiguous():
+        return name, "nchw"
+    return (name, "nhwc") if x.is_contiguous(memory_format=torch.channels_last) else None
 
 
 def _compile_constant(fn):
@@ -93,8 +116,9 @@ class TunedConv2d(nn.Conv2d):
 
     Same constructor, parameters and state dict as ``nn.Conv2d`` (state dicts load both ways). On the first
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
-    (BAGF_TUNE=1), then reuses it. Anything the kernels do not handle (CPU tensors, dtypes other than
-    float32, non-contiguous or channels_last input, calls under torch.autocast, padding_mode other than 'zeros',
+    (BAGF_TUNE=1), then reuses it. float32 NCHW, and float16 and bfloat16 in NCHW or channels_last (with the
+    weight in the input's dtype), are tuned. Anything the kernels do not handle (CPU tensors, other dtypes, float32
+    channels_last, other strides, calls under torch.autocast, padding_mode other than 'zeros',
     groups > 1, asymmetric 'same' padding, empty batches or weights, input, weight or output of more than 2^31
     elements) runs through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses
     ATen's convolution backward.
@@ -149,10 +173,17 @@ class TunedConv2d(nn.Conv2d):
         reason = self._device_reason(x)
         if reason is not None:
             return reason
-        if _any_autocast() and _autocast_on(x):  # nn.Conv2d's forward returns autocast's dtype; ours float32
-            return f"autocast to {torch.get_autocast_dtype(x.device.type)} (kernels are float32 only for now)"
-        if x.dtype != torch.float32 or w.dtype != torch.float32:
-            return f"dtype {x.dtype} (kernels are float32 only for now)"
+        if _any_autocast() and _autocast_on(x):  # nn.Conv2d's forward returns autocast's dtype
+            return (f"autocast to {torch.get_autocast_dtype(x.device.type)} (the kernels run the input's own dtype; "
+                    "cast the model and input instead of autocast to tune them)")
+        fmt = _format(x)
+        if fmt is not None and fmt not in _FORMATS:
+            return (f"{fmt[0]} {'channels_last' if fmt[1] == 'nhwc' else 'NCHW'} input (tuned: "
+                    f"{', '.join(sorted(' '.join(f) for f in _FORMATS))})")
+        if fmt is None and x.dtype not in _DTYPE_NAMES:
+            return f"dtype {x.dtype} (tuned: float32, float16, bfloat16)"
+        if w.dtype != x.dtype:
+            return f"weight dtype {w.dtype} differs from the input's {x.dtype}"
         if self.padding_mode != "zeros":
             return f"padding_mode={self.padding_mode!r} (kernels implement zero padding)"
         if self.groups != 1:
@@ -164,10 +195,10 @@ class TunedConv2d(nn.Conv2d):
         if min(self.stride) < 1 or min(self.dilation) < 1 or (
                 not isinstance(self.padding, str) and min(self.padding) < 0):
             return _BAD_CALL  # nor is a stride or dilation below 1 or a negative padding: nn.Conv2d says which
-        if not x.is_contiguous():
-            return ("channels_last input" if x.is_contiguous(memory_format=torch.channels_last)
-                    else "non-contiguous input")
-        if not w.is_contiguous() or w.device != x.device:
+        if fmt is None:
+            return "non-contiguous input (neither NCHW nor channels_last)"
+        if (not w.is_contiguous() and fmt[1] == "nchw") or w.device != x.device:
+            # (channels_last plans read the weight KRSC; the host converts one in another format)
             return "weight is not a contiguous tensor on the input's device"
         if x.shape[0] == 0:
             return "empty batch"
@@ -218,9 +249,9 @@ class TunedConv2d(nn.Conv2d):
         return conv
 
     def _remember(self, x: torch.Tensor, entry: tuple) -> None:
-        """Calls like ``x`` (shape, device, TF32 flag; fp32 and contiguous, as every call that gets here) take
-        ``entry`` from the fast path from now on (see ``forward``; never called while compiling)."""
-        key = (x.shape, x.get_device(), _tf32())
+        """Calls like ``x`` (shape, device, TF32 flag, dtype and contiguity: NCHW or channels_last, as every call that
+        gets here) take ``entry`` from the fast path from now on (see ``forward``; never called while compiling)."""
+        key = (x.shape, x.get_device(), _tf32(), x.dtype, x.is_contiguous())
         self.__dict__.setdefault("_bagf_plans", {})[key] = entry
         self.__dict__["_bagf_last"] = (*key, entry)  # (not through nn.Module.__setattr__: it costs a microsecond)
 
@@ -228,7 +259,7 @@ class TunedConv2d(nn.Conv2d):
         plans = self.__dict__.get("_bagf_plans")
         if not plans:
             return None
-        key = (x.shape, x.get_device(), _tf32())
+        key = (x.shape, x.get_device(), _tf32(), x.dtype, x.is_contiguous())
         entry = plans.get(key)
         if entry is not None:
             self.__dict__["_bagf_last"] = (*key, entry)
@@ -236,7 +267,8 @@ class TunedConv2d(nn.Conv2d):
 
     def _tell(self, x: torch.Tensor, kind) -> str | None:
         """Why the kernels do not take ``x`` (``_unsupported``), logged the first time per reason in the process;
-        ``kind`` (a dtype, "layout", "autocast"), when given, is remembered so that such calls are not checked again."""
+        ``kind`` (a (dtype, contiguous) pair, "autocast"), when given, is remembered so that such calls are not checked
+        again."""
         if kind is not None:
             self.__dict__.setdefault("_bagf_told", set()).add(kind)
         reason = self._unsupported(x)
@@ -250,7 +282,8 @@ class TunedConv2d(nn.Conv2d):
         trace), else torch's conv."""
         if self._unsupported(input) is not None:
             return self._conv_forward(input, w, b)
-        entry = self.__dict__.get("_bagf_plans", {}).get((input.shape, input.get_device(), _tf32_at_trace()))
+        entry = self.__dict__.get("_bagf_plans", {}).get((input.shape, input.get_device(), _tf32_at_trace(),
+                                                            input.dtype, input.is_contiguous()))
         if entry is None or entry[0] != "kernel":
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
@@ -266,33 +299,40 @@ class TunedConv2d(nn.Conv2d):
             w, b = self.weight, self.bias
         if _compiling():
             return self._traced_forward(input, w, b)
-        # Input the kernels never take (a dtype other than float32, channels_last or other strides, a call under
+        # Input the kernels never take (a dtype and memory format no family computes, other strides, a call under
         # autocast, which casts the convolution to fp16/bf16): nn.Conv2d's forward at once, for three checks; the
         # reason is logged once.
-        if input.dtype is not _F32 or not input.is_contiguous() or (_any_autocast() and _autocast_on(input)):
-            kind = input.dtype if input.dtype is not _F32 else "layout" if not input.is_contiguous() else "autocast"
+        dtype, contiguous = input.dtype, input.is_contiguous()
+        if (dtype is not _F32 or not contiguous) and ((dtype, contiguous) not in _TAKEN or (
+                not contiguous and not input.is_contiguous(memory_format=torch.channels_last))):
+            kind = (dtype, contiguous) if dtype in _TAKEN_DTYPES else dtype  # (one kind per dtype never taken)
             if kind not in self.__dict__.get("_bagf_told", ()):
                 self._tell(input, kind)
             return self._conv_forward(input, w, b)
-        # The plan table: what calls like this one (same shape, device and TF32 flag) run, learnt on the first
-        # such call; the last entry used first, else the table. It skips the support checks and the runtime's
+        if _any_autocast() and _autocast_on(input):
+            if "autocast" not in self.__dict__.get("_bagf_told", ()):
+                self._tell(input, "autocast")
+            return self._conv_forward(input, w, b)
+        # The plan table: what calls like this one (same shape, device, TF32 flag, dtype and format) run, learnt on
+        # the first such call; the last entry used first, else the table. It skips the support checks and the runtime's
         # lookup, which cost several microseconds per call (batch-1 calls are host-bound). An entry is
-        # - ("kernel", handle, stride, padding, dilation): our kernel, while the weight is still a contiguous
-        #   float32 tensor;
+        # - ("kernel", handle, stride, padding, dilation): our kernel, while the weight still has the input's dtype
+        #   (and, for an NCHW input, is contiguous);
         # - ("aten",): the plan is torch's conv (cuDNN won);
         # - ("unsupported",): a call the kernels do not take for another reason (device, groups, padding...);
         # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
         #   until ``until`` or until the runtime's GENERATION moves (a plan may have appeared).
         # Every ATen answer is exactly nn.Conv2d's forward, self._conv_forward.
         last = self._bagf_last
-        if last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32():
-            hit = last[3]
+        if (last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32()
+                and last[3] is dtype and last[4] is contiguous):
+            hit = last[5]
         else:
             hit = self._plan_entry(input)
         if hit is not None:
             kind = hit[0]
             if kind == "kernel":
-                if w.is_contiguous() and w.dtype is _F32:
+                if w.dtype is dtype and (not contiguous or w.is_contiguous()):
                     call = None if _needs_dispatcher(input, w, b) else _inference_call()
                     return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1])
             elif kind == "aten" or kind == "unsupported" or (

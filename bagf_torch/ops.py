@@ -43,6 +43,10 @@ def register_fake() -> None:
                                  f"stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)}")
             p = out_extent(input.shape[2], weight.shape[2], stride[0], padding[0], dilation[0])
             q = out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
-            return input.new_empty((input.shape[0], weight.shape[0], p, q))
+            # the kernels' rule, which the CUDA op keeps for ATen's answers too: channels_last out for a
+            # channels_last input (one that is not also contiguous), else contiguous; the input's dtype
+            fmt = (torch.channels_last if input.is_contiguous(memory_format=torch.channels_last)
+                   and not input.is_contiguous() else torch.contiguous_format)
+            return input.new_empty((input.shape[0], weight.shape[0], p, q)).contiguous(memory_format=fmt)
 
         _registered = True

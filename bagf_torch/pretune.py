@@ -634,7 +634,8 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
         if off_gpu or not found.problems and found.unsupported:
             why = found.unsupported[0][1] if found.unsupported else "inputs are not on a CUDA device"
             raise ValueError(f"nothing to tune: {why}; move the model and example inputs to the GPU (.cuda()), "
-                             "in float32 and NCHW, as production will run them")
+                             "in the dtype and memory format production will run (float32 NCHW; float16 or bfloat16, "
+                             "NCHW or channels_last)")
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
     ctx = distributed.Context.current(group)

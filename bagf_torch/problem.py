@@ -105,6 +105,9 @@ def out_extent(size, k, stride, pad, dil):
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
+_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     """One 2-D convolution problem: shapes, geometry, dtype and memory format (NCHW = contiguous).
@@ -186,7 +189,9 @@ class ConvProblem:
         return (f"N{self.n} C{self.c} {self.h}x{self.w} -> K{self.k} {p}x{q} k{self.r}x{self.s} "
                 f"s{self.stride[0]}{'x' + str(self.stride[1]) if self.stride[1] != self.stride[0] else ''} "
                 f"p{self.padding[0]}{'x' + str(self.padding[1]) if self.padding[1] != self.padding[0] else ''}"
-                + (f" d{self.dilation[0]}" if self.dilation != (1, 1) else ""))
+                + (f" d{self.dilation[0]}" if self.dilation != (1, 1) else "")
+                + ("" if (self.dtype, self.layout) == ("float32", "nchw") else
+                   f" {_SHORT_DTYPES.get(self.dtype, self.dtype)} {self.layout}"))
 
 
 def fingerprint(problem: ConvProblem, env: Mapping[str, Any]) -> str:

@@ -1,11 +1,13 @@
 """AlexNet's five conv layers (224x224 input): cuDNN vs our default configuration vs our tuned configuration.
 
 fp32 with TF32 off (``--tf32``: on, PyTorch's default, where cuDNN runs TF32 products and the tuner may too,
-within twice cuDNN's own error), cuDNN in benchmark mode. Each layer is tuned first-call style (the strategy and budget
-given), then cuDNN, the default configuration and the winner are re-timed interleaved in this same run
+within twice cuDNN's own error), or ``--dtype float16|bfloat16`` in NCHW or ``--channels-last`` (cuDNN in the same
+dtype and memory format; the tuner's check allows twice cuDNN's error), cuDNN in benchmark mode. Each layer is
+tuned first-call style (the strategy and budget given), then cuDNN, the default configuration and the winner are re-timed interleaved in this same run
 (median of rounds of median-of-many CUDA-event timings). Also measures the per-call host overhead of
 TunedConv2d and of the bare op against F.conv2d at N=1 (--overhead). "default" is the implicit_gemm
-family's hand-picked configuration (the untuned baseline), "TC default" the tensor-core family's. Writes JSON
+family's hand-picked configuration (the untuned baseline), "TC default" the tensor-core family's; in float16 and
+bfloat16 both are implicit_gemm_h16's start point for the layer. Writes JSON
 and a Markdown table.
 
     python benchmarks/bench_layers.py --batch 1,32,128 --out benchmarks/results
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for ben
 
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402
-from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_tc as tc  # noqa: E402
+from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_h16 as h16, implicit_gemm_tc as tc  # noqa: E402
 from bagf_torch.problem import ConvProblem, cudnn_conv_mode  # noqa: E402
 from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
 from bagf_torch.tuning.backend import cuda_backend  # noqa: E402
@@ -60,9 +62,10 @@ EXTRA = [
 ]
 
 
-def problem(layer, n: int, tf32: bool = False) -> ConvProblem:
+def problem(layer, n: int, tf32: bool = False, dtype: str = "float32", layout: str = "nchw") -> ConvProblem:
     _, c, hw, k, ks, st, pd = layer
-    return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd), tf32=tf32)
+    return ConvProblem(n=n, c=c, h=hw, w=hw, k=k, r=ks, s=ks, stride=(st, st), padding=(pd, pd),
+                       tf32=tf32 and dtype == "float32", dtype=dtype, layout=layout)
 
 
 def recorded_optima(paths) -> dict:
@@ -81,6 +84,10 @@ def recorded_optima(paths) -> dict:
             if prob not in best or cand[2] < best[prob][2]:
                 best[prob] = cand
     return best
+
+
+def _us(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def graph_times(ws, handle: int, bench: CudaBenchmarker, rounds: int) -> dict[str, float]:
@@ -174,6 +181,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 mode (torch.backends.cudnn.allow_tf32 = True, PyTorch's default): cuDNN and the tuner "
                          "in that mode; the table adds each plan's error against float64 beside cuDNN's")
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                    help="the layers' dtype (cuDNN in the same dtype; --tf32 only for float32)")
+    ap.add_argument("--channels-last", action="store_true", help="channels_last (NHWC) inputs, weights and outputs")
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
@@ -192,8 +202,13 @@ def main(argv=None) -> int:
     dev = rt.device(0)
     device = torch.device("cuda", 0)
     bench = CudaBenchmarker()
-    default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle
-    tc_default_handle = dev.compiler.compile(tc, [tc.DEFAULT])[0].handle
+    layout = "nhwc" if args.channels_last else "nchw"
+    fp32 = args.dtype == "float32"
+    if fp32 and args.channels_last:
+        print("bench_layers: float32 channels_last is not tuned by any family; nothing to measure.")
+        return 2
+    default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle if fp32 else None
+    tc_default_handle = dev.compiler.compile(tc, [tc.DEFAULT])[0].handle if fp32 or args.overhead else None
     ceilings = measure_ceilings(0)  # fp32 SGEMM (TF32 off) and copy bandwidth, this run, this GPU
     print(f"ceilings: fp32 {ceilings.fp32_flops / 1e12:.1f} TFLOP/s, copy {ceilings.bandwidth / 1e9:.0f} GB/s", flush=True)
     optima = recorded_optima(args.data if args.data is not None else sorted(DATA.glob("*.json.gz")))
@@ -208,7 +223,7 @@ def main(argv=None) -> int:
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
             "warm_start": not args.cold,
-            "tf32": args.tf32, "cudnn_benchmark": True,
+            "tf32": args.tf32, "cudnn_benchmark": True, "dtype": args.dtype, "channels_last": args.channels_last,
             "commit": git_commit(), "command": command_line("bench_layers.py", sys.argv[1:] if argv is None else argv),
             "ceilings": {"fp32_tflops": ceilings.fp32_flops / 1e12, "copy_gbs": ceilings.bandwidth / 1e9,
                          "how": ceilings.how},
@@ -228,9 +243,11 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"bench_layers_{args.tag}"
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+        mode = (f"fp32, TF32 {'on' if args.tf32 else 'off'}" if fp32 else
+                f"{args.dtype}, {'channels_last' if args.channels_last else 'NCHW'}")
         lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
-                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; fp32, TF32 {'on' if args.tf32 else 'off'}, "
+                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; {mode}, "
                  "cudnn.benchmark=True; "
                  f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
                  "Times are medians (us) of interleaved re-timing in one run.", "",
@@ -243,7 +260,7 @@ def main(argv=None) -> int:
         for r in rows:
             lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_graph_us']:.1f} | {r['tuned_graph_us']:.1f} | "
                          f"{r['speedup_vs_cudnn_graph']:.2f}x | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | "
-                         f"{r['tc_default_us']:.1f} | {r['tuned_us']:.1f} | "
+                         f"{_us(r['tc_default_us'])} | {r['tuned_us']:.1f} | "
                          f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
                          f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
         lines += ["", f"Geomean speedup vs cuDNN in CUDA graphs: {summary['geomean_speedup_vs_cudnn_graph']:.2f}x "
@@ -253,7 +270,9 @@ def main(argv=None) -> int:
         lines += ["", "Error against float64 on fresh data (error norm / reference norm, and largest error / largest "
                   "reference magnitude), the plan's beside cuDNN's in the same mode, and the bound the tuner's check "
                   "sets on this data" + (" (in TF32 mode: twice cuDNN's error, never below fp32's 1e-4 / 1e-3; "
-                  "the tuning set its own on its own data)" if args.tf32 else " (fp32: 1e-4 / 1e-3)") + ".", "",
+                  "the tuning set its own on its own data)" if args.tf32 else " (fp32: 1e-4 / 1e-3)" if fp32 else
+                  " (twice cuDNN's error in the same dtype and format, never below fp32's 1e-4 / 1e-3; the tuning set "
+                  "its own on its own data)") + ".", "",
                   "| layer | N | plan | plan error | cuDNN error | plan / cuDNN | check bound |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             e = r["error"]
@@ -273,6 +292,8 @@ def main(argv=None) -> int:
                   "| traffic / Winograd bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            if r.get("analysis_cudnn") is None:  # 16-bit: the fp32 roof says nothing
+                continue
             a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
             lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
                          + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
@@ -302,7 +323,7 @@ def main(argv=None) -> int:
 
     for n in batches:
         for layer in layers:
-            p = problem(layer, n, args.tf32)
+            p = problem(layer, n, args.tf32, args.dtype, layout)
             # In this process whatever BAGF_ISOLATE says: the winner's handle is timed and unloaded here below.
             tuner = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy, seed=args.seed,
                              listeners=[lambda e: print(f"  [{time.perf_counter() - t0:6.1f} s] {e.line()}", flush=True)],
@@ -313,7 +334,12 @@ def main(argv=None) -> int:
             wall = time.perf_counter() - t0
             stored.append({"problem": p.as_dict(), "env": dev.env, "family": result.family, "config": result.config})
             ws = Workspace(p, device)  # fresh data for the final comparison
-            handles = [ATEN, default_handle, tc_default_handle] + ([result.handle] if result.handle != ATEN else [])
+            start_handle = None
+            if not fp32:  # the 16-bit family's start point for this layer is the untuned reference
+                start_handle = dev.compiler.compile(h16, [h16.default_for(p, torch.cuda.get_device_properties(0)
+                                                                          .multi_processor_count)])[0].handle
+            handles = ([ATEN, default_handle, tc_default_handle] if fp32 else [ATEN, start_handle]) + (
+                [result.handle] if result.handle != ATEN else [])
             opt = optima.get(p)
             opt_handle = None
             if opt is not None:
@@ -323,8 +349,12 @@ def main(argv=None) -> int:
                     handles.append(opt_handle)
             with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=p.tf32):  # eager calls
                 times = bench.interleaved([bench._call(ws, h) for h in handles], args.rounds)
-            cudnn_us, default_us, tc_default_us = times[0], times[1], times[2]
-            tuned_us = times[3] if result.handle != ATEN else cudnn_us
+            if fp32:
+                cudnn_us, default_us, tc_default_us = times[0], times[1], times[2]
+            else:
+                cudnn_us, default_us, tc_default_us = times[0], times[1], None
+                dev.compiler.unload(start_handle)
+            tuned_us = times[3 if fp32 else 2] if result.handle != ATEN else cudnn_us
             graph = graph_times(ws, result.handle, bench, args.rounds)
             row = {
                 "layer": layer[0], "n": n, "problem": p.as_dict(), "gflop": p.flops / 1e9,
@@ -357,7 +387,7 @@ def main(argv=None) -> int:
                         else output_error(ws.op_call(result.handle)(), ws.ref, ws.ref_norm, ws.ref_max))
             row["error"] = {"cudnn": cudnn_err, "plan": plan_err, "check_bound": [ws.rel_tol, ws.max_tol]}
             row["family_defaults_us"] = result.defaults
-            row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings)
+            row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings) if fp32 else None
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]
             if ours:  # our fastest kernel even when cuDNN won (first measurement, not re-timed)
                 fastest = min(ours, key=lambda t: t.outcome.time_us)
@@ -365,8 +395,9 @@ def main(argv=None) -> int:
                 row["best_candidate_us"] = fastest.outcome.time_us
                 fam, cfg, us = ((result.family, result.config, tuned_us) if result.config is not None
                                 else (fastest.family, fastest.config, fastest.outcome.time_us))
-                row["analysis_ours"] = dict(layer_analysis(p, us, ceilings, fam, cfg),
-                                            config_name=family_name(fam, cfg))
+                if fp32:
+                    row["analysis_ours"] = dict(layer_analysis(p, us, ceilings, fam, cfg),
+                                                config_name=family_name(fam, cfg))
             rows.append(row)
             print(f"{layer[0]} N={n:<4} cuDNN {cudnn_us:9.1f} us  default {default_us:9.1f}  tuned {tuned_us:9.1f}"
                   f"  x{row['speedup_vs_cudnn']:.2f} vs cuDNN (graph x{row['speedup_vs_cudnn_graph']:.2f})  x{row['speedup_vs_default']:.2f} vs default"

@@ -8,8 +8,8 @@ For each plan kind, each layer and each batch size, one row:
 * ``aten``: a cached plan whose winner is torch's conv (``Cache.put_plan`` under the runtime's key for the problem:
   family "aten", config None, as a tuning that picked cuDNN leaves it), served with BAGF_TUNE=0.
 * ``miss``: BAGF_TUNE=0 and no cached plan: TunedConv2d asks the runtime, finds nothing and runs torch's conv.
-* ``unsupported:bf16``: bf16 input and weights; ``unsupported:channels_last``: fp32, module and input in
-  channels_last. TunedConv2d hands both to nn.Conv2d's forward.
+* ``unsupported:fp64``: float64 input and weights (no family computes them); ``unsupported:channels_last``: fp32,
+  module and input in channels_last. TunedConv2d hands both to nn.Conv2d's forward.
 
 Two timings per row, stock and tuned interleaved repetition by repetition (the order alternates):
 
@@ -64,8 +64,8 @@ from bagf_torch import bench, log, runtime  # noqa: E402
 from bagf_torch.nn import TunedConv2d  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 
-KINDS = ("kernel", "aten", "miss", "unsupported:bf16", "unsupported:channels_last")
-KIND_ALIASES = {"unsupported": ("unsupported:bf16", "unsupported:channels_last"), "bf16": ("unsupported:bf16",),
+KINDS = ("kernel", "aten", "miss", "unsupported:fp64", "unsupported:channels_last")
+KIND_ALIASES = {"unsupported": ("unsupported:fp64", "unsupported:channels_last"), "fp64": ("unsupported:fp64",),
                 "channels_last": ("unsupported:channels_last",)}
 DEFAULT_LAYERS = "64:64:56,128:128:28"
 DRY_N, DRY_HW = 2, 8  # the dry run's forwards run at N <= 2 on 8x8 maps (CPU)
@@ -131,7 +131,7 @@ def parse_kinds(text: str) -> list[str]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         for kind in KIND_ALIASES.get(item, (item,)):
             if kind not in KINDS:
-                raise argparse.ArgumentTypeError(f"kind {item!r}: one of {', '.join(KINDS)}, or unsupported, bf16, "
+                raise argparse.ArgumentTypeError(f"kind {item!r}: one of {', '.join(KINDS)}, or unsupported, fp64, "
                                                  "channels_last")
             if kind not in out:
                 out.append(kind)
@@ -358,8 +358,8 @@ def make_pair(layer: Layer, kind: str, device: torch.device, seed: int) -> tuple
     """(stock nn.Conv2d, TunedConv2d) with the same weights, eval mode, in the kind's dtype and memory format."""
     torch.manual_seed(seed)
     stock = layer.conv().to(device).eval()
-    if kind == "unsupported:bf16":
-        stock = stock.to(torch.bfloat16)
+    if kind == "unsupported:fp64":
+        stock = stock.to(torch.float64)
     elif kind == "unsupported:channels_last":
         stock = stock.to(memory_format=torch.channels_last)
     tuned = TunedConv2d.from_conv(copy.deepcopy(stock)).eval()
@@ -369,8 +369,8 @@ def make_pair(layer: Layer, kind: str, device: torch.device, seed: int) -> tuple
 def make_input(layer: Layer, n: int, hw: int, kind: str, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     x = torch.randn(n, layer.c, hw, hw, generator=g).to(device)
-    if kind == "unsupported:bf16":
-        x = x.to(torch.bfloat16)
+    if kind == "unsupported:fp64":
+        x = x.to(torch.float64)
     elif kind == "unsupported:channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
     return x
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=parse_layers, default=parse_layers(DEFAULT_LAYERS),
                     help=f"C:K:HW[:kernel[:stride[:padding]]], comma-separated ({DEFAULT_LAYERS})")
     ap.add_argument("--kinds", type=parse_kinds, default=list(KINDS),
-                    help="plan kinds: kernel, aten, miss, unsupported (= unsupported:bf16,unsupported:channels_last)")
+                    help="plan kinds: kernel, aten, miss, unsupported (= unsupported:fp64,unsupported:channels_last)")
     ap.add_argument("--seconds", type=float, default=4.0, help="BAGF_TIME_BUDGET for the kernel kind's tuning (4)")
     ap.add_argument("--budget", type=int, default=None, help="BAGF_BUDGET (evaluations) for it (the library's)")
     ap.add_argument("--cache", metavar="DIR", help="the kernel kind's cache directory (default: a fresh temporary one)")

@@ -47,7 +47,17 @@ struct LaunchGeometry {
   int gemm_bn = 0;
   int gemm_threads = 0;
   int gemm_smem = 0;
+  int dtype = 0;  // 0 float32, 1 float16, 2 bfloat16
+  int nhwc = 0;   // 1: channels_last input and output, KRSC weight
 };
+
+at::ScalarType plan_dtype(const LaunchGeometry& geo) {
+  return geo.dtype == 1 ? at::kHalf : geo.dtype == 2 ? at::kBFloat16 : at::kFloat;
+}
+
+at::MemoryFormat plan_format(const LaunchGeometry& geo) {
+  return geo.nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
 
 struct Plan {
   CUmodule module = nullptr;
@@ -248,6 +258,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("a plan's second kernel is a non-fused Winograd plan's GEMM with layout 0 and a positive tile; got ",
                 kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
+    } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
+               ((geo.dtype != 0 || geo.nhwc != 0) && (geo.gemm != 0 || geo.split != 1 || geo.tile != 1 ||
+                                                       geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0))) {
+      err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
+                "not one implicit-GEMM launch without split-K");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -356,9 +371,17 @@ int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stri
   return static_cast<int64_t>(geo.smem_patch) * h.rows * h.pitch + static_cast<int64_t>(geo.smem_taps) * R * S;
 }
 
+// ATen's answer in the op's memory format (bagf_torch/ops.py's fake says the same): channels_last for a channels_last
+// input that is not also contiguous, else contiguous -- what the kernels write. at::conv2d may pick the other one
+// (a channels_last weight with a contiguous input): then a copy, on fallback paths only.
 at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                      at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
-  return at::conv2d(x, w, b, stride, padding, dilation, 1);
+  at::Tensor y = at::conv2d(x, w, b, stride, padding, dilation, 1);
+  const at::MemoryFormat fmt = x.dim() == 4 && y.dim() == 4 && !x.is_contiguous() &&
+                                       x.is_contiguous(at::MemoryFormat::ChannelsLast)
+                                   ? at::MemoryFormat::ChannelsLast
+                                   : at::MemoryFormat::Contiguous;
+  return y.is_contiguous(fmt) ? y : y.contiguous(fmt);
 }
 
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
@@ -368,9 +391,16 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   const LaunchGeometry& geo = plan.geo;
   if (!x.is_cuda() || !w.is_cuda() || x.device() != w.device()) return "tensors not on one CUDA device";
   if (x.get_device() != plan.device) return "plan compiled for another device";
-  if (x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return "dtype is not float32";
+  const at::ScalarType dt = plan_dtype(geo);
+  if (x.scalar_type() != dt || w.scalar_type() != dt)
+    return dt == at::kFloat ? "dtype is not float32 (the plan's)"
+                            : dt == at::kHalf ? "dtype is not float16 (the plan's)" : "dtype is not bfloat16 (the plan's)";
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
-  if (!x.is_contiguous() || !w.is_contiguous()) return "input or weight not contiguous NCHW";
+  if (!x.is_contiguous(plan_format(geo)))
+    return geo.nhwc ? "input is not channels_last (the plan's memory format)" : "input is not contiguous NCHW";
+  // fp32 and NCHW 16-bit plans read the weight contiguous (KCRS); a channels_last plan reads it KRSC and the host
+  // converts one in another format
+  if (!w.is_contiguous() && !geo.nhwc) return "weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
   if (geo.tile > 1 && geo.tile_w == 0 && geo.gemm == 1) {
     // the non-fused plan also takes stride s > 1 with R, S <= 3s, as 3x3 over the s x s polyphase components
@@ -399,8 +429,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     return "the non-fused Winograd plan's GEMM would run in TF32 (torch.backends.cuda.matmul.allow_tf32 or "
            "torch.set_float32_matmul_precision is not 'highest'); set them back for this plan's fp32 speed";
   if (b.has_value() && b->defined()) {
-    if (!b->is_cuda() || b->scalar_type() != at::kFloat || !b->is_contiguous() || b->numel() != w.size(0))
-      return "bias is not a contiguous float32 vector of K elements on the device";
+    if (!b->is_cuda() || b->scalar_type() != dt || !b->is_contiguous() || b->numel() != w.size(0))
+      return "bias is not a contiguous vector of K elements of the input's dtype on the device";
   }
   return nullptr;
 }
@@ -481,6 +511,23 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   p.dil_w = static_cast<int>(dilation[1]);
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
+  if (geo.dtype != 0 || geo.nhwc != 0) {  // one implicit-GEMM launch on 16-bit or channels_last tensors
+    // the kernel reads the weight K-major in the input's format (KRSC for channels_last): a weight in the
+    // other format is converted for this call (unsupported_reason has checked dtype and shape)
+    const at::Tensor wf = w.is_contiguous(plan_format(geo)) ? w : w.contiguous(plan_format(geo));
+    const void* xv = x.const_data_ptr();
+    const void* wv = wf.const_data_ptr();
+    const void* bv = has_bias ? b->const_data_ptr() : nullptr;
+    void* yv = y.mutable_data_ptr();
+    const int64_t cols = static_cast<int64_t>(p.N) * p.P * p.Q;
+    const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
+    const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
+    BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
+    void* args[] = {&xv, &wv, &bv, &yv, &p};
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, 1, geo.threads, 1, 1, static_cast<unsigned>(geo.smem),
+                                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), args, nullptr));
+    return;
+  }
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
@@ -532,7 +579,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
   BAGF_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
               ": the kernel is larger than the padded input");
-  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options());
+  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan->geo)));
   if (y.numel() == 0) return y;
   if (y.numel() > INT_MAX) return aten_conv(x, w, b, stride, padding, dilation);
   launch_plan(*plan, x, w, b, y, stride, padding, dilation);
@@ -554,12 +601,14 @@ void launch_into(const Plan& plan, const at::Tensor& x, const at::Tensor& w, con
              padding[1], "), dilation (", dilation[0], ", ", dilation[1], ")");
   const char* why = unsupported_reason(x, w, b, stride, dilation, plan);
   BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch this plan: ", why);
-  BAGF_CHECK(y.is_cuda() && y.device() == x.device() && y.is_contiguous() && y.scalar_type() == at::kFloat &&
+  BAGF_CHECK(y.is_cuda() && y.device() == x.device() && y.is_contiguous(plan_format(plan.geo)) &&
+                  y.scalar_type() == plan_dtype(plan.geo) &&
                   y.dim() == 4 &&
                   y.size(0) == x.size(0) && y.size(1) == w.size(0) &&
                   y.size(2) == out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]) &&
                   y.size(3) == out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]),
-              "bagf_torch: out must be a contiguous float32 tensor of the output's NKPQ shape on the input's device");
+              "bagf_torch: out must be a tensor of the output's NKPQ shape on the input's device, in the plan's dtype "
+              "and memory format (the input's)");
   BAGF_CHECK(y.numel() > 0 && y.numel() <= INT_MAX, "bagf_torch: out has ", y.numel(),
              " elements; a plan writes 1 to 2^31 - 1");
   c10::cuda::CUDAGuard guard(x.device());
@@ -625,8 +674,8 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
     std::optional<at::IntArrayRef> bias_sizes;
     std::vector<int64_t> bsz = {w.size(0)};
     if (has_bias) bias_sizes = at::IntArrayRef(bsz);
-    auto [gx, gw, gb] = at::convolution_backward(grads[0].contiguous(), x, w, bias_sizes, stride, padding,
-                                                 dilation, false, {0, 0}, 1, mask);
+    auto [gx, gw, gb] = at::convolution_backward(grads[0].contiguous(x.suggest_memory_format()), x, w, bias_sizes,
+                                                 stride, padding, dilation, false, {0, 0}, 1, mask);
     return {gx, gw, has_bias ? gb : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -665,15 +714,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
-                       int gemm_threads, int gemm_smem) {
+                       int gemm_threads, int gemm_smem, int dtype, int nhwc) {
              return LaunchGeometry{bm, bn, threads, smem, split, tile, tile_w, smem_patch, smem_taps, gemm,
-                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem};
+                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem, dtype, nhwc};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
-           py::arg("gemm_smem") = 0)
+           py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -690,7 +739,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("gemm_bm", &LaunchGeometry::gemm_bm)
       .def_readwrite("gemm_bn", &LaunchGeometry::gemm_bn)
       .def_readwrite("gemm_threads", &LaunchGeometry::gemm_threads)
-      .def_readwrite("gemm_smem", &LaunchGeometry::gemm_smem);
+      .def_readwrite("gemm_smem", &LaunchGeometry::gemm_smem)
+      .def_readwrite("dtype", &LaunchGeometry::dtype)
+      .def_readwrite("nhwc", &LaunchGeometry::nhwc);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

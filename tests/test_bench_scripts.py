@@ -50,8 +50,8 @@ def test_overhead_parsers_and_pass_rule(overhead):
     for bad in ("64:64", "64:x:56", "0:4:4", ""):
         with pytest.raises(Exception):
             overhead.parse_layers(bad)
-    assert overhead.parse_kinds("kernel,unsupported") == ["kernel", "unsupported:bf16", "unsupported:channels_last"]
-    assert overhead.parse_kinds("miss,bf16,miss") == ["miss", "unsupported:bf16"]
+    assert overhead.parse_kinds("kernel,unsupported") == ["kernel", "unsupported:fp64", "unsupported:channels_last"]
+    assert overhead.parse_kinds("miss,fp64,miss") == ["miss", "unsupported:fp64"]
     with pytest.raises(Exception):
         overhead.parse_kinds("fast")
     assert overhead.parse_batches("1,8,32,128") == [1, 8, 32, 128]
@@ -353,9 +353,9 @@ def test_overhead_gpu_path_simulated(overhead, simulated_gpu, monkeypatch, tmp_p
     assert aten["aten_plan_stored"] and aten["plan"] == "aten (cached plan)" and aten["ok"]
     assert aten["runtime_stats"].get("cache_hits") == 1 and not aten["runtime_stats"].get("tuned")
     assert rows["miss"]["ok"] and rows["miss"]["plan"].startswith("none: BAGF_TUNE=0")
-    assert "dtype torch.bfloat16" in rows["unsupported:bf16"]["plan"]
-    assert "channels_last input" in rows["unsupported:channels_last"]["plan"]
-    assert rows["unsupported:bf16"]["ok"] and rows["unsupported:channels_last"]["ok"]
+    assert "dtype torch.float64" in rows["unsupported:fp64"]["plan"]
+    assert "float32 channels_last input" in rows["unsupported:channels_last"]["plan"]
+    assert rows["unsupported:fp64"]["ok"] and rows["unsupported:channels_last"]["ok"]
     assert rc == 0 and simulated_gpu["timed"] > 0
 
 

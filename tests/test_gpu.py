@@ -45,11 +45,19 @@ def _assert_within_check(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert why is None, why
 
 
-def _problem(shape, tf32: bool = False):
+def _problem(shape, tf32: bool = False, fmt: tuple[str, str] = ("float32", "nchw")):
     from bagf_torch.problem import ConvProblem
 
     n, c, h, w, k, r, s, st, pd, dl, bias = shape
-    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=st, padding=pd, dilation=dl, bias=bias, tf32=tf32)
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=st, padding=pd, dilation=dl, bias=bias, tf32=tf32,
+                       dtype=fmt[0], layout=fmt[1])
+
+
+def _formats(fam):
+    """The (dtype, layout) pairs a family computes (kernels.formats): each is tested."""
+    from bagf_torch.kernels import formats
+
+    return formats(fam)
 
 
 def _tf32_only(fam) -> bool:
@@ -120,19 +128,30 @@ WINO_SHAPES = [
 ]
 
 
-def _runs(fam, config, shape) -> bool:
-    """Whether the tuner would run ``config`` on ``shape`` (a direct kernel specialised to another filter
-    geometry is not: the host refuses it, tested in test_direct_specialised_plan_refuses_other_geometries)."""
+# 16-bit NHWC's 16-byte path needs C % 8 == 0: channel counts of 8, 24 and 64 (ODD_SHAPES has 16 and 64) with K
+# off every tile, stride 2 and a 1x1; ODD_SHAPES' C = 3, 5, 7, 12 take the 2-byte path
+H16_SHAPES = [
+    (2, 24, 15, 13, 40, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (1, 8, 33, 31, 70, 3, 3, (2, 2), (1, 1), (1, 1), False),
+    (3, 64, 7, 9, 129, 1, 1, (1, 1), (0, 0), (1, 1), True),
+]
+
+
+def _runs(fam, config, shape, fmt=("float32", "nchw")) -> bool:
+    """Whether the tuner would run ``config`` on ``shape`` in ``fmt`` (a direct kernel specialised to another filter
+    geometry is not: the host refuses it, tested in test_direct_specialised_plan_refuses_other_geometries; nor a
+    16-bit kernel compiled for another dtype or memory format)."""
     rule = getattr(fam, "problem_rule", None)
-    return rule is None or rule(config, _problem(shape)) is None
+    return rule is None or rule(config, _problem(shape, fmt=fmt)) is None
 
 
 def _shapes_for(fam):
     applies = getattr(fam, "applies", None)
     if applies is None:
         return ODD_SHAPES
-    tf32 = _tf32_only(fam)
-    return [s for s in ODD_SHAPES + WINO_SHAPES if applies(_problem(s, tf32=tf32)) is None]
+    tf32, fmt = _tf32_only(fam), _formats(fam)[0]
+    extra = H16_SHAPES if fmt[0] != "float32" else []
+    return [s for s in ODD_SHAPES + WINO_SHAPES + extra if applies(_problem(s, tf32=tf32, fmt=fmt)) is None]
 
 
 def _sample_configs(fam, n: int, seed: int):
@@ -156,17 +175,21 @@ def _compile_and_check(compiler, fam, configs, shapes):
     assert not failures, failures
     checker = CudaChecker(compiler.ext)
     bad = []
-    for shape in shapes:
-        ws = Workspace(_problem(shape), torch.device("cuda", 0))
-        if _tf32_only(fam):
-            _tf32_reference(ws)
-        for c, b in zip(configs, built):
-            if not _runs(fam, c, shape):
-                continue
-            out = checker.check(ws, b.handle)
-            if out is not None:
-                bad.append((shape, fam.name(c), out.detail))
+    ran = set()
+    for fmt in _formats(fam):  # a 16-bit family: each dtype and memory format, against twice cuDNN's error there
+        for shape in shapes:
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            if _tf32_only(fam):
+                _tf32_reference(ws)
+            for c, b in zip(configs, built):
+                if not _runs(fam, c, shape, fmt):
+                    continue
+                ran.add((fam.name(c), fmt))
+                out = checker.check(ws, b.handle)
+                if out is not None:
+                    bad.append((shape, fmt, fam.name(c), out.detail))
     assert not bad, bad[:10]
+    assert {fmt for _, fmt in ran} == set(_formats(fam)), "every format the family computes ran"
     return built
 
 
@@ -248,6 +271,8 @@ def test_3xtf32_has_fp32_accuracy(compiler):
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_misaligned_weight_uses_scalar_path(compiler, family):
     fam = _family(family)
+    if _formats(fam)[0][0] != "float32":
+        return _misaligned_16bit(compiler, fam)
     handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
     x = torch.randn(2, 8, 15, 15, device="cuda")
     storage = torch.randn(16 * 8 * 9 + 1, device="cuda")
@@ -261,6 +286,47 @@ def test_misaligned_weight_uses_scalar_path(compiler, family):
         x, w = tf32_round(x), tf32_round(w)
     ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
     _assert_within_check(out, ref)
+
+
+def _misaligned_16bit(compiler, fam):
+    """A 16-bit family in each of its formats: input and weight 2 bytes off 16-byte alignment (the 2-byte loads)
+    give exactly the aligned copies' outputs (the 16-byte loads; same sums in the same order), within twice
+    cuDNN's error against float64 on the same data."""
+    for dtype, layout in _formats(fam):
+        dt = getattr(torch, dtype)
+        shape = (2, 8, 15, 15, 16, 3, 3, (1, 1), (1, 1), (1, 1), True)
+        handle = compiler.compile(fam, [fam.default_for(_problem(shape, fmt=(dtype, layout)))])[0].handle
+        fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+        x = torch.randn(2, 8, 15, 15, device="cuda").to(dt).contiguous(memory_format=fmt)
+        w = (torch.randn(16, 8, 3, 3, device="cuda") / 8).to(dt).contiguous(memory_format=fmt)
+        b = torch.randn(16, device="cuda").to(dt)
+
+        def shifted(t):  # the same values, one element past a 16-byte boundary, in the same memory format
+            flat = torch.empty(t.numel() + 1, device="cuda", dtype=dt)
+            out = flat[1:].as_strided(t.shape, t.stride())
+            out.copy_(t)
+            return out
+
+        xm, wm = shifted(x), shifted(w)
+        assert xm.data_ptr() % 16 and wm.data_ptr() % 16 and xm.is_contiguous(memory_format=fmt)
+        aligned = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        off = torch.ops.bagf.conv2d(xm, wm, b, [1, 1], [1, 1], [1, 1], handle)
+        assert aligned.dtype is dt and aligned.is_contiguous(memory_format=fmt)
+        assert torch.equal(aligned, off), (dtype, layout)
+        ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
+        _assert_within_cudnn(aligned, ref, F.conv2d(x, w, b, 1, 1), (dtype, layout))
+
+
+def _assert_within_cudnn(out, ref, cudnn_out, what=""):
+    """``out``'s error against the float64 ``ref`` (norm and worst element, as the tuner's check measures) is at
+    most twice cuDNN's (``cudnn_out``) on the same data: the 16-bit check's bound (tuning.measure.Workspace)."""
+    from bagf_torch.tuning.measure import CUDNN_ERROR_FACTOR, REL_TOL, judge_output, output_error
+
+    norm, top = float(ref.norm()), float(ref.abs().max())
+    theirs = output_error(cudnn_out, ref, norm, top)
+    why = judge_output(out, ref, norm, top, max(REL_TOL, CUDNN_ERROR_FACTOR * theirs[0]),
+                       max(10 * REL_TOL, CUDNN_ERROR_FACTOR * theirs[1]))
+    assert why is None, (what, why, "cuDNN", theirs)
 
 
 @pytest.mark.parametrize("family,split", [("implicit_gemm", None), ("implicit_gemm_tc", 4)])
@@ -635,7 +701,113 @@ def test_torch_compile_fullgraph_uses_tuned_op(monkeypatch):
     torch.testing.assert_close(out2, eager, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["half", "channels_last", "groups", "reflect", "same_even", "empty", "double"])
+# ---- float16 and bfloat16, NCHW and channels_last -------------------------------------------------------
+
+_H16_FORMATS = [("bfloat16", "nhwc"), ("float16", "nchw"), ("bfloat16", "nchw"), ("float16", "nhwc")]
+
+
+def _memory_format(layout: str):
+    return torch.channels_last if layout == "nhwc" else torch.contiguous_format
+
+
+@pytest.mark.parametrize("fmt", _H16_FORMATS, ids=lambda f: "_".join(f))
+def test_h16_op_opcheck_autograd_weight_format_and_other_dtypes(compiler, fmt):
+    """The 16-bit op in each dtype and memory format: opcheck (the fake's dtype and strides are the kernel's) with
+    the plan and with ATen, output in the input's dtype and format within twice cuDNN's error, gradients through
+    ATen's backward; a weight in the other memory format is converted for a channels_last plan (the same output)
+    and sent to ATen by an NCHW one; a float32 call of a 16-bit plan is ATen's."""
+    dtype, layout = fmt
+    dt, mf = getattr(torch, dtype), _memory_format(layout)
+    fam = _family("implicit_gemm_h16")
+    shape = (2, 5, 11, 13, 7, 3, 3, (2, 1), (1, 0), (1, 2), True)
+    handle = compiler.compile(fam, [fam.default_for(_problem(shape, fmt=fmt))])[0].handle
+    x = torch.randn(2, 5, 11, 13, device="cuda").to(dt).contiguous(memory_format=mf).requires_grad_()
+    w = (torch.randn(7, 5, 3, 3, device="cuda") / 4).to(dt).contiguous(memory_format=mf).requires_grad_()
+    b = torch.randn(7, device="cuda").to(dt).requires_grad_()
+    args = ([2, 1], [1, 0], [1, 2])
+    op = torch.ops.bagf.conv2d.default
+    for plan in (handle, -1):
+        torch.library.opcheck(op, (x, w, b, *args, plan))
+        torch.library.opcheck(op, (x, w, None, [1, 1], [0, 0], [1, 1], plan))
+    out = op(x, w, b, *args, handle)
+    assert out.dtype is dt and out.is_contiguous(memory_format=mf)
+    stock = F.conv2d(x, w, b, (2, 1), (1, 0), (1, 2))
+    ref = F.conv2d(x.double(), w.double(), b.double(), (2, 1), (1, 0), (1, 2))
+    _assert_within_cudnn(out, ref, stock, fmt)
+    g = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, (x, w, b), g), torch.autograd.grad(stock, (x, w, b), g)):
+        torch.testing.assert_close(got, want)
+    with torch.no_grad():
+        other = w.detach().contiguous(memory_format=torch.contiguous_format if layout == "nhwc" else torch.channels_last)
+        converted = op(x.detach(), other, b.detach(), *args, handle)
+        if layout == "nhwc":
+            assert torch.equal(converted, out.detach())  # the same values, converted to KRSC by the host
+        else:
+            torch.testing.assert_close(converted, stock.detach())  # ATen's answer
+        assert converted.is_contiguous(memory_format=mf)
+        xf, wf, bf = x.detach().float(), w.detach().float(), b.detach().float()
+        torch.testing.assert_close(op(xf, wf, bf, *args, handle), F.conv2d(xf, wf, bf, (2, 1), (1, 0), (1, 2)),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def _h16_model(dtype, layout):
+    return _conv_model().to(getattr(torch, dtype)).to(memory_format=_memory_format(layout)).eval()
+
+
+@pytest.mark.parametrize("fmt,context", [(("bfloat16", "nhwc"), "inference_mode"), (("float16", "nchw"), "no_grad")],
+                         ids=["bf16_channels_last_inference_mode", "fp16_nchw_no_grad"])
+def test_h16_first_call_tunes_then_cache_hit_compile_and_cuda_graph(monkeypatch, fmt, context):
+    """A converted model in bfloat16 channels_last (under inference_mode) and in float16 NCHW (under no_grad): the
+    first forward tunes both layers in that dtype and format, trying implicit_gemm_h16's kernels (every candidate
+    within twice cuDNN's error, or it is not kept), the output has the input's dtype and format and cuDNN's accuracy;
+    a fresh runtime over the same cache tunes nothing and gives the same output; torch.compile(fullgraph=True) and a
+    CUDA graph run the same plans."""
+    import bagf_torch
+    from bagf_torch import bench, runtime
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "6")
+    dtype, layout = fmt
+    dt, mf = getattr(torch, dtype), _memory_format(layout)
+    stock = _h16_model(dtype, layout)
+    tuned = bagf_torch.convert(_h16_model(dtype, layout))
+    x = torch.randn(2, 3, 33, 31, device="cuda").to(dt).contiguous(memory_format=mf)
+    ctx = torch.inference_mode if context == "inference_mode" else torch.no_grad
+    with ctx():
+        out = tuned(x)
+        rt = runtime.get()
+        assert rt.stats["tuned"] == 2
+        assert all((r.problem.dtype, r.problem.layout) == fmt for r in rt.results)
+        ran = [t for r in rt.results for t in r.trials if t.family == "implicit_gemm_h16" and t.outcome.ok]
+        assert ran and all(r.family in ("aten", "implicit_gemm_h16") for r in rt.results), rt.results
+        assert out.dtype is dt and out.is_contiguous(memory_format=mf)
+        ref = _conv_model().to(dt).double()(x.double())  # the same weights (seed 0), rounded as the model holds them
+        _assert_within_cudnn(out, ref, stock(x), fmt)
+        runtime.reset()
+        fresh = bagf_torch.convert(_h16_model(dtype, layout))
+        assert torch.equal(fresh(x), out)
+        assert runtime.get().stats["tuned"] == 0 and runtime.get().stats["cache_hits"] == 2
+        replay, static = bench.graphed(fresh, x)
+        replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, out)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(fresh, fullgraph=True, backend=backend)(x)
+    assert torch.equal(compiled, out)
+    uses_op = any("bagf.conv2d" in code for code in graphs)
+    assert uses_op or all(r.family == "aten" for r in rt.results), graphs
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("case", ["half_strided", "channels_last", "groups", "reflect", "same_even", "empty",
+                                  "double"])
 def test_fallbacks_are_correct_on_gpu(case, caplog):
     import bagf_torch
 
@@ -650,8 +822,8 @@ def test_fallbacks_are_correct_on_gpu(case, caplog):
     if case == "empty":
         x = x[:0]
     conv = torch.nn.Conv2d(**kw).cuda()
-    if case == "half":
-        conv, x = conv.half(), x.half()
+    if case == "half_strided":  # float16 is tuned in NCHW and channels_last, not in other strides
+        conv, x = conv.half(), x.half().transpose(2, 3).contiguous().transpose(2, 3)
     if case == "double":
         conv, x = conv.double(), x.double()
     if case == "channels_last":

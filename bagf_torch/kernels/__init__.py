@@ -10,15 +10,15 @@ is its own kernel, name_expression() names both kernels ("a;b", one cubin) and l
 in ``FAMILIES`` below (docs/adding-a-family.md).
 """
 
-from . import (direct, implicit_gemm, implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd,
-               winograd_gemm, winograd_tc)
+from . import (direct, implicit_gemm, implicit_gemm_h16, implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma,
+               winograd, winograd_gemm, winograd_tc)
 from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
 FAMILIES: dict[str, KernelFamily] = {
     f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd,
-                          winograd_gemm, implicit_gemm, direct)}
+                          winograd_gemm, implicit_gemm, direct, implicit_gemm_h16)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
@@ -28,6 +28,29 @@ def families_for(capability: tuple[int, int]) -> list:
     """The families that run on a device of compute capability ``capability`` (e.g. (9, 0))."""
     cc = 10 * capability[0] + capability[1]
     return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH]
+
+
+DEFAULT_FORMATS: tuple[tuple[str, str], ...] = (("float32", "nchw"),)
+"""The (dtype, memory format) pairs a family computes when it does not say (its ``FORMATS``): float32, NCHW."""
+
+
+def formats(family) -> tuple[tuple[str, str], ...]:
+    """The (dtype, layout) pairs ``family`` (a family module) computes: its ``FORMATS``, else float32 NCHW."""
+    return getattr(family, "FORMATS", DEFAULT_FORMATS)
+
+
+def format_refuses(family, problem) -> str | None:
+    """Why ``family`` cannot compute ``problem``'s dtype and memory format (``ConvProblem.dtype``, ``.layout``), or
+    None."""
+    pair = (problem.dtype, problem.layout)
+    if pair in formats(family):
+        return None
+    return f"{family.FAMILY} computes {', '.join(' '.join(f) for f in formats(family))}; not {' '.join(pair)}"
+
+
+def supported_formats() -> frozenset[tuple[str, str]]:
+    """Every (dtype, layout) pair some family computes: what TunedConv2d sends to the tuner (others go to ATen)."""
+    return frozenset(f for family in FAMILIES.values() for f in formats(family))
 
 
 def complete_config(family: str, config) -> dict:
@@ -50,7 +73,9 @@ def family_refuses(family: str, config, problem) -> str | None:
     if module is None or config is None:
         return None
     applies = getattr(module, "applies", None)
-    why = applies(problem) if applies is not None else None
+    why = format_refuses(module, problem)
+    if why is None and applies is not None:
+        why = applies(problem)
     if why is None and getattr(module, "problem_rule", None) is not None:
         why = module.problem_rule(complete_config(family, config), problem)
     return why
@@ -65,5 +90,6 @@ def family_name(family: str, config) -> str:
 
 __all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry", "OPTIONAL", "REQUIRED", "Space",
            "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses",
-           "implicit_gemm", "implicit_gemm_tc", "implicit_gemm_tf32", "implicit_gemm_wgmma", "winograd",
+           "format_refuses", "formats", "implicit_gemm", "implicit_gemm_h16", "supported_formats", "implicit_gemm_tc",
+           "implicit_gemm_tf32", "implicit_gemm_wgmma", "winograd",
            "winograd_gemm", "winograd_tc"]

@@ -60,6 +60,13 @@ class KernelFamily(Protocol):
 class FamilyHooks(Protocol):
     """The optional members of a family module: a family defines any subset, with these parameters."""
 
+    FORMATS: tuple[tuple[str, str], ...]
+    """The (dtype, memory format) pairs the family computes, e.g. ("bfloat16", "nhwc") (``ConvProblem.dtype`` and
+    ``.layout``); the tuner leaves it out of other problems (``kernels.format_refuses``). Without it, float32 NCHW
+    only. A family with several sets ``dtype`` and ``nhwc`` in its LaunchGeometry per configuration."""
+    KERNEL_ARGS: str
+    """The kernel's C++ parameter list, for tests/test_nvcc.py's explicit instantiations; without it, the fp32
+    families' ``const float*, const float*, const float*, float*, const bagf::Conv2dParams``."""
     LEGACY: Config
     """Values of knobs added after configurations were recorded, meaning what older records ran
     (``kernels.complete_config``; e.g. winograd_gemm's GE = 0: cuBLAS's GEMM)."""

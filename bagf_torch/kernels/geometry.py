@@ -75,6 +75,14 @@ class LaunchGeometry:
     """Its threads per block; at least 32, and load_plan refuses it above what the GEMM's registers allow."""
     gemm_smem: int = 0
     """Its dynamic shared memory per block in bytes, set as its maximum at load and asked for by each launch."""
+    dtype: int = 0
+    """The tensors' dtype: 0 float32, 1 float16, 2 bfloat16 (input, weight, bias and output alike); the host
+    sends a call of another dtype to ATen and allocates the output in this one. Only ordinary plans (``gemm`` = 0,
+    ``split`` = 1) take a 16-bit dtype."""
+    nhwc: int = 0
+    """1: the input and output are channels_last (NHWC) and the kernel reads the weight as KRSC (the host passes a
+    channels_last weight, converting one that is not); 0: all contiguous NCHW. The host sends a call in the other
+    format to ATen."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

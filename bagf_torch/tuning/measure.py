@@ -27,10 +27,12 @@ from .common import Outcome
 # for any summation order while a wrong index, a missed tile or an unwritten element is far above it.
 REL_TOL = 1e-4
 
-# In TF32 mode a candidate may miss the float64 reference by this many times what cuDNN's own convolution misses
-# it by, in the same mode on the same data (each of the two measures), and never by less than the fp32 check
-# allows: no plan is less accurate than what the caller already accepts by running cuDNN in TF32 mode.
-TF32_ERROR_FACTOR = 2.0
+# In TF32 mode, and in float16 and bfloat16, a candidate may miss the float64 reference by this many times what
+# cuDNN's own convolution misses it by, in the same mode, dtype and memory format on the same data (each of the two
+# measures), and never by less than the fp32 check allows: no plan is less accurate than what the caller already
+# accepts by running cuDNN that way.
+CUDNN_ERROR_FACTOR = 2.0
+TF32_ERROR_FACTOR = CUDNN_ERROR_FACTOR
 
 
 def output_error(out: torch.Tensor, ref: torch.Tensor, ref_norm: float, ref_max: float) -> tuple[float, float]:
@@ -49,29 +51,35 @@ class Workspace:
         g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % (2**63))
         p = problem
         self.problem = p
-        self.x = torch.randn(p.n, p.c, p.h, p.w, device=device, generator=g)
+        # the problem's dtype and memory format (a 16-bit problem's data rounded once; the reference computes on
+        # exactly those values)
+        dtype = getattr(torch, p.dtype)
+        fmt = torch.channels_last if p.layout == "nhwc" else torch.contiguous_format
+        self.x = torch.randn(p.n, p.c, p.h, p.w, device=device, generator=g).to(dtype).contiguous(memory_format=fmt)
         fan_in = p.c * p.r * p.s
-        self.w = torch.randn(p.k, p.c, p.r, p.s, device=device, generator=g) / math.sqrt(fan_in)
-        self.b = torch.randn(p.k, device=device, generator=g) if p.bias else None
+        self.w = (torch.randn(p.k, p.c, p.r, p.s, device=device, generator=g) / math.sqrt(fan_in)).to(
+            dtype).contiguous(memory_format=fmt)
+        self.b = torch.randn(p.k, device=device, generator=g).to(dtype) if p.bias else None
         self.args = (list(p.stride), list(p.padding), list(p.dilation))
         ph, pq = p.out_hw
-        self.out = torch.empty(p.n, p.k, ph, pq, device=device)
+        self.out = torch.empty(p.n, p.k, ph, pq, device=device, dtype=dtype, memory_format=fmt)
         with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
             self.ref = F.conv2d(self.x.double(), self.w.double(), None if self.b is None else self.b.double(),
                                 p.stride, p.padding, p.dilation)
         self.ref_norm = float(self.ref.norm())
         self.ref_max = float(self.ref.abs().max()) if self.ref.numel() else 0.0
-        # The check's bounds (judge_output): fp32's, or in TF32 mode what cuDNN in that mode misses by here
-        # (benchmark mode: the algorithm the tuner's baseline times), times TF32_ERROR_FACTOR.
+        # The check's bounds (judge_output): fp32's, or in TF32 mode and in 16-bit dtypes what cuDNN in that mode,
+        # dtype and format misses by here (benchmark mode: the algorithm the tuner's baseline times), times
+        # CUDNN_ERROR_FACTOR.
         self.rel_tol, self.max_tol = REL_TOL, 10 * REL_TOL
         self.cudnn_error: tuple[float, float] | None = None
-        if p.tf32 and self.ref.numel():
-            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=True):
+        if (p.tf32 or dtype is not torch.float32) and self.ref.numel():
+            with cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False, tf32=p.tf32):
                 theirs = F.conv2d(self.x, self.w, self.b, p.stride, p.padding, p.dilation)
             self.cudnn_error = output_error(theirs, self.ref, self.ref_norm, self.ref_max)
             del theirs
-            self.rel_tol = max(REL_TOL, TF32_ERROR_FACTOR * self.cudnn_error[0])
-            self.max_tol = max(10 * REL_TOL, TF32_ERROR_FACTOR * self.cudnn_error[1])
+            self.rel_tol = max(REL_TOL, CUDNN_ERROR_FACTOR * self.cudnn_error[0])
+            self.max_tol = max(10 * REL_TOL, CUDNN_ERROR_FACTOR * self.cudnn_error[1])
 
     def op_call(self, handle: int) -> Callable[[], torch.Tensor]:
         """The call a user's inference forward makes (allocating its output, as F.conv2d does): TunedConv2d's

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from .. import iobound, log
+from ..kernels import format_refuses
 from ..kernels.space import Config, Space, config_key
 from ..ops import ATEN
 from ..problem import ConvProblem
@@ -447,7 +448,8 @@ class Tuner:
             return rule is None or not arch or rule(f.DEFAULT, arch) is None
 
         return [f for f in self.families
-                if (getattr(f, "applies", None) is None or f.applies(problem) is None) and runs_here(f)]
+                if format_refuses(f, problem) is None
+                and (getattr(f, "applies", None) is None or f.applies(problem) is None) and runs_here(f)]
 
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
         """Where a family's search starts: ``default_for(problem, sms[, arch])`` when the family sizes its default

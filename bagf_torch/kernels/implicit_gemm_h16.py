@@ -1,0 +1,162 @@
+"""Kernel family ``implicit_gemm_h16``: fp16 and bf16 implicit-GEMM convolution on tensor cores, NCHW and NHWC
+(channels_last) (csrc/kernels/implicit_gemm_h16.cuh).
+
+GEMM view as ``implicit_gemm_tc`` (M = K output channels, N = N*P*Q output pixels, reduction over C*R*S), with
+``mma.sync.m16n8k16`` on 16-bit operands and fp32 sums: the arithmetic of cuDNN's fp16/bf16 convolutions. The
+reduction runs in the memory format's order, (c, r, s) for NCHW and (r, s, c) for NHWC, so that the weight rows
+are contiguous (a channels_last weight for NHWC: the host passes one) and an NHWC input with C % 8 == 0 is read
+16 bytes at a time. The output has the input's dtype and memory format; bias is added in fp32 before the one
+rounding to it.
+
+DT and NHWC are knobs that a problem fixes (:func:`problem_rule`): DT is the dtype (0 fp16, 1 bf16), NHWC the
+memory format (0 NCHW, 1 channels_last); the tuner searches the tile knobs for the problem's pair.
+
+Knobs (template parameters) and the validity rules enforced before anything is compiled:
+
+========  ===================  =====================================================================
+knob      values               rule
+========  ===================  =====================================================================
+DT        0 1                  the problem's dtype: 0 float16, 1 bfloat16
+NHWC      0 1                  the problem's memory format: 0 NCHW (contiguous), 1 channels_last
+BM        32 64 128            warp tile BM/WM is a multiple of 16 (the mma's M)
+BN        32 64 128 256        warp tile BN/WN is a multiple of 8 (the mma's N)
+BK        16 32 64             (multiples of the mma's K = 16)
+WM, WN    1 2 4                threads = 32*WM*WN; shared memory 2*2*(BM+BN)*(BK+8) bytes (two
+                               buffers) <= the device's opt-in per-block limit; estimated registers
+                               per thread <= 255 and * threads <= 65536
+========  ===================  =====================================================================
+
+Every configuration is valid for every problem of its dtype and format: shapes are run-time arguments and every
+access is bounds-checked (C = 3 and channel counts that are not multiples of 8 take 2-byte loads). No split-K
+yet: a batch-1 layer's few output tiles leave most SMs idle, where cuDNN may stay the plan.
+
+The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
+cuDNN's own convolution in the same dtype and format misses by on the same data.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .geometry import LaunchGeometry
+from .space import (Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression,
+                    thread_count_rule)
+
+FAMILY = "implicit_gemm_h16"
+SOURCE = "implicit_gemm_h16.cuh"
+KERNEL = "bagf::implicit_gemm_h16_conv2d"
+TEMPLATE_ORDER = ("DT", "NHWC", "BM", "BN", "BK", "WM", "WN")
+MIN_ARCH = 80  # mma.sync m16n8k16 with bf16, cvt.rn.bf16.f32, ldmatrix
+KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
+               "const bagf::Conv2dParams")
+"""The kernel's parameter list (16-bit values travel as unsigned short): x, w, bias, y, the shape."""
+
+DTYPES: dict[str, int] = {"float16": 0, "bfloat16": 1}
+"""The problem's dtype name (``ConvProblem.dtype``) -> DT."""
+LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
+"""The problem's memory format (``ConvProblem.layout``) -> NHWC."""
+
+FORMATS: tuple[tuple[str, str], ...] = tuple((d, l) for d in DTYPES for l in LAYOUTS)
+"""The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "DT": (0, 1),
+    "NHWC": (0, 1),
+    "BM": (32, 64, 128),
+    "BN": (32, 64, 128, 256),
+    "BK": (16, 32, 64),
+    "WM": (1, 2, 4),
+    "WN": (1, 2, 4),
+}
+
+# Hand-picked start: a 128x128 block of four 64x64 warp tiles would need ~244 registers; 128 x 64 of 2 x 2 warps
+# (64 x 32 warp tiles, 128 threads), 32-deep K-steps. DT and NHWC are the problem's (default_for).
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2}
+
+SM90_SMEM_LIMIT = 232448
+H200_SMS = 132
+
+
+def threads(c: Mapping[str, int]) -> int:
+    return 32 * c["WM"] * c["WN"]
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    """Two buffers of the BM x BK weight tile and the BN x BK input tile, 2-byte elements, rows padded by 8."""
+    return 2 * 2 * (c["BM"] + c["BN"]) * (c["BK"] + 8)
+
+
+def estimated_registers(c: Mapping[str, int]) -> int:
+    """Live registers per thread: the fp32 accumulators, one K-step's fragments, the staging registers of the
+    next K-step's loads (4 per 8-element chunk) with the B chunks' pixel and digit registers (7 each), plus ~40
+    for addressing. On 24 sampled configurations it was within 30 of ptxas's count for sm_90 (nvcc 13.0: 48-254
+    registers, estimates 65-248); the space's register rule uses it."""
+    t = threads(c)
+    mi, ni = c["BM"] // c["WM"] // 16, c["BN"] // c["WN"] // 8
+    a_loads = -(-(c["BM"] * c["BK"] // 8) // t)
+    b_loads = -(-(c["BN"] * c["BK"] // 8) // t)
+    return 4 * mi * ni + 4 * mi + 2 * ni + 4 * a_loads + 11 * b_loads + 40
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c),
+                          dtype=1 + c["DT"], nhwc=c["NHWC"])
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_sm90``."""
+    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_{'nhwc' if c['NHWC'] else 'nchw'}_bm{c['BM']}_bn{c['BN']}"
+            f"_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    """e.g. ``bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2>``."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+
+
+def applies(problem) -> str | None:
+    """None for a float16 or bfloat16 problem in NCHW or channels_last."""
+    if (problem.dtype, problem.layout) not in FORMATS:
+        return f"computes float16 and bfloat16 in NCHW or channels_last; this problem is {problem.dtype} {problem.layout}"
+    return None
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` was compiled for the problem's dtype and memory format."""
+    want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
+    if (c["DT"], c["NHWC"]) != want:
+        return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; "
+                f"this problem is {problem.dtype} {problem.layout}")
+    return None
+
+
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """DEFAULT with the problem's DT and NHWC; where its grid would give fewer than 2 blocks per SM, a 64 x 64
+    block (2 x 2 warps of 32 x 32) for twice the blocks."""
+    c = dict(DEFAULT)
+    c["DT"], c["NHWC"] = DTYPES.get(problem.dtype, 1), LAYOUTS.get(problem.layout, 1)
+    p, q = problem.out_hw
+    blocks = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"])
+    if blocks < 2 * sms:
+        c.update(BM=64, BN=64)
+    return c
+
+
+def blocks_per_sm(c: Mapping[str, int]) -> int:
+    """Blocks of ``c`` one SM can hold at once (shared memory, estimated registers, threads), at least 1."""
+    return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
+
+
+def _rules(smem_limit: int):
+    def tile(c):
+        if (c["BM"] // c["WM"]) % 16 or (c["BN"] // c["WN"]) % 8 or c["BM"] < 16 * c["WM"] or c["BN"] < 8 * c["WN"]:
+            return (f"warp tile {c['BM']}/{c['WM']} x {c['BN']}/{c['WN']} is not whole 16x8 mma tiles")
+        return None
+
+    return (tile, thread_count_rule(threads), shared_memory_rule(smem_bytes, smem_limit),
+            register_rule(threads, estimated_registers))
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    """The family's search space for a device with ``smem_limit`` bytes of opt-in shared memory per block."""
+    return Space(FAMILY, PARAMS, _rules(smem_limit))

@@ -1,0 +1,361 @@
+// fp16 / bf16 convolution as an implicit GEMM on tensor cores (mma.sync m16n8k16, fp32 accumulation), for
+// NCHW and NHWC (channels_last) tensors.
+//
+// GEMM view: Y[k][npq] = sum_{kk} W[k][kk] * X[kk][npq] (+ bias[k]) over the reduction index kk of C*R*S.
+// Its order follows the memory format, so that the weight row W[k][.] is contiguous in memory and, in NHWC,
+// runs of 8 reduction steps are 8 contiguous channels of one input pixel:
+//   NCHW (NHWC = 0): kk = (c*R + r)*S + s, the input at x[((img*C + c)*H + ih)*W + iw], the weight KCRS;
+//   NHWC (NHWC = 1): kk = (r*S + s)*C + c, the input at x[((img*H + ih)*W + iw)*C + c], the weight KRSC (a
+//                    channels_last weight; the host passes one).
+// The output is written in the input's format and dtype: NCHW y[(img*K + k)*PQ + pq], NHWC y[npq*K + k].
+//
+// Products: each 16-bit operand is exact in the tensor core's multiply, the sums are fp32 (the arithmetic of
+// cuDNN's fp16/bf16 convolutions); bias is added in fp32 and the result rounded to the output dtype once.
+//
+// Data path: every K-step a thread gathers 8 consecutive reduction elements of one weight row and of one output
+// pixel's input column into registers (one 16-byte load where they are contiguous and aligned: the weight when
+// C*R*S % 8 == 0, the NHWC input when C % 8 == 0; 2-byte loads otherwise, each bounds-checked), and stores them
+// into shared memory after the previous tile's products (two buffers), so the loads' latency overlaps the
+// multiply. Shared memory holds both operands K-contiguous, As[m][kk] and Bs[n][kk], rows padded by 8 elements,
+// so ldmatrix reads each 8x8 fragment without bank conflicts.
+//
+// Template parameters (bagf_torch/kernels/implicit_gemm_h16.py has the validity rules):
+//   DT    0: fp16, 1: bf16                  NHWC  0: NCHW tensors, 1: NHWC (channels_last)
+//   BM    block tile over output channels    WM    warps along M (warp tile BM/WM, a multiple of 16)
+//   BN    block tile over output pixels      WN    warps along N (warp tile BN/WN, a multiple of 8)
+//   BK    K-step (a multiple of 16)
+//
+// Safety: every global access is bounds-checked against the run-time shape; 16-byte loads only where the
+// pointer and the run are aligned. Includes nothing from torch or the CUDA headers (16-bit values travel as
+// unsigned short; conversions are PTX), so NVRTC needs no include path beyond csrc/kernels.
+#pragma once
+#include "conv_params.h"
+
+namespace bagf {
+namespace h16 {
+
+template <int DT>
+__device__ __forceinline__ float to_f32(unsigned short v) {
+  if constexpr (DT == 1) {
+    return __uint_as_float(static_cast<unsigned>(v) << 16);  // bf16 is fp32's upper half: exact
+  } else {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+  }
+}
+
+template <int DT>
+__device__ __forceinline__ unsigned short from_f32(float f) {
+  unsigned short v;
+  if constexpr (DT == 1) {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(v) : "f"(f));
+  } else {
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(v) : "f"(f));
+  }
+  return v;
+}
+
+// D += A(16x16, row) * B(16x8, col), 16-bit inputs, fp32 accumulators.
+template <int DT>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (DT == 1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const unsigned short* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+// Eight 16-bit values packed as one 16-byte register group.
+struct Chunk {
+  unsigned v[4];
+};
+
+__device__ __forceinline__ void set_half(Chunk& c, int i, unsigned short h) {
+  const int word = i >> 1;
+  if (i & 1) {
+    c.v[word] = (c.v[word] & 0x0000ffffu) | (static_cast<unsigned>(h) << 16);
+  } else {
+    c.v[word] = (c.v[word] & 0xffff0000u) | h;
+  }
+}
+
+}  // namespace h16
+
+template <int DT, int NHWC, int BM, int BN, int BK, int WM, int WN>
+__global__ void __launch_bounds__(32 * WM * WN)
+implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                         const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
+                         const Conv2dParams p) {
+  constexpr int T = 32 * WM * WN;
+  constexpr int WTM = BM / WM;
+  constexpr int WTN = BN / WN;
+  constexpr int MI = WTM / 16;
+  constexpr int NI = WTN / 8;
+  constexpr int LDK = BK + 8;  // row pitch in elements: 16 bytes of padding, ldmatrix without bank conflicts
+  constexpr int KC = BK / 8;   // 8-element chunks per row and K-step
+  constexpr int A_CHUNKS = BM * KC;
+  constexpr int B_CHUNKS = BN * KC;
+  constexpr int A_LOADS = (A_CHUNKS + T - 1) / T;
+  constexpr int B_LOADS = (B_CHUNKS + T - 1) / T;
+  static_assert(DT == 0 || DT == 1, "DT: 0 fp16, 1 bf16");
+  static_assert(WTM % 16 == 0 && WTN % 8 == 0 && BK % 16 == 0, "warp tile must be whole mma tiles");
+
+  extern __shared__ __align__(16) unsigned short smem16[];
+  unsigned short* As = smem16;                 // [2][BM][LDK]
+  unsigned short* Bs = smem16 + 2 * BM * LDK;  // [2][BN][LDK]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp / WN;
+  const int wn = warp - wm * WN;
+  const int m0 = blockIdx.y * BM;
+  const int n0 = blockIdx.x * BN;
+
+  const int RS = p.R * p.S;
+  const int CRS = p.C * RS;
+  const int PQ = p.P * p.Q;
+  const int NPQ = p.N * PQ;
+  const int HW = p.H * p.W;
+  const int num_k = (CRS + BK - 1) / BK;
+  const bool w_vec = (CRS % 8) == 0 && ((reinterpret_cast<unsigned long long>(w) & 15ull) == 0);
+  const bool x_vec = NHWC && (p.C % 8) == 0 && ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0);
+
+  // B chunks: which output pixel and which 8-element run of the K-step each of this thread's chunks covers.
+  // NCHW: neighbouring threads take neighbouring pixels (coalesced along a row of the image); NHWC: neighbouring
+  // runs of one pixel's channels. Fixed for the whole reduction: the pixel is decoded once.
+  int b_kc[B_LOADS], b_ih0[B_LOADS], b_iw0[B_LOADS], b_img[B_LOADS], b_n[B_LOADS];
+  // the reduction digits of each chunk's first element at the current K-step: NCHW (c, r, s), NHWC (r, s, c)
+  int d0[B_LOADS], d1[B_LOADS], d2[B_LOADS];
+#pragma unroll
+  for (int i = 0; i < B_LOADS; ++i) {
+    const int e = tid + i * T;
+    const int n = NHWC ? e / KC : e % BN;
+    const int kc = NHWC ? e % KC : e / BN;
+    b_kc[i] = e < B_CHUNKS ? kc : -1;
+    b_n[i] = n;
+    const int npq = n0 + n;
+    b_img[i] = -1;
+    b_ih0[i] = b_iw0[i] = 0;
+    if (e < B_CHUNKS && npq < NPQ) {
+      const int img = npq / PQ;
+      const int pq = npq - img * PQ;
+      const int oh = pq / p.Q;
+      const int ow = pq - oh * p.Q;
+      b_img[i] = img;
+      b_ih0[i] = oh * p.stride_h - p.pad_h;
+      b_iw0[i] = ow * p.stride_w - p.pad_w;
+    }
+    const int kk = kc * 8;
+    if (NHWC) {
+      const int rs = kk / p.C;
+      d2[i] = kk - rs * p.C;
+      d0[i] = rs / p.S;
+      d1[i] = rs - d0[i] * p.S;
+    } else {
+      d0[i] = kk / RS;
+      const int rs = kk - d0[i] * RS;
+      d1[i] = rs / p.S;
+      d2[i] = rs - d1[i] * p.S;
+    }
+  }
+  // one K-step (BK elements) in reduction digits, for the carries
+  int s_hi, s_mid, s_lo;
+  if (NHWC) {
+    const int rs = BK / p.C;
+    s_lo = BK - rs * p.C;
+    s_hi = rs / p.S;
+    s_mid = rs - s_hi * p.S;
+  } else {
+    s_hi = BK / RS;
+    const int rs = BK - s_hi * RS;
+    s_mid = rs / p.S;
+    s_lo = rs - s_mid * p.S;
+  }
+  const int mid_n = NHWC ? p.S : p.R;  // radix of the middle digit
+  const int lo_n = NHWC ? p.C : p.S;   // radix of the lowest
+
+  h16::Chunk a_reg[A_LOADS], b_reg[B_LOADS];
+
+  // Gather K-step t into registers.
+  auto load_regs = [&](int t) {
+    const int k0 = t * BK;
+#pragma unroll
+    for (int i = 0; i < A_LOADS; ++i) {
+      const int e = tid + i * T;
+      const int am = e / KC;
+      const int gk = k0 + (e - am * KC) * 8;
+      const int gm = m0 + am;
+      h16::Chunk c = {{0u, 0u, 0u, 0u}};
+      if (e < A_CHUNKS && gm < p.K) {
+        const unsigned short* src = w + static_cast<long long>(gm) * CRS + gk;
+        if (w_vec) {
+          if (gk < CRS) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+            c.v[0] = v.x; c.v[1] = v.y; c.v[2] = v.z; c.v[3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < 8; ++v)
+            if (gk + v < CRS) h16::set_half(c, v, __ldg(src + v));
+        }
+      }
+      a_reg[i] = c;
+    }
+#pragma unroll
+    for (int i = 0; i < B_LOADS; ++i) {
+      h16::Chunk c = {{0u, 0u, 0u, 0u}};
+      const int kk0 = k0 + b_kc[i] * 8;
+      if (b_kc[i] >= 0 && b_img[i] >= 0 && kk0 < CRS) {
+        if (NHWC) {
+          int r = d0[i], s = d1[i], ch = d2[i];
+          if (x_vec) {  // 8 channels of one pixel, contiguous (ch % 8 == 0)
+            const int ih = b_ih0[i] + r * p.dil_h;
+            const int iw = b_iw0[i] + s * p.dil_w;
+            if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W) {
+              const uint4 v = __ldg(reinterpret_cast<const uint4*>(
+                  x + ((static_cast<long long>(b_img[i]) * p.H + ih) * p.W + iw) * p.C + ch));
+              c.v[0] = v.x; c.v[1] = v.y; c.v[2] = v.z; c.v[3] = v.w;
+            }
+          } else {
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+              const int ih = b_ih0[i] + r * p.dil_h;
+              const int iw = b_iw0[i] + s * p.dil_w;
+              if (kk0 + v < CRS && ih >= 0 && ih < p.H && iw >= 0 && iw < p.W)
+                h16::set_half(c, v, __ldg(x + ((static_cast<long long>(b_img[i]) * p.H + ih) * p.W + iw) * p.C + ch));
+              if (++ch == p.C) { ch = 0; if (++s == p.S) { s = 0; ++r; } }
+            }
+          }
+        } else {
+          int ch = d0[i], r = d1[i], s = d2[i];
+          const unsigned short* img = x + static_cast<long long>(b_img[i]) * p.C * HW;
+#pragma unroll
+          for (int v = 0; v < 8; ++v) {
+            const int ih = b_ih0[i] + r * p.dil_h;
+            const int iw = b_iw0[i] + s * p.dil_w;
+            if (kk0 + v < CRS && ih >= 0 && ih < p.H && iw >= 0 && iw < p.W)
+              h16::set_half(c, v, __ldg(img + static_cast<long long>(ch) * HW + ih * p.W + iw));
+            if (++s == p.S) { s = 0; if (++r == p.R) { r = 0; ++ch; } }
+          }
+        }
+      }
+      b_reg[i] = c;
+      // advance this chunk's digits by one K-step, each with at most one carry
+      d2[i] += s_lo;
+      d1[i] += s_mid;
+      d0[i] += s_hi;
+      if (d2[i] >= lo_n) { d2[i] -= lo_n; ++d1[i]; }
+      if (d1[i] >= mid_n) { d1[i] -= mid_n; ++d0[i]; }
+    }
+  };
+
+  auto store_smem = [&](int buf) {
+    unsigned short* as = As + buf * BM * LDK;
+    unsigned short* bs = Bs + buf * BN * LDK;
+#pragma unroll
+    for (int i = 0; i < A_LOADS; ++i) {
+      const int e = tid + i * T;
+      if (e < A_CHUNKS) {
+        const int am = e / KC;
+        *reinterpret_cast<uint4*>(as + am * LDK + (e - am * KC) * 8) =
+            make_uint4(a_reg[i].v[0], a_reg[i].v[1], a_reg[i].v[2], a_reg[i].v[3]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < B_LOADS; ++i) {
+      if (b_kc[i] >= 0)
+        *reinterpret_cast<uint4*>(bs + b_n[i] * LDK + b_kc[i] * 8) =
+            make_uint4(b_reg[i].v[0], b_reg[i].v[1], b_reg[i].v[2], b_reg[i].v[3]);
+    }
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+  auto multiply = [&](int buf) {
+    const unsigned short* as = As + buf * BM * LDK + (wm * WTM + (lane & 15)) * LDK + (lane >> 4) * 8;
+    const unsigned short* bs = Bs + buf * BN * LDK + (wn * WTN + (lane & 7)) * LDK + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) h16::ldmatrix_x4(af[i], as + i * 16 * LDK + kk);
+#pragma unroll
+      for (int j = 0; j < NI; ++j) h16::ldmatrix_x2(bf[j], bs + j * 8 * LDK + kk);
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) h16::mma_16x8x16<DT>(acc[i][j], af[i], bf[j]);
+    }
+  };
+
+  if (num_k > 0) {
+    load_regs(0);
+    store_smem(0);
+    __syncthreads();
+  }
+  for (int t = 0; t < num_k; ++t) {
+    const bool more = t + 1 < num_k;
+    if (more) load_regs(t + 1);
+    multiply(t & 1);
+    if (more) store_smem((t + 1) & 1);
+    __syncthreads();
+  }
+
+  // Epilogue. Accumulator v of tile (i, j): row gid (+8 for v >= 2), column 2*tig + (v & 1).
+  const int gid = lane >> 2;
+  const int tig = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NI; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int gn = n0 + wn * WTN + j * 8 + 2 * tig + h;
+      if (gn >= NPQ) continue;
+      const int img = gn / PQ;
+      const long long base = NHWC ? static_cast<long long>(gn) * p.K
+                                  : static_cast<long long>(img) * p.K * PQ + (gn - img * PQ);
+      const int m_step = NHWC ? 1 : PQ;
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int gm = m0 + wm * WTM + i * 16 + gid + 8 * hi;
+          if (gm < p.K) {
+            float v = acc[i][j][2 * hi + h];
+            if (p.has_bias) v += h16::to_f32<DT>(__ldg(bias + gm));
+            y[base + static_cast<long long>(gm) * m_step] = h16::from_f32<DT>(v);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace bagf

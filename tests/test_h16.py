@@ -1,0 +1,151 @@
+"""float16 and bfloat16, NCHW and channels_last, on the CPU: the 16-bit family's space and problem rules, which families
+the tuner offers per dtype and memory format, TunedConv2d's routing of such calls to the runtime (and of those no family
+computes to ATen), and the tune command's --dtype / --channels-last. The kernels themselves run in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bagf_torch
+from bagf_torch import nn as bnn
+from bagf_torch import runtime
+from bagf_torch.kernels import (FAMILIES, family_refuses, format_refuses, formats, implicit_gemm_h16 as h16,
+                                implicit_gemm_tc, supported_formats)
+from bagf_torch.ops import ATEN
+from bagf_torch.problem import ConvProblem
+
+CONV3 = dict(n=32, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+
+
+def _p(dtype="bfloat16", layout="nhwc", **kw):
+    return ConvProblem(**{**CONV3, **kw}, dtype=dtype, layout=layout)
+
+
+def test_formats_the_families_compute():
+    assert formats(implicit_gemm_tc) == (("float32", "nchw"),)
+    assert set(formats(h16)) == {("float16", "nchw"), ("float16", "nhwc"), ("bfloat16", "nchw"), ("bfloat16", "nhwc")}
+    assert supported_formats() == {("float32", "nchw"), *formats(h16)}
+    assert ("float32", "nhwc") not in supported_formats()
+    assert format_refuses(h16, _p()) is None
+    assert "float32 nchw" in format_refuses(h16, _p("float32", "nchw"))
+    assert "bfloat16 nhwc" in format_refuses(implicit_gemm_tc, _p())
+    # an imported plan is held to it: a 16-bit plan never serves a float32 problem, nor an fp32 plan a 16-bit one
+    assert family_refuses("implicit_gemm_tc", implicit_gemm_tc.DEFAULT, _p()) is not None
+    assert family_refuses("implicit_gemm_h16", h16.DEFAULT, _p("float32", "nchw")) is not None
+    assert family_refuses("implicit_gemm_h16", h16.DEFAULT, _p("bfloat16", "nhwc")) is None
+    assert family_refuses("implicit_gemm_h16", h16.DEFAULT, _p("float16", "nhwc")) is not None  # compiled for bf16
+
+
+@pytest.mark.parametrize("dtype,layout", [("float16", "nchw"), ("float16", "nhwc"), ("bfloat16", "nchw"),
+                                          ("bfloat16", "nhwc")])
+def test_the_start_point_and_the_searched_space_are_the_problems_dtype_and_format(dtype, layout):
+    p = _p(dtype, layout, n=128)  # a grid that fills the GPU: DEFAULT's block
+    start = h16.default_for(p)
+    assert (start["DT"], start["NHWC"]) == (h16.DTYPES[dtype], h16.LAYOUTS[layout])
+    assert h16.space().invalid_reason(start) is None and h16.problem_rule(start, p) is None
+    searched = [c for c in h16.space().valid_configs() if h16.problem_rule(c, p) is None]
+    assert searched and len(searched) * 4 == len(h16.space().valid_configs())
+    assert {(c["DT"], c["NHWC"]) for c in searched} == {(start["DT"], start["NHWC"])}
+    geo = h16.launch(start)
+    assert (geo.dtype, geo.nhwc) == (1 + h16.DTYPES[dtype], h16.LAYOUTS[layout]) and geo.split == 1 and geo.gemm == 0
+    # a small grid (batch 1) gets the smaller block: twice the blocks
+    one = h16.default_for(_p(dtype, layout, n=1))
+    assert one["BM"] * one["BN"] < start["BM"] * start["BN"]
+
+
+def test_the_spaces_rules_hold_for_every_valid_configuration():
+    limit = h16.SM90_SMEM_LIMIT
+    for c in h16.space().valid_configs():
+        assert (c["BM"] // c["WM"]) % 16 == 0 and (c["BN"] // c["WN"]) % 8 == 0
+        assert h16.smem_bytes(c) <= limit and h16.estimated_registers(c) <= 255
+        assert h16.name(c).startswith("implicit_gemm_h16_" + ("bf16" if c["DT"] else "fp16"))
+
+
+def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():
+    from bagf_torch.tuning.tuner import Tuner
+
+    tuner = Tuner.__new__(Tuner)  # families_for reads only these
+    tuner.families = list(FAMILIES.values())
+    tuner.compiler = type("C", (), {"arch": "sm_90"})()
+    assert [f.FAMILY for f in tuner.families_for(_p())] == ["implicit_gemm_h16"]
+    assert [f.FAMILY for f in tuner.families_for(_p("float16", "nchw"))] == ["implicit_gemm_h16"]
+    fp32 = [f.FAMILY for f in tuner.families_for(_p("float32", "nchw"))]
+    assert "implicit_gemm_h16" not in fp32 and "implicit_gemm_tc" in fp32
+    assert tuner.families_for(_p("float32", "nhwc")) == []  # float32 channels_last: cuDNN (nn.py sends it to ATen)
+
+
+def test_short_names_say_dtype_and_format_when_not_float32_nchw():
+    assert _p("float32", "nchw").short() == "N32 C192 13x13 -> K384 13x13 k3x3 s1 p1"
+    assert _p().short().endswith(" bf16 nhwc") and _p("float16", "nchw").short().endswith(" fp16 nchw")
+    x = torch.randn(2, 3, 9, 9).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3).to(torch.bfloat16)
+    p = ConvProblem.from_call(x, w, None, 1, 1, 1, 1)
+    assert (p.dtype, p.layout, p.tf32) == ("bfloat16", "nhwc", False)
+
+
+class _Recording:
+    def __init__(self):
+        self.problems = []
+
+    def lookup(self, problem, device):
+        self.problems.append(problem)
+        return ATEN, True
+
+
+@pytest.fixture
+def cuda_looking(monkeypatch):
+    rt = _Recording()
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(runtime, "get", lambda: rt)
+    return rt
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_calls_in_both_formats_reach_the_runtime_under_their_own_keys(cuda_looking, dtype):
+    """Each (dtype, memory format) asks the runtime once, as its own problem; the layer's plan table keeps them apart
+    (a float32 plan of the same shape is never served to a bfloat16 call)."""
+    conv = bagf_torch.TunedConv2d(8, 4, 3, padding=1).to(dtype)
+    x = torch.randn(2, 8, 9, 9).to(dtype)
+    xl = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(conv(x), torch.nn.functional.conv2d(x, conv.weight, conv.bias, 1, 1))
+            conv(xl)
+    name = str(dtype).replace("torch.", "")
+    assert [(p.dtype, p.layout) for p in cuda_looking.problems] == [(name, "nchw"), (name, "nhwc")]
+    conv32 = conv.float()
+    with torch.no_grad():
+        conv32(x.float())
+    assert [(p.dtype, p.layout) for p in cuda_looking.problems][-1] == ("float32", "nchw")
+
+
+def test_calls_no_family_computes_go_to_aten_with_one_line(cuda_looking, caplog):
+    conv = bagf_torch.TunedConv2d(8, 4, 3, padding=1)
+    x = torch.randn(2, 8, 9, 9)
+    with caplog.at_level("WARNING", logger="bagf_torch"):
+        conv(x.contiguous(memory_format=torch.channels_last))  # float32 channels_last
+        conv.half()
+        conv(x.half().transpose(2, 3))  # float16, neither NCHW nor channels_last
+        conv(x.half())  # float16 NCHW: tuned
+    assert [(p.dtype, p.layout) for p in cuda_looking.problems] == [("float16", "nchw")]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("float32 channels_last input" in m for m in lines) and any("non-contiguous" in m for m in lines)
+
+
+def test_a_weight_of_another_dtype_is_atens(cuda_looking):
+    conv = bagf_torch.TunedConv2d(8, 4, 3, padding=1)  # float32 weight
+    x = torch.randn(2, 8, 9, 9).to(torch.bfloat16)
+    assert "weight dtype torch.float32" in conv._unsupported(x)
+    assert cuda_looking.problems == []
+
+
+def test_the_tune_command_takes_dtype_and_channels_last():
+    from bagf_torch import cli
+
+    args = cli.build_parser().parse_args(["tune", "--dtype", "bf16", "--channels-last"])
+    assert (args.dtype, args.channels_last) == ("bf16", True)
+    cli._check_format(args)  # bfloat16 channels_last is tuned
+    args32 = cli.build_parser().parse_args(["tune", "--channels-last"])
+    with pytest.raises(SystemExit, match="float32 channels_last is not tuned"):
+        cli._check_format(args32)
