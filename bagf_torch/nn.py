@@ -117,11 +117,12 @@ class TunedConv2d(nn.Conv2d):
     Same constructor, parameters and state dict as ``nn.Conv2d`` (state dicts load both ways). On the first
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
     (BAGF_TUNE=1), then reuses it. float32 NCHW, and float16 and bfloat16 in NCHW or channels_last (with the
-    weight in the input's dtype), are tuned. Anything the kernels do not handle (CPU tensors, other dtypes, float32
-    channels_last, other strides, calls under torch.autocast, padding_mode other than 'zeros',
-    groups > 1, asymmetric 'same' padding, empty batches or weights, input, weight or output of more than 2^31
-    elements) runs through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always uses
-    ATen's convolution backward.
+    weight in the input's dtype), are tuned; under ``torch.autocast`` to float16 or bfloat16 the input, weight and
+    bias are cast to that dtype first, as nn.Conv2d's forward casts them. Anything the kernels do not handle (CPU
+    tensors, other dtypes, float32 channels_last, other strides, autocast to another dtype, padding_mode other than
+    'zeros', groups > 1, asymmetric 'same' padding, empty batches or weights, input, weight or output of more than
+    2^31 elements) runs through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always
+    uses ATen's convolution backward.
 
     Example::
 
@@ -168,21 +169,26 @@ class TunedConv2d(nn.Conv2d):
         return None if x.is_cuda else "input is not a CUDA tensor"
 
     def _unsupported(self, x: torch.Tensor) -> str | None:
-        """Why the tuned kernels cannot take ``x`` (a short reason, logged once per reason), or None."""
+        """Why the tuned kernels cannot take ``x`` (a short reason, logged once per reason), or None. Under autocast,
+        of ``x`` and the weight cast to autocast's dtype, as the forward casts them."""
         w = self.weight
         reason = self._device_reason(x)
         if reason is not None:
             return reason
+        cast = None
         if _any_autocast() and _autocast_on(x):  # nn.Conv2d's forward returns autocast's dtype
-            return (f"autocast to {torch.get_autocast_dtype(x.device.type)} (the kernels run the input's own dtype; "
-                    "cast the model and input instead of autocast to tune them)")
+            cast = torch.get_autocast_dtype(x.device.type)
+            if cast not in _TAKEN_DTYPES:
+                return f"autocast to {cast} (tuned under autocast: float16, bfloat16)"
         fmt = _format(x)
+        if cast is not None and fmt is not None:
+            fmt = (_DTYPE_NAMES[cast], fmt[1])
         if fmt is not None and fmt not in _FORMATS:
             return (f"{fmt[0]} {'channels_last' if fmt[1] == 'nhwc' else 'NCHW'} input (tuned: "
                     f"{', '.join(sorted(' '.join(f) for f in _FORMATS))})")
         if fmt is None and x.dtype not in _DTYPE_NAMES:
             return f"dtype {x.dtype} (tuned: float32, float16, bfloat16)"
-        if w.dtype != x.dtype:
+        if cast is None and w.dtype != x.dtype:
             return f"weight dtype {w.dtype} differs from the input's {x.dtype}"
         if self.padding_mode != "zeros":
             return f"padding_mode={self.padding_mode!r} (kernels implement zero padding)"
@@ -299,19 +305,24 @@ class TunedConv2d(nn.Conv2d):
             w, b = self.weight, self.bias
         if _compiling():
             return self._traced_forward(input, w, b)
-        # Input the kernels never take (a dtype and memory format no family computes, other strides, a call under
-        # autocast, which casts the convolution to fp16/bf16): nn.Conv2d's forward at once, for three checks; the
-        # reason is logged once.
+        if _any_autocast() and _autocast_on(input):
+            # What nn.Conv2d's forward does under autocast: input, weight and bias cast to autocast's dtype (the
+            # memory format kept), the conv in that dtype; here by the kernels of that dtype. (Our op has no autocast
+            # kernel: it computes the dtype it is given.)
+            cast = torch.get_autocast_dtype(input.device.type)
+            if cast not in _TAKEN_DTYPES:
+                if "autocast" not in self.__dict__.get("_bagf_told", ()):
+                    self._tell(input, "autocast")
+                return self._conv_forward(input, w, b)
+            input, w, b = input.to(cast), w.to(cast), None if b is None else b.to(cast)
+        # Input the kernels never take (a dtype and memory format no family computes, other strides): nn.Conv2d's
+        # forward at once, for two checks; the reason is logged once.
         dtype, contiguous = input.dtype, input.is_contiguous()
         if (dtype is not _F32 or not contiguous) and ((dtype, contiguous) not in _TAKEN or (
                 not contiguous and not input.is_contiguous(memory_format=torch.channels_last))):
             kind = (dtype, contiguous) if dtype in _TAKEN_DTYPES else dtype  # (one kind per dtype never taken)
             if kind not in self.__dict__.get("_bagf_told", ()):
                 self._tell(input, kind)
-            return self._conv_forward(input, w, b)
-        if _any_autocast() and _autocast_on(input):
-            if "autocast" not in self.__dict__.get("_bagf_told", ()):
-                self._tell(input, "autocast")
             return self._conv_forward(input, w, b)
         # The plan table: what calls like this one (same shape, device, TF32 flag, dtype and format) run, learnt on
         # the first such call; the last entry used first, else the table. It skips the support checks and the runtime's

@@ -1,11 +1,14 @@
-"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32, TF32 off (``--tf32``: on, as by default).
+"""AlexNet inference end to end: stock PyTorch against bagf_torch, fp32, TF32 off (``--tf32``: on, as by default), or
+``--dtype float16|bfloat16`` with ``--channels-last`` or not (both models and the input in that dtype and format).
 
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
 cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
 stock model as the peer a user would try instead (its compile time is reported; DESIGN measured 66 s at N=1
 and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
 cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
-tuning out of this run). Writes JSON and a Markdown table with the GPU, versions and date.
+tuning out of this run; with ``--dtype``, ``tune --dtype ... [--channels-last]``). In float16 and bfloat16 the
+benchmark-off stock variants are timed in this process, after benchmark mode's (the child process builds float32
+models). Writes JSON and a Markdown table with the GPU, versions and date.
 
     python benchmarks/bench_alexnet.py --batch 1,32,128 --out benchmarks/results
 """
@@ -42,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--tf32", action="store_true",
                     help="cuDNN's TF32 on for both models, PyTorch's default (the plans are tuned in that mode)")
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                    help="the models' and the input's dtype (float32 by default)")
+    ap.add_argument("--channels-last", action="store_true", help="models and input in channels_last")
     args = ap.parse_args(argv)
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
@@ -50,7 +56,11 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
-    xs = [torch.randn(n, 3, 224, 224, device="cuda") for n in args.batch]
+    dtype = getattr(torch, args.dtype)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    stock, tuned = (m.to(dtype).to(memory_format=fmt) for m in (stock, tuned))
+    xs = [torch.randn(n, 3, 224, 224, device="cuda").to(dtype).contiguous(memory_format=fmt) for n in args.batch]
+    plain = args.dtype == "float32" and not args.channels_last  # the stock child builds float32 NCHW models
     t0 = time.perf_counter()
     report = bagf_torch.tune_model(tuned, xs, budget=args.budget, seconds=args.seconds, progress=None)
     tune_seconds = time.perf_counter() - t0
@@ -63,11 +73,15 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
         "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
+        "dtype": args.dtype, "channels_last": args.channels_last,
         "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"bench_alexnet_{args.tag}"
+
+    mode = (f"fp32, TF32 {'on' if args.tf32 else 'off'}" if args.dtype == "float32" else args.dtype) + (
+        ", channels_last" if args.channels_last else "")
 
     def write():
         meta["tuned_during_timing"] = runtime.get().stats["tuned"] - tuned_before
@@ -78,9 +92,10 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         lines = [f"# AlexNet inference: stock PyTorch vs bagf_torch ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
-                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; fp32, TF32 {'on' if args.tf32 else 'off'}. Median GPU time (us) of one "
+                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; {mode}. Median GPU time (us) of one "
                  f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
-                 "defaults (cudnn.benchmark off) timed in a fresh child process; every other variant runs in "
+                 f"defaults (cudnn.benchmark off) timed in {'a fresh child process' if plain else 'this process'}; every "
+                 "other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "", *bench.table(results), ""]
@@ -93,7 +108,8 @@ def main(argv=None) -> int:
 
     for x in xs:
         n = x.shape[0]
-        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True, stock_model="alexnet",
+        results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
+                                        stock_model="alexnet" if plain else None,
                                         tf32=args.tf32,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))

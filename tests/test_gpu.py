@@ -807,6 +807,30 @@ def test_h16_first_call_tunes_then_cache_hit_compile_and_cuda_graph(monkeypatch,
     torch._dynamo.reset()
 
 
+def test_autocast_first_call_tunes_autocasts_dtype(monkeypatch):
+    """A float32 model called with a channels_last input under torch.autocast(bfloat16): the layers tune the bfloat16
+    channels_last problems (input, weight and bias cast as nn.Conv2d casts them) and return what nn.Conv2d returns
+    there, bfloat16 channels_last, with cuDNN's accuracy."""
+    import bagf_torch
+    from bagf_torch import runtime
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "4")
+    stock = _conv_model().eval()
+    tuned = bagf_torch.convert(_conv_model().eval())
+    x = torch.randn(2, 3, 33, 31, device="cuda").contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out, want = tuned(x), stock(x)
+        again = tuned(x)
+    assert out.dtype is want.dtype is torch.bfloat16 and out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(again, out)
+    rt = runtime.get()
+    assert rt.stats["tuned"] == 2 and all((r.problem.dtype, r.problem.layout) == ("bfloat16", "nhwc")
+                                          for r in rt.results)
+    ref = _conv_model().to(torch.bfloat16).double()(x.to(torch.bfloat16).double())
+    _assert_within_cudnn(out, ref, want, "autocast")
+
+
 @pytest.mark.parametrize("case", ["half_strided", "channels_last", "groups", "reflect", "same_even", "empty",
                                   "double"])
 def test_fallbacks_are_correct_on_gpu(case, caplog):

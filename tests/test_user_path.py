@@ -592,29 +592,46 @@ def test_discovery_sees_layers_whose_calls_took_the_fast_path(monkeypatch, answe
     assert [m._bagf_plans for m in model] == fast_before
 
 
-def test_a_call_under_autocast_returns_what_nn_conv2d_returns(monkeypatch, caplog):
-    """Under torch.autocast nn.Conv2d computes in autocast's dtype and returns it (bf16 here); a tuned plan (float32
-    kernels) returned float32 there. Such calls take nn.Conv2d's forward, said once; outside autocast the same
-    shape gets its plan. (CPU autocast on CPU tensors made to look like CUDA ones: the rule is per device.)"""
+def test_a_call_under_autocast_runs_the_plan_of_autocasts_dtype(monkeypatch, caplog):
+    """Under torch.autocast nn.Conv2d casts input, weight and bias to autocast's dtype (bf16 here) and returns it; a
+    TunedConv2d does the same casts and looks up the problem of that dtype (its own plan, the memory format kept),
+    once; outside autocast the same shape is the float32 problem, another plan. (CPU autocast on CPU tensors made
+    to look like CUDA ones: the rule is per device.)"""
     rt, checks = _cuda_looking(monkeypatch, (7, True))
+    problems = []
+    real_lookup = rt.lookup
+    monkeypatch.setattr(rt, "lookup", lambda problem, device: problems.append(problem) or real_lookup(problem, device))
     kernel_calls = []
-    monkeypatch.setattr(bnn, "_op", lambda: lambda x, w, b, s, p, d, h: kernel_calls.append(h) or torch.zeros(1))
+    monkeypatch.setattr(bnn, "_op", lambda: lambda x, w, b, s, p, d, h: kernel_calls.append(
+        (h, x.dtype, w.dtype, b.dtype, x.is_contiguous())) or torch.zeros(1, dtype=x.dtype))
     monkeypatch.setattr(bnn, "_inference_call", lambda: None)
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
-    stock = torch.nn.Conv2d(3, 4, 3, padding=1)
-    stock.load_state_dict(conv.state_dict())
     x = torch.randn(2, 3, 9, 9)
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="bagf_torch"):
         for _ in range(3):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                y, want = conv(x), stock(x)
-            assert y.dtype == want.dtype == torch.bfloat16
-            torch.testing.assert_close(y, want)
-        assert rt.lookups == 0 and not kernel_calls
+                y = conv(x)
+            assert y.dtype == torch.bfloat16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            conv(x.contiguous(memory_format=torch.channels_last))
         conv(x)
-    assert rt.lookups == 1 and kernel_calls == [7]  # outside autocast: the plan
-    said = [r.getMessage() for r in caplog.records if "autocast" in r.getMessage()]
-    assert len(said) == 1 and "torch.bfloat16" in said[0], said
+    assert [(p.dtype, p.layout) for p in problems] == [("bfloat16", "nchw"), ("bfloat16", "nhwc"), ("float32", "nchw")]
+    assert kernel_calls == [(7, torch.bfloat16, torch.bfloat16, torch.bfloat16, True)] * 3 + [
+        (7, torch.bfloat16, torch.bfloat16, torch.bfloat16, False), (7, torch.float32, torch.float32, torch.float32, True)]
+    assert not [r for r in caplog.records if "autocast" in r.getMessage()]  # nothing fell back
+
+
+def test_a_call_under_autocast_that_atens_answers_returns_what_nn_conv2d_returns(monkeypatch):
+    """With cuDNN as the plan (or no plan yet), the answer under autocast is nn.Conv2d's under autocast, bit for bit."""
+    _cuda_looking(monkeypatch, (ATEN, True))
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    stock = torch.nn.Conv2d(3, 4, 3, padding=1)
+    stock.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            y, want = conv(x), stock(x)
+            assert y.dtype == want.dtype == torch.bfloat16 and torch.equal(y, want)
 
 
 def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
