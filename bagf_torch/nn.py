@@ -285,8 +285,9 @@ class TunedConv2d(nn.Conv2d):
     def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """The forward torch.compile traces: nothing written, no clock, no logging, nothing tuned (each of those
         would break the graph); the kernel this layer already runs for such calls (in the TF32 mode of the
-        trace), else torch's conv."""
-        if self._unsupported(input) is not None:
+        trace), else torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as nn.Conv2d's
+        forward makes them (the eager forward's own casts are not traced)."""
+        if (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
             return self._conv_forward(input, w, b)
         entry = self.__dict__.get("_bagf_plans", {}).get((input.shape, input.get_device(), _tf32_at_trace(),
                                                             input.dtype, input.is_contiguous()))
@@ -314,7 +315,11 @@ class TunedConv2d(nn.Conv2d):
                 if "autocast" not in self.__dict__.get("_bagf_told", ()):
                     self._tell(input, "autocast")
                 return self._conv_forward(input, w, b)
-            input, w, b = input.to(cast), w.to(cast), None if b is None else b.to(cast)
+            # the weight in the input's memory format in the same copy (a channels_last plan reads it KRSC; the
+            # host would otherwise convert it again)
+            fmt = (torch.channels_last if not input.is_contiguous()
+                   and input.is_contiguous(memory_format=torch.channels_last) else torch.preserve_format)
+            input, w, b = input.to(cast), w.to(dtype=cast, memory_format=fmt), None if b is None else b.to(cast)
         # Input the kernels never take (a dtype and memory format no family computes, other strides): nn.Conv2d's
         # forward at once, for two checks; the reason is logged once.
         dtype, contiguous = input.dtype, input.is_contiguous()

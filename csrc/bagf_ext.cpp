@@ -387,17 +387,21 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
 const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                               at::IntArrayRef stride, at::IntArrayRef dilation, const Plan& plan) {
+                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                               const Plan& plan) {
   const LaunchGeometry& geo = plan.geo;
   if (!x.is_cuda() || !w.is_cuda() || x.device() != w.device()) return "tensors not on one CUDA device";
   if (x.get_device() != plan.device) return "plan compiled for another device";
   const at::ScalarType dt = plan_dtype(geo);
   if (x.scalar_type() != dt || w.scalar_type() != dt)
-    return dt == at::kFloat ? "dtype is not float32 (the plan's)"
-                            : dt == at::kHalf ? "dtype is not float16 (the plan's)" : "dtype is not bfloat16 (the plan's)";
+    return dt == at::kFloat  ? "dtype is not float32 (the plan's)"
+           : dt == at::kHalf ? "dtype is not float16 (the plan's)"
+                             : "dtype is not bfloat16 (the plan's)";
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
-  if (!x.is_contiguous(plan_format(geo)))
-    return geo.nhwc ? "input is not channels_last (the plan's memory format)" : "input is not contiguous NCHW";
+  if (!x.is_contiguous(plan_format(geo)) || (geo.nhwc && x.is_contiguous()))
+    // (an input both contiguous and channels_last, C = 1 or H = W = 1, is NCHW to every rule here: the output's
+    // format, the fake's, TunedConv2d's key)
+    return geo.nhwc ? "input is not channels_last only (the plan's memory format)" : "input is not contiguous NCHW";
   // fp32 and NCHW 16-bit plans read the weight contiguous (KCRS); a channels_last plan reads it KRSC and the host
   // converts one in another format
   if (!w.is_contiguous() && !geo.nhwc) return "weight not contiguous NCHW";
@@ -413,6 +417,11 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
              (w.size(2) != 3 || w.size(3) != 3 || stride[0] != 1 || stride[1] != 1 || dilation[0] != 1 ||
               dilation[1] != 1)) {
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
+  }
+  if (geo.dtype != 0 || geo.nhwc) {  // the 16-bit kernels' int32 window arithmetic, as the direct plans'
+    for (int i = 0; i < 2; ++i)
+      if (stride[i] > 65535 || dilation[i] > 65535 || padding[i] > 65535)
+        return "stride, padding or dilation above 65535 for a 16-bit plan";
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
@@ -570,7 +579,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (plan == nullptr || !valid_geometry(stride, padding, dilation)) {
     return aten_conv(x, w, b, stride, padding, dilation);  // (ATen's own error for a bad stride, padding, dilation)
   }
-  if (const char* why = unsupported_reason(x, w, b, stride, dilation, *plan)) {
+  if (const char* why = unsupported_reason(x, w, b, stride, padding, dilation, *plan)) {
     TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
@@ -599,7 +608,7 @@ void launch_into(const Plan& plan, const at::Tensor& x, const at::Tensor& w, con
   BAGF_CHECK(valid_geometry(stride, padding, dilation), "bagf_torch: stride and dilation must be at least 1 and "
              "padding at least 0 (each below 2^31), got stride (", stride[0], ", ", stride[1], "), padding (", padding[0], ", ",
              padding[1], "), dilation (", dilation[0], ", ", dilation[1], ")");
-  const char* why = unsupported_reason(x, w, b, stride, dilation, plan);
+  const char* why = unsupported_reason(x, w, b, stride, padding, dilation, plan);
   BAGF_CHECK(why == nullptr, "bagf_torch: cannot launch this plan: ", why);
   BAGF_CHECK(y.is_cuda() && y.device() == x.device() && y.is_contiguous(plan_format(plan.geo)) &&
                   y.scalar_type() == plan_dtype(plan.geo) &&

@@ -178,6 +178,8 @@ def _compile_and_check(compiler, fam, configs, shapes):
     ran = set()
     for fmt in _formats(fam):  # a 16-bit family: each dtype and memory format, against twice cuDNN's error there
         for shape in shapes:
+            if fmt[1] == "nhwc" and (shape[1] == 1 or shape[2] * shape[3] == 1):
+                continue  # contiguous as well as channels_last: an NCHW problem (ConvProblem.from_call)
             ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
             if _tf32_only(fam):
                 _tf32_reference(ws)
@@ -749,6 +751,12 @@ def test_h16_op_opcheck_autograd_weight_format_and_other_dtypes(compiler, fmt):
         xf, wf, bf = x.detach().float(), w.detach().float(), b.detach().float()
         torch.testing.assert_close(op(xf, wf, bf, *args, handle), F.conv2d(xf, wf, bf, (2, 1), (1, 0), (1, 2)),
                                    rtol=1e-6, atol=1e-6)
+        if layout == "nhwc":  # an input both contiguous and channels_last (C = 1) is NCHW: ATen's, contiguous out
+            x1 = torch.randn(2, 1, 9, 9, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
+            w1 = torch.randn(7, 1, 3, 3, device="cuda").to(dt)
+            assert x1.is_contiguous()
+            y1 = op(x1, w1, b.detach(), [1, 1], [1, 1], [1, 1], handle)
+            assert y1.is_contiguous() and torch.equal(y1, F.conv2d(x1, w1, b.detach(), 1, 1).contiguous())
 
 
 def _h16_model(dtype, layout):
@@ -803,7 +811,7 @@ def test_h16_first_call_tunes_then_cache_hit_compile_and_cuda_graph(monkeypatch,
         compiled = torch.compile(fresh, fullgraph=True, backend=backend)(x)
     assert torch.equal(compiled, out)
     uses_op = any("bagf.conv2d" in code for code in graphs)
-    assert uses_op or all(r.family == "aten" for r in rt.results), graphs
+    assert uses_op == any(r.family != "aten" for r in rt.results), graphs  # the op exactly where a kernel won
     torch._dynamo.reset()
 
 

@@ -149,3 +149,16 @@ def test_the_tune_command_takes_dtype_and_channels_last():
     args32 = cli.build_parser().parse_args(["tune", "--channels-last"])
     with pytest.raises(SystemExit, match="float32 channels_last is not tuned"):
         cli._check_format(args32)
+
+
+def test_the_traced_forward_under_autocast_is_torchs_conv(cuda_looking, monkeypatch):
+    """torch.compile traces ``_traced_forward``: under autocast it is nn.Conv2d's forward (autocast's casts in the
+    graph), never a float32 plan the layer learnt outside autocast."""
+    monkeypatch.setattr(bnn, "_op", lambda: pytest.fail("a float32 plan ran under autocast"))
+    conv = bagf_torch.TunedConv2d(8, 4, 3, padding=1)
+    x = torch.randn(2, 8, 9, 9)
+    conv._remember(x, conv._kernel_entry(7, (1, 1)))  # a float32 plan for this shape
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv._traced_forward(x, conv.weight, conv.bias)
+        want = torch.nn.functional.conv2d(x, conv.weight, conv.bias, 1, 1)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)

@@ -846,9 +846,12 @@ def test_gpu_first_call_in_an_inference_context_runs_the_search(monkeypatch, cap
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_autocast_calls_return_autocasts_dtype_and_plans_still_serve(monkeypatch, dtype):
-    """A layer with a tuned plan, called under torch.autocast: the output nn.Conv2d gives (autocast's dtype, its
-    values); the same layer outside autocast still runs its plan, in float32."""
+def test_gpu_autocast_calls_tune_autocasts_dtype_and_float32_plans_still_serve(monkeypatch, dtype):
+    """A layer with a tuned float32 plan, called under torch.autocast: the output has autocast's dtype and cuDNN's
+    accuracy in it (the layer tunes the problem of that dtype: input, weight and bias cast as nn.Conv2d casts them);
+    the same layer outside autocast still runs its float32 plan."""
+    from bagf_torch.tuning.measure import CUDNN_ERROR_FACTOR, REL_TOL, judge_output, output_error
+
     monkeypatch.setenv("BAGF_BUDGET", "6")
     monkeypatch.setenv("BAGF_TIME_BUDGET", "4")
     torch.backends.cudnn.allow_tf32 = False
@@ -858,13 +861,19 @@ def test_gpu_autocast_calls_return_autocasts_dtype_and_plans_still_serve(monkeyp
     x = torch.randn(2, 16, 21, 19, device="cuda")
     with torch.no_grad():
         conv(x)  # tuned here
-        tuned = runtime.get().stats["tuned"]
+        assert runtime.get().stats["tuned"] == 1
         with torch.autocast("cuda", dtype=dtype):
             y, want = conv(x), stock(x)
-        assert y.dtype == want.dtype == dtype
-        torch.testing.assert_close(y, want)
+        assert y.dtype == want.dtype == dtype and runtime.get().stats["tuned"] == 2
+        assert runtime.get().results[-1].problem.dtype == str(dtype).replace("torch.", "")
+        ref = F.conv2d(x.to(dtype).double(), conv.weight.to(dtype).double(), conv.bias.to(dtype).double(), padding=1)
+        norm, top = float(ref.norm()), float(ref.abs().max())
+        theirs = output_error(want, ref, norm, top)
+        why = judge_output(y, ref, norm, top, max(REL_TOL, CUDNN_ERROR_FACTOR * theirs[0]),
+                           max(10 * REL_TOL, CUDNN_ERROR_FACTOR * theirs[1]))
+        assert why is None, (why, theirs)
         z = conv(x)
-    assert z.dtype == torch.float32 and runtime.get().stats["tuned"] == tuned == 1
+    assert z.dtype == torch.float32 and runtime.get().stats["tuned"] == 2
     ref = F.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1)
     assert float((z.double() - ref).norm() / ref.norm()) < 1e-4
 

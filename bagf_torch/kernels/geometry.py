@@ -82,7 +82,8 @@ class LaunchGeometry:
     nhwc: int = 0
     """1: the input and output are channels_last (NHWC) and the kernel reads the weight as KRSC (the host passes a
     channels_last weight, converting one that is not); 0: all contiguous NCHW. The host sends a call in the other
-    format to ATen."""
+    format to ATen, and to a channels_last plan also an input that is both contiguous and channels_last (C = 1 or
+    H = W = 1: NCHW to TunedConv2d's key and to the op's output rule)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

@@ -26,8 +26,10 @@
 //   BK    K-step (a multiple of 16)
 //
 // Safety: every global access is bounds-checked against the run-time shape; 16-byte loads only where the
-// pointer and the run are aligned. Includes nothing from torch or the CUDA headers (16-bit values travel as
-// unsigned short; conversions are PTX), so NVRTC needs no include path beyond csrc/kernels.
+// pointer and the run are aligned; output pixel indices are 64-bit (a block's n0 + BN may pass 2^31 - 1), and the
+// host keeps stride, padding and dilation below 65536 so that the int32 window arithmetic cannot overflow.
+// Includes nothing from torch or the CUDA headers (16-bit values travel as unsigned short; conversions are PTX),
+// so NVRTC needs no include path beyond csrc/kernels.
 #pragma once
 #include "conv_params.h"
 
@@ -155,12 +157,12 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
     const int kc = NHWC ? e % KC : e / BN;
     b_kc[i] = e < B_CHUNKS ? kc : -1;
     b_n[i] = n;
-    const int npq = n0 + n;
+    const long long npq = static_cast<long long>(n0) + n;  // (n0 + BN may pass 2^31 - 1 when N*P*Q is near it)
     b_img[i] = -1;
     b_ih0[i] = b_iw0[i] = 0;
     if (e < B_CHUNKS && npq < NPQ) {
-      const int img = npq / PQ;
-      const int pq = npq - img * PQ;
+      const int img = static_cast<int>(npq / PQ);
+      const int pq = static_cast<int>(npq - static_cast<long long>(img) * PQ);
       const int oh = pq / p.Q;
       const int ow = pq - oh * p.Q;
       b_img[i] = img;
@@ -336,11 +338,11 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
   for (int j = 0; j < NI; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int gn = n0 + wn * WTN + j * 8 + 2 * tig + h;
+      const long long gn = static_cast<long long>(n0) + wn * WTN + j * 8 + 2 * tig + h;
       if (gn >= NPQ) continue;
-      const int img = gn / PQ;
-      const long long base = NHWC ? static_cast<long long>(gn) * p.K
-                                  : static_cast<long long>(img) * p.K * PQ + (gn - img * PQ);
+      const int img = static_cast<int>(gn / PQ);
+      const long long base =
+          NHWC ? gn * p.K : static_cast<long long>(img) * p.K * PQ + (gn - static_cast<long long>(img) * PQ);
       const int m_step = NHWC ? 1 : PQ;
 #pragma unroll
       for (int i = 0; i < MI; ++i) {
