@@ -81,10 +81,14 @@ def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 <
 
 
 def compulsory_bytes(p: ConvProblem) -> int:
-    """Bytes every algorithm must move at least once: input, weights, bias and output (4-byte floats)."""
+    """Bytes every algorithm must move at least once: input, weights, bias and output, in the problem's dtype
+    (4 bytes for float32, 2 for float16 and bfloat16)."""
     ph, pw = p.out_hw
     elems = p.n * p.c * p.h * p.w + p.k * (p.c // p.groups) * p.r * p.s + (p.k if p.bias else 0) + p.n * p.k * ph * pw
-    return 4 * elems
+    return _ELEMENT_BYTES.get(p.dtype, 4) * elems
+
+
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | None = None, family: str | None = None,
@@ -165,11 +169,12 @@ def plan_name(plan: dict) -> str:
     return fam.name(complete_config(plan["family"], plan["config"]))  # an older plan may lack newer knobs
 
 
-def points_from_plans(plans: Sequence[dict]) -> list[LayerPoint]:
-    """One point per cached plan (cache rows: problem, family, config, time_us, aten_us)."""
+def points_from_plans(plans: Sequence[dict], dtypes: Sequence[str] = ("float32",)) -> list[LayerPoint]:
+    """One point per cached plan (cache rows: problem, family, config, time_us, aten_us) of the ``dtypes`` (the
+    roofline's ceilings are measured in float32: a 16-bit plan's point would stand against the wrong roof)."""
     points = []
     for plan, p in _checked(plans):
-        if not plan["time_us"]:
+        if not plan["time_us"] or p.dtype not in dtypes:
             continue  # a zero time has no FLOP/s to plot
         aten = plan.get("aten_us")
         points.append(LayerPoint(problem=p, label=f"N{p.n} C{p.c}->K{p.k} {p.r}x{p.s}", plan=plan_name(plan),

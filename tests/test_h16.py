@@ -162,3 +162,15 @@ def test_the_traced_forward_under_autocast_is_torchs_conv(cuda_looking, monkeypa
         y = conv._traced_forward(x, conv.weight, conv.bias)
         want = torch.nn.functional.conv2d(x, conv.weight, conv.bias, 1, 1)
     assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+
+
+def test_the_report_counts_16bit_bytes_and_keeps_16bit_plans_off_the_fp32_roofline():
+    from bagf_torch import report
+
+    p32 = ConvProblem(n=1, c=1, h=3, w=3, k=1, r=3, s=3, padding=(1, 1))
+    p16 = ConvProblem(n=1, c=1, h=3, w=3, k=1, r=3, s=3, padding=(1, 1), dtype="bfloat16", layout="nhwc")
+    assert report.compulsory_bytes(p32) == 4 * (9 + 9 + 1 + 9) and report.compulsory_bytes(p16) == 2 * (9 + 9 + 1 + 9)
+    plans = [{"problem": p.as_dict(), "family": "aten", "config": None, "time_us": 5.0, "aten_us": 5.0}
+             for p in (p32, p16)]
+    assert [pt.problem.dtype for pt in report.points_from_plans(plans)] == ["float32"]
+    assert "bf16 nhwc" in report.plans_table(plans)
