@@ -279,6 +279,7 @@ def bench_command(args) -> int:
     from .pretune import tune_model
 
     _build_model(args.model, tuned=False)
+    _check_format(args)
     _require_gpu("bench")
     # Both models are timed in one precision (bench.fp32): strict fp32, or cuDNN's TF32 with --tf32 on; the plans
     # it tunes and uses are that mode's.
@@ -286,9 +287,14 @@ def bench_command(args) -> int:
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     stock, tuned = bench.stock_and_tuned(lambda: _build_model(args.model, tuned=False))
-    xs = _inputs(args.model, args.batch, torch.device("cuda"))
-    print(f"{args.model} inference on {torch.cuda.get_device_name()}, "
-          f"{'fp32 with cuDNN TF32 on' if tf32 else 'strict fp32 (TF32 off)'}; plans from "
+    dtype = getattr(torch, DTYPES[args.dtype])
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    stock, tuned = (m.to(dtype).to(memory_format=fmt) for m in (stock, tuned))
+    xs = _inputs(args.model, args.batch, torch.device("cuda"), dtype, args.channels_last)
+    plain = dtype is torch.float32 and not args.channels_last  # the default-mode stock child builds fp32 NCHW
+    mode = ((f"{'fp32 with cuDNN TF32 on' if tf32 else 'strict fp32 (TF32 off)'}" if dtype is torch.float32
+             else DTYPES[args.dtype]) + (", channels_last" if args.channels_last else ""))
+    print(f"{args.model} inference on {torch.cuda.get_device_name()}, {mode}; plans from "
           f"{_cache_path()} (tuning what is missing first)", flush=True)
     report = tune_model(tuned, xs, budget=args.budget, progress=None)
     if report.tuned:
@@ -297,7 +303,7 @@ def bench_command(args) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
-                                        stock_model=args.model, tf32=tf32)
+                                        stock_model=args.model if plain else None, tf32=tf32)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else
@@ -307,7 +313,8 @@ def bench_command(args) -> int:
     print("\n".join(bench.table(results)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "tf32": tf32, "results": results,
+            json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "tf32": tf32,
+                       "dtype": DTYPES[args.dtype], "channels_last": args.channels_last, "results": results,
                        "speedups": {n: bench.speedups(r) for n, r in results.items()}}, f, indent=1)
         print(f"results written to {args.json}")
     return 0
@@ -540,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--batch", type=_batch_type, default=[1, 32, 128], metavar="LIST",
                         help="comma-separated batch sizes (default 1,32,128)")
     models.add_argument("--budget", type=int, default=None, help="evaluations per problem (default BAGF_BUDGET)")
+    models.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                   help="the dtype the model runs in (default float32); float16 and bfloat16 are tuned in NCHW and "
+                        "channels_last; dtype and memory format are part of every plan's key")
+    models.add_argument("--channels-last", action="store_true",
+                   help="channels_last (NHWC) inputs and weights, as model.to(memory_format=torch.channels_last) "
+                        "runs (float16 and bfloat16)")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     t = sub.add_parser("tune", parents=[common, models], help="pre-tune a model's conv layers, print the table")
@@ -553,12 +566,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="the cuDNN TF32 mode to tune for; it is part of every plan's key, so tune the mode the model "
                         "will run in (default: this process's torch.backends.cudnn.allow_tf32, PyTorch's default on)")
-    t.add_argument("--dtype", choices=list(DTYPES), default="float32",
-                   help="the dtype the model will run in (default float32); float16 and bfloat16 are tuned in NCHW and "
-                        "channels_last; dtype and memory format are part of every plan's key")
-    t.add_argument("--channels-last", action="store_true",
-                   help="tune for channels_last (NHWC) inputs and weights, as "
-                        "model.to(memory_format=torch.channels_last) runs")
     t.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

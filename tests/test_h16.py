@@ -174,3 +174,11 @@ def test_the_report_counts_16bit_bytes_and_keeps_16bit_plans_off_the_fp32_roofli
              for p in (p32, p16)]
     assert [pt.problem.dtype for pt in report.points_from_plans(plans)] == ["float32"]
     assert "bf16 nhwc" in report.plans_table(plans)
+
+
+def test_the_bench_command_takes_dtype_and_channels_last_too():
+    from bagf_torch import cli
+
+    args = cli.build_parser().parse_args(["bench", "--dtype", "fp16", "--channels-last", "--batch", "1"])
+    assert (args.dtype, args.channels_last, args.batch) == ("fp16", True, [1])
+    cli._check_format(args)
