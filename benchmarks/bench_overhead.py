@@ -8,8 +8,8 @@ For each plan kind, each layer and each batch size, one row:
 * ``aten``: a cached plan whose winner is torch's conv (``Cache.put_plan`` under the runtime's key for the problem:
   family "aten", config None, as a tuning that picked cuDNN leaves it), served with BAGF_TUNE=0.
 * ``miss``: BAGF_TUNE=0 and no cached plan: TunedConv2d asks the runtime, finds nothing and runs torch's conv.
-* ``unsupported:fp64``: float64 input and weights (no family computes them); ``unsupported:channels_last``: fp32,
-  module and input in channels_last. TunedConv2d hands both to nn.Conv2d's forward.
+* ``unsupported:fp64``: float64 input and weights (no family computes them); ``unsupported:strided``: fp32,
+  an input neither NCHW nor channels_last (a transposed view). TunedConv2d hands both to nn.Conv2d's forward.
 
 Two timings per row, stock and tuned interleaved repetition by repetition (the order alternates):
 
@@ -64,9 +64,9 @@ from bagf_torch import bench, log, runtime  # noqa: E402
 from bagf_torch.nn import TunedConv2d  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 
-KINDS = ("kernel", "aten", "miss", "unsupported:fp64", "unsupported:channels_last")
-KIND_ALIASES = {"unsupported": ("unsupported:fp64", "unsupported:channels_last"), "fp64": ("unsupported:fp64",),
-                "channels_last": ("unsupported:channels_last",)}
+KINDS = ("kernel", "aten", "miss", "unsupported:fp64", "unsupported:strided")
+KIND_ALIASES = {"unsupported": ("unsupported:fp64", "unsupported:strided"), "fp64": ("unsupported:fp64",),
+                "strided": ("unsupported:strided",)}
 DEFAULT_LAYERS = "64:64:56,128:128:28"
 DRY_N, DRY_HW = 2, 8  # the dry run's forwards run at N <= 2 on 8x8 maps (CPU)
 
@@ -132,7 +132,7 @@ def parse_kinds(text: str) -> list[str]:
         for kind in KIND_ALIASES.get(item, (item,)):
             if kind not in KINDS:
                 raise argparse.ArgumentTypeError(f"kind {item!r}: one of {', '.join(KINDS)}, or unsupported, fp64, "
-                                                 "channels_last")
+                                                 "strided")
             if kind not in out:
                 out.append(kind)
     if not out:
@@ -360,8 +360,8 @@ def make_pair(layer: Layer, kind: str, device: torch.device, seed: int) -> tuple
     stock = layer.conv().to(device).eval()
     if kind == "unsupported:fp64":
         stock = stock.to(torch.float64)
-    elif kind == "unsupported:channels_last":
-        stock = stock.to(memory_format=torch.channels_last)
+    elif kind == "unsupported:strided":
+        pass  # the module as it is; the input is a transposed view
     tuned = TunedConv2d.from_conv(copy.deepcopy(stock)).eval()
     return stock, tuned
 
@@ -371,8 +371,8 @@ def make_input(layer: Layer, n: int, hw: int, kind: str, device: torch.device, s
     x = torch.randn(n, layer.c, hw, hw, generator=g).to(device)
     if kind == "unsupported:fp64":
         x = x.to(torch.float64)
-    elif kind == "unsupported:channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
+    elif kind == "unsupported:strided":
+        x = x.transpose(2, 3).contiguous().transpose(2, 3)
     return x
 
 
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=parse_layers, default=parse_layers(DEFAULT_LAYERS),
                     help=f"C:K:HW[:kernel[:stride[:padding]]], comma-separated ({DEFAULT_LAYERS})")
     ap.add_argument("--kinds", type=parse_kinds, default=list(KINDS),
-                    help="plan kinds: kernel, aten, miss, unsupported (= unsupported:fp64,unsupported:channels_last)")
+                    help="plan kinds: kernel, aten, miss, unsupported (= unsupported:fp64,unsupported:strided)")
     ap.add_argument("--seconds", type=float, default=4.0, help="BAGF_TIME_BUDGET for the kernel kind's tuning (4)")
     ap.add_argument("--budget", type=int, default=None, help="BAGF_BUDGET (evaluations) for it (the library's)")
     ap.add_argument("--cache", metavar="DIR", help="the kernel kind's cache directory (default: a fresh temporary one)")

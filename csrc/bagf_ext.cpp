@@ -259,10 +259,12 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
-               ((geo.dtype != 0 || geo.nhwc != 0) && (geo.gemm != 0 || geo.split != 1 || geo.tile != 1 ||
-                                                       geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0))) {
+               ((geo.dtype != 0 || geo.nhwc != 0) &&
+                (geo.split != 1 || geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0 ||
+                 (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8))))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
-                "not one implicit-GEMM launch without split-K");
+                "neither one implicit-GEMM launch nor a non-fused Winograd plan (without split-K; staged outputs NCHW "
+                "only)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -449,15 +451,15 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 // (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off) -- and the inverse transform with bias (stage 2).
 // The workspaces come from torch's caching allocator on the current stream. At stride s > 1 the products reduce
 // over the C s^2 polyphase channels (winograd_gemm.cuh).
-void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const float* xp,
-                      const float* wp, const float* bp, float* yp, cudaStream_t stream) {
+void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const void* xp,
+                      const void* wp, const void* bp, void* yp, cudaStream_t stream) {
   const LaunchGeometry& geo = plan.geo;
   const int mt = geo.tile;
   const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
   const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
   const int64_t K = p.K, C = static_cast<int64_t>(p.C) * p.stride_h * p.stride_h;
   const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2, u_small = geo.layout & 4;
-  auto opts = x.options();
+  auto opts = x.options().dtype(at::kFloat);  // fp32 workspaces whatever the tensors' dtype (the stages widen it)
   at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U
   at::Tensor V = v_tc ? at::empty({E, T, C}, opts) : at::empty({E, C, T}, opts);
   at::Tensor M = m_tk ? at::empty({E, T, K}, opts) : at::empty({E, K, T}, opts);
@@ -520,14 +522,18 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   p.dil_w = static_cast<int>(dilation[1]);
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
-  if (geo.dtype != 0 || geo.nhwc != 0) {  // one implicit-GEMM launch on 16-bit or channels_last tensors
-    // the kernel reads the weight K-major in the input's format (KRSC for channels_last): a weight in the
-    // other format is converted for this call (unsupported_reason has checked dtype and shape)
+  if (geo.dtype != 0 || geo.nhwc != 0) {  // 16-bit or channels_last tensors
+    // the kernels read the weight in the input's format (KRSC for channels_last): a weight in the other format is
+    // converted for this call (unsupported_reason has checked dtype and shape)
     const at::Tensor wf = w.is_contiguous(plan_format(geo)) ? w : w.contiguous(plan_format(geo));
     const void* xv = x.const_data_ptr();
     const void* wv = wf.const_data_ptr();
     const void* bv = has_bias ? b->const_data_ptr() : nullptr;
     void* yv = y.mutable_data_ptr();
+    if (geo.gemm == 1) {  // a non-fused Winograd plan: fp32 transforms and products around the DT tensors
+      launch_gemm_plan(plan, p, x, xv, wv, bv, yv, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+      return;
+    }
     const int64_t cols = static_cast<int64_t>(p.N) * p.P * p.Q;
     const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
     const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);

@@ -50,7 +50,7 @@ def test_overhead_parsers_and_pass_rule(overhead):
     for bad in ("64:64", "64:x:56", "0:4:4", ""):
         with pytest.raises(Exception):
             overhead.parse_layers(bad)
-    assert overhead.parse_kinds("kernel,unsupported") == ["kernel", "unsupported:fp64", "unsupported:channels_last"]
+    assert overhead.parse_kinds("kernel,unsupported") == ["kernel", "unsupported:fp64", "unsupported:strided"]
     assert overhead.parse_kinds("miss,fp64,miss") == ["miss", "unsupported:fp64"]
     with pytest.raises(Exception):
         overhead.parse_kinds("fast")
@@ -354,8 +354,8 @@ def test_overhead_gpu_path_simulated(overhead, simulated_gpu, monkeypatch, tmp_p
     assert aten["runtime_stats"].get("cache_hits") == 1 and not aten["runtime_stats"].get("tuned")
     assert rows["miss"]["ok"] and rows["miss"]["plan"].startswith("none: BAGF_TUNE=0")
     assert "dtype torch.float64" in rows["unsupported:fp64"]["plan"]
-    assert "float32 channels_last input" in rows["unsupported:channels_last"]["plan"]
-    assert rows["unsupported:fp64"]["ok"] and rows["unsupported:channels_last"]["ok"]
+    assert "non-contiguous input" in rows["unsupported:strided"]["plan"]
+    assert rows["unsupported:fp64"]["ok"] and rows["unsupported:strided"]["ok"]
     assert rc == 0 and simulated_gpu["timed"] > 0
 
 
@@ -381,7 +381,7 @@ def test_first_call_gpu_path_simulated(first_call, simulated_gpu, monkeypatch, t
 # ---- as scripts ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv", [
-    ["bench_overhead.py", "--batch", "1", "--layers", "4:4:4", "--kinds", "aten,channels_last"],
+    ["bench_overhead.py", "--batch", "1", "--layers", "4:4:4", "--kinds", "aten,strided"],
     ["first_call.py", "--batch", "1", "--layers", "4:4:4", "--contexts", "inference_mode"],
 ])
 def test_scripts_run_from_the_command_line(tmp_path, argv):

@@ -214,7 +214,8 @@ _CASES = {
     "bfloat16_strided": {"dtype": torch.bfloat16, "input": lambda x: x.transpose(2, 3).contiguous().transpose(2, 3)},
     "float64": {"dtype": torch.float64},
     "non_contiguous": {"input": lambda x: x.transpose(2, 3).contiguous().transpose(2, 3)},
-    "channels_last": {"input": lambda x: x.contiguous(memory_format=torch.channels_last)},
+    "channels_last_float64": {"dtype": torch.float64,
+                              "input": lambda x: x.contiguous(memory_format=torch.channels_last)},
     "reflect": {"conv": {"padding_mode": "reflect"}},
     "circular": {"conv": {"padding_mode": "circular"}},
     "groups": {"conv": {"groups": 2}},
@@ -223,7 +224,7 @@ _CASES = {
     "unbatched": {"input": lambda x: x[0]},
 }
 _REASONS = {"cpu": "not a CUDA tensor", "float16_strided": "non-contiguous", "bfloat16_strided": "non-contiguous",
-            "float64": "dtype torch.float64", "non_contiguous": "non-contiguous", "channels_last": "channels_last",
+            "float64": "dtype torch.float64", "non_contiguous": "non-contiguous", "channels_last_float64": "dtype torch.float64",
             "reflect": "padding_mode='reflect'", "circular": "padding_mode='circular'", "groups": "groups > 1",
             "same_even": "'same' padding", "empty_batch": "empty batch", "unbatched": "unbatched"}
 

@@ -4,6 +4,8 @@ computes to ATen), and the tune command's --dtype / --channels-last. The kernels
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ import bagf_torch
 from bagf_torch import nn as bnn
 from bagf_torch import runtime
 from bagf_torch.kernels import (FAMILIES, family_refuses, format_refuses, formats, implicit_gemm_h16 as h16,
-                                implicit_gemm_tc, supported_formats)
+                                implicit_gemm_tc, supported_formats, winograd_gemm)
 from bagf_torch.ops import ATEN
 from bagf_torch.problem import ConvProblem
 
@@ -25,8 +27,8 @@ def _p(dtype="bfloat16", layout="nhwc", **kw):
 def test_formats_the_families_compute():
     assert formats(implicit_gemm_tc) == (("float32", "nchw"),)
     assert set(formats(h16)) == {("float16", "nchw"), ("float16", "nhwc"), ("bfloat16", "nchw"), ("bfloat16", "nhwc")}
-    assert supported_formats() == {("float32", "nchw"), *formats(h16)}
-    assert ("float32", "nhwc") not in supported_formats()
+    assert set(formats(winograd_gemm)) == {(d, l) for d in ("float32", "float16", "bfloat16") for l in ("nchw", "nhwc")}
+    assert supported_formats() == set(formats(winograd_gemm))
     assert format_refuses(h16, _p()) is None
     assert "float32 nchw" in format_refuses(h16, _p("float32", "nchw"))
     assert "bfloat16 nhwc" in format_refuses(implicit_gemm_tc, _p())
@@ -68,11 +70,13 @@ def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():
     tuner = Tuner.__new__(Tuner)  # families_for reads only these
     tuner.families = list(FAMILIES.values())
     tuner.compiler = type("C", (), {"arch": "sm_90"})()
-    assert [f.FAMILY for f in tuner.families_for(_p())] == ["implicit_gemm_h16"]
-    assert [f.FAMILY for f in tuner.families_for(_p("float16", "nchw"))] == ["implicit_gemm_h16"]
+    assert [f.FAMILY for f in tuner.families_for(_p())] == ["winograd_gemm", "implicit_gemm_h16"]
+    assert [f.FAMILY for f in tuner.families_for(_p("float16", "nchw"))] == ["winograd_gemm", "implicit_gemm_h16"]
+    assert [f.FAMILY for f in tuner.families_for(_p("bfloat16", "nhwc", r=1, s=1, padding=(0, 0)))] == [
+        "implicit_gemm_h16"]  # (a 1x1 conv: no Winograd)
     fp32 = [f.FAMILY for f in tuner.families_for(_p("float32", "nchw"))]
     assert "implicit_gemm_h16" not in fp32 and "implicit_gemm_tc" in fp32
-    assert tuner.families_for(_p("float32", "nhwc")) == []  # float32 channels_last: cuDNN (nn.py sends it to ATen)
+    assert [f.FAMILY for f in tuner.families_for(_p("float32", "nhwc"))] == ["winograd_gemm"]
 
 
 def test_short_names_say_dtype_and_format_when_not_float32_nchw():
@@ -124,13 +128,16 @@ def test_calls_no_family_computes_go_to_aten_with_one_line(cuda_looking, caplog)
     conv = bagf_torch.TunedConv2d(8, 4, 3, padding=1)
     x = torch.randn(2, 8, 9, 9)
     with caplog.at_level("WARNING", logger="bagf_torch"):
-        conv(x.contiguous(memory_format=torch.channels_last))  # float32 channels_last
+        conv(x.contiguous(memory_format=torch.channels_last))  # float32 channels_last: tuned (winograd_gemm)
+        conv(x.transpose(2, 3))  # float32, neither NCHW nor channels_last
+        conv.double()
+        conv(x.double())  # float64: no family
         conv.half()
         conv(x.half().transpose(2, 3))  # float16, neither NCHW nor channels_last
         conv(x.half())  # float16 NCHW: tuned
-    assert [(p.dtype, p.layout) for p in cuda_looking.problems] == [("float16", "nchw")]
+    assert [(p.dtype, p.layout) for p in cuda_looking.problems] == [("float32", "nhwc"), ("float16", "nchw")]
     lines = [r.getMessage() for r in caplog.records]
-    assert any("float32 channels_last input" in m for m in lines) and any("non-contiguous" in m for m in lines)
+    assert any("float64" in m for m in lines) and any("non-contiguous" in m for m in lines)
 
 
 def test_a_weight_of_another_dtype_is_atens(cuda_looking):
@@ -140,15 +147,17 @@ def test_a_weight_of_another_dtype_is_atens(cuda_looking):
     assert cuda_looking.problems == []
 
 
-def test_the_tune_command_takes_dtype_and_channels_last():
+def test_the_tune_command_takes_dtype_and_channels_last(monkeypatch):
     from bagf_torch import cli
 
     args = cli.build_parser().parse_args(["tune", "--dtype", "bf16", "--channels-last"])
     assert (args.dtype, args.channels_last) == ("bf16", True)
     cli._check_format(args)  # bfloat16 channels_last is tuned
-    args32 = cli.build_parser().parse_args(["tune", "--channels-last"])
-    with pytest.raises(SystemExit, match="float32 channels_last is not tuned"):
-        cli._check_format(args32)
+    cli._check_format(cli.build_parser().parse_args(["tune", "--channels-last"]))  # float32 channels_last too
+    monkeypatch.setattr(cli, "DTYPES", {**cli.DTYPES, "float64": "float64"})
+    args64 = argparse.Namespace(dtype="float64", channels_last=False)
+    with pytest.raises(SystemExit, match="float64 NCHW is not tuned"):
+        cli._check_format(args64)
 
 
 def test_the_traced_forward_under_autocast_is_torchs_conv(cuda_looking, monkeypatch):

@@ -858,13 +858,15 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     assert fam.FAMILY == "direct" and cfg["G"] == 1 and cfg["PX"] == 8 and cfg["DB"] == 0
     assert (p.n, p.c, p.k, p.r, tuple(p.stride)) == (128, 3, 64, 11, (4, 4)) and fam.problem_rule(cfg, p) is None
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_sm90@r3x3_256:32")
-    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 0, "SO": 0} and (p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 0, "SO": 0, "DT": 0, "NHWC": 0} and (
+        p.n, p.c, p.h, p.k) == (32, 256, 56, 256)
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_ge2_sm90@conv4:128")
-    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 2, "SO": 0} and fam.name_expression(cfg).endswith(
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 2, "SO": 0, "DT": 0, "NHWC": 0} and fam.name_expression(
+        cfg).endswith(
         "bagf::gemm_tf32x3<64, 128, 32, 1, 4, 2, 1>")
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_ge6_so1_sm90@conv4:32")
-    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 6, "SO": 1} and fam.name_expression(cfg) == (
-        "bagf::winograd_gemm_stage<5, 64, 0, 0, 1, 1>;bagf::gemm_wgmma<128, 1, 2, 4>")
+    assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 6, "SO": 1, "DT": 0, "NHWC": 0} and fam.name_expression(
+        cfg) == "bagf::winograd_gemm_stage<5, 64, 0, 0, 0, 0, 1, 1>;bagf::gemm_wgmma<128, 1, 2, 4>"
     with pytest.raises(SystemExit, match="no configuration"):
         hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
 

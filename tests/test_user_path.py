@@ -646,7 +646,7 @@ def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
     conv(xl)
     assert len(checks) == 1  # float64 again: answered without a check
     conv.float()
-    xf = xl.float()  # float32 channels_last: a new kind, checked once
+    xf = xl.float().transpose(2, 3)  # float32, neither NCHW nor channels_last: a new kind, checked once
     conv(xf)
     conv(xf)
     assert len(checks) == 2 and rt.lookups == 0

@@ -1,5 +1,5 @@
-"""Kernel family ``winograd_gemm``: fp32 Winograd F(m x m, 3x3), m = 2, 4, 5, 6, not fused
-(csrc/kernels/winograd_gemm.cuh).
+"""Kernel family ``winograd_gemm``: Winograd F(m x m, 3x3), m = 2, 4, 5, 6, not fused, fp32 transforms and products
+on float32, float16 and bfloat16 tensors in NCHW or channels_last (csrc/kernels/winograd_gemm.cuh).
 
 It computes 3x3 stride-1 convolutions, and strided ones with filters of up to 3s x 3s at stride s as the 3x3
 stride-1 convolution of their s x s polyphase components (``winograd_math.polyphase``: C s^2 channels, the filter
@@ -60,15 +60,26 @@ GE        0 1 ... 7        the GEMM: 0 cuBLAS SGEMM; 1-5 gemm_tf32x3 with GEMMS[
                            U's small parts). GE > 0 needs VL = ML = 0 (row-major U[e] times V[e])
 SO        0 1              1: stage 2 (inverse transform) takes whole images of one channel per block and
                            writes them out through shared memory in contiguous runs (needs ML = 0 and
-                           TB*MT*MT floats <= 48 KB of static shared memory)
+                           TB*MT*MT floats <= 48 KB of static shared memory), and NHWC = 0
+DT        0 1 2            the problem's dtype (float32, float16, bfloat16): the input, weight and bias
+                           are read in it and widened, the output rounded to it once; transforms,
+                           workspaces and GEMM are fp32 whatever it is (so 16-bit plans carry fp32's
+                           products: the check bounds them by twice cuDNN's 16-bit error)
+NHWC      0 1              the problem's memory format: 1 channels_last input and output, KRSC weight
+                           (the host converts a weight in the other format per call); DT and NHWC are
+                           fixed by the problem (problem_rule), the tile knobs searched for it
 ========  ===============  =====================================================================
 
 No shared memory (staging stage 2's stores through it, a row of tiles at a time, was correct but 3-14% slower
 on the H200: benchmarks/results/ab_winograd_gemm_staged_out_h200.md), except SO = 1's whole-image planes of stage 2,
 static: without them, on conv4 at N = 128 with F(5x5), the per-tile stores write 6-8 L2 sectors per sector of
-output and stage 2 runs at 1.0-1.5 TB/s (ncu: benchmarks/results/ncu_winograd_gemm_stages_h200.log). 291 of the 1024 combinations are valid: F(6x6) with 512 threads would
-need about 152 registers per thread (the register rule), GE > 0 takes only VL = ML = 0, and SO = 1 takes ML = 0
-and TB*MT*MT <= 12288.
+output and stage 2 runs at 1.0-1.5 TB/s (ncu: benchmarks/results/ncu_winograd_gemm_stages_h200.log). 291 of the 1024 combinations of the tile knobs are
+valid (1368 of 6144 with DT and NHWC, 291 per dtype and NCHW): F(6x6) with 512 threads would need about 152
+registers per thread (the register rule), GE > 0 takes only VL = ML = 0, and SO = 1 takes ML = 0, NCHW and
+TB*MT*MT <= 12288.
+
+In channels_last the start point (:func:`default_for`) takes VL = ML = 1 with cuBLAS's GEMM: threads along
+channels in the input and output stages, so that both read and write contiguous channel runs.
 """
 
 from __future__ import annotations
@@ -82,7 +93,7 @@ from .space import Config, Space, register_rule, template_expression, thread_cou
 FAMILY = "winograd_gemm"
 SOURCE = "winograd_gemm.cuh"
 KERNEL = "bagf::winograd_gemm_stage"
-TEMPLATE_ORDER = ("MT", "TB", "VL", "ML", "SO")
+TEMPLATE_ORDER = ("MT", "TB", "VL", "ML", "DT", "NHWC", "SO")
 GEMM_KERNEL = "bagf::gemm_tf32x3"
 GEMMS: dict[int, tuple[int, int, int, int, int, int, int]] = {
     1: (64, 64, 32, 2, 2, 4, 1),
@@ -103,9 +114,9 @@ WGMMA_GEMMS: dict[int, tuple[int, int, int, int]] = {
 seven tiles measured on AlexNet's conv3-5 products (benchmarks/results/gemm_wgmma_probe_h200.md), 6 is the fastest on
 15 of 18 (N = 32 and 128), 7 on the three N = 32, F(5x5) products (T = 288: more, smaller blocks)."""
 MIN_ARCH = 70
-KERNEL_ARGS = "const float*, const float*, const float*, float*, bagf::Conv2dParams, float*, float*, const float*, int"
-"""The kernel's parameter list (the other families take the first five): x, w, bias, y, shape, the U, V and M
-workspaces, the stage (0 filters, 1 input tiles, 2 outputs)."""
+KERNEL_ARGS = "const void*, const void*, const void*, void*, bagf::Conv2dParams, float*, float*, const float*, int"
+"""The kernel's parameter list: x, w, bias, y (of the plan's dtype, DT), shape, the fp32 U, V and M workspaces, the
+stage (0 filters, 1 input tiles, 2 outputs, 3 filters and input tiles)."""
 GEMM_KERNEL_ARGS = "const float*, const float*, float*, int, int, int, long long, long long, long long"
 """gemm_tf32x3's parameter list: A, B, C, M, N, K, the three batch strides."""
 
@@ -116,12 +127,30 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "ML": (0, 1),
     "GE": (0, 1, 2, 3, 4, 5, 6, 7),
     "SO": (0, 1),
+    "DT": (0, 1, 2),
+    "NHWC": (0, 1),
 }
 
-DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1, "SO": 0}
-LEGACY: Config = {"GE": 0, "SO": 0}
-"""What a configuration recorded before the GE and SO knobs existed ran: cuBLAS's GEMM, unstaged outputs
-(kernels.complete_config)."""
+DEFAULT: Config = {"MT": 4, "TB": 256, "VL": 0, "ML": 0, "GE": 1, "SO": 0, "DT": 0, "NHWC": 0}
+LEGACY: Config = {"GE": 0, "SO": 0, "DT": 0, "NHWC": 0}
+"""What a configuration recorded before the GE, SO, DT and NHWC knobs existed ran: cuBLAS's GEMM, unstaged
+outputs, float32 NCHW (kernels.complete_config)."""
+
+DTYPES: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2}
+"""The problem's dtype name -> DT (the host's LaunchGeometry.dtype uses the same numbers)."""
+LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
+"""The problem's memory format -> NHWC."""
+FORMATS: tuple[tuple[str, str], ...] = tuple((d, l) for d in DTYPES for l in LAYOUTS)
+"""Every dtype in both memory formats: the tensors are read and written in them, the transforms, workspaces and
+GEMM are fp32 (kernels.format_refuses)."""
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` was compiled for the problem's dtype and memory format (DT, NHWC)."""
+    want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
+    if (c.get("DT", 0), c.get("NHWC", 0)) != want:
+        return f"compiled for DT={c.get('DT', 0)}, NHWC={c.get('NHWC', 0)}; this problem is {problem.dtype} {problem.layout}"
+    return None
 
 
 def applies(problem) -> str | None:
@@ -246,7 +275,8 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
     own = {} if block is None else {"gemm_bm": block[0], "gemm_bn": block[1], "gemm_threads": gemm_threads(c),
                                     "gemm_smem": gemm_smem_bytes(c)}
     return LaunchGeometry(bm=1, bn=c["TB"], threads=c["TB"], smem=0, tile=c["MT"], gemm=1,
-                          layout=c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1) + 8 * c["SO"], **own)
+                          layout=c["VL"] + 2 * c["ML"] + 4 * (u_planes(c) - 1) + 8 * c["SO"],
+                          dtype=c.get("DT", 0), nhwc=c.get("NHWC", 0), **own)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
@@ -254,7 +284,9 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     (the names of configurations from before the GE and SO knobs are unchanged)."""
     ge = f"_ge{c['GE']}" if c["GE"] else ""
     so = "_so1" if c.get("SO") else ""
-    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}{ge}{so}_{arch}"
+    fmt = (f"_{('fp32', 'fp16', 'bf16')[c.get('DT', 0)]}{'_nhwc' if c.get('NHWC') else ''}"
+           if c.get("DT") or c.get("NHWC") else "")  # (float32 NCHW names as before the knobs)
+    return f"{FAMILY}_f{c['MT']}_tb{c['TB']}_vl{c['VL']}_ml{c['ML']}{ge}{so}{fmt}_{arch}"
 
 
 def name_expression(c: Mapping[str, int]) -> str:
@@ -275,6 +307,8 @@ def staging_rule(c: Mapping[str, int]) -> str | None:
     static shared memory, at most 48 KB."""
     if c["SO"] and c["ML"]:
         return f"SO=1 (staged outputs) needs ML=0, not ML={c['ML']}"
+    if c["SO"] and c.get("NHWC"):
+        return "SO=1 (staged outputs) writes whole NCHW planes; not with NHWC=1"
     if staged_smem_bytes(c) > 48 * 1024:
         return (f"SO=1 with TB={c['TB']}, MT={c['MT']} needs {staged_smem_bytes(c)} bytes of static shared memory "
                 "(> 48 KB)")
@@ -307,9 +341,14 @@ def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     at N = 32. F(2x2) and F(6x6) stay in the search, not in the start: the first multiplies 1.8x more per output,
     and the best F(6x6) plan was 1.16x the optimum (geomean over that recording's problems)."""
     m = min((4, 5), key=lambda m: (_transforms.multiplies(problem, m), m))
+    fmt = {"DT": DTYPES.get(problem.dtype, 0), "NHWC": LAYOUTS.get(problem.layout, 0)}
+    if fmt["NHWC"]:
+        # channels_last: threads along channels in the input and output stages (VL = ML = 1, each reading and
+        # writing contiguous channel runs), which our GEMM's row-major operands do not take: cuBLAS's
+        return dict(DEFAULT, MT=m, VL=1, ML=1, GE=0, SO=0, **fmt)
     if arch != "sm_90":
-        return dict(DEFAULT, MT=m)
-    return dict(DEFAULT, MT=m, GE=wgmma_start(problem.k, tiles(dict(DEFAULT, MT=m), problem)), SO=1)
+        return dict(DEFAULT, MT=m, **fmt)
+    return dict(DEFAULT, MT=m, GE=wgmma_start(problem.k, tiles(dict(DEFAULT, MT=m), problem)), SO=1, **fmt)
 
 
 def wgmma_start(k: int, t: int) -> int:

@@ -1,7 +1,8 @@
 // fp32 Winograd F(MT x MT, 3 x 3) convolution (MT = 2, 4, 5, 6), not fused: three transform stages of this one
 // kernel around a batched GEMM, either ours (3xTF32 on tensor cores, a second kernel of the same cubin:
 // gemm_tf32x3.cuh with mma.sync, or gemm_wgmma.cuh with wgmma on sm_90a) or cuBLAS's SGEMM the host runs
-// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output; dilation 1, any padding, and
+// through at::bmm_out (fp32, TF32 off). NCHW input, KCRS weights, NKPQ output, or all channels_last (NHWC, KRSC);
+// float32, or float16 / bfloat16 tensors around fp32 transforms and products (DT); dilation 1, any padding, and
 // either stride 1 with 3x3 filters or stride s > 1 (both axes) with R, S <= 3s: that convolution runs as the
 // stride-1 3x3 one over its s x s polyphase components, C' = C s^2 channels (AlexNet's conv1, 11x11 stride 4:
 // 48 channels of 3x3). The host refuses other problems: ATen answers.
@@ -30,6 +31,10 @@
 //       contiguously (needs ML = 0 and TB*MT*MT floats <= 48 KB; the host sizes that launch's grid)
 //   US  1: stage 0 also writes U's small parts, U - trunc_tf32(U), as E more batches after U (the host then
 //       allocates 2 E K C words): gemm_wgmma's A operand. Not a knob: set by the GEMM (GE 6-7).
+//   DT  the tensors' dtype: 0 float32, 1 float16, 2 bfloat16 (input, weight and bias read as it and widened to
+//       fp32, the output rounded to it once); the transforms, the workspaces and the GEMM are fp32 in every case
+//   NHWC 1: input and output channels_last, the weight KRSC (the host passes one); 0: NCHW, KCRS. SO = 1 (whole
+//       NCHW planes) needs NHWC = 0.
 // Offsets are 64-bit: the workspaces may exceed 2^31 elements even when every tensor the user sees does not.
 // The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
 #pragma once
@@ -39,12 +44,50 @@
 #include "gemm_wgmma.cuh"   // or its wgmma GEMM (GE 6-7, sm_90a), which reads U's small parts (US = 1)
 
 namespace bagf {
+namespace wg {
 
-template <int MT, int TB, int VL, int ML, int SO = 0, int US = 0>
+// Element i of a DT tensor, widened to fp32 (16-bit values travel as unsigned short; bf16 is fp32's upper half).
+template <int DT>
+__device__ __forceinline__ float load(const void* base, long long i) {
+  if constexpr (DT == 0) {
+    return __ldg(static_cast<const float*>(base) + i);
+  } else {
+    const unsigned short h = __ldg(static_cast<const unsigned short*>(base) + i);
+    if constexpr (DT == 2) {
+      return __uint_as_float(static_cast<unsigned>(h) << 16);
+    } else {
+      float f;
+      asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+      return f;
+    }
+  }
+}
+
+// Element i of a DT tensor := v, rounded to nearest even once.
+template <int DT>
+__device__ __forceinline__ void store(void* base, long long i, float v) {
+  if constexpr (DT == 0) {
+    static_cast<float*>(base)[i] = v;
+  } else {
+    unsigned short h;
+    if constexpr (DT == 2) {
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    } else {
+      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    }
+    static_cast<unsigned short*>(base)[i] = h;
+  }
+}
+
+}  // namespace wg
+
+template <int MT, int TB, int VL, int ML, int DT, int NHWC, int SO = 0, int US = 0>
 __global__ void __launch_bounds__(TB)
-    winograd_gemm_stage(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-                        float* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
+    winograd_gemm_stage(const void* __restrict__ x, const void* __restrict__ w, const void* __restrict__ bias,
+                        void* __restrict__ y, Conv2dParams p, float* __restrict__ u, float* __restrict__ v,
                         const float* __restrict__ m, int stage) {
+  static_assert(DT >= 0 && DT <= 2 && (NHWC == 0 || NHWC == 1), "DT: 0 fp32, 1 fp16, 2 bf16; NHWC: 0 or 1");
+  static_assert(SO == 0 || NHWC == 0, "staged outputs write whole NCHW planes");
   constexpr int A = MT + 2;
   using Co = wino::Coefs<MT>;
   const int tiles_q = (p.Q + MT - 1) / MT;
@@ -68,23 +111,24 @@ __global__ void __launch_bounds__(TB)
   if (stage == 0) {  // filters: U = G g G^T
     if (idx >= kc) return;
     float g[3][3], tmp[A][3], uu[A][A];
-    if (st == 1) {
-      const float* src = w + idx * 9;
+    if (st == 1 && !NHWC) {
+      const long long src = idx * 9;
 #pragma unroll
       for (int i = 0; i < 3; ++i)
 #pragma unroll
-        for (int j = 0; j < 3; ++j) g[i][j] = __ldg(src + 3 * i + j);
+        for (int j = 0; j < 3; ++j) g[i][j] = wg::load<DT>(w, src + 3 * i + j);
     } else {  // phase (ph, pw) of filter (k, c): taps s*i + ph, s*j + pw of the R x S filter, zero past it
       const long long k = idx / cc;
       const int ci = static_cast<int>(idx - k * cc);
       const int c = ci / (st * st), ph = (ci / st) % st, pw = ci % st;
-      const float* src = w + (k * p.C + c) * p.R * p.S;
 #pragma unroll
       for (int i = 0; i < 3; ++i)
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
           const int r = st * i + ph, q = st * j + pw;
-          g[i][j] = r < p.R && q < p.S ? __ldg(src + r * p.S + q) : 0.f;
+          // KCRS, or KRSC for a channels_last plan
+          const long long at = NHWC ? ((k * p.R + r) * p.S + q) * p.C + c : ((k * p.C + c) * p.R + r) * p.S + q;
+          g[i][j] = r < p.R && q < p.S ? wg::load<DT>(w, at) : 0.f;
         }
     }
     wino::left<A, 3, 3>(typename Co::G(), g, tmp);
@@ -133,7 +177,11 @@ __global__ void __launch_bounds__(TB)
     const int tp = r / tiles_q;
     const int h0 = st * tp * MT + ph - p.pad_h;  // the patch's rows h0 + s*i, columns w0 + s*j
     const int w0 = st * (r - tp * tiles_q) * MT + pw - p.pad_w;
-    const float* src = x + (static_cast<long long>(n) * p.C + c / (st * st)) * p.H * p.W;
+    const int c_in = static_cast<int>(c / (st * st));
+    // element (h, w) of channel c_in of image n: NCHW, or NHWC (channels_last)
+    const long long plane = NHWC ? static_cast<long long>(n) * p.H * p.W * p.C + c_in
+                                 : (static_cast<long long>(n) * p.C + c_in) * p.H * p.W;
+    const int col_step = NHWC ? p.C : 1;
     float d[A][A], tmp[A][A], vv[A][A];
 #pragma unroll
     for (int i = 0; i < A; ++i) {
@@ -142,7 +190,9 @@ __global__ void __launch_bounds__(TB)
 #pragma unroll
       for (int j = 0; j < A; ++j) {
         const int ww = w0 + st * j;
-        d[i][j] = row && ww >= 0 && ww < p.W ? __ldg(src + static_cast<long long>(h) * p.W + ww) : 0.f;
+        d[i][j] = row && ww >= 0 && ww < p.W
+                      ? wg::load<DT>(x, plane + (static_cast<long long>(h) * p.W + ww) * col_step)
+                      : 0.f;
       }
     }
     wino::left<A, A, A>(typename Co::Bt(), d, tmp);
@@ -184,7 +234,7 @@ __global__ void __launch_bounds__(TB)
           for (int j = 0; j < A; ++j) mm[i][j] = __ldg(m + (i * A + j) * kt + off);
         wino::left<MT, A, A>(typename Co::At(), mm, tmp);
         wino::right<MT, A, MT>(typename Co::At(), tmp, o);
-        const float b = p.has_bias ? __ldg(bias + k) : 0.f;
+        const float b = p.has_bias ? wg::load<DT>(bias, k) : 0.f;
         const int tp = r / tiles_q;
         const int p0 = tp * MT;
         const int q0 = (r - tp * tiles_q) * MT;
@@ -199,11 +249,11 @@ __global__ void __launch_bounds__(TB)
       }
       __syncthreads();
       if (k < p.K) {
-        float* out = y + (static_cast<long long>(n0) * p.K + k) * PQ;
+        const long long out = (static_cast<long long>(n0) * p.K + k) * PQ;
         const long long img_stride = static_cast<long long>(p.K) * PQ;
         for (int e = threadIdx.x; e < imgs * PQ; e += TB) {
           const int gi2 = e / PQ;
-          out[gi2 * img_stride + (e - gi2 * PQ)] = planes[e];
+          wg::store<DT>(y, out + gi2 * img_stride + (e - gi2 * PQ), planes[e]);
         }
       }
       return;
@@ -226,19 +276,23 @@ __global__ void __launch_bounds__(TB)
     for (int j = 0; j < A; ++j) mm[i][j] = __ldg(m + (i * A + j) * kt + off);
   wino::left<MT, A, A>(typename Co::At(), mm, tmp);
   wino::right<MT, A, MT>(typename Co::At(), tmp, o);
-  const float b = p.has_bias ? __ldg(bias + k) : 0.f;
+  const float b = p.has_bias ? wg::load<DT>(bias, k) : 0.f;
   const int n = static_cast<int>(t / tiles_img);
   const int r = static_cast<int>(t - static_cast<long long>(n) * tiles_img);
   const int tp = r / tiles_q;
   const int p0 = tp * MT;
   const int q0 = (r - tp * tiles_q) * MT;
-  float* dst = y + (static_cast<long long>(n) * p.K + k) * p.P * p.Q;
+  // output (k, p, q) of image n: NCHW y[n][k][p][q], or NHWC y[n][p][q][k]
+  const long long dst = NHWC ? static_cast<long long>(n) * p.P * p.Q * p.K + k
+                             : (static_cast<long long>(n) * p.K + k) * p.P * p.Q;
+  const int q_step = NHWC ? p.K : 1;
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     if (p0 + i >= p.P) break;
 #pragma unroll
     for (int j = 0; j < MT; ++j)
-      if (q0 + j < p.Q) dst[static_cast<long long>(p0 + i) * p.Q + q0 + j] = o[i][j] + b;
+      if (q0 + j < p.Q)
+        wg::store<DT>(y, dst + (static_cast<long long>(p0 + i) * p.Q + q0 + j) * q_step, o[i][j] + b);
   }
 }
 
