@@ -116,10 +116,10 @@ class TunedConv2d(nn.Conv2d):
 
     Same constructor, parameters and state dict as ``nn.Conv2d`` (state dicts load both ways). On the first
     forward for each input shape the layer looks up a tuned plan in the on-disk cache, or tunes one
-    (BAGF_TUNE=1), then reuses it. float32 NCHW, and float16 and bfloat16 in NCHW or channels_last (with the
+    (BAGF_TUNE=1), then reuses it. float32, float16 and bfloat16 in NCHW or channels_last (with the
     weight in the input's dtype), are tuned; under ``torch.autocast`` to float16 or bfloat16 the input, weight and
     bias are cast to that dtype first, as nn.Conv2d's forward casts them. Anything the kernels do not handle (CPU
-    tensors, other dtypes, float32 channels_last, other strides, autocast to another dtype, padding_mode other than
+    tensors, other dtypes, other strides, autocast to another dtype, padding_mode other than
     'zeros', groups > 1, asymmetric 'same' padding, empty batches or weights, input, weight or output of more than
     2^31 elements) runs through ``nn.Conv2d.forward`` with one log line the first time per reason. Backward always
     uses ATen's convolution backward.
