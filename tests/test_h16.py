@@ -191,3 +191,11 @@ def test_the_bench_command_takes_dtype_and_channels_last_too():
     args = cli.build_parser().parse_args(["bench", "--dtype", "fp16", "--channels-last", "--batch", "1"])
     assert (args.dtype, args.channels_last, args.batch) == ("fp16", True, [1])
     cli._check_format(args)
+
+
+def test_winograd_gemms_bfloat16_plans_need_sm80():
+    """cvt.rn.bf16.f32 needs sm_80: on an older GPU bfloat16 configurations are not searched (fp16 and fp32 are)."""
+    bf16 = dict(winograd_gemm.DEFAULT, DT=2)
+    assert winograd_gemm.arch_rule(bf16, "sm_75") is not None and winograd_gemm.arch_rule(bf16, "sm_80") is None
+    assert winograd_gemm.arch_rule(dict(winograd_gemm.DEFAULT, DT=1), "sm_70") is None
+    assert winograd_gemm.arch_rule(winograd_gemm.DEFAULT, "sm_70") is None

@@ -368,10 +368,19 @@ def wgmma_start(k: int, t: int) -> int:
 
 
 def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
-    """gemm_wgmma (GE 6-7) compiles only for sm_90a: on another GPU the tuner leaves it out of the search."""
+    """gemm_wgmma (GE 6-7) compiles only for sm_90a, and bfloat16 outputs (DT = 2: ``cvt.rn.bf16.f32``) for sm_80
+    and newer: on another GPU the tuner leaves them out of the search."""
     if uses_wgmma(c) and arch != "sm_90":
         return f"GE={c['GE']} (wgmma) needs an sm_90 GPU, not {arch}"
+    if c.get("DT") == 2 and _sm(arch) < 80:
+        return f"DT=2 (bfloat16) needs sm_80 or newer, not {arch}"
     return None
+
+
+def _sm(arch: str) -> int:
+    """80 for "sm_80", 90 for "sm_90" (a malformed name: 0)."""
+    digits = "".join(ch for ch in arch.split("_")[-1] if ch.isdigit())
+    return int(digits) if digits else 0
 
 
 def space(smem_limit: int = 0) -> Space:
