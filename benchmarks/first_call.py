@@ -405,6 +405,10 @@ def run_model(args, meta: dict, out: Path, stem: str, root: Path) -> int:
         cmd += ["--budget", str(args.budget)]
     if args.even:
         cmd += ["--even"]
+    if args.dtype != "float32":
+        cmd += ["--dtype", args.dtype]
+    if args.channels_last:
+        cmd += ["--channels-last"]
     env = dict(os.environ, BAGF_CACHE_DIR=str(cache_dir))
     per_batch = ALEXNET_PROBLEMS if args.model == "alexnet" else OTHER_MODEL_PROBLEMS
     timeout = args.model_timeout or (len(args.model_batch) * per_batch * (allowed_seconds(budget, args) + 8) + 120)
@@ -605,6 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--startup-allowance", type=float, default=60.0,
                     help="--model: the whole command may take tuned problems x allowed + this (60 s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                    help="--model: the tune command's --dtype (the model and inputs in it)")
+    ap.add_argument("--channels-last", action="store_true", help="--model: the tune command's --channels-last")
     ap.add_argument("--out", help="directory for the results (benchmarks/results; dry run: a temporary one)")
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--watchdog", type=float, default=180.0,

@@ -211,6 +211,12 @@ def test_first_call_times_any_model_through_the_tune_command(first_call, tmp_pat
     assert stem.with_suffix(".md").read_text() == md
     assert doc["summary"]["problems"] == 5 and all(r["problem"]["n"] == 32 for r in doc["rows"])
     assert "resnet18 pre-tuning at N = 32" in stem.with_suffix(".md").read_text()
+    # the model in bfloat16 channels_last: the tune command is told so
+    rc = first_call.main(["--dry-run", "--alexnet", "--dtype", "bfloat16", "--channels-last", "--tag", "bf16",
+                          "--out", str(tmp_path)])
+    assert rc == 0
+    (bf16,) = tmp_path.glob("first_call_alexnet_bf16*.json")
+    assert " --dtype bfloat16 --channels-last" in _load(bf16)["meta"]["tune_command"]
 
 
 def test_first_call_alexnet_rows_from_the_cache_alone(first_call):
