@@ -7,7 +7,8 @@ shapes chosen to hit every edge (partial tiles in K and N*P*Q, C*R*S not a multi
 reaching outside the input, misaligned weights; for the Winograd family 3x3 stride-1 shapes with output
 sizes that are not multiples of its tiles, a 1x1 output and C off every chunk; for winograd_gemm also strided
 shapes, which it computes through their polyphase components). Each family is swept on
-the shapes it applies to. Any out-of-bounds access fails the run.
+the shapes it applies to, in each dtype and memory format it computes (kernels.formats: the 16-bit families in
+float16 and bfloat16, NCHW and channels_last). Any out-of-bounds access fails the run.
 
     python scripts/sanitize_space.py --count 256 --out sanitize.json       (on the GPU machine)
     python scripts/sanitize_space.py --families winograd --count 128
@@ -46,20 +47,29 @@ winograd_gemm's polyphase form (stride s, filters up to 3s x 3s) four: 11x11/4, 
 GEMM's 16-byte path) and 6x6/2 with padding larger than the stride."""
 
 
-def _problem(shape, tf32: bool = False):
+def _problem(shape, tf32: bool = False, fmt: tuple[str, str] = ("float32", "nchw")):
     from bagf_torch.problem import ConvProblem
 
     n, c, h, w, k, r, s, st, pd, dl = shape
     return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=(st, st), padding=(pd, pd), dilation=(dl, dl),
-                       tf32=tf32)
+                       tf32=tf32, dtype=fmt[0], layout=fmt[1])
 
 
-def _shapes(fam) -> list:
-    """The shapes the family computes in either precision mode (a TF32-mode family's products are TF32: its error
-    stays far inside the sweep's 1e-3)."""
+def _shapes(fam, fmt: tuple[str, str] = ("float32", "nchw")) -> list:
+    """The shapes the family computes in ``fmt`` in either precision mode (a TF32-mode family's products are TF32:
+    its error stays far inside the sweep's 1e-3). In channels_last, not the shapes whose input would be contiguous
+    too (C = 1, or H = W = 1): those are NCHW problems."""
     applies = getattr(fam, "applies", None)
     return [sh for sh in SHAPES
-            if applies is None or applies(_problem(sh)) is None or applies(_problem(sh, tf32=True)) is None]
+            if (fmt[1] == "nchw" or (sh[1] > 1 and sh[2] * sh[3] > 1))
+            and (applies is None or applies(_problem(sh, fmt=fmt)) is None
+                 or applies(_problem(sh, tf32=True, fmt=fmt)) is None)]
+
+
+TOLERANCE = {"float32": 1e-3, "float16": 1e-2, "bfloat16": 3e-2}
+"""The sweep's bound on the worst element over the largest reference magnitude, per dtype (a 16-bit output is
+rounded once: bfloat16 to 2^-9 of each value). The sweep is after memory errors and unwritten outputs; the tests
+hold each dtype to twice cuDNN's error."""
 
 
 def _configs(fam, count: int, seed: int, only: str = ""):
@@ -86,6 +96,8 @@ def child(cache_dir: str, families: list[str], count: int, seed: int, only: str 
     from bagf_torch.jit.compiler import STATS, KernelCompiler
     from bagf_torch.kernels import FAMILIES
 
+    from bagf_torch.kernels import formats
+
     compiler = KernelCompiler(Cache.for_dir(cache_dir), 0, workers=1)
     wrong, launched = [], 0
     for fname in families:
@@ -93,26 +105,35 @@ def child(cache_dir: str, families: list[str], count: int, seed: int, only: str 
         configs = _configs(fam, count, seed, only)
         built = compiler.compile(fam, configs)
         assert STATS.nvrtc_compiles == 0, "child should only load cached cubins"
-        for n, c, h, w, k, r, s, st, pd, dl in _shapes(fam):
-            x = torch.randn(n, c, h, w)
-            base = torch.randn(k * c * r * s + 1)
-            for misaligned in (False, True):
-                wt = (base[1:] if misaligned else base[:-1]).view(k, c, r, s)
-                b = torch.randn(k)
-                ref = F.conv2d(x.double(), wt.double(), b.double(), st, pd, dl)
-                xg, wg, bg = x.cuda(), wt.cuda() if not misaligned else base.cuda()[1:].view(k, c, r, s), b.cuda()
-                rule = getattr(fam, "problem_rule", None)
-                for cfg, b_ in zip(configs, built):
-                    if not hasattr(b_, "handle"):
-                        continue  # reported by the parent
-                    if rule is not None and rule(cfg, _problem((n, c, h, w, k, r, s, st, pd, dl))) is not None:
-                        continue  # compiled for another filter geometry: the host refuses it (tests/test_gpu.py)
-                    out = torch.full(ref.shape, float("nan"), device="cuda")
-                    compiler.ext.conv2d_inference(xg, wg, bg, [st, st], [pd, pd], [dl, dl], b_.handle, out=out)
-                    launched += 1
-                    err = (out.double().cpu() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
-                    if not err < 1e-3:
-                        wrong.append((fam.name(cfg), (n, c, h, w, k, r, s, st, pd, dl), misaligned, err))
+        rule = getattr(fam, "problem_rule", None)
+        for fmt in formats(fam):  # each dtype and memory format the family computes, its configurations for it
+            dtype = getattr(torch, fmt[0])
+            mf = torch.channels_last if fmt[1] == "nhwc" else torch.contiguous_format
+            for n, c, h, w, k, r, s, st, pd, dl in _shapes(fam, fmt):
+                x = torch.randn(n, c, h, w).to(dtype)
+                base = torch.randn(k * c * r * s + 1).to(dtype)
+                for misaligned in (False, True):
+                    # the weight in the format's layout, one element off 16-byte alignment when misaligned
+                    flat = base.cuda()[1:] if misaligned else base.cuda()[:-1]
+                    wt = base[:-1].view(k, c, r, s).contiguous(memory_format=mf)
+                    wg = flat.as_strided(wt.shape, wt.stride())
+                    wg.copy_(wt.cuda())
+                    b = torch.randn(k).to(dtype)
+                    ref = F.conv2d(x.double(), wt.double(), b.double(), st, pd, dl)
+                    xg, bg = x.cuda().contiguous(memory_format=mf), b.cuda()
+                    problem = _problem((n, c, h, w, k, r, s, st, pd, dl), fmt=fmt)
+                    for cfg, b_ in zip(configs, built):
+                        if not hasattr(b_, "handle"):
+                            continue  # reported by the parent
+                        if rule is not None and rule(cfg, problem) is not None:
+                            continue  # compiled for another geometry, dtype or format: the host refuses it
+                        out = torch.full(ref.shape, float("nan"), device="cuda", dtype=dtype).contiguous(
+                            memory_format=mf)
+                        compiler.ext.conv2d_inference(xg, wg, bg, [st, st], [pd, pd], [dl, dl], b_.handle, out=out)
+                        launched += 1
+                        err = (out.double().cpu() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+                        if not err < TOLERANCE[fmt[0]]:
+                            wrong.append((fam.name(cfg), fmt, (n, c, h, w, k, r, s, st, pd, dl), misaligned, err))
     torch.cuda.synchronize()
     print(json.dumps({"families": families, "launches": launched, "wrong": wrong[:20]}))
     return 1 if wrong else 0
