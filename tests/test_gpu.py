@@ -673,6 +673,20 @@ def test_fresh_process_tunes_nothing_compiles_nothing(monkeypatch):
     assert stats["err"] < 1e-5, stats
 
 
+def _compile_recording(model, x):
+    """``torch.compile(model, fullgraph=True)(x)`` without grad, dynamo reset first, through a backend that keeps
+    each traced GraphModule and runs it as traced: (output, the graph modules)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        return torch.compile(model, fullgraph=True, backend=backend)(x), graphs
+
+
 def test_torch_compile_fullgraph_uses_tuned_op(monkeypatch):
     import bagf_torch
 
@@ -682,21 +696,13 @@ def test_torch_compile_fullgraph_uses_tuned_op(monkeypatch):
     x = torch.randn(2, 3, 24, 24, device="cuda")
     with torch.no_grad():
         eager = model(x)  # pre-tune
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        out = torch.compile(model, fullgraph=True, backend=backend)(x)
+    out, graphs = _compile_recording(model, x)
     torch.testing.assert_close(out, eager)
     from bagf_torch import runtime
 
-    uses_op = any("bagf.conv2d" in code for code in graphs)
+    uses_op = any("bagf.conv2d" in gm.code for gm in graphs)
     tuned_any = any(r.family != "aten" for r in runtime.get().results)
-    assert uses_op or not tuned_any, graphs
+    assert uses_op or not tuned_any, [gm.code for gm in graphs]
     torch._dynamo.reset()
     with torch.no_grad():
         out2 = torch.compile(model, fullgraph=True)(x)  # inductor
@@ -800,18 +806,11 @@ def test_h16_first_call_tunes_then_cache_hit_compile_and_cuda_graph(monkeypatch,
         replay()
         torch.cuda.synchronize()
         assert torch.equal(static, out)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm.code)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        compiled = torch.compile(fresh, fullgraph=True, backend=backend)(x)
+    compiled, graphs = _compile_recording(fresh, x)
     assert torch.equal(compiled, out)
-    uses_op = any("bagf.conv2d" in code for code in graphs)
-    assert uses_op == any(r.family != "aten" for r in rt.results), graphs  # the op exactly where a kernel won
+    uses_op = any("bagf.conv2d" in gm.code for gm in graphs)
+    # the op exactly where a kernel won
+    assert uses_op == any(r.family != "aten" for r in rt.results), [gm.code for gm in graphs]
     torch._dynamo.reset()
 
 
@@ -944,14 +943,7 @@ def test_tune_model_then_compile_fullgraph_and_cuda_graph(monkeypatch):
     with torch.no_grad():
         eager = model(x)
         torch.testing.assert_close(eager, stock(x), rtol=1e-4, atol=1e-4)
-        graphs = []
-
-        def backend(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend=backend)(x)  # fullgraph: a break would raise
+        compiled, graphs = _compile_recording(model, x)  # fullgraph: a break would raise
         torch.testing.assert_close(compiled, eager)
         assert len(graphs) == 1
         ops = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
