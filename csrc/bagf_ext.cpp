@@ -522,32 +522,15 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   p.dil_w = static_cast<int>(dilation[1]);
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
-  if (geo.dtype != 0 || geo.nhwc != 0) {  // 16-bit or channels_last tensors
-    // the kernels read the weight in the input's format (KRSC for channels_last): a weight in the other format is
-    // converted for this call (unsupported_reason has checked dtype and shape)
-    const at::Tensor wf = w.is_contiguous(plan_format(geo)) ? w : w.contiguous(plan_format(geo));
-    const void* xv = x.const_data_ptr();
-    const void* wv = wf.const_data_ptr();
-    const void* bv = has_bias ? b->const_data_ptr() : nullptr;
-    void* yv = y.mutable_data_ptr();
-    if (geo.gemm == 1) {  // a non-fused Winograd plan: fp32 transforms and products around the DT tensors
-      launch_gemm_plan(plan, p, x, xv, wv, bv, yv, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
-      return;
-    }
-    const int64_t cols = static_cast<int64_t>(p.N) * p.P * p.Q;
-    const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
-    const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
-    BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
-    void* args[] = {&xv, &wv, &bv, &yv, &p};
-    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, 1, geo.threads, 1, 1, static_cast<unsigned>(geo.smem),
-                                 c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), args, nullptr));
-    return;
-  }
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  const float* bp = has_bias ? b->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  if (geo.gemm == 1) {
+  // The kernels read the weight in the plan's format (KRSC for a channels_last plan): a weight in the other format
+  // is converted for this call. unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get
+  // a contiguous weight, so for them this is the weight itself.
+  const at::Tensor wf = w.is_contiguous(plan_format(geo)) ? w : w.contiguous(plan_format(geo));
+  const void* xp = x.const_data_ptr();
+  const void* wp = wf.const_data_ptr();
+  const void* bp = has_bias ? b->const_data_ptr() : nullptr;
+  void* yp = y.mutable_data_ptr();
+  if (geo.gemm == 1) {  // fp32 transforms and products around the plan's dtype
     launch_gemm_plan(plan, p, x, xp, wp, bp, yp, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
     return;
   }
