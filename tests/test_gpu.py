@@ -492,14 +492,17 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
     """winograd_gemm with its own 3xTF32 GEMM (GE > 0), every tile of GEMMS (and of WGMMA_GEMMS on sm_90, whose
     plans also make stage 0 write U's small parts into a workspace twice U's size), every MT, with stage 2 per
     tile and staged (SO = 1: whole images per block, partial last blocks, and per tile when an image has more
-    tiles than the block threads), checked like every
-    candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the GEMM's
-    16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
+    tiles than the block threads), the first and last GEMM in each 16-bit dtype and in channels_last too, checked
+    like every candidate (NaN-poisoned output against float64, tuning.measure.CudaChecker) on shapes that take the
+    GEMM's 16-byte and 4-byte paths; and, unlike the cuBLAS plan, not refused while torch allows TF32 matmuls (its
     arithmetic does not depend on that flag): the output is the same bits either way."""
     fam = _family("winograd_gemm")
     ges = list(fam.GEMMS) + (list(fam.WGMMA_GEMMS) if torch.cuda.get_device_capability() == (9, 0) else [])
     configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=so) for ge in ges for mt in fam.PARAMS["MT"]
                for so in (0, 1)]
+    # the GEMM is fp32 in every format the family computes: in the others, the first and last GEMM at F(4x4), F(5x5)
+    configs += [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=1, DT=fam.DTYPES[d], NHWC=fam.LAYOUTS[l])
+                for d, l in fam.FORMATS if (d, l) != ("float32", "nchw") for ge in (ges[0], ges[-1]) for mt in (4, 5)]
     assert all(fam.space().is_valid(c) for c in configs)
     built = _compile_and_check(compiler, fam, configs, OWN_GEMM_SHAPES)
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
