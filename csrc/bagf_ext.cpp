@@ -260,11 +260,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
                ((geo.dtype != 0 || geo.nhwc != 0) &&
-                (geo.split != 1 || geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0 ||
-                 (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8))))) {
+                ((geo.split != 1 && (geo.dtype == 0 || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
+                 geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8))))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
-                "neither one implicit-GEMM launch nor a non-fused Winograd plan (without split-K; staged outputs NCHW "
-                "only)");
+                "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit implicit "
+                "GEMM; staged outputs NCHW only)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -386,6 +386,15 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
   return y.is_contiguous(fmt) ? y : y.contiguous(fmt);
 }
 
+// A 16-bit split-K plan's workspace for a call (launch_plan's grid): each slice's fp32 sums of each BM x BN tile, then
+// one counter per tile (kernels/implicit_gemm_h16.cuh); 0 for other plans.
+int64_t split_workspace_floats(const LaunchGeometry& geo, int64_t cols, int64_t k) {
+  if (geo.split <= 1 || geo.dtype == 0) return 0;
+  const int64_t tiles = ((cols + geo.bn - 1) / geo.bn) * ((k + geo.bm - 1) / geo.bm);
+  return tiles * geo.split * geo.bm * geo.bn + tiles;
+}
+constexpr int64_t kMaxSplitWorkspaceFloats = int64_t{1} << 28;  // 1 GiB
+
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
 const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -427,6 +436,12 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
+  if (geo.split > 1 && geo.dtype != 0) {
+    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+    if (P > 0 && Q > 0 && split_workspace_floats(geo, x.size(0) * P * Q, w.size(0)) > kMaxSplitWorkspaceFloats)
+      return "the split-K plan's workspace for this shape would pass 1 GiB (it was tuned for a smaller grid)";
+  }
   if (geo.smem_patch > 0 || geo.smem_taps > 0) {
     // int32 halo arithmetic (a larger stride or dilation would not fit a 2^31-element tensor anyway)
     for (int i = 0; i < 2; ++i)
@@ -543,11 +558,22 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
   const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
   BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
-  void* args[] = {&xp, &wp, &bp, &yp, &p};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  if (geo.split > 1) {  // split-K slices accumulate atomically into a zeroed output
+  // A 16-bit split-K plan sums its slices in a workspace whose per-tile counters start at zero; an fp32 one adds
+  // them atomically into a zeroed output. (The 16-bit kernels take the workspace as a sixth argument, null
+  // without split-K; the fp32 kernels have five, and the driver reads only those.)
+  at::Tensor ws;
+  float* wsp = nullptr;
+  if (const int64_t floats = split_workspace_floats(geo, cols, p.K); floats > 0) {
+    ws = at::empty({floats}, x.options().dtype(at::kFloat));
+    wsp = ws.mutable_data_ptr<float>();
+    const int64_t tiles = static_cast<int64_t>(gx) * gy;
+    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - tiles)), 0,
+                                   static_cast<size_t>(tiles), stream));
+  } else if (geo.split > 1) {
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
+  void* args[] = {&xp, &wp, &bp, &yp, &p, &wsp};
   BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
                                static_cast<unsigned>(smem),
                                stream, args, nullptr));

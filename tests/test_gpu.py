@@ -501,7 +501,8 @@ def test_winograd_gemm_own_gemm_every_tile_correct_and_indifferent_to_tf32(compi
     configs = [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=so) for ge in ges for mt in fam.PARAMS["MT"]
                for so in (0, 1)]
     # the GEMM is fp32 in every format the family computes: in the others, the first and last GEMM at F(4x4), F(5x5)
-    configs += [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=1, DT=fam.DTYPES[d], NHWC=fam.LAYOUTS[l])
+    # (staged outputs where the format has them: NCHW)
+    configs += [dict(fam.DEFAULT, MT=mt, GE=ge, TB=128, SO=int(l == "nchw"), DT=fam.DTYPES[d], NHWC=fam.LAYOUTS[l])
                 for d, l in fam.FORMATS if (d, l) != ("float32", "nchw") for ge in (ges[0], ges[-1]) for mt in (4, 5)]
     assert all(fam.space().is_valid(c) for c in configs)
     built = _compile_and_check(compiler, fam, configs, OWN_GEMM_SHAPES)
@@ -766,6 +767,53 @@ def test_h16_op_opcheck_autograd_weight_format_and_other_dtypes(compiler, fmt):
             assert x1.is_contiguous()
             y1 = op(x1, w1, b.detach(), [1, 1], [1, 1], [1, 1], handle)
             assert y1.is_contiguous() and torch.equal(y1, F.conv2d(x1, w1, b.detach(), 1, 1).contiguous())
+
+
+SPLIT_SHAPES = [
+    (1, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),  # AlexNet conv3 at batch 1: C*R*S = 1728
+    (1, 37, 9, 11, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),  # 333: 21 K-steps of 16, 8 slices of 3: the last empty
+    (1, 3, 57, 61, 37, 11, 11, (4, 4), (2, 2), (1, 1), False),  # C = 3, stride 4: 2-byte loads
+    (2, 64, 7, 9, 129, 1, 1, (1, 1), (0, 0), (1, 1), True),  # K off every BM, 1x1
+    (1, 24, 12, 10, 40, 3, 3, (2, 1), (1, 0), (2, 1), False),  # stride and dilation, 216
+]
+
+
+def test_h16_split_k_every_slice_count_correct_in_every_format_and_schedule_independent(compiler):
+    """Split-K (SPLIT 2-16) in each dtype and memory format, three block tiles, on shapes with C = 3, odd K and
+    slices left empty, NaN-poisoned output against float64 within twice cuDNN's error (CudaChecker); and the
+    output is the same bits on every call, eager and replayed in a CUDA graph, whichever slice finishes last."""
+    fam = _family("implicit_gemm_h16")
+    tiles = [dict(BM=64, BN=64, BK=32, WM=2, WN=2), dict(BM=32, BN=32, BK=16, WM=1, WN=1),
+             dict(BM=128, BN=32, BK=64, WM=4, WN=1)]
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d], NHWC=fam.LAYOUTS[l])
+               for d, l in _H16_FORMATS for t in tiles for sp in (2, 4, 8, 16)]
+    assert all(fam.space().is_valid(c) for c in configs)
+    for sp in (2, 4, 8, 16):  # every slice count runs somewhere
+        assert any(_runs(fam, c, sh, fmt) for c in configs if c["SPLIT"] == sp for sh in SPLIT_SHAPES
+                   for fmt in _H16_FORMATS)
+    built = _compile_and_check(compiler, fam, configs, SPLIT_SHAPES)
+    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(384, device="cuda").to(torch.bfloat16)
+    handle = built[configs.index(dict(fam.DEFAULT, **tiles[1], SPLIT=16, DT=1, NHWC=1))].handle
+    op = torch.ops.bagf.conv2d.default
+    with torch.no_grad():
+        first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
+        assert all(torch.equal(op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first) for _ in range(20))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            op(x, w, b, [1, 1], [1, 1], [1, 1], handle)  # warm-up off the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        for _ in range(20):
+            y.fill_(float("nan"))
+            g.replay()
+            assert torch.equal(y, first)
 
 
 def _h16_model(dtype, layout):

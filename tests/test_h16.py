@@ -46,14 +46,39 @@ def test_the_start_point_and_the_searched_space_are_the_problems_dtype_and_forma
     start = h16.default_for(p)
     assert (start["DT"], start["NHWC"]) == (h16.DTYPES[dtype], h16.LAYOUTS[layout])
     assert h16.space().invalid_reason(start) is None and h16.problem_rule(start, p) is None
-    searched = [c for c in h16.space().valid_configs() if h16.problem_rule(c, p) is None]
-    assert searched and len(searched) * 4 == len(h16.space().valid_configs())
+    valid = h16.space().valid_configs()
+    searched = [c for c in valid if h16.problem_rule(c, p) is None]
     assert {(c["DT"], c["NHWC"]) for c in searched} == {(start["DT"], start["NHWC"])}
+    # this grid fills the GPU: split-K's partial sums would pass the workspace limit, so it is searched without
+    assert len(searched) * 4 == sum(c["SPLIT"] == 1 for c in valid)
     geo = h16.launch(start)
     assert (geo.dtype, geo.nhwc) == (1 + h16.DTYPES[dtype], h16.LAYOUTS[layout]) and geo.split == 1 and geo.gemm == 0
-    # a small grid (batch 1) gets the smaller block: twice the blocks
-    one = h16.default_for(_p(dtype, layout, n=1))
+    # a small grid (batch 1) gets the smaller block, twice the blocks, and split-K within 2 blocks per SM
+    p1 = _p(dtype, layout, n=1)
+    one = h16.default_for(p1)
     assert one["BM"] * one["BN"] < start["BM"] * start["BN"]
+    assert one["SPLIT"] == 8 and h16.tiles(one, p1) * one["SPLIT"] <= 2 * h16.H200_SMS
+    assert h16.problem_rule(one, p1) is None and h16.launch(one).split == 8
+
+
+def test_split_k_is_searched_where_the_reduction_and_the_workspace_allow_it():
+    """The problem rule gives every slice at least 2 K-steps and keeps the partial sums within the workspace
+    limit; within those, every SPLIT value is searched on a batch-1 layer."""
+    conv3 = _p(n=1)  # C*R*S = 1728: 108 K-steps of 16, 27 of 64
+    searched = [c for c in h16.space().valid_configs() if h16.problem_rule(c, conv3) is None]
+    assert {c["SPLIT"] for c in searched} == set(h16.PARAMS["SPLIT"])
+    assert {c["SPLIT"] for c in searched if c["BK"] == 64} == {1, 2, 4, 8}  # 16 slices of 27 K-steps: too thin
+    tiny = _p(n=1, c=3, r=3, s=3)  # C*R*S = 27: 1 or 2 K-steps, no split
+    assert {c["SPLIT"] for c in h16.space().valid_configs() if h16.problem_rule(c, tiny) is None} == {1}
+    big = dict(h16.DEFAULT, DT=1, NHWC=1, BM=128, BN=256, WM=2, WN=4, SPLIT=2)
+    why = h16.problem_rule(big, _p(n=128))
+    assert why is not None and "MiB of partial sums" in why
+    assert h16.workspace_bytes(big, _p(n=128)) > h16.SPLIT_WORKSPACE_LIMIT
+    assert h16.workspace_bytes(dict(big, SPLIT=1), _p(n=128)) == 0
+    assert h16.name(dict(big, BK=32)).endswith("_bk32_wm2_wn4_s2_sm90")
+    # one cubin for every SPLIT: it is the launch's grid.z, not a template parameter
+    assert h16.name_expression(dict(big, BK=32)) == "bagf::implicit_gemm_h16_conv2d<1, 1, 128, 256, 32, 2, 4>"
+    assert h16.name_expression(dict(big, BK=32, SPLIT=1)) == h16.name_expression(dict(big, BK=32))
 
 
 def test_the_spaces_rules_hold_for_every_valid_configuration():

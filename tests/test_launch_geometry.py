@@ -174,12 +174,14 @@ EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
          (1, 128, 128, 0, 1, 5, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 0, 0)),
     ],
     'implicit_gemm_h16': [
-        ({'DT': 1, 'NHWC': 1, 'BM': 128, 'BN': 64, 'BK': 32, 'WM': 2, 'WN': 2},
+        ({'DT': 1, 'NHWC': 1, 'BM': 128, 'BN': 64, 'BK': 32, 'WM': 2, 'WN': 2, 'SPLIT': 1},
          (128, 64, 128, 30720, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1)),
-        ({'DT': 0, 'NHWC': 0, 'BM': 64, 'BN': 64, 'BK': 16, 'WM': 2, 'WN': 2},
+        ({'DT': 0, 'NHWC': 0, 'BM': 64, 'BN': 64, 'BK': 16, 'WM': 2, 'WN': 2, 'SPLIT': 1},
          (64, 64, 128, 12288, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)),
-        ({'DT': 1, 'NHWC': 0, 'BM': 32, 'BN': 128, 'BK': 64, 'WM': 1, 'WN': 4},
+        ({'DT': 1, 'NHWC': 0, 'BM': 32, 'BN': 128, 'BK': 64, 'WM': 1, 'WN': 4, 'SPLIT': 1},
          (32, 128, 128, 46080, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0)),
+        ({'DT': 1, 'NHWC': 1, 'BM': 64, 'BN': 64, 'BK': 32, 'WM': 2, 'WN': 2, 'SPLIT': 8},
+         (64, 64, 128, 20480, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1)),
     ],
     'implicit_gemm': [
         ({'BM': 64, 'BN': 64, 'BK': 8, 'TM': 4, 'TN': 4, 'DB': 1, 'VEC': 4},
@@ -408,3 +410,41 @@ def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
         ext.LaunchGeometry(1, 2)
     with pytest.raises(TypeError):
         ext.LaunchGeometry(bx=1)
+
+
+def test_configurations_that_differ_only_in_a_launch_parameter_share_one_compile_and_load_apart():
+    """implicit_gemm_h16's SPLIT is grid.z, not a template parameter: a batch holding the same tile at several
+    SPLIT values compiles one cubin (one digest) and loads one plan per configuration, each with its own split."""
+    from bagf_torch.jit.compiler import KernelCompiler
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    class Cache:
+        def __init__(self):
+            self.cubins = {}
+
+        def get_cubin(self, digest):
+            return self.cubins.get(digest)
+
+        def put_cubin(self, digest, name, lowered, cubin):
+            self.cubins[digest] = (cubin, lowered)
+
+    class Ext(_FakeExt):
+        def __init__(self):
+            super().__init__()
+            self.compiled = []
+
+        def nvrtc_compile(self, source, name_expression, options):
+            self.compiled.append(name_expression)
+            return True, b"cubin", "lowered", ""
+
+    compiler = object.__new__(KernelCompiler)
+    compiler.ext, compiler.device, compiler.cache, compiler.arch = Ext(), 0, Cache(), "sm_90"
+    compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
+    configs = [dict(h16.DEFAULT, SPLIT=s) for s in (1, 2, 8)] + [dict(h16.DEFAULT, BK=64, SPLIT=4)]
+    got = compiler.compile(h16, configs)
+    assert sorted(compiler.ext.compiled) == sorted({h16.name_expression(c) for c in configs})  # 2 compiles
+    assert len(compiler.ext.compiled) == 2 and len(compiler.ext.calls) == 4
+    assert [call[3].kw["split"] for call in compiler.ext.calls] == [1, 2, 8, 4]
+    assert [g.spec.config["SPLIT"] for g in got] == [1, 2, 8, 4]
+    compiler.prefetch([(h16, dict(h16.DEFAULT, SPLIT=16))])  # the cubin is cached: no compile
+    assert len(compiler.ext.compiled) == 2

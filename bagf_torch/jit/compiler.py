@@ -156,14 +156,25 @@ class KernelCompiler:
         STATS.add(loads=1)
         return Loaded(spec, info["handle"], seconds, info["registers"], info["local_bytes"])
 
+    def _cubins(self, specs: Sequence[KernelSpec]) -> list:
+        """``_cubin`` of every spec, in parallel on ``workers`` threads, each distinct digest once: configurations
+        that differ only in a launch parameter (implicit_gemm_h16's SPLIT) share one kernel and one compile."""
+        by_digest: dict[str, KernelSpec] = {}
+        digests = [spec.digest(self.source_hash, self.nvrtc_version) for spec in specs]
+        for d, spec in zip(digests, specs):
+            by_digest.setdefault(d, spec)
+        unique = list(by_digest.values())
+        if len(unique) > 1 and self.workers > 1:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(unique))) as pool:
+                got = dict(zip(by_digest, pool.map(self._cubin, unique)))
+        else:
+            got = {d: self._cubin(spec) for d, spec in by_digest.items()}
+        return [got[d] for d in digests]
+
     def compile(self, family: ModuleType, configs: Sequence[Config]) -> list[Loaded | Outcome]:
         """Compile (or fetch from the cache) and load every config; failures are typed outcomes."""
         specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
-        if len(specs) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
-                cubins = list(pool.map(self._cubin, specs))
-        else:
-            cubins = [self._cubin(s) for s in specs]
+        cubins = self._cubins(specs)
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
 
@@ -173,11 +184,7 @@ class KernelCompiler:
         left for ``compile`` to report. Returns, per family, the longest NVRTC compile of its configurations that
         succeeded now (families whose cubins came from the cache, or failed, are absent)."""
         specs = [KernelSpec(family, dict(c), self.arch) for family, c in items]
-        if len(specs) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(max_workers=min(self.workers, len(specs))) as pool:
-                got = list(pool.map(self._cubin, specs))
-        else:
-            got = [self._cubin(spec) for spec in specs]
+        got = self._cubins(specs)
         compiled: dict[str, float] = {}
         for spec, g in zip(specs, got):
             if not isinstance(g, Outcome) and g[2] > 0:

@@ -39,7 +39,10 @@ class LaunchGeometry:
     """Dynamic shared memory per block in bytes, set as the kernel's maximum at load; an ordinary plan's launches
     ask for exactly this unless ``smem_patch`` or ``smem_taps`` is set (a ``gemm`` plan's stages ask for none)."""
     split: int = 1
-    """Split-K slices, grid.z (1 to 65535); > 1: the host zeroes the output and the slices add atomically."""
+    """Split-K slices, grid.z (1 to 65535); > 1 in a float32 plan: the host zeroes the output and the slices add
+    atomically; in a 16-bit one (an implicit GEMM only): the host passes a workspace of ``split`` fp32 sums per
+    bm x bn tile and a zeroed counter per tile, the last slice of a tile adds them up in order (and refuses, to
+    ATen, a call whose workspace would pass 1 GiB)."""
     tile: int = 1
     """1: the columns are output pixels (N*P*Q). m > 1 with ``tile_w`` = 0: Winograd F(m x m, 3x3), the columns
     are m x m output tiles (N * ceil(P/m) * ceil(Q/m)) and the host takes only 3x3 stride-1 dilation-1 calls

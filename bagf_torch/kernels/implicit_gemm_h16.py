@@ -24,11 +24,16 @@ BK        16 32 64             (multiples of the mma's K = 16)
 WM, WN    1 2 4                threads = 32*WM*WN; shared memory 2*2*(BM+BN)*(BK+8) bytes (two
                                buffers) <= the device's opt-in per-block limit; estimated registers
                                per thread <= 255 and * threads <= 65536
+SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); on a problem
+                               (:func:`problem_rule`): each slice at least 2 K-steps, the workspace
+                               SPLIT * tiles * BM * BN * 4 bytes <= 32 MiB (a grid too small to fill
+                               the GPU: batch 1, late layers)
 ========  ===================  =====================================================================
 
-Every configuration is valid for every problem of its dtype and format: shapes are run-time arguments and every
-access is bounds-checked (C = 3 and channel counts that are not multiples of 8 take 2-byte loads). No split-K
-yet: a batch-1 layer's few output tiles leave most SMs idle, where cuDNN may stay the plan.
+Shapes are run-time arguments and every access is bounds-checked (C = 3 and channel counts that are not multiples
+of 8 take 2-byte loads): a configuration without split-K runs every problem of its dtype and format. With split-K
+the slices' fp32 sums meet in a workspace and the last slice of each tile adds them in slice order, so the output
+does not depend on which slice finishes last (csrc/kernels/implicit_gemm_h16.cuh).
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.
@@ -46,10 +51,12 @@ FAMILY = "implicit_gemm_h16"
 SOURCE = "implicit_gemm_h16.cuh"
 KERNEL = "bagf::implicit_gemm_h16_conv2d"
 TEMPLATE_ORDER = ("DT", "NHWC", "BM", "BN", "BK", "WM", "WN")
+"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 80  # mma.sync m16n8k16 with bf16, cvt.rn.bf16.f32, ldmatrix
 KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
-               "const bagf::Conv2dParams")
-"""The kernel's parameter list (16-bit values travel as unsigned short): x, w, bias, y, the shape."""
+               "const bagf::Conv2dParams, float*")
+"""The kernel's parameter list (16-bit values travel as unsigned short): x, w, bias, y, the shape, the split-K
+workspace (null without split-K)."""
 
 DTYPES: dict[str, int] = {"float16": 0, "bfloat16": 1}
 """The problem's dtype name (``ConvProblem.dtype``) -> DT."""
@@ -67,11 +74,17 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "BK": (16, 32, 64),
     "WM": (1, 2, 4),
     "WN": (1, 2, 4),
+    "SPLIT": (1, 2, 4, 8, 16),
 }
 
 # Hand-picked start: a 128x128 block of four 64x64 warp tiles would need ~244 registers; 128 x 64 of 2 x 2 warps
 # (64 x 32 warp tiles, 128 threads), 32-deep K-steps. DT and NHWC are the problem's (default_for).
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "SPLIT": 1}
+LEGACY: Config = {"SPLIT": 1}
+"""What a configuration recorded before the SPLIT knob ran: no split-K (kernels.complete_config)."""
+
+SPLIT_WORKSPACE_LIMIT = 32 << 20
+"""Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
 
 SM90_SMEM_LIMIT = 232448
 H200_SMS = 132
@@ -99,18 +112,18 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
-    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c),
+    return LaunchGeometry(bm=c["BM"], bn=c["BN"], threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
                           dtype=1 + c["DT"], nhwc=c["NHWC"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_sm90``."""
+    """e.g. ``implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_s1_sm90``."""
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_{'nhwc' if c['NHWC'] else 'nchw'}_bm{c['BM']}_bn{c['BN']}"
-            f"_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}_{arch}")
+            f"_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2>``."""
+    """e.g. ``bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2>`` (whatever SPLIT: a launch parameter)."""
     return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
@@ -122,23 +135,46 @@ def applies(problem) -> str | None:
 
 
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
-    """None when ``c`` was compiled for the problem's dtype and memory format."""
+    """None when ``c`` was compiled for the problem's dtype and memory format and, with split-K, gives each slice at
+    least 2 K-steps of the problem's reduction within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
     want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
     if (c["DT"], c["NHWC"]) != want:
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; "
                 f"this problem is {problem.dtype} {problem.layout}")
+    split = c.get("SPLIT", 1)
+    if split > 1:
+        k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
+        if k_steps < 2 * split:
+            return f"split-K of {split} leaves slices of under 2 of the problem's {k_steps} K-steps"
+        if workspace_bytes(c, problem) > SPLIT_WORKSPACE_LIMIT:
+            return (f"split-K of {split} needs {workspace_bytes(c, problem) >> 20} MiB of partial sums on this "
+                    f"problem (at most {SPLIT_WORKSPACE_LIMIT >> 20})")
     return None
+
+
+def tiles(c: Mapping[str, int], problem) -> int:
+    """Output tiles (blocks per slice) of ``c`` on ``problem``: ceil(N*P*Q / BN) * ceil(K / BM)."""
+    p, q = problem.out_hw
+    return -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"])
+
+
+def workspace_bytes(c: Mapping[str, int], problem) -> int:
+    """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
+    split = c.get("SPLIT", 1)
+    return 0 if split == 1 else 4 * tiles(c, problem) * (split * c["BM"] * c["BN"] + 1)
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
     """DEFAULT with the problem's DT and NHWC; where its grid would give fewer than 2 blocks per SM, a 64 x 64
-    block (2 x 2 warps of 32 x 32) for twice the blocks."""
+    block (2 x 2 warps of 32 x 32) for twice the blocks, and where that still leaves SMs idle, the largest split-K
+    that keeps within 2 blocks per SM (and :func:`problem_rule`)."""
     c = dict(DEFAULT)
     c["DT"], c["NHWC"] = DTYPES.get(problem.dtype, 1), LAYOUTS.get(problem.layout, 1)
-    p, q = problem.out_hw
-    blocks = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"])
-    if blocks < 2 * sms:
+    if tiles(c, problem) < 2 * sms:
         c.update(BM=64, BN=64)
+    fits = [s for s in PARAMS["SPLIT"] if s * tiles(c, problem) <= 2 * sms
+            and problem_rule(dict(c, SPLIT=s), problem) is None]
+    c["SPLIT"] = max(fits, default=1)
     return c
 
 

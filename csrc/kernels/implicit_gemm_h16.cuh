@@ -25,6 +25,13 @@
 //   BN    block tile over output pixels      WN    warps along N (warp tile BN/WN, a multiple of 8)
 //   BK    K-step (a multiple of 16)
 //
+// Split-K, a run-time choice (gridDim.z = S slices; one cubin serves every S, so the tuner's split knob costs no
+// compile): for grids too small to fill the GPU (batch 1, late layers), slice z of an output tile reduces its share
+// of the K-steps, writes its fp32 sums into the workspace ``ws`` (the host's: S * tiles * BM * BN floats, then one
+// zeroed counter per tile) and counts itself in with an atomic; the slice that arrives last adds the S partial sums
+// in slice order 0, 1, ... (the same sum whichever slice arrives last: the output does not depend on the schedule),
+// then bias, and rounds once to the output dtype. S = 1 ignores ``ws`` (the host passes null).
+//
 // Safety: every global access is bounds-checked against the run-time shape; 16-byte loads only where the
 // pointer and the run are aligned; output pixel indices are 64-bit (a block's n0 + BN may pass 2^31 - 1), and the
 // host keeps stride, padding and dilation below 65536 so that the int32 window arithmetic cannot overflow.
@@ -108,7 +115,7 @@ template <int DT, int NHWC, int BM, int BN, int BK, int WM, int WN>
 __global__ void __launch_bounds__(32 * WM * WN)
 implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                          const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
-                         const Conv2dParams p) {
+                         const Conv2dParams p, float* __restrict__ ws) {
   constexpr int T = 32 * WM * WN;
   constexpr int WTM = BM / WM;
   constexpr int WTN = BN / WN;
@@ -141,6 +148,11 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
   const int NPQ = p.N * PQ;
   const int HW = p.H * p.W;
   const int num_k = (CRS + BK - 1) / BK;
+  // this block's share of the K-steps (split-K over gridDim.z slices); a slice past the end has none: zeros
+  const int split = static_cast<int>(gridDim.z);
+  const int per_split = (num_k + split - 1) / split;
+  const int t_begin = min(num_k, static_cast<int>(blockIdx.z) * per_split);
+  const int t_end = min(num_k, t_begin + per_split);
   const bool w_vec = (CRS % 8) == 0 && ((reinterpret_cast<unsigned long long>(w) & 15ull) == 0);
   const bool x_vec = NHWC && (p.C % 8) == 0 && ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0);
 
@@ -169,7 +181,7 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
       b_ih0[i] = oh * p.stride_h - p.pad_h;
       b_iw0[i] = ow * p.stride_w - p.pad_w;
     }
-    const int kk = kc * 8;
+    const int kk = t_begin * BK + kc * 8;  // the chunk's first reduction index at the slice's first K-step
     if (NHWC) {
       const int rs = kk / p.C;
       d2[i] = kk - rs * p.C;
@@ -318,17 +330,56 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
     }
   };
 
-  if (num_k > 0) {
-    load_regs(0);
+  if (t_begin < t_end) {
+    load_regs(t_begin);
     store_smem(0);
     __syncthreads();
   }
-  for (int t = 0; t < num_k; ++t) {
-    const bool more = t + 1 < num_k;
+  for (int t = t_begin; t < t_end; ++t) {
+    const bool more = t + 1 < t_end;
+    const int buf = (t - t_begin) & 1;
     if (more) load_regs(t + 1);
-    multiply(t & 1);
-    if (more) store_smem((t + 1) & 1);
+    multiply(buf);
+    if (more) store_smem(buf ^ 1);
     __syncthreads();
+  }
+
+  if (split > 1) {
+    // Each slice's sums go to its own BM*BN floats of the workspace, element f of thread tid at f*T + tid
+    // (coalesced); the last slice of the tile to arrive reads them all back in slice order.
+    static_assert(T * MI * NI * 4 == BM * BN, "a thread's accumulators are BM * BN / T floats");
+    const long long tiles = static_cast<long long>(gridDim.x) * gridDim.y;
+    const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+    float* mine = ws + (static_cast<long long>(blockIdx.z) * tiles + tile) * (BM * BN) + tid;
+    unsigned* counter = reinterpret_cast<unsigned*>(ws + split * tiles * (BM * BN)) + tile;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) __stcg(mine + ((i * NI + j) * 4 + v) * T, acc[i][j][v]);
+    __threadfence();  // this block's sums are visible device-wide before it is counted
+    __syncthreads();
+    __shared__ unsigned arrived;
+    if (tid == 0) arrived = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
+    __threadfence();  // the other slices' sums, counted before us, are visible to every thread of this block
+    // slice by slice (its own sums read back too), each slice's loads all issued before they are added: one
+    // L2 round trip per slice rather than one per element and slice
+    const float* all = ws + tile * (BM * BN) + tid;
+    for (int z = 0; z < split; ++z) {
+      const float* part = all + z * tiles * (BM * BN);
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) {
+            const float got = __ldcg(part + ((i * NI + j) * 4 + v) * T);
+            acc[i][j][v] = z == 0 ? got : acc[i][j][v] + got;
+          }
+    }
   }
 
   // Epilogue. Accumulator v of tile (i, j): row gid (+8 for v >= 2), column 2*tig + (v & 1).
