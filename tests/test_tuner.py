@@ -635,6 +635,35 @@ def test_queued_timing_grows_the_sleep_then_halves_the_batch_and_never_returns_t
     assert max(sim.sleeps) <= QUEUED_MAX_SLEEP_CYCLES
 
 
+@pytest.mark.parametrize("host_us, gpu_us, want, queued", [
+    (15.0, 5.0, 5.0, True),      # batch 1: events would see the host's 15 us; queued calls show the GPU's 5
+    (15.0, 40.0, 40.0, True),    # under HOST_PACED_US either way: queued, the GPU's time
+    (15.0, 200.0, 200.0, False),  # GPU-bound: the events' own timing
+])
+def test_search_times_short_calls_by_gpu_time_and_long_ones_by_events(monkeypatch, host_us, gpu_us, want, queued):
+    """A candidate's timing in the search (CudaBenchmarker.time) is its GPU time whenever the host could pace the
+    events (an estimate under HOST_PACED_US), so batch-1 candidates whose GPU times differ are told apart; the
+    detail says which timing it was, and the switch interval is restored."""
+    import sys
+
+    from bagf_torch.tuning.measure import CudaBenchmarker
+
+    sim = _SimGPU(monkeypatch)
+    own = sys.getswitchinterval()
+    out = CudaBenchmarker().time(sim.fn(host_us, gpu_us), cutoff_us=4.0 * 4.0)  # a best of 4 us so far
+    if queued:  # (the host-paced estimate, 15 us or more, is no reason to cut a call whose GPU time is 5 us)
+        assert out.ok and out.time_us == pytest.approx(want)
+    else:
+        assert out.status == "timeout"
+        out = CudaBenchmarker().time(sim.fn(host_us, gpu_us))
+        assert out.ok and out.time_us == pytest.approx(want)
+    assert ("GPU time (queued)" in out.detail) is queued and (len(sim.sleeps) > 0) is queued
+    assert sys.getswitchinterval() == own
+    monkeypatch.delattr(torch.cuda, "_sleep")  # no GPU sleep in this torch: the events, an upper bound
+    sim.sleep_us = 0.0
+    assert CudaBenchmarker().time(sim.fn(host_us, gpu_us)).time_us == pytest.approx(max(host_us, gpu_us))
+
+
 def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(monkeypatch):
     """remeasure returns one median per handle, in order, from the rounds whose calls were all queued in time (a
     host-paced round is only an upper bound) and NaN for a handle with none; it restarts the sleep each time and

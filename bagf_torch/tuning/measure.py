@@ -156,6 +156,15 @@ ops release the GIL, so with another thread busy in Python (a strategy step left
 every call of a timing loop can wait a whole interval to get it back: at 5 ms, 200 calls of cuDNN's conv take a
 second to issue, longer than any GPU sleep queued ahead of them (on the H200, 4953 us per call against 57 us of
 GPU time). Restored after, when the last timing that lowered it ends."""
+HOST_PACED_US = 60.0
+"""A candidate (or cuDNN) whose per-call event timing comes in under this many microseconds is timed by GPU time
+(queued calls, as the finalists are) instead. An eager call costs the host 13-25 us on the H200 (torch's conv and
+our op, benchmarks/results/bench_layers_overhead_h200.md), more with the strategy and compiles busy on other threads,
+so below this a span between events can be the host's pace: at batch 1 every candidate and cuDNN measured 17-28 us
+that way while their GPU times ranged from under 10 us up, and the search could not tell them apart."""
+QUEUED_ROUNDS = 3
+"""Queued timings per such candidate; the median is its time."""
+
 QUEUED_SLEEP_CYCLES = 2_000_000
 """The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
 QUEUED_MAX_SLEEP_CYCLES = 64 * QUEUED_SLEEP_CYCLES
@@ -207,16 +216,43 @@ class CudaBenchmarker:
         return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
 
     def time(self, fn: Callable[[], object], cutoff_us: float | None = None) -> Outcome:
-        """Median microseconds of ``fn``; a "timeout" outcome when its estimate exceeds ``cutoff_us``."""
+        """Median microseconds of ``fn``; a "timeout" outcome when its estimate exceeds ``cutoff_us``. An estimate
+        under ``HOST_PACED_US`` (the host may have paced it) is replaced by the GPU time of queued calls
+        (:meth:`queued`), whatever the cut-off."""
         try:
             fn()
             est = statistics.median(self._events(fn, 5))
         except RuntimeError as e:
             return Outcome("launch", detail=str(e))
+        if est < HOST_PACED_US and getattr(torch.cuda, "_sleep", None) is not None:
+            # (before the cut-off: a host-paced estimate says nothing of the GPU time the cut-off is about, and
+            # timing a short call costs little)
+            try:
+                gpu = self._gpu_time(fn)
+            except RuntimeError as e:
+                return Outcome("launch", detail=str(e))
+            if gpu is not None:
+                return gpu
         if cutoff_us is not None and est > cutoff_us:
             return Outcome("timeout", detail=f"estimated {est:.1f} us > cut-off {cutoff_us:.1f} us")
         t = self.timing(fn, est)
         return Outcome("ok", time_us=t.median_us, detail=f"p20 {t.p20_us:.2f} p80 {t.p80_us:.2f} n={t.reps}")
+
+    def _gpu_time(self, fn: Callable[[], object]) -> Outcome | None:
+        """``fn``'s GPU time per call, the median of ``QUEUED_ROUNDS`` queued timings (with the short switch
+        interval, as the finalists' re-timing); None when the host could queue none of them in time."""
+        with short_switch_interval():
+            calls = self._queued_calls(fn)
+            times = []
+            for _ in range(QUEUED_ROUNDS):
+                us, calls = self._queued(fn, calls)
+                if us == us:
+                    times.append(us)
+        if not times:
+            return None
+        times.sort()
+        return Outcome("ok", time_us=statistics.median(times),
+                       detail=f"GPU time (queued): min {times[0]:.2f} max {times[-1]:.2f} n={len(times)}x{calls}")
 
     def timing(self, fn: Callable[[], object], est_us: float | None = None) -> Timing:
         if est_us is None:
