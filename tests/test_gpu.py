@@ -814,12 +814,6 @@ def test_h16_split_k_every_slice_count_correct_in_every_format_and_schedule_inde
             y.fill_(float("nan"))
             g.replay()
             assert torch.equal(y, first)
-        # the finalists' re-timing captures such a plan (workspace, memset and all) in its own graph
-        from bagf_torch.tuning.measure import CudaBenchmarker
-
-        captured = CudaBenchmarker._capture(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), 10)
-        assert captured is not None and 0.0 < CudaBenchmarker._replay(*captured) < 1000.0
-        captured[0].reset()
 
 
 def _h16_model(dtype, layout):

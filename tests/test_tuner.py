@@ -664,35 +664,6 @@ def test_search_times_short_calls_by_gpu_time_and_long_ones_by_events(monkeypatc
     assert CudaBenchmarker().time(sim.fn(host_us, gpu_us)).time_us == pytest.approx(max(host_us, gpu_us))
 
 
-def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queued_where_not(monkeypatch):
-    """The finalists' re-timing replays a CUDA graph of each call where one can be captured (the GPU time a graph
-    pays: a queued eager call also pays the gaps between its launches), falls back to queued calls for a call that
-    cannot be captured, and releases every graph."""
-    from bagf_torch.tuning.measure import CudaBenchmarker
-
-    sim = _SimGPU(monkeypatch)
-    fns = {1: sim.fn(5.0, 20.0), 2: sim.fn(5.0, 30.0)}
-    reset = []
-
-    class Graph:
-        def __init__(self, us):
-            self.us = us
-
-        def reset(self):
-            reset.append(self.us)
-
-    def capture(fn, calls):
-        return None if fn is fns[2] else (Graph(17.0), calls)
-
-    monkeypatch.setattr(CudaBenchmarker, "_call", staticmethod(lambda ws, h: fns[h]))
-    monkeypatch.setattr(CudaBenchmarker, "_queued_calls", lambda self, fn: 40)
-    monkeypatch.setattr(CudaBenchmarker, "_capture", staticmethod(capture))
-    monkeypatch.setattr(CudaBenchmarker, "_replay", staticmethod(lambda graph, calls: graph.us))
-    times = CudaBenchmarker().remeasure(types.SimpleNamespace(problem=types.SimpleNamespace(tf32=False)), [1, 2],
-                                        rounds=3)
-    assert times == [pytest.approx(17.0), pytest.approx(30.0)] and reset == [17.0]
-
-
 def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(monkeypatch):
     """remeasure returns one median per handle, in order, from the rounds whose calls were all queued in time (a
     host-paced round is only an upper bound) and NaN for a handle with none; it restarts the sleep each time and

@@ -276,12 +276,8 @@ class CudaBenchmarker:
             return self.time(self._call(ws, handle), cutoff_us)
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
-        """Re-time the finalists and cuDNN interleaved, by GPU time replayed from a CUDA graph (:meth:`_capture`;
-        ``queued`` calls where a capture fails); medians in microseconds, in the order of ``handles``; NaN for a
-        handle none of whose timings could keep the host out of the span. A graph is what the winner's GPU time is
-        judged by (benchmarks/bench_layers.py's graph columns): queued eager calls also time the gaps between a
-        call's launches, which a graph closes, and at batch 1 that put a 11.2 us split-K plan ahead of cuDNN's
-        11.8 us where their graphs take 11.0 and 10.3. The
+        """Re-time the finalists and cuDNN interleaved, by GPU time (``queued``); medians in microseconds, in the
+        order of ``handles``; NaN for a handle none of whose timings could keep the host out of the span. The
         winner is picked from these. GPU time is what a CUDA graph replays, and our plans' host cost per call is
         below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that wins by GPU time is not
         slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a call's host cost can
@@ -292,55 +288,13 @@ class CudaBenchmarker:
                                                        tf32=ws.problem.tf32):
             fns = [self._call(ws, h) for h in handles]
             counts = [self._queued_calls(fn) for fn in fns]
-            graphs = [self._capture(fn, n) for fn, n in zip(fns, counts)]
             per: list[list[float]] = [[] for _ in fns]
-            try:
-                for _ in range(rounds):
-                    for i, fn in enumerate(fns):
-                        if graphs[i] is not None:
-                            us = self._replay(*graphs[i])
-                        else:
-                            us, counts[i] = self._queued(fn, counts[i])
-                        if us == us:  # a host-paced timing is only an upper bound: left out
-                            per[i].append(us)
-            finally:
-                for g in graphs:
-                    if g is not None:
-                        g[0].reset()
+            for _ in range(rounds):
+                for i, fn in enumerate(fns):
+                    us, counts[i] = self._queued(fn, counts[i])
+                    if us == us:  # a host-paced timing is only an upper bound: left out
+                        per[i].append(us)
             return [statistics.median(t) if t else math.nan for t in per]
-
-    @staticmethod
-    def _capture(fn: Callable[[], object], calls: int):
-        """(graph, calls): ``calls`` calls of ``fn`` captured in one CUDA graph after a warm-up on a side stream,
-        or None where the call cannot be captured (then it is timed queued). Each call's output is dropped before
-        the next, so the graph's memory pool holds about one call's tensors."""
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    fn()
-            return graph, calls
-        except (RuntimeError, AssertionError):  # (AssertionError: torch without CUDA, the tests' simulated stream)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            return None
-
-    @staticmethod
-    def _replay(graph, calls: int) -> float:
-        """GPU microseconds per call of one replay of a captured graph."""
-        stream = torch.cuda.current_stream()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        graph.replay()  # (the first replay after capture uploads the graph)
-        start.record(stream)
-        graph.replay()
-        end.record(stream)
-        end.synchronize()
-        return 1000.0 * start.elapsed_time(end) / calls
 
     def _queued_calls(self, fn: Callable[[], object]) -> int:
         """About ``rep_ms`` of calls of ``fn`` (QUEUED_MIN to QUEUED_MAX), from a short event timing (an upper
