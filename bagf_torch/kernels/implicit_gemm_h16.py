@@ -25,7 +25,8 @@ WM, WN    1 2 4                threads = 32*WM*WN; shared memory 2*2*(BM+BN)*(BK
                                buffers) <= the device's opt-in per-block limit; estimated registers
                                per thread <= 255 and * threads <= 65536
 SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); on a problem
-                               (:func:`problem_rule`): each slice at least 2 K-steps, the workspace
+                               (:func:`problem_rule`): 2 K-steps per slice or more (ceil(steps /
+                               SPLIT) each; trailing slices may be left empty), the workspace
                                SPLIT * tiles * BM * BN * 4 bytes <= 32 MiB (a grid too small to fill
                                the GPU: batch 1, late layers)
 ========  ===================  =====================================================================
@@ -136,7 +137,8 @@ def applies(problem) -> str | None:
 
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
     """None when ``c`` was compiled for the problem's dtype and memory format and, with split-K, gives each slice at
-    least 2 K-steps of the problem's reduction within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
+    least 2 K-steps of the problem's reduction per slice (each slice takes ceil(steps / SPLIT) of them, so the last
+    ones may get none and add zeros) within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
     want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
     if (c["DT"], c["NHWC"]) != want:
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; "
@@ -145,7 +147,7 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     if split > 1:
         k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
         if k_steps < 2 * split:
-            return f"split-K of {split} leaves slices of under 2 of the problem's {k_steps} K-steps"
+            return f"split-K of {split} leaves under 2 of the problem's {k_steps} K-steps per slice"
         if workspace_bytes(c, problem) > SPLIT_WORKSPACE_LIMIT:
             return (f"split-K of {split} needs {workspace_bytes(c, problem) >> 20} MiB of partial sums on this "
                     f"problem (at most {SPLIT_WORKSPACE_LIMIT >> 20})")

@@ -32,7 +32,8 @@
 // in slice order 0, 1, ... (the same sum whichever slice arrives last: the output does not depend on the schedule),
 // then bias, and rounds once to the output dtype. S = 1 ignores ``ws`` (the host passes null).
 //
-// Safety: every global access is bounds-checked against the run-time shape; 16-byte loads only where the
+// Safety: every access to x, w, bias and y is bounds-checked against the run-time shape (the split-K workspace
+// is sized by the host for the launch's grid: bagf_ext.cpp split_workspace_floats); 16-byte loads only where the
 // pointer and the run are aligned; output pixel indices are 64-bit (a block's n0 + BN may pass 2^31 - 1), and the
 // host keeps stride, padding and dilation below 65536 so that the int32 window arithmetic cannot overflow.
 // Includes nothing from torch or the CUDA headers (16-bit values travel as unsigned short; conversions are PTX),
