@@ -148,9 +148,10 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
         k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
         if k_steps < 2 * split:
             return f"split-K of {split} leaves under 2 of the problem's {k_steps} K-steps per slice"
-        if workspace_bytes(c, problem) > SPLIT_WORKSPACE_LIMIT:
-            return (f"split-K of {split} needs {workspace_bytes(c, problem) >> 20} MiB of partial sums on this "
-                    f"problem (at most {SPLIT_WORKSPACE_LIMIT >> 20})")
+        need = workspace_bytes(c, problem)
+        if need > SPLIT_WORKSPACE_LIMIT:
+            return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
+                    f"{SPLIT_WORKSPACE_LIMIT >> 20})")
     return None
 
 
@@ -174,8 +175,8 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     c["DT"], c["NHWC"] = DTYPES.get(problem.dtype, 1), LAYOUTS.get(problem.layout, 1)
     if tiles(c, problem) < 2 * sms:
         c.update(BM=64, BN=64)
-    fits = [s for s in PARAMS["SPLIT"] if s * tiles(c, problem) <= 2 * sms
-            and problem_rule(dict(c, SPLIT=s), problem) is None]
+    blocks = tiles(c, problem)
+    fits = [s for s in PARAMS["SPLIT"] if s * blocks <= 2 * sms and problem_rule(dict(c, SPLIT=s), problem) is None]
     c["SPLIT"] = max(fits, default=1)
     return c
 

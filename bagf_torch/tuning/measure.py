@@ -242,12 +242,7 @@ class CudaBenchmarker:
         """``fn``'s GPU time per call, the median of ``QUEUED_ROUNDS`` queued timings (with the short switch
         interval, as the finalists' re-timing); None when the host could queue none of them in time."""
         with short_switch_interval():
-            calls = self._queued_calls(fn)
-            times = []
-            for _ in range(QUEUED_ROUNDS):
-                us, calls = self._queued(fn, calls)
-                if us == us:
-                    times.append(us)
+            (times,), (calls,) = self._queued_rounds([fn], QUEUED_ROUNDS)
         if not times:
             return None
         times.sort()
@@ -286,15 +281,21 @@ class CudaBenchmarker:
         self._sleep_cycles = QUEUED_SLEEP_CYCLES
         with short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
                                                        tf32=ws.problem.tf32):
-            fns = [self._call(ws, h) for h in handles]
-            counts = [self._queued_calls(fn) for fn in fns]
-            per: list[list[float]] = [[] for _ in fns]
-            for _ in range(rounds):
-                for i, fn in enumerate(fns):
-                    us, counts[i] = self._queued(fn, counts[i])
-                    if us == us:  # a host-paced timing is only an upper bound: left out
-                        per[i].append(us)
+            per, _ = self._queued_rounds([self._call(ws, h) for h in handles], rounds)
             return [statistics.median(t) if t else math.nan for t in per]
+
+    def _queued_rounds(self, fns: Sequence[Callable[[], object]], rounds: int) -> tuple[list[list[float]], list[int]]:
+        """``rounds`` round-robin queued timings of ``fns`` (each its own call count, from ``_queued_calls``, as
+        ``_queued`` settles it): per fn the timings whose calls were all queued in time (a host-paced timing is only
+        an upper bound: left out), and the call counts they ended on."""
+        counts = [self._queued_calls(fn) for fn in fns]
+        per: list[list[float]] = [[] for _ in fns]
+        for _ in range(rounds):
+            for i, fn in enumerate(fns):
+                us, counts[i] = self._queued(fn, counts[i])
+                if us == us:
+                    per[i].append(us)
+        return per, counts
 
     def _queued_calls(self, fn: Callable[[], object]) -> int:
         """About ``rep_ms`` of calls of ``fn`` (QUEUED_MIN to QUEUED_MAX), from a short event timing (an upper
