@@ -446,5 +446,9 @@ def test_configurations_that_differ_only_in_a_launch_parameter_share_one_compile
     assert len(compiler.ext.compiled) == 2 and len(compiler.ext.calls) == 4
     assert [call[3].kw["split"] for call in compiler.ext.calls] == [1, 2, 8, 4]
     assert [g.spec.config["SPLIT"] for g in got] == [1, 2, 8, 4]
+    # one NVRTC run is one compile for the tuner's estimate of a compile's cost: its seconds go to one config
+    from bagf_torch.tuning.tuner import _compiles
+
+    assert [g.compile_seconds > 0 for g in got] == [True, False, False, True] and _compiles(got) == 2
     compiler.prefetch([(h16, dict(h16.DEFAULT, SPLIT=16))])  # the cubin is cached: no compile
     assert len(compiler.ext.compiled) == 2

@@ -570,12 +570,15 @@ def test_the_finalists_short_switch_interval_is_counted_and_restored():
 
 class _SimGPU:
     """A simulated stream for CudaBenchmarker's queued timing on the CPU: each call costs the host and the GPU what
-    its function says (``call(host_us, gpu_us)``); a GPU sleep of c cycles lasts c / 2000 us. After a batch,
-    ``start.query()`` says whether the GPU had already reached the start event, i.e. the host was still queueing
-    calls when the sleep ended; then the span is the host's pace."""
+    its function says (``call(host_us, gpu_us)``), the host's clock advancing by its host time; a GPU sleep of c
+    cycles lasts c / 2000 us. After a batch, ``start.query()`` says whether the GPU had already reached the start
+    event, i.e. the host was still queueing calls when the sleep ended; then the span is the host's pace."""
 
     def __init__(self, monkeypatch):
+        from bagf_torch.tuning import measure
+
         self.sleep_us = 0.0
+        self.clock_us = 0.0
         self.queue: list[tuple[float, float]] = []
         self.sleeps: list[int] = []
         sim = self
@@ -606,13 +609,19 @@ class _SimGPU:
         monkeypatch.setattr(torch.cuda, "_sleep", self.sleep, raising=False)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: Stream())
         monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(measure, "_host_clock", lambda: self.clock_us / 1e6)
 
     def sleep(self, cycles):
         self.sleep_us = cycles / 2000.0
         self.sleeps.append(cycles)
+        self.queue.append((0.0, self.sleep_us))  # on the stream: an event before it and one after time it
 
     def fn(self, host_us, gpu_us):
-        return lambda: self.queue.append((host_us, gpu_us))
+        def call():
+            self.queue.append((host_us, gpu_us))
+            self.clock_us += host_us
+
+        return call
 
 
 @pytest.mark.parametrize("host_us, calls, want, sleeps", [
@@ -662,6 +671,30 @@ def test_search_times_short_calls_by_gpu_time_and_long_ones_by_events(monkeypatc
     monkeypatch.delattr(torch.cuda, "_sleep")  # no GPU sleep in this torch: the events, an upper bound
     sim.sleep_us = 0.0
     assert CudaBenchmarker().time(sim.fn(host_us, gpu_us)).time_us == pytest.approx(max(host_us, gpu_us))
+
+
+def test_queued_timing_sizes_its_next_sleep_by_the_hosts_last_pace_both_ways(monkeypatch):
+    """The first sleep of a queued timing is QUEUED_SLEEP_MARGIN times what the host took to queue the last one's
+    calls: after a slow moment (the longest sleep needed) the next fast candidate's timing pays that sleep once at
+    most, and the one after it starts from the first sleep again; a host that stays slow keeps a long first sleep,
+    so its timings do not fail their way up again every time."""
+    from bagf_torch.tuning.measure import QUEUED_MAX_SLEEP_CYCLES, QUEUED_SLEEP_CYCLES, CudaBenchmarker
+
+    sim = _SimGPU(monkeypatch)
+    bench = CudaBenchmarker()
+    assert bench.queued(sim.fn(2000.0, 20.0), 100) == pytest.approx(20.0)  # 25 calls in 50 ms: the longest sleep
+    assert sim.sleeps[-1] == QUEUED_MAX_SLEEP_CYCLES
+    for _ in range(2):
+        sim.sleeps.clear()
+        assert bench.queued(sim.fn(5.0, 20.0), 100) == pytest.approx(20.0)
+        assert len(sim.sleeps) == 1  # never a failed attempt: the sleep starts long enough
+    assert sim.sleeps == [QUEUED_SLEEP_CYCLES]  # 0.5 ms of queueing: back to the first sleep
+    sim.sleeps.clear()
+    assert bench.queued(sim.fn(100.0, 20.0), 100) == pytest.approx(20.0)  # 10 ms: grows 1 -> 4 -> 16 ms
+    assert sim.sleeps == [QUEUED_SLEEP_CYCLES, 4 * QUEUED_SLEEP_CYCLES, 16 * QUEUED_SLEEP_CYCLES]
+    sim.sleeps.clear()
+    assert bench.queued(sim.fn(100.0, 20.0), 100) == pytest.approx(20.0)  # the same host: 20 ms at once
+    assert sim.sleeps == [20 * QUEUED_SLEEP_CYCLES]
 
 
 def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(monkeypatch):

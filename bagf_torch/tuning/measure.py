@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -169,6 +170,13 @@ QUEUED_SLEEP_CYCLES = 2_000_000
 """The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
 QUEUED_MAX_SLEEP_CYCLES = 64 * QUEUED_SLEEP_CYCLES
 """The longest (about 65 ms)."""
+QUEUED_SLEEP_MARGIN = 2.0
+"""After a queued timing, the next one's first sleep lasts this many times as long as the host took to queue its
+calls (in the GPU's cycles, measured by that sleep: the clock is the GPU's own), within the first and the longest
+sleep. So the sleep follows the host both ways: one slow moment (a compile wave, the strategy's model fit) does not
+leave every later short candidate of the search behind the longest sleep, ~65 ms of idle GPU per timing."""
+
+_host_clock = time.perf_counter  # (a module attribute: the tests' simulated stream replaces it)
 
 _switch_lock = threading.Lock()
 _switch_depth = 0
@@ -307,7 +315,8 @@ class CudaBenchmarker:
     def queued(self, fn: Callable[[], object], calls: int | None = None) -> float:
         """GPU microseconds per call of ``fn``: ``calls`` calls (by default ``_queued_calls``) issued while a GPU
         sleep holds the stream, so that they run back to back whatever the host does meanwhile (other threads, the
-        GIL). The sleep grows until the host queues them all before it ends, up to QUEUED_MAX_SLEEP_CYCLES; past
+        GIL). The sleep starts at QUEUED_SLEEP_MARGIN times the last timing's host time and grows until the host
+        queues them all before it ends, up to QUEUED_MAX_SLEEP_CYCLES; past
         that the count halves, down to QUEUED_MIN. NaN when the host cannot queue even those within the longest
         sleep (the span would be the host's pace). Without ``torch.cuda._sleep``, one timed batch."""
         if calls is None:
@@ -319,20 +328,27 @@ class CudaBenchmarker:
         fn()
         sleep = getattr(torch.cuda, "_sleep", None)
         stream = torch.cuda.current_stream()
-        cycles = self._sleep_cycles  # where the last queued timing of this re-timing got every call in
+        cycles = self._sleep_cycles  # sized by the last queued timing's host (QUEUED_SLEEP_MARGIN)
         while True:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            slept, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             stream.synchronize()
             if sleep is not None:
+                slept.record(stream)
                 sleep(cycles)
             start.record(stream)
+            t0 = _host_clock()
             for _ in range(calls):
                 fn()
             end.record(stream)
+            host_s = _host_clock() - t0
             in_time = sleep is None or not start.query()  # the GPU still asleep: every call was queued behind it
             end.synchronize()
             if in_time:
-                self._sleep_cycles = cycles
+                if sleep is not None:
+                    sleep_ms = slept.elapsed_time(start)
+                    if sleep_ms > 0:
+                        want = QUEUED_SLEEP_MARGIN * host_s * 1000.0 / sleep_ms * cycles
+                        self._sleep_cycles = int(min(QUEUED_MAX_SLEEP_CYCLES, max(QUEUED_SLEEP_CYCLES, want)))
                 return 1000.0 * start.elapsed_time(end) / calls, calls
             if cycles < QUEUED_MAX_SLEEP_CYCLES:
                 cycles *= 4
