@@ -9,6 +9,13 @@ sample is already ``--cutoff-factor`` times slower than the best of this problem
 status "cutoff" with that one sample (hopeless configurations cost one sample, not a full timing). The
 family's default configuration is measured first so the cut-off has a sensible reference from the start.
 
+With ``--gpus N`` (N > 1) the run is spread over N GPUs: this process compiles every family's space into the
+cubin cache first (``BAGF_COMPILE_WORKERS`` NVRTC threads: give it the machine's cores), then one child process per
+GPU records its share of the (problem, family) pairs, balanced by their configuration counts, into its own
+``OUT.gpu<i>.json.gz`` (loading the cached cubins, compiling nothing), and the children's rows are merged into OUT.
+Compiling is CPU-bound and measuring one GPU's work, so the whole spaces of the tensor-core families (thousands of
+cubins each) fit a machine with many cores and GPUs where one GPU would take hours.
+
 Rows are appended to ``OUT.partial.jsonl`` as they are measured; after every (problem, family) the
 compressed file OUT (format ``bagf-recorded-space/1``, benchmarks/data/README.md) is rewritten from it.
 A run stopped by ``--limit-seconds`` (per problem and family, measuring only) or killed resumes where it
@@ -68,15 +75,19 @@ class Partial:
 
     def __init__(self, path: Path):
         self.path = path
-        self.lines: list[dict] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    try:
-                        self.lines.append(json.loads(line))
-                    except json.JSONDecodeError:  # a line cut by a kill: the row is measured again
-                        pass
+        self.lines: list[dict] = self.read(path) if path.exists() else []
         self._f = open(path, "a")
+
+    @staticmethod
+    def read(path: Path) -> list[dict]:
+        lines = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    lines.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut by a kill: the row is measured again
+                    pass
+        return lines
 
     def add(self, obj: dict) -> None:
         self.lines.append(obj)
@@ -125,6 +136,123 @@ class Partial:
             for fam in p["families"].values():
                 fam["complete"] = fam["complete"] or len(fam["records"]) >= fam["valid"]
         return [by[n] for n in order]
+
+
+def assign(items: list[tuple[str, str, int]], gpus: int) -> list[list[tuple[str, str]]]:
+    """Split (problem, family, configurations) work items over ``gpus`` lists, longest first onto the least loaded
+    (LPT scheduling: within 4/3 of the best split's longest list). Ties go to the lowest GPU index."""
+    loads = [0] * gpus
+    out: list[list[tuple[str, str]]] = [[] for _ in range(gpus)]
+    for problem, family, n in sorted(items, key=lambda it: (-it[2], it[0], it[1])):
+        i = loads.index(min(loads))
+        out[i].append((problem, family))
+        loads[i] += n
+    return out
+
+
+def merge_partials(into: Partial, paths: list[Path]) -> int:
+    """Append every row, cuDNN timing and status line of the child partial files ``paths`` that ``into`` does not
+    hold yet (a resumed merge adds nothing twice); returns how many lines were added."""
+    seen = {json.dumps(x, sort_keys=True) for x in into.lines}
+    added = 0
+    for path in paths:
+        if not path.exists():
+            continue
+        for x in Partial.read(path):
+            key = json.dumps(x, sort_keys=True)
+            if x.get("kind") in ("row", "cudnn", "status") and key not in seen:
+                seen.add(key)
+                into.add(x)
+                added += 1
+    return added
+
+
+def _child_argv(args, out: Path, family: str, problems: list[str]) -> list[str]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--families", family,
+            "--problems", ",".join(problems), "--limit-seconds", str(args.limit_seconds),
+            "--cutoff-factor", str(args.cutoff_factor), "--warmup-ms", str(args.warmup_ms), "--rep-ms", str(args.rep_ms),
+            "--max-reps", str(args.max_reps), "--seed", str(args.seed)]
+    return argv + (["--sample", str(args.sample)] if args.sample else [])
+
+
+def record_parallel(args, families: list[str], problems: list[str], known: dict) -> int:
+    """``--gpus N``: compile here, record on N GPUs in child processes, merge (see the module's docstring)."""
+    import os
+    import subprocess
+    import threading
+
+    import torch
+
+    from bagf_torch import runtime
+
+    if torch.cuda.device_count() < args.gpus:
+        print(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPU(s)", file=sys.stderr)
+        return 2
+    torch.cuda.set_device(0)
+    dev = runtime.get().device(0)
+    compiler = dev.compiler
+    smem = compiler.limits["shared_memory_per_block_optin"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Partial(out.with_name(out.name + ".partial.jsonl"))
+    meta = partial.meta()
+    if meta is None:
+        meta = environment(dev)
+        meta["timing"] = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_reps": args.max_reps,
+                          "cutoff_factor": args.cutoff_factor, "l2_flush": False}
+        meta["gpus"] = args.gpus
+        partial.add({"kind": "meta", "meta": meta})
+    fam_info, items = {}, []
+    t0 = time.monotonic()
+    for fname in families:
+        family = FAMILIES[fname]
+        space = family.space(smem)
+        valid = space.valid_configs()
+        rule = getattr(family, "problem_rule", None)
+        if rule is not None:
+            valid = [c for c in valid if any(rule(c, known[p]) is None for p in problems)]
+        fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
+                           "raw_size": space.size, "valid": len(valid)}
+        if args.sample and args.sample < len(valid):
+            import random
+
+            valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
+            valid = list({config_key(c): c for c in valid}.values())
+            fam_info[fname]["sample"] = {"size": len(valid), "seed": args.seed}
+        applies = getattr(family, "applies", None)
+        mine = [p for p in problems if applies is None or applies(known[p]) is None]
+        items += [(p, fname, sum(rule is None or rule(c, known[p]) is None for c in valid)) for p in mine]
+        t = time.monotonic()
+        compiler.prefetch([(family, c) for c in valid])
+        print(f"{fname}: {len(valid)} configurations compiled into the cache in {time.monotonic() - t:.0f} s "
+              f"({compiler.workers} threads)", flush=True)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(args.gpus)]
+    shares = assign(items, args.gpus)
+    children = [out.with_name(f"{out.name.removesuffix('.json.gz')}.gpu{i}.json.gz") for i in range(args.gpus)]
+    failed: list[str] = []
+
+    def run_gpu(i: int) -> None:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[i])
+        with open(children[i].with_name(children[i].name + ".log"), "a") as log:
+            for fname in families:
+                ps = [p for p, f in shares[i] if f == fname]
+                if ps:
+                    rc = subprocess.call(_child_argv(args, children[i], fname, ps), env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+                    if rc != 0:
+                        failed.append(f"GPU {ids[i]} {fname}: exit {rc}")
+
+    threads = [threading.Thread(target=run_gpu, args=(i,)) for i in range(args.gpus) if shares[i]]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    added = merge_partials(partial, [c.with_name(c.name + ".partial.jsonl") for c in children])
+    write_recording(out, meta, partial.document(fam_info))
+    print(f"wrote {out} ({FORMAT}): {added} lines merged from {len(threads)} GPUs in {time.monotonic() - t0:.0f} s"
+          + (f"; failed: {'; '.join(failed)} (their logs: {out.parent}/*.gpu*.log)" if failed else ""))
+    return 1 if failed else 0
 
 
 def environment(dev) -> dict:
@@ -239,6 +367,8 @@ def main(argv=None) -> int:
                     help="record a random sample of this many valid configurations per family (plus the default) "
                          "instead of the whole space; the recording is then partial")
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="record on this many GPUs at once (compile here, one child process per GPU, merge)")
     ap.add_argument("--list", action="store_true", help="print the known problems and exit")
     args = ap.parse_args(argv)
 
@@ -258,6 +388,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("record_space.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
+    if args.gpus > 1:
+        return record_parallel(args, families, problems, known)
     from bagf_torch import runtime
     from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace
 

@@ -500,3 +500,35 @@ def test_first_call_says_where_the_time_outside_the_tuner_went(first_call):
                      "context 0.8 s, building the model 0.0 s, discovery 0.5 s, torch's conv timed per problem 0.9 s, "
                      "waiting for the start points' compiles (and the strategy's imports) after that 4.9 s; ")
     assert first_call._outside_words({"command_phases": None, "setup": None}) == ""
+
+
+def test_record_space_spreads_work_over_gpus_and_merges_the_childrens_rows_once(tmp_path):
+    """record_space.py --gpus: the (problem, family) items are split longest first onto the least loaded GPU, and
+    the children's partial files merge into one recording holding every row once, however often the merge runs."""
+    rec = _script("record_space")
+    items = [("a", "f", 100), ("b", "f", 60), ("c", "f", 50), ("d", "f", 40), ("e", "g", 10)]
+    shares = rec.assign(items, 2)
+    loads = [sum(n for p, f, n in items if (p, f) in share) for share in shares]
+    assert sorted(loads) == [120, 140] and sorted(x for s in shares for x in s) == sorted((p, f) for p, f, _ in items)
+    assert rec.assign(items, 8)[5:] == [[], [], []]  # more GPUs than items: the rest idle
+    conv = {"n": 1}
+    children = []
+    for i, rows in enumerate([[(1, 2.0), (2, 3.0)], [(3, 1.5)]]):
+        child = rec.Partial(tmp_path / f"x.gpu{i}.json.gz.partial.jsonl")
+        child.add({"kind": "meta", "meta": {"gpu": i}})
+        child.add({"kind": "cudnn", "problem": f"p{i}", "conv": conv, "cudnn": {"median_us": 9.0}})
+        for c, t in rows:
+            child.add({"kind": "row", "problem": f"p{i}", "conv": conv, "family": "f",
+                       "row": {"config": [c], "status": "ok", "median_us": t}})
+        child.add({"kind": "status", "problem": f"p{i}", "conv": conv, "family": "f", "complete": True,
+                   "seconds": 1.0})
+        children.append(child.path)
+    main = rec.Partial(tmp_path / "x.json.gz.partial.jsonl")
+    main.add({"kind": "meta", "meta": {"gpus": 2}})
+    assert rec.merge_partials(main, children + [tmp_path / "absent.partial.jsonl"]) == 7
+    assert rec.merge_partials(main, children) == 0  # nothing twice
+    doc = rec.Partial(main.path).document({"f": {"knobs": ["X"], "default": [1], "raw_size": 3, "valid": 3}})
+    by = {p["name"]: p for p in doc}
+    assert sorted(by) == ["p0", "p1"] and by["p0"]["cudnn"] == {"median_us": 9.0}
+    assert [r["config"] for r in by["p0"]["families"]["f"]["records"]] == [[1], [2]]
+    assert by["p1"]["families"]["f"]["complete"] and by["p1"]["families"]["f"]["seconds"] == 1.0
