@@ -401,6 +401,31 @@ def _benchmark_module(name):
     return mod
 
 
+def test_a_recording_of_another_space_is_excluded_not_replayed_as_never(tmp_path):
+    """A recording made before its family's knobs changed matches no configuration of today's space: every strategy
+    would 'never' reach 95% for that reason alone, so strategies.py leaves it out and says why."""
+    import gzip
+    import json
+
+    from bagf_torch.tuning.replay import load_recording, write_recording
+
+    bench = _benchmark_module("strategies")
+    path, rec = _tiny_recording(tmp_path, keep_whole=("tiny_a",))
+    assert bench.stale_reason(rec.problems[0]) is None
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    fam = doc["problems"][0]["families"]["implicit_gemm"]
+    fam["knobs"], fam["default"] = fam["knobs"][:-1], fam["default"][:-1]  # one knob fewer than today's space
+    for r in fam["records"]:
+        r["config"] = r["config"][:-1]
+    write_recording(path, doc["meta"], doc["problems"])
+    assert "record it again" in bench.stale_reason(load_recording(path).problems[0])
+    fam["knobs"], fam["default"] = fam["knobs"] + ["VEC"], fam["default"] + [4]
+    for r in fam["records"]:
+        r["config"] = r["config"] + [3]  # the knobs match, but VEC=3 is no value of today's space
+    write_recording(path, doc["meta"], doc["problems"])
+    assert "no recorded configuration is valid" in bench.stale_reason(load_recording(path).problems[0])
+
+
 @pytest.mark.parametrize("name", ["anneal", "genetic", "random", "ax"])
 def test_every_strategy_finds_optimum_of_a_recorded_space_with_full_budget(tmp_path, name):
     bench = _benchmark_module("strategies")
