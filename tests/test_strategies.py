@@ -10,7 +10,7 @@ import pytest
 
 from bagf_torch.kernels import implicit_gemm
 from bagf_torch.kernels.space import Space, config_key
-from bagf_torch.tuning.common import Budget, Objective, Outcome
+from bagf_torch.tuning.common import Budget, Outcome
 from bagf_torch.tuning.replay import ALEXNET_CONV2, ReplayEvaluator, synthetic_times
 from bagf_torch.tuning.strategies import STRATEGIES, check_options, run
 
