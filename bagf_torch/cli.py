@@ -213,10 +213,8 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None, **phas
 def tune_command(args) -> int:
     import torch
 
-    from . import distributed
+    from . import distributed, settings
     from .pretune import tune_model
-
-    from . import settings
     from .tuning import strategies
 
     t0 = time.perf_counter()
