@@ -814,6 +814,12 @@ def test_h16_split_k_every_slice_count_correct_in_every_format_and_schedule_inde
             y.fill_(float("nan"))
             g.replay()
             assert torch.equal(y, first)
+        # the finalists' re-timing captures such a plan (workspace, memset and all) in a graph of its own
+        from bagf_torch.tuning.measure import CudaBenchmarker, _graph_pool
+
+        captured = CudaBenchmarker._capture(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), 10, _graph_pool())
+        assert captured is not None and 0.0 < CudaBenchmarker._replay(*captured) < 1000.0
+        captured[0].reset()
 
 
 def _h16_model(dtype, layout):
@@ -1048,6 +1054,26 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
     stats = json.loads(res.stdout.strip().splitlines()[-1])
     assert stats["tuned"] == 0 and stats["nvrtc"] == 0 and stats["hits"] == 10, stats
     print(f"warm second process: {stats}")  # setup seconds (imports, extension load, cubin loads) for the record
+
+
+def test_a_call_that_cannot_be_captured_is_left_to_queued_timing_with_the_current_stream_kept():
+    """The finalists' graphs: a call that breaks a capture (a host sync) gives None, the caller's current stream is
+    what it was, and the next capture in the same pool works (a replay of a captured call times its GPU work)."""
+    from bagf_torch.tuning.measure import CudaBenchmarker, _graph_pool
+
+    x = torch.randn(1 << 20, device="cuda")
+    before = torch.cuda.current_stream()
+    pool = _graph_pool()
+
+    def syncs():
+        (x * 2).sum().item()  # a device-to-host copy: not allowed while the stream captures
+
+    assert CudaBenchmarker._capture(syncs, 5, pool) is None
+    assert torch.cuda.current_stream() == before
+    captured = CudaBenchmarker._capture(lambda: x * 2, 5, pool)
+    assert captured is not None and 0.0 < CudaBenchmarker._replay(*captured) < 1000.0
+    captured[0].reset()
+    assert torch.cuda.current_stream() == before
 
 
 def test_finalists_are_timed_by_gpu_time_whatever_the_host_does():

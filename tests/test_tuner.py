@@ -697,6 +697,46 @@ def test_queued_timing_sizes_its_next_sleep_by_the_hosts_last_pace_both_ways(mon
     assert sim.sleeps == [20 * QUEUED_SLEEP_CYCLES]
 
 
+def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queued_where_not(monkeypatch):
+    """The finalists' re-timing replays a CUDA graph of each call where one can be captured (the GPU time a graph
+    pays: a queued eager call also pays the gaps between its launches), in one shared memory pool, falls back to
+    queued calls for a call that cannot be captured, and releases every graph, also when a timing raises."""
+    from bagf_torch.tuning import measure
+    from bagf_torch.tuning.measure import CudaBenchmarker
+
+    sim = _SimGPU(monkeypatch)
+    fns = {1: sim.fn(5.0, 20.0), 2: sim.fn(5.0, 30.0)}
+    reset, pools = [], []
+
+    class Graph:
+        def __init__(self, us):
+            self.us = us
+
+        def reset(self):
+            reset.append(self.us)
+
+    def capture(fn, calls, pool=None):
+        pools.append(pool)
+        return None if fn is fns[2] else (Graph(17.0), calls)
+
+    monkeypatch.setattr(measure, "_graph_pool", lambda: "pool")
+    monkeypatch.setattr(CudaBenchmarker, "_call", staticmethod(lambda ws, h: fns[h]))
+    monkeypatch.setattr(CudaBenchmarker, "_queued_calls", lambda self, fn: 40)
+    monkeypatch.setattr(CudaBenchmarker, "_capture", staticmethod(capture))
+    monkeypatch.setattr(CudaBenchmarker, "_replay", staticmethod(lambda graph, calls: graph.us))
+    ws = types.SimpleNamespace(problem=types.SimpleNamespace(tf32=False))
+    times = CudaBenchmarker().remeasure(ws, [1, 2], rounds=3)
+    assert times == [pytest.approx(17.0), pytest.approx(30.0)] and reset == [17.0] and pools == ["pool", "pool"]
+
+    def broken(graph, calls):
+        raise RuntimeError("a replay that fails")
+
+    monkeypatch.setattr(CudaBenchmarker, "_replay", staticmethod(broken))
+    with pytest.raises(RuntimeError):
+        CudaBenchmarker().remeasure(ws, [1, 2], rounds=3)
+    assert reset == [17.0, 17.0]
+
+
 def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(monkeypatch):
     """remeasure returns one median per handle, in order, from the rounds whose calls were all queued in time (a
     host-paced round is only an upper bound) and NaN for a handle with none; it restarts the sleep each time and

@@ -178,6 +178,15 @@ leave every later short candidate of the search behind the longest sleep, ~65 ms
 
 _host_clock = time.perf_counter  # (a module attribute: the tests' simulated stream replaces it)
 
+def _graph_pool():
+    """One memory pool for the finalists' graphs (None where this torch has no CUDA graphs: each capture then fails
+    and the finalists are timed queued)."""
+    try:
+        return torch.cuda.graph_pool_handle()
+    except (RuntimeError, AttributeError, AssertionError):
+        return None
+
+
 _switch_lock = threading.Lock()
 _switch_depth = 0
 _switch_saved = 0.0
@@ -279,28 +288,88 @@ class CudaBenchmarker:
             return self.time(self._call(ws, handle), cutoff_us)
 
     def remeasure(self, ws: Workspace, handles: Sequence[int], rounds: int = 5) -> list[float]:
-        """Re-time the finalists and cuDNN interleaved, by GPU time (``queued``); medians in microseconds, in the
-        order of ``handles``; NaN for a handle none of whose timings could keep the host out of the span. The
-        winner is picked from these. GPU time is what a CUDA graph replays, and our plans' host cost per call is
-        below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that wins by GPU time is not
-        slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a call's host cost can
-        exceed its GPU time). Timed call by call between events, a span holds the host's pace whenever the host is
-        slower than the GPU, e.g. with a search step or compiles busy on other threads."""
+        """Re-time the finalists and cuDNN interleaved, by GPU time replayed from a CUDA graph of each (``_capture``;
+        ``queued`` calls for one that cannot be captured); medians in microseconds, in the order of ``handles``; NaN
+        for a handle none of whose timings could keep the host out of the span. The winner is picked from these.
+
+        A graph is what a plan's GPU time is judged by (the layer benchmark's graph columns): queued eager calls also
+        pay the GPU's gaps between a call's launches, which a graph closes, and at batch 1 in bf16 that put a split-K
+        plan at 11.2 us ahead of cuDNN's 11.8 where their graphs take 11.0 and 10.3. Our plans' host cost per call
+        is below torch's conv (benchmarks/results/bench_layers_overhead_h200.md), so a plan that wins by GPU time is
+        not slower eager either (it may be faster eager where cuDNN keeps the plan: at N = 1 a call's host cost can
+        exceed its GPU time). Timed call by call between events, a span would hold the host's pace whenever the host
+        is slower than the GPU, e.g. with a search step or compiles busy on other threads.
+
+        The graphs share one memory pool (they are replayed one after another, never at once, and their outputs are
+        never read) and are released before this returns."""
         self._sleep_cycles = QUEUED_SLEEP_CYCLES
         with short_switch_interval(), cudnn_conv_mode(enabled=True, benchmark=True, deterministic=False,
                                                        tf32=ws.problem.tf32):
-            per, _ = self._queued_rounds([self._call(ws, h) for h in handles], rounds)
+            fns = [self._call(ws, h) for h in handles]
+            counts = [self._queued_calls(fn) for fn in fns]
+            graphs: list = []
+            try:
+                pool = _graph_pool()
+                graphs = [self._capture(fn, n, pool) for fn, n in zip(fns, counts)]
+                per, _ = self._queued_rounds(fns, rounds, counts, graphs)
+            finally:
+                for g in graphs:
+                    if g is not None:
+                        g[0].reset()
             return [statistics.median(t) if t else math.nan for t in per]
 
-    def _queued_rounds(self, fns: Sequence[Callable[[], object]], rounds: int) -> tuple[list[list[float]], list[int]]:
-        """``rounds`` round-robin queued timings of ``fns`` (each its own call count, from ``_queued_calls``, as
-        ``_queued`` settles it): per fn the timings whose calls were all queued in time (a host-paced timing is only
-        an upper bound: left out), and the call counts they ended on."""
-        counts = [self._queued_calls(fn) for fn in fns]
+    @staticmethod
+    def _capture(fn: Callable[[], object], calls: int, pool=None):
+        """(graph, calls): ``calls`` calls of ``fn`` captured in one CUDA graph (in ``pool``) after a warm-up call on
+        a side stream, uploaded by one replay; or None where the call cannot be captured (it is then timed queued).
+        Each call's output is dropped before the next, so the pool holds about one call's tensors. The capture is
+        thread-local: a strategy step left running on another thread neither breaks it nor is captured. A failed
+        capture leaves the caller's current stream as it was."""
+        stream = torch.cuda.current_stream()
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                fn()
+            stream.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                for _ in range(calls):
+                    fn()
+            graph.replay()  # the first replay uploads the graph: not part of any timing
+            return graph, calls
+        except (RuntimeError, AssertionError):  # (AssertionError: torch without CUDA, the tests' simulated stream)
+            if isinstance(stream, torch.cuda.Stream):  # (torch.cuda.graph leaves its own current when capture fails)
+                torch.cuda.set_stream(stream)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return None
+
+    @staticmethod
+    def _replay(graph, calls: int) -> float:
+        """GPU microseconds per call of one timed replay of a captured graph."""
+        stream = torch.cuda.current_stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        graph.replay()
+        end.record(stream)
+        end.synchronize()
+        return 1000.0 * start.elapsed_time(end) / calls
+
+    def _queued_rounds(self, fns: Sequence[Callable[[], object]], rounds: int, counts: list[int] | None = None,
+                       graphs: Sequence | None = None) -> tuple[list[list[float]], list[int]]:
+        """``rounds`` round-robin timings of ``fns``: a replay of its graph where ``graphs`` has one (``_capture``),
+        else a queued timing (each fn its own call count, ``counts`` or from ``_queued_calls``, as ``_queued``
+        settles it). Per fn the timings whose calls were all queued in time (a host-paced timing is only an upper
+        bound: left out), and the call counts they ended on."""
+        counts = list(counts) if counts is not None else [self._queued_calls(fn) for fn in fns]
         per: list[list[float]] = [[] for _ in fns]
         for _ in range(rounds):
             for i, fn in enumerate(fns):
-                us, counts[i] = self._queued(fn, counts[i])
+                if graphs is not None and graphs[i] is not None:
+                    us = self._replay(*graphs[i])
+                else:
+                    us, counts[i] = self._queued(fn, counts[i])
                 if us == us:
                     per[i].append(us)
         return per, counts
