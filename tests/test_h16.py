@@ -89,6 +89,24 @@ def test_the_spaces_rules_hold_for_every_valid_configuration():
         assert h16.name(c).startswith("implicit_gemm_h16_" + ("bf16" if c["DT"] else "fp16"))
 
 
+@pytest.mark.parametrize("split", [1, 2, 3, 4, 5, 7, 8, 16])
+def test_split_k_slices_cover_every_k_step_once_and_evenly(split):
+    """The even split: slice z reduces [z*steps//S, (z+1)*steps//S); the slices cover every step exactly once, in
+    order, their sizes differ by at most one, and the problem rule's 2 K-steps per slice is floor(steps/S) >= 2,
+    i.e. the smallest slice's size."""
+    for steps in list(range(0, 300)) + [1000, 1001, 4095, 123457]:
+        slices = [h16.split_range(z, steps, split) for z in range(split)]
+        covered = [t for r in slices for t in r]
+        assert covered == list(range(steps)), (steps, split)
+        sizes = [len(r) for r in slices]
+        assert max(sizes) - min(sizes) <= (1 if steps else 0) and min(sizes) == steps // split
+        if split > 1 and steps:
+            p = _p(n=1, c=16 * steps, r=1, s=1)  # a 1x1 conv over 16 * steps channels: `steps` K-steps of 16
+            c = dict(h16.DEFAULT, BK=16, BM=32, BN=32, WM=1, WN=1, SPLIT=split)
+            if split in h16.PARAMS["SPLIT"] and steps < 300:
+                assert (h16.problem_rule(c, p) is None) == (min(sizes) >= 2), (steps, split)
+
+
 def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():
     from bagf_torch.tuning.tuner import Tuner
 

@@ -215,3 +215,44 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     got = [tuple(map(int, line.split())) for line in out.splitlines()]
     assert got == [dr.patch(c, p) for c, p in cases]
     assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch
+
+
+_SLICE_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "implicit_gemm_h16.cuh"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i += 2) {  // num_k, split -> the first step of each slice and the end
+    const int num_k = atoi(argv[i]), split = atoi(argv[i + 1]);
+    for (int z = 0; z <= split; ++z) printf("%d ", bagf::h16::slice_begin(z, num_k, split));
+    printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_h16_split_k_slices_match_python_on_host(tmp_path):
+    """The kernel's even split (``h16::slice_begin``) equals ``implicit_gemm_h16.split_range`` for every slice count
+    of the space and K-step counts from 0 up (num_k near 2^31 and split up to the host's 65535 too: no overflow):
+    consecutive slices, every step once, the problem rule's floor(steps / SPLIT) the smallest share."""
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    src = tmp_path / "slice_host.cu"
+    src.write_text(_SLICE_HOST)
+    exe = tmp_path / "slice_host"
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    cases = [(k, s) for s in h16.PARAMS["SPLIT"] + (3, 5, 7) for k in list(range(0, 70)) + [333, 1001, 2**31 - 1]]
+    cases += [(k, 65535) for k in (0, 1, 65534, 65535, 65536, 2**31 - 1)]  # the host's largest split: z*r near 2^32
+    args = [v for case in cases for v in case]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [list(map(int, line.split())) for line in out.splitlines()]
+    assert len(rows) == len(cases)
+    for (k, s), bounds in zip(cases, rows):
+        want = [h16.split_range(z, k, s) for z in range(s)]
+        assert bounds == [r.start for r in want] + [k], (k, s, bounds)
+        assert all(want[z].stop == bounds[z + 1] for z in range(s))
+        assert min(len(r) for r in want) == k // s

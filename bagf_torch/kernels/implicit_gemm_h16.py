@@ -24,11 +24,11 @@ BK        16 32 64             (multiples of the mma's K = 16)
 WM, WN    1 2 4                threads = 32*WM*WN; shared memory 2*2*(BM+BN)*(BK+8) bytes (two
                                buffers) <= the device's opt-in per-block limit; estimated registers
                                per thread <= 255 and * threads <= 65536
-SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); on a problem
-                               (:func:`problem_rule`): 2 K-steps per slice or more (ceil(steps /
-                               SPLIT) each; trailing slices may be left empty), the workspace
-                               SPLIT * tiles * BM * BN * 4 bytes <= 32 MiB (a grid too small to fill
-                               the GPU: batch 1, late layers)
+SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); slice z reduces
+                               K-steps [z*steps/SPLIT, (z+1)*steps/SPLIT) (an even split); on a
+                               problem (:func:`problem_rule`): floor(steps / SPLIT) >= 2, i.e. every
+                               slice 2 K-steps or more, and the workspace SPLIT * tiles * BM * BN * 4
+                               bytes <= 32 MiB (a grid too small to fill the GPU: batch 1, late layers)
 ========  ===================  =====================================================================
 
 Shapes are run-time arguments and every access is bounds-checked (C = 3 and channel counts that are not multiples
@@ -135,10 +135,16 @@ def applies(problem) -> str | None:
     return None
 
 
+def split_range(z: int, k_steps: int, split: int) -> range:
+    """The K-steps slice ``z`` of ``split`` reduces: [z*k_steps // split, (z+1)*k_steps // split), the kernel's
+    integer arithmetic. The slices cover every step once, in order, and their sizes differ by at most one."""
+    return range(z * k_steps // split, (z + 1) * k_steps // split)
+
+
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
-    """None when ``c`` was compiled for the problem's dtype and memory format and, with split-K, gives each slice at
-    least 2 K-steps of the problem's reduction per slice (each slice takes ceil(steps / SPLIT) of them, so the last
-    ones may get none and add zeros) within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
+    """None when ``c`` was compiled for the problem's dtype and memory format; with split-K, every slice gets at
+    least 2 K-steps of the problem's reduction (the even split :func:`split_range` gives each floor(steps / SPLIT)
+    or one more), within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
     want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
     if (c["DT"], c["NHWC"]) != want:
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; "
@@ -146,7 +152,7 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     split = c.get("SPLIT", 1)
     if split > 1:
         k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
-        if k_steps < 2 * split:
+        if k_steps // split < 2:
             return f"split-K of {split} leaves under 2 of the problem's {k_steps} K-steps per slice"
         need = workspace_bytes(c, problem)
         if need > SPLIT_WORKSPACE_LIMIT:

@@ -26,11 +26,12 @@
 //   BK    K-step (a multiple of 16)
 //
 // Split-K, a run-time choice (gridDim.z = S slices; one cubin serves every S, so the tuner's split knob costs no
-// compile): for grids too small to fill the GPU (batch 1, late layers), slice z of an output tile reduces its share
-// of the K-steps, writes its fp32 sums into the workspace ``ws`` (the host's: S * tiles * BM * BN floats, then one
-// zeroed counter per tile) and counts itself in with an atomic; the slice that arrives last adds the S partial sums
-// in slice order 0, 1, ... (the same sum whichever slice arrives last: the output does not depend on the schedule),
-// then bias, and rounds once to the output dtype. S = 1 ignores ``ws`` (the host passes null).
+// compile): for grids too small to fill the GPU (batch 1, late layers), slice z of an output tile reduces K-steps
+// [z*steps/S, (z+1)*steps/S) (an even split: the shares differ by at most one step), writes its fp32 sums into the
+// workspace ``ws`` (the host's: S * tiles * BM * BN floats, then one zeroed counter per tile) and counts itself in
+// with an atomic; the slice that arrives last adds the S partial sums in slice order 0, 1, ... (the same sum
+// whichever slice arrives last: the output does not depend on the schedule), then bias, and rounds once to the
+// output dtype. S = 1 ignores ``ws`` (the host passes null).
 //
 // Safety: every access to x, w, bias and y is bounds-checked against the run-time shape (the split-K workspace
 // is sized by the host for the launch's grid: bagf_ext.cpp split_workspace_floats); 16-byte loads only where the
@@ -96,6 +97,15 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const unsigned sho
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
 
+// Split-K's even split: slice z of `split` reduces K-steps [slice_begin(z), slice_begin(z + 1)), i.e.
+// [floor(z*num_k/split), floor((z+1)*num_k/split)), so the shares differ by at most one step and the slices cover
+// every step once, in order. The product is 64-bit (z <= 65535, the host's limit on split, times num_k < 2^31).
+// (A 32-bit form, z*q + z*r/split, made ptxas give the default tile 214 registers instead of 166 on nvcc 13.0.)
+// tests/test_nvcc.py runs it on the host against the Python rule.
+__host__ __device__ __forceinline__ int slice_begin(long long z, int num_k, int split) {
+  return static_cast<int>(z * num_k / split);
+}
+
 // Eight 16-bit values packed as one 16-byte register group.
 struct Chunk {
   unsigned v[4];
@@ -149,11 +159,11 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
   const int NPQ = p.N * PQ;
   const int HW = p.H * p.W;
   const int num_k = (CRS + BK - 1) / BK;
-  // this block's share of the K-steps (split-K over gridDim.z slices); a slice past the end has none: zeros
+  // this block's share of the K-steps (split-K over gridDim.z slices): slice z takes [z*num_k/S, (z+1)*num_k/S),
+  // an even split (shares differ by at most one step; a slice is empty, and adds zeros, only when num_k < S)
   const int split = static_cast<int>(gridDim.z);
-  const int per_split = (num_k + split - 1) / split;
-  const int t_begin = min(num_k, static_cast<int>(blockIdx.z) * per_split);
-  const int t_end = min(num_k, t_begin + per_split);
+  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
+  const int t_end = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split);
   const bool w_vec = (CRS % 8) == 0 && ((reinterpret_cast<unsigned long long>(w) & 15ull) == 0);
   const bool x_vec = NHWC && (p.C % 8) == 0 && ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0);
 
