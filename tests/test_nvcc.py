@@ -217,6 +217,40 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch
 
 
+def test_h16_pipeline_stages_compile_without_spills(tmp_path):
+    """implicit_gemm_h16's cp.async pipeline (ST 3 and 4) next to the register path (ST 2) in both dtypes: the
+    default tile and a batch-1 start point at every ST, the largest shared memory of the space, and the smallest
+    block; each an entry of its own, the default-sized ones without a stack frame or spills."""
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    valid = h16.space().valid_configs()
+    largest = max(valid, key=lambda c: (h16.smem_bytes(c), -h16.estimated_registers(c)))
+    smallest = min(valid, key=lambda c: (h16.threads(c), h16.smem_bytes(c)))
+    plain = [dict(h16.DEFAULT, DT=dt, ST=st) for dt in (0, 1) for st in h16.PARAMS["ST"]]
+    plain += [dict(h16.DEFAULT, BM=64, BN=64, ST=st) for st in h16.PARAMS["ST"]]
+    configs = plain + [largest, smallest, dict(smallest, NHWC=1, ST=4)]
+    assert largest["ST"] == 4 and all(h16.space().is_valid(c) for c in configs)
+    exprs = list(dict.fromkeys(h16.name_expression(c) for c in configs))
+    src = tmp_path / "h16.cu"
+    src.write_text(f'#include "{h16.SOURCE}"\n' +
+                   "".join(f"template __global__ void {e}({h16.KERNEL_ARGS});\n" for e in exprs))
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "h16.cubin")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    info = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                      r"(\d+) bytes spill loads\n.*?Used (\d+) registers", res.stderr)
+    assert len(info) == len(exprs), res.stderr[-3000:]
+    by_args = {}
+    for mangled, frame, stores, loads, regs in info:
+        args = tuple(int(v) for v in re.findall(r"Li(\d+)E", mangled))
+        by_args[args] = (int(frame), int(stores), int(loads), int(regs))
+    for c in plain:
+        got = by_args[tuple(c[k] for k in h16.TEMPLATE_ORDER)]
+        assert got[:3] == (0, 0, 0), (h16.name(c), got)
+        assert got[3] <= 255 and abs(got[3] - h16.estimated_registers(c)) <= 40, (h16.name(c), got)
+
+
 _SLICE_HOST = r"""
 #include <cstdio>
 #include <cstdlib>
