@@ -164,10 +164,10 @@ def _sample_configs(fam, n: int, seed: int):
     return [fam.DEFAULT, by_threads[0], by_threads[-1], by_smem[0], by_smem[-1]] + picked
 
 
-def _compile_and_check(compiler, fam, configs, shapes):
+def _compile_and_check(compiler, fam, configs, shapes, fmts=None):
     """Compile ``configs`` (every one must build), then run each on every shape the tuner would run it on, fresh
-    random data per shape, NaN-poisoned output against float64 (tuning.measure.CudaChecker); returns the
-    builds."""
+    random data per shape, NaN-poisoned output against float64 (tuning.measure.CudaChecker), in each of ``fmts``
+    (default: every format the family computes, each of which must run); returns the builds."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
     built = compiler.compile(fam, configs)
@@ -176,7 +176,7 @@ def _compile_and_check(compiler, fam, configs, shapes):
     checker = CudaChecker(compiler.ext)
     bad = []
     ran = set()
-    for fmt in _formats(fam):  # a 16-bit family: each dtype and memory format, against twice cuDNN's error there
+    for fmt in fmts or _formats(fam):  # a 16-bit family: each dtype and memory format, against twice cuDNN's error
         for shape in shapes:
             if fmt[1] == "nhwc" and (shape[1] == 1 or shape[2] * shape[3] == 1):
                 continue  # contiguous as well as channels_last: an NCHW problem (ConvProblem.from_call)
@@ -191,7 +191,7 @@ def _compile_and_check(compiler, fam, configs, shapes):
                 if out is not None:
                     bad.append((shape, fmt, fam.name(c), out.detail))
     assert not bad, bad[:10]
-    assert {fmt for _, fmt in ran} == set(_formats(fam)), "every format the family computes ran"
+    assert {fmt for _, fmt in ran} == set(fmts or _formats(fam)), "every format asked for ran"
     return built
 
 
@@ -822,6 +822,102 @@ def test_h16_split_k_every_slice_count_correct_in_every_format_and_schedule_inde
         captured[0].reset()
 
 
+# NHWC shapes with C % 8 == 0 for the cp.async pipeline (ST 3-4): K and N*P*Q off every tile, stride 2 and 4,
+# dilation 2, padding, C*R*S from 40 (one K-step of 64) to 1728 (108 of 16), uneven split-K shares (576 = 36 steps
+# of 16: 8 slices of 4-5; 18 of 32: 8 slices of 2-3; 9 of 64: 2 slices of 4-5)
+PIPE_SHAPES = [
+    (2, 24, 15, 13, 40, 3, 3, (2, 2), (1, 1), (1, 1), True),
+    (1, 16, 37, 41, 70, 5, 5, (4, 4), (2, 2), (1, 1), False),
+    (3, 8, 17, 19, 33, 3, 3, (1, 1), (2, 2), (2, 2), True),
+    (2, 64, 9, 7, 129, 3, 3, (1, 2), (1, 0), (1, 1), True),
+    (1, 192, 13, 13, 97, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    (1, 40, 6, 5, 20, 1, 1, (1, 1), (0, 0), (1, 1), False),
+]
+_PIPE_TILES = [dict(BM=64, BN=64, BK=32, WM=2, WN=2), dict(BM=32, BN=32, BK=16, WM=1, WN=1),
+               dict(BM=128, BN=32, BK=64, WM=4, WN=1)]
+
+
+def test_h16_pipeline_stages_match_the_register_path_on_odd_nhwc_shapes(compiler):
+    """ST 3 and 4 (the cp.async pipeline) in bf16 and fp16 channels_last, three block tiles, split-K 1, 2 and 8, on
+    odd NHWC shapes with C % 8 == 0: NaN-poisoned output within twice cuDNN's error against float64 wherever the
+    tuner would run them (CudaChecker), and bit for bit the output of ST = 2 (the register path: the same shared
+    memory contents, products in the same order). Then outside the problem rule: split-K 8 on 1-5 K-steps (empty
+    slices, slices shorter than the pipeline's prologue), also against ST = 2's bits."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("implicit_gemm_h16")
+    fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
+    configs = [dict(fam.DEFAULT, **t, ST=st, SPLIT=sp, DT=fam.DTYPES[d], NHWC=1)
+               for d, _ in fmts for t in _PIPE_TILES for st in (2, 3, 4) for sp in (1, 2, 8)]
+    assert all(fam.space().is_valid(c) for c in configs)
+    for st in (3, 4):  # every ST and SPLIT runs somewhere under the problem rule
+        for sp in (1, 2, 8):
+            assert any(_runs(fam, c, sh, f) for c in configs if (c["ST"], c["SPLIT"]) == (st, sp)
+                       for sh in PIPE_SHAPES for f in fmts)
+    built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, PIPE_SHAPES, fmts)))
+    checker = CudaChecker(compiler.ext)
+    op = compiler.ext.conv2d_inference
+    few = [(1, 8, 9, 11, 21, 1, 1, (1, 1), (0, 0), (1, 1), True),  # C*R*S = 8: 1 K-step, 7 of 8 slices empty
+           (2, 16, 7, 6, 40, 3, 3, (2, 1), (1, 1), (1, 1), False)]  # 144: 3 K-steps of 64, 5 of 16
+    differ = []
+    for fmt in fmts:
+        for shape in PIPE_SHAPES + few:
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            for c in configs:
+                if c["ST"] == 2 or c["DT"] != fam.DTYPES[fmt[0]]:
+                    continue
+                if shape in few:  # off the rule: run and checked here only
+                    out = checker.check(ws, built[fam.name(c)].handle)
+                    assert out is None, (shape, fmt, fam.name(c), out.detail)
+                elif not _runs(fam, c, shape, fmt):
+                    continue
+                with torch.no_grad():
+                    got = op(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle)
+                    want = op(ws.x, ws.w, ws.b, *ws.args, built[fam.name(dict(c, ST=2))].handle)
+                if not torch.equal(got, want):
+                    differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
+    assert not differ, differ[:10]
+
+
+def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compiler):
+    """An ST >= 3 plan handed channels_last tensors one element (2 bytes) off 16-byte alignment, input or weight or
+    both: the kernel's run-time check sends the launch down the register path (2-byte loads), so the output is
+    the aligned call's (the cp.async path's) bit for bit and within twice cuDNN's error, never a misaligned copy.
+    With C % 8 != 0 a pipelined plan also runs the register path (the problem rule never offers it there; a direct
+    caller can still hand it such a call)."""
+    fam = _family("implicit_gemm_h16")
+    for dtype in ("bfloat16", "float16"):
+        dt = getattr(torch, dtype)
+        cfgs = [dict(fam.DEFAULT, BM=64, BN=64, ST=st, SPLIT=sp, DT=fam.DTYPES[dtype], NHWC=1)
+                for st in (3, 4) for sp in (1, 2)]
+        handles = [b.handle for b in compiler.compile(fam, cfgs)]
+        for c_in, k in ((16, 24), (12, 20)):  # C % 8 == 0 (the pipeline where aligned), C = 12 (never)
+            x = torch.randn(2, c_in, 15, 13, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
+            w = (torch.randn(k, c_in, 3, 3, device="cuda") / (3 * c_in ** 0.5)).to(dt)
+            w = w.contiguous(memory_format=torch.channels_last)
+            b = torch.randn(k, device="cuda").to(dt)
+
+            def shifted(t):  # the same values one element past a 16-byte boundary, in the same memory format
+                flat = torch.empty(t.numel() + 1, device="cuda", dtype=dt)
+                out = flat[1:].as_strided(t.shape, t.stride())
+                out.copy_(t)
+                return out
+
+            xm, wm = shifted(x), shifted(w)
+            assert xm.data_ptr() % 16 and wm.data_ptr() % 16
+            assert xm.is_contiguous(memory_format=torch.channels_last) and not xm.is_contiguous()
+            ref = F.conv2d(x.double(), w.double(), b.double(), (2, 1), (1, 2), (1, 2))
+            stock = F.conv2d(x, w, b, (2, 1), (1, 2), (1, 2))
+            for c, h in zip(cfgs, handles):
+                with torch.no_grad():
+                    aligned = torch.ops.bagf.conv2d(x, w, b, [2, 1], [1, 2], [1, 2], h)
+                    _assert_within_cudnn(aligned, ref, stock, (dtype, fam.name(c)))
+                    for xi, wi in ((xm, w), (x, wm), (xm, wm)):
+                        off = torch.ops.bagf.conv2d(xi, wi, b, [2, 1], [1, 2], [1, 2], h)
+                        assert off.is_contiguous(memory_format=torch.channels_last)
+                        assert torch.equal(off, aligned), (dtype, c_in, fam.name(c), xi is xm, wi is wm)
+
+
 def _h16_model(dtype, layout):
     return _conv_model().to(getattr(torch, dtype)).to(memory_format=_memory_format(layout)).eval()
 
@@ -852,6 +948,12 @@ def test_h16_first_call_tunes_then_cache_hit_compile_and_cuda_graph(monkeypatch,
         assert all((r.problem.dtype, r.problem.layout) == fmt for r in rt.results)
         ran = [t for r in rt.results for t in r.trials if t.family == "implicit_gemm_h16" and t.outcome.ok]
         assert ran and all(r.family in ("aten", "implicit_gemm_h16") for r in rt.results), rt.results
+        # the cp.async pipeline (ST >= 3) only where every copy is a whole 16-byte run: never on the C = 3 layer
+        # nor in NCHW (the C = 16 channels_last layer may take it)
+        for r in rt.results:
+            tried = {t.config["ST"] for t in r.trials if t.family == "implicit_gemm_h16"}
+            if r.problem.c % 8 or layout == "nchw":
+                assert tried <= {2}, (r.problem.short(), tried)
         assert out.dtype is dt and out.is_contiguous(memory_format=mf)
         ref = _conv_model().to(dt).double()(x.double())  # the same weights (seed 0), rounded as the model holds them
         _assert_within_cudnn(out, ref, stock(x), fmt)

@@ -45,12 +45,15 @@ def test_the_start_point_and_the_searched_space_are_the_problems_dtype_and_forma
     p = _p(dtype, layout, n=128)  # a grid that fills the GPU: DEFAULT's block
     start = h16.default_for(p)
     assert (start["DT"], start["NHWC"]) == (h16.DTYPES[dtype], h16.LAYOUTS[layout])
+    assert start["ST"] == (3 if layout == "nhwc" else 2)  # C = 192: the NHWC problem takes the cp.async pipeline
     assert h16.space().invalid_reason(start) is None and h16.problem_rule(start, p) is None
     valid = h16.space().valid_configs()
     searched = [c for c in valid if h16.problem_rule(c, p) is None]
-    assert {(c["DT"], c["NHWC"]) for c in searched} == {(start["DT"], start["NHWC"])}
-    # this grid fills the GPU: split-K's partial sums would pass the workspace limit, so it is searched without
-    assert len(searched) * 4 == sum(c["SPLIT"] == 1 for c in valid)
+    # this grid fills the GPU: split-K's partial sums would pass the workspace limit, so it is searched without;
+    # every tile and (in NHWC, C % 8 == 0) every ST of the problem's dtype and format
+    assert searched == [c for c in valid if c["SPLIT"] == 1 and (c["DT"], c["NHWC"]) == (start["DT"], start["NHWC"])]
+    assert {c["ST"] for c in searched} == ({2, 3, 4} if layout == "nhwc" else {2})
+    assert len(searched) == 192 * len({c["ST"] for c in searched})
     geo = h16.launch(start)
     assert (geo.dtype, geo.nhwc) == (1 + h16.DTYPES[dtype], h16.LAYOUTS[layout]) and geo.split == 1 and geo.gemm == 0
     # a small grid (batch 1) gets the smaller block, twice the blocks, and split-K within 2 blocks per SM
@@ -75,9 +78,9 @@ def test_split_k_is_searched_where_the_reduction_and_the_workspace_allow_it():
     assert why is not None and "MiB of partial sums" in why
     assert h16.workspace_bytes(big, _p(n=128)) > h16.SPLIT_WORKSPACE_LIMIT
     assert h16.workspace_bytes(dict(big, SPLIT=1), _p(n=128)) == 0
-    assert h16.name(dict(big, BK=32)).endswith("_bk32_wm2_wn4_s2_sm90")
+    assert h16.name(dict(big, BK=32)).endswith("_bk32_wm2_wn4_st2_s2_sm90")
     # one cubin for every SPLIT: it is the launch's grid.z, not a template parameter
-    assert h16.name_expression(dict(big, BK=32)) == "bagf::implicit_gemm_h16_conv2d<1, 1, 128, 256, 32, 2, 4>"
+    assert h16.name_expression(dict(big, BK=32)) == "bagf::implicit_gemm_h16_conv2d<1, 1, 128, 256, 32, 2, 4, 2>"
     assert h16.name_expression(dict(big, BK=32, SPLIT=1)) == h16.name_expression(dict(big, BK=32))
 
 
@@ -85,8 +88,92 @@ def test_the_spaces_rules_hold_for_every_valid_configuration():
     limit = h16.SM90_SMEM_LIMIT
     for c in h16.space().valid_configs():
         assert (c["BM"] // c["WM"]) % 16 == 0 and (c["BN"] // c["WN"]) % 8 == 0
+        assert h16.smem_bytes(c) == c["ST"] * 2 * (c["BM"] + c["BN"]) * (c["BK"] + 8)
         assert h16.smem_bytes(c) <= limit and h16.estimated_registers(c) <= 255
         assert h16.name(c).startswith("implicit_gemm_h16_" + ("bf16" if c["DT"] else "fp16"))
+        assert f"_st{c['ST']}_s{c['SPLIT']}_" in h16.name(c)
+        assert h16.name_expression(c).endswith(f", {c['ST']}>")
+        assert c["ST"] == 2 or c["NHWC"] == 1  # the cp.async pipeline is the channels_last path
+
+
+def test_the_pipeline_is_searched_only_where_every_copy_is_a_whole_16_byte_run():
+    """ST >= 3 (cp.async of 8 contiguous 16-bit values) is refused for NCHW, for C % 8 != 0 and for an odd C*R*S,
+    by the problem rule (and NCHW by the space); ST = 2 runs all of them."""
+    pipe = dict(h16.DEFAULT, DT=1, NHWC=1, ST=3)
+    assert h16.problem_rule(pipe, _p()) is None and h16.problem_rule(dict(pipe, ST=4), _p()) is None
+    for kw, says in ((dict(c=12, r=2, s=2), "C = 12"), (dict(c=3, r=11, s=11), "C = 3"),
+                     (dict(c=7, r=3, s=3), "C = 7"), (dict(c=100, r=1, s=1), "C = 100")):
+        p = _p(**kw)
+        for st in (3, 4):
+            why = h16.problem_rule(dict(pipe, ST=st), p)
+            assert why is not None and says in why, (kw, why)
+        assert h16.problem_rule(dict(pipe, ST=2), p) is None
+        assert h16.pipeline_refuses(p) is not None
+        assert h16.default_for(p)["ST"] == 2
+        assert {c["ST"] for c in h16.space().valid_configs() if h16.problem_rule(c, p) is None} == {2}
+    odd = _p(c=5, r=3, s=3)  # C*R*S = 45
+    assert (odd.c * odd.r * odd.s) % 2 and h16.problem_rule(dict(pipe, ST=3), odd) is not None
+    # NCHW: not in the space, and refused on an NCHW problem whatever the configuration says
+    nchw = dict(pipe, NHWC=0)
+    assert "NCHW takes ST = 2" in h16.space().invalid_reason(nchw)
+    assert "channels_last" in h16.problem_rule(nchw, _p(layout="nchw"))
+    assert "channels_last" in h16.pipeline_refuses(_p(layout="nchw"))
+    assert h16.problem_rule(dict(nchw, ST=2), _p(layout="nchw")) is None
+    assert {c["ST"] for c in h16.space().valid_configs() if h16.problem_rule(c, _p(layout="nchw")) is None} == {2}
+    # an imported plan is held to it too
+    assert family_refuses("implicit_gemm_h16", dict(pipe, ST=4), _p(c=12, r=2, s=2)) is not None
+    assert family_refuses("implicit_gemm_h16", dict(pipe, ST=4), _p()) is None
+
+
+def test_shared_memory_grows_with_the_stages_and_the_rule_holds_it_to_the_limit():
+    c = dict(h16.DEFAULT, ST=2)  # 128 x 64, BK 32: 2 * 192 * 40 = 15360 bytes a stage
+    assert [h16.smem_bytes(dict(c, ST=st)) for st in (2, 3, 4)] == [30720, 46080, 61440]
+    assert [h16.launch(dict(c, ST=st)).smem for st in (2, 3, 4)] == [30720, 46080, 61440]
+    small = h16.space(smem_limit=48 * 1024)
+    assert small.invalid_reason(dict(c, ST=3)) is None
+    assert small.invalid_reason(dict(c, ST=4)) is not None and "61440" in small.invalid_reason(dict(c, ST=4))
+    # the largest configuration (4 stages of 128 x 256 x 64: 221184 bytes) fits the H200's opt-in limit but not the
+    # register rule; the largest valid one is within the limit
+    big = dict(c, BM=128, BN=256, BK=64, WM=2, WN=4, ST=4)
+    assert h16.smem_bytes(big) == 221184 <= h16.SM90_SMEM_LIMIT
+    assert max(h16.smem_bytes(v) for v in h16.space().valid_configs()) <= h16.SM90_SMEM_LIMIT
+
+
+def test_a_configuration_recorded_without_st_is_the_register_double_buffer():
+    """ST was added after plans were cached: a recorded configuration without it completes to ST = 2 (LEGACY), the
+    kernel it was measured as, and is named, compiled and checked as that."""
+    from bagf_torch.cache_schema import check_config
+    from bagf_torch.kernels import complete_config
+
+    old = {k: v for k, v in h16.DEFAULT.items() if k != "ST"}
+    older = {k: v for k, v in old.items() if k != "SPLIT"}  # before SPLIT as well
+    assert h16.LEGACY == {"SPLIT": 1, "ST": 2}
+    for rec in (old, older):
+        full = complete_config("implicit_gemm_h16", rec)
+        assert full == dict(h16.DEFAULT, ST=2, SPLIT=1)
+        assert h16.name(rec) == h16.name(full) == "implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_st2_s1_sm90"
+        assert h16.name_expression(rec) == "bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2, 2>"
+        assert h16.smem_bytes(rec) == 30720
+        assert check_config("implicit_gemm_h16", rec, rules=True) == rec
+        assert family_refuses("implicit_gemm_h16", rec, _p(c=12)) is None  # ST = 2 runs C % 8 != 0
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 4, 5, 7, 8, 16])
+def test_split_k_slices_cover_every_k_step_once_and_evenly(split):
+    """The even split: slice z reduces [z*steps//S, (z+1)*steps//S); the slices cover every step exactly once, in
+    order, their sizes differ by at most one, and the problem rule's 2 K-steps per slice is floor(steps/S) >= 2,
+    i.e. the smallest slice's size."""
+    for steps in list(range(0, 300)) + [1000, 1001, 4095, 123457]:
+        slices = [h16.split_range(z, steps, split) for z in range(split)]
+        covered = [t for r in slices for t in r]
+        assert covered == list(range(steps)), (steps, split)
+        sizes = [len(r) for r in slices]
+        assert max(sizes) - min(sizes) <= (1 if steps else 0) and min(sizes) == steps // split
+        if split > 1 and steps:
+            p = _p(n=1, c=16 * steps, r=1, s=1)  # a 1x1 conv over 16 * steps channels: `steps` K-steps of 16
+            c = dict(h16.DEFAULT, BK=16, BM=32, BN=32, WM=1, WN=1, SPLIT=split)
+            if split in h16.PARAMS["SPLIT"] and steps < 300:
+                assert (h16.problem_rule(c, p) is None) == (min(sizes) >= 2), (steps, split)
 
 
 def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():

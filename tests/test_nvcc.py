@@ -215,3 +215,78 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     got = [tuple(map(int, line.split())) for line in out.splitlines()]
     assert got == [dr.patch(c, p) for c, p in cases]
     assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch
+
+
+def test_h16_pipeline_stages_compile_without_spills(tmp_path):
+    """implicit_gemm_h16's cp.async pipeline (ST 3 and 4) next to the register path (ST 2) in both dtypes: the
+    default tile and a batch-1 start point at every ST, the largest shared memory of the space, and the smallest
+    block; each an entry of its own, the default-sized ones without a stack frame or spills."""
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    valid = h16.space().valid_configs()
+    largest = max(valid, key=lambda c: (h16.smem_bytes(c), -h16.estimated_registers(c)))
+    smallest = min(valid, key=lambda c: (h16.threads(c), h16.smem_bytes(c)))
+    plain = [dict(h16.DEFAULT, DT=dt, ST=st) for dt in (0, 1) for st in h16.PARAMS["ST"]]
+    plain += [dict(h16.DEFAULT, BM=64, BN=64, ST=st) for st in h16.PARAMS["ST"]]
+    configs = plain + [largest, smallest, dict(smallest, NHWC=1, ST=4)]
+    assert largest["ST"] == 4 and all(h16.space().is_valid(c) for c in configs)
+    exprs = list(dict.fromkeys(h16.name_expression(c) for c in configs))
+    src = tmp_path / "h16.cu"
+    src.write_text(f'#include "{h16.SOURCE}"\n' +
+                   "".join(f"template __global__ void {e}({h16.KERNEL_ARGS});\n" for e in exprs))
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "h16.cubin")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    info = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                      r"(\d+) bytes spill loads\n.*?Used (\d+) registers", res.stderr)
+    assert len(info) == len(exprs), res.stderr[-3000:]
+    by_args = {}
+    for mangled, frame, stores, loads, regs in info:
+        args = tuple(int(v) for v in re.findall(r"Li(\d+)E", mangled))
+        by_args[args] = (int(frame), int(stores), int(loads), int(regs))
+    for c in plain:
+        got = by_args[tuple(c[k] for k in h16.TEMPLATE_ORDER)]
+        assert got[:3] == (0, 0, 0), (h16.name(c), got)
+        assert got[3] <= 255 and abs(got[3] - h16.estimated_registers(c)) <= 40, (h16.name(c), got)
+
+
+_SLICE_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "implicit_gemm_h16.cuh"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i += 2) {  // num_k, split -> the first step of each slice and the end
+    const int num_k = atoi(argv[i]), split = atoi(argv[i + 1]);
+    for (int z = 0; z <= split; ++z) printf("%d ", bagf::h16::slice_begin(z, num_k, split));
+    printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_h16_split_k_slices_match_python_on_host(tmp_path):
+    """The kernel's even split (``h16::slice_begin``) equals ``implicit_gemm_h16.split_range`` for every slice count
+    of the space and K-step counts from 0 up (num_k near 2^31 and split up to the host's 65535 too: no overflow):
+    consecutive slices, every step once, the problem rule's floor(steps / SPLIT) the smallest share."""
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    src = tmp_path / "slice_host.cu"
+    src.write_text(_SLICE_HOST)
+    exe = tmp_path / "slice_host"
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    cases = [(k, s) for s in h16.PARAMS["SPLIT"] + (3, 5, 7) for k in list(range(0, 70)) + [333, 1001, 2**31 - 1]]
+    cases += [(k, 65535) for k in (0, 1, 65534, 65535, 65536, 2**31 - 1)]  # the host's largest split: z*r near 2^32
+    args = [v for case in cases for v in case]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [list(map(int, line.split())) for line in out.splitlines()]
+    assert len(rows) == len(cases)
+    for (k, s), bounds in zip(cases, rows):
+        want = [h16.split_range(z, k, s) for z in range(s)]
+        assert bounds == [r.start for r in want] + [k], (k, s, bounds)
+        assert all(want[z].stop == bounds[z + 1] for z in range(s))
+        assert min(len(r) for r in want) == k // s

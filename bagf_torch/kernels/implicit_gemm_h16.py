@@ -11,6 +11,14 @@ rounding to it.
 DT and NHWC are knobs that a problem fixes (:func:`problem_rule`): DT is the dtype (0 fp16, 1 bf16), NHWC the
 memory format (0 NCHW, 1 channels_last); the tuner searches the tile knobs for the problem's pair.
 
+ST is the main loop's data path. ST = 2 gathers each K-step into registers while the previous one is multiplied and
+stores it into the other of two shared-memory buffers (every format and shape). ST = 3 or 4 is a ring of ST
+shared-memory stages filled by 16-byte ``cp.async`` copies ST-1 K-steps ahead (zero-filled where a run is padding
+or past the tensor), so global latency hides behind ST-1 K-steps of products instead of one: it needs every
+16-byte run contiguous and aligned, which an NHWC input with C % 8 == 0 and a weight with C*R*S % 8 == 0 are
+(:func:`problem_rule`). The kernel checks the same (and the pointers' 16-byte alignment) at run time: a launch that
+fails it takes ST = 2's path in the same kernel, never a misaligned copy.
+
 Knobs (template parameters) and the validity rules enforced before anything is compiled:
 
 ========  ===================  =====================================================================
@@ -21,14 +29,17 @@ NHWC      0 1                  the problem's memory format: 0 NCHW (contiguous),
 BM        32 64 128            warp tile BM/WM is a multiple of 16 (the mma's M)
 BN        32 64 128 256        warp tile BN/WN is a multiple of 8 (the mma's N)
 BK        16 32 64             (multiples of the mma's K = 16)
-WM, WN    1 2 4                threads = 32*WM*WN; shared memory 2*2*(BM+BN)*(BK+8) bytes (two
-                               buffers) <= the device's opt-in per-block limit; estimated registers
-                               per thread <= 255 and * threads <= 65536
-SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); on a problem
-                               (:func:`problem_rule`): 2 K-steps per slice or more (ceil(steps /
-                               SPLIT) each; trailing slices may be left empty), the workspace
-                               SPLIT * tiles * BM * BN * 4 bytes <= 32 MiB (a grid too small to fill
-                               the GPU: batch 1, late layers)
+WM, WN    1 2 4                threads = 32*WM*WN; estimated registers per thread <= 255 and
+                               * threads <= 65536
+ST        2 3 4                shared-memory stages: 2 the register double buffer, 3-4 the cp.async
+                               pipeline (NHWC only; on a problem: C % 8 == 0 and C*R*S % 8 == 0).
+                               Shared memory ST*2*(BM+BN)*(BK+8) bytes <= the device's opt-in
+                               per-block limit
+SPLIT     1 2 4 8 16           split-K slices (grid.z, not a template parameter); slice z reduces
+                               K-steps [z*steps/SPLIT, (z+1)*steps/SPLIT) (an even split); on a
+                               problem (:func:`problem_rule`): floor(steps / SPLIT) >= 2, i.e. every
+                               slice 2 K-steps or more, and the workspace SPLIT * tiles * BM * BN * 4
+                               bytes <= 32 MiB (a grid too small to fill the GPU: batch 1, late layers)
 ========  ===================  =====================================================================
 
 Shapes are run-time arguments and every access is bounds-checked (C = 3 and channel counts that are not multiples
@@ -51,7 +62,7 @@ from .space import (Config, Space, register_rule, resident_blocks, shared_memory
 FAMILY = "implicit_gemm_h16"
 SOURCE = "implicit_gemm_h16.cuh"
 KERNEL = "bagf::implicit_gemm_h16_conv2d"
-TEMPLATE_ORDER = ("DT", "NHWC", "BM", "BN", "BK", "WM", "WN")
+TEMPLATE_ORDER = ("DT", "NHWC", "BM", "BN", "BK", "WM", "WN", "ST")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 80  # mma.sync m16n8k16 with bf16, cvt.rn.bf16.f32, ldmatrix
 KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
@@ -75,14 +86,20 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "BK": (16, 32, 64),
     "WM": (1, 2, 4),
     "WN": (1, 2, 4),
+    "ST": (2, 3, 4),
     "SPLIT": (1, 2, 4, 8, 16),
 }
 
 # Hand-picked start: a 128x128 block of four 64x64 warp tiles would need ~244 registers; 128 x 64 of 2 x 2 warps
-# (64 x 32 warp tiles, 128 threads), 32-deep K-steps. DT and NHWC are the problem's (default_for).
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "SPLIT": 1}
-LEGACY: Config = {"SPLIT": 1}
-"""What a configuration recorded before the SPLIT knob ran: no split-K (kernels.complete_config)."""
+# (64 x 32 warp tiles, 128 threads), 32-deep K-steps, the register double buffer (ST = 2 runs every problem of its
+# format). DT, NHWC and, where the problem allows the cp.async pipeline, ST are the problem's (default_for).
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "BM": 128, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "ST": 2, "SPLIT": 1}
+LEGACY: Config = {"SPLIT": 1, "ST": 2}
+"""What a configuration recorded before a knob ran stands for (kernels.complete_config): before SPLIT no split-K,
+before ST the register double buffer."""
+
+PIPELINE_STAGES: tuple[int, ...] = (3, 4)
+"""The ST values of the cp.async pipeline (the 16-byte path of both operands: :func:`pipeline_refuses`)."""
 
 SPLIT_WORKSPACE_LIMIT = 32 << 20
 """Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
@@ -96,15 +113,18 @@ def threads(c: Mapping[str, int]) -> int:
 
 
 def smem_bytes(c: Mapping[str, int]) -> int:
-    """Two buffers of the BM x BK weight tile and the BN x BK input tile, 2-byte elements, rows padded by 8."""
-    return 2 * 2 * (c["BM"] + c["BN"]) * (c["BK"] + 8)
+    """ST stages (2: the two buffers of the register path) of the BM x BK weight tile and the BN x BK input tile,
+    2-byte elements, rows padded by 8: ST * 2 * (BM + BN) * (BK + 8)."""
+    return c.get("ST", LEGACY["ST"]) * 2 * (c["BM"] + c["BN"]) * (c["BK"] + 8)
 
 
 def estimated_registers(c: Mapping[str, int]) -> int:
     """Live registers per thread: the fp32 accumulators, one K-step's fragments, the staging registers of the
     next K-step's loads (4 per 8-element chunk) with the B chunks' pixel and digit registers (7 each), plus ~40
     for addressing. On 24 sampled configurations it was within 30 of ptxas's count for sm_90 (nvcc 13.0: 48-254
-    registers, estimates 65-248); the space's register rule uses it."""
+    registers, estimates 65-248); the space's register rule uses it. The same for every ST: a pipelined kernel
+    (ST >= 3) keeps the register path for launches its 16-byte rule refuses, and its cp.async path needs no
+    staging registers (ptxas: the same count as ST = 2's within a few registers)."""
     t = threads(c)
     mi, ni = c["BM"] // c["WM"] // 16, c["BN"] // c["WN"] // 8
     a_loads = -(-(c["BM"] * c["BK"] // 8) // t)
@@ -118,14 +138,17 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_s1_sm90``."""
+    """e.g. ``implicit_gemm_h16_bf16_nhwc_bm128_bn64_bk32_wm2_wn2_st2_s1_sm90`` (a configuration recorded without
+    ST or SPLIT is named with :data:`LEGACY`'s values)."""
+    c = {**LEGACY, **c}
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_{'nhwc' if c['NHWC'] else 'nchw'}_bm{c['BM']}_bn{c['BN']}"
-            f"_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}_s{c['SPLIT']}_{arch}")
+            f"_bk{c['BK']}_wm{c['WM']}_wn{c['WN']}_st{c['ST']}_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """e.g. ``bagf::implicit_gemm_h16_conv2d<1, 1, 128, 64, 32, 2, 2, 2>`` (whatever SPLIT: a launch parameter;
+    without ST, :data:`LEGACY`'s 2)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
 
 
 def applies(problem) -> str | None:
@@ -135,18 +158,42 @@ def applies(problem) -> str | None:
     return None
 
 
+def pipeline_refuses(problem) -> str | None:
+    """Why the cp.async pipeline (ST >= 3) cannot serve ``problem``, or None: its copies are whole 16-byte runs, 8
+    channels of one pixel of an NHWC input (C % 8 == 0) and 8 elements of a weight row (C*R*S % 8 == 0)."""
+    if problem.layout != "nhwc":
+        return f"the cp.async pipeline (ST >= 3) reads channels_last inputs; this problem is {problem.layout}"
+    if problem.c % 8:
+        return f"the cp.async pipeline (ST >= 3) copies 8 channels at a time; C = {problem.c} is not a multiple of 8"
+    crs = problem.c * problem.r * problem.s
+    if crs % 8:
+        return f"the cp.async pipeline (ST >= 3) copies 8-element weight runs; C*R*S = {crs} is not a multiple of 8"
+    return None
+
+
+def split_range(z: int, k_steps: int, split: int) -> range:
+    """The K-steps slice ``z`` of ``split`` reduces: [z*k_steps // split, (z+1)*k_steps // split), the kernel's
+    integer arithmetic. The slices cover every step once, in order, and their sizes differ by at most one."""
+    return range(z * k_steps // split, (z + 1) * k_steps // split)
+
+
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
-    """None when ``c`` was compiled for the problem's dtype and memory format and, with split-K, gives each slice at
-    least 2 K-steps of the problem's reduction per slice (each slice takes ceil(steps / SPLIT) of them, so the last
-    ones may get none and add zeros) within :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
+    """None when ``c`` was compiled for the problem's dtype and memory format; with ST >= 3, the problem's operands
+    are 16-byte runs (:func:`pipeline_refuses`); with split-K, every slice gets at least 2 K-steps of the problem's
+    reduction (the even split :func:`split_range` gives each floor(steps / SPLIT) or one more), within
+    :data:`SPLIT_WORKSPACE_LIMIT` bytes of partial sums."""
     want = (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout))
     if (c["DT"], c["NHWC"]) != want:
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; "
                 f"this problem is {problem.dtype} {problem.layout}")
+    if c.get("ST", LEGACY["ST"]) in PIPELINE_STAGES:
+        why = pipeline_refuses(problem)
+        if why is not None:
+            return why
     split = c.get("SPLIT", 1)
     if split > 1:
         k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
-        if k_steps < 2 * split:
+        if k_steps // split < 2:
             return f"split-K of {split} leaves under 2 of the problem's {k_steps} K-steps per slice"
         need = workspace_bytes(c, problem)
         if need > SPLIT_WORKSPACE_LIMIT:
@@ -168,11 +215,15 @@ def workspace_bytes(c: Mapping[str, int], problem) -> int:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with the problem's DT and NHWC; where its grid would give fewer than 2 blocks per SM, a 64 x 64
-    block (2 x 2 warps of 32 x 32) for twice the blocks, and where that still leaves SMs idle, the largest split-K
-    that keeps within 2 blocks per SM (and :func:`problem_rule`)."""
+    """DEFAULT with the problem's DT and NHWC, and ST = 3 where the problem allows the cp.async pipeline
+    (:func:`pipeline_refuses`; 3 stages hide two K-steps of load latency for half the shared memory of 4); where its
+    grid would give fewer than 2 blocks per SM, a 64 x 64 block (2 x 2 warps of 32 x 32) for twice the blocks, and
+    where that still leaves SMs idle, the largest split-K that keeps within 2 blocks per SM (and
+    :func:`problem_rule`)."""
     c = dict(DEFAULT)
     c["DT"], c["NHWC"] = DTYPES.get(problem.dtype, 1), LAYOUTS.get(problem.layout, 1)
+    if c["NHWC"] and pipeline_refuses(problem) is None:
+        c["ST"] = PIPELINE_STAGES[0]
     if tiles(c, problem) < 2 * sms:
         c.update(BM=64, BN=64)
     blocks = tiles(c, problem)
@@ -192,7 +243,12 @@ def _rules(smem_limit: int):
             return (f"warp tile {c['BM']}/{c['WM']} x {c['BN']}/{c['WN']} is not whole 16x8 mma tiles")
         return None
 
-    return (tile, thread_count_rule(threads), shared_memory_rule(smem_bytes, smem_limit),
+    def pipeline(c):
+        if c["ST"] in PIPELINE_STAGES and not c["NHWC"]:
+            return f"ST = {c['ST']} is the cp.async pipeline of channels_last inputs; NCHW takes ST = 2"
+        return None
+
+    return (tile, pipeline, thread_count_rule(threads), shared_memory_rule(smem_bytes, smem_limit),
             register_rule(threads, estimated_registers))
 
 

@@ -12,32 +12,40 @@
 // Products: each 16-bit operand is exact in the tensor core's multiply, the sums are fp32 (the arithmetic of
 // cuDNN's fp16/bf16 convolutions); bias is added in fp32 and the result rounded to the output dtype once.
 //
-// Data path: every K-step a thread gathers 8 consecutive reduction elements of one weight row and of one output
-// pixel's input column into registers (one 16-byte load where they are contiguous and aligned: the weight when
-// C*R*S % 8 == 0, the NHWC input when C % 8 == 0; 2-byte loads otherwise, each bounds-checked), and stores them
-// into shared memory after the previous tile's products (two buffers), so the loads' latency overlaps the
-// multiply. Shared memory holds both operands K-contiguous, As[m][kk] and Bs[n][kk], rows padded by 8 elements,
-// so ldmatrix reads each 8x8 fragment without bank conflicts.
+// Data path, ST = 2 (every format and shape): every K-step a thread gathers 8 consecutive reduction elements of
+// one weight row and of one output pixel's input column into registers (one 16-byte load where they are contiguous
+// and aligned: the weight when C*R*S % 8 == 0, the NHWC input when C % 8 == 0; 2-byte loads otherwise, each
+// bounds-checked), and stores them into shared memory after the previous tile's products (two buffers), so the
+// loads' latency overlaps one K-step's multiply.
+// ST = 3 or 4 (NHWC): where both operands are on their 16-byte path (C % 8 == 0, C*R*S % 8 == 0, 16-byte aligned
+// pointers; checked per launch), the same 8-element chunks go straight to shared memory by cp.async (16 bytes, .cg;
+// a chunk in the padding or past K or C*R*S is a zero-filling copy of 0 source bytes) into a ring of ST stages,
+// ST-1 K-steps ahead of the multiply: one commit group per K-step, then wait_group ST-2 and __syncthreads before
+// step t's stage is read (step t's copies have landed everywhere, and every warp has finished reading the stage the
+// next copies overwrite, step t-1's). A launch that fails the 16-byte check takes ST = 2's path in the same kernel.
+// Shared memory holds both operands K-contiguous, As[stage][m][kk] and Bs[stage][n][kk], rows padded by 8
+// elements, so ldmatrix reads each 8x8 fragment without bank conflicts.
 //
 // Template parameters (bagf_torch/kernels/implicit_gemm_h16.py has the validity rules):
 //   DT    0: fp16, 1: bf16                  NHWC  0: NCHW tensors, 1: NHWC (channels_last)
 //   BM    block tile over output channels    WM    warps along M (warp tile BM/WM, a multiple of 16)
 //   BN    block tile over output pixels      WN    warps along N (warp tile BN/WN, a multiple of 8)
-//   BK    K-step (a multiple of 16)
+//   BK    K-step (a multiple of 16)          ST    shared-memory stages: 2 register double buffer, 3-4 cp.async
 //
 // Split-K, a run-time choice (gridDim.z = S slices; one cubin serves every S, so the tuner's split knob costs no
-// compile): for grids too small to fill the GPU (batch 1, late layers), slice z of an output tile reduces its share
-// of the K-steps, writes its fp32 sums into the workspace ``ws`` (the host's: S * tiles * BM * BN floats, then one
-// zeroed counter per tile) and counts itself in with an atomic; the slice that arrives last adds the S partial sums
-// in slice order 0, 1, ... (the same sum whichever slice arrives last: the output does not depend on the schedule),
-// then bias, and rounds once to the output dtype. S = 1 ignores ``ws`` (the host passes null).
+// compile): for grids too small to fill the GPU (batch 1, late layers), slice z of an output tile reduces K-steps
+// [z*steps/S, (z+1)*steps/S) (an even split: the shares differ by at most one step), writes its fp32 sums into the
+// workspace ``ws`` (the host's: S * tiles * BM * BN floats, then one zeroed counter per tile) and counts itself in
+// with an atomic; the slice that arrives last adds the S partial sums in slice order 0, 1, ... (the same sum
+// whichever slice arrives last: the output does not depend on the schedule), then bias, and rounds once to the
+// output dtype. S = 1 ignores ``ws`` (the host passes null).
 //
 // Safety: every access to x, w, bias and y is bounds-checked against the run-time shape (the split-K workspace
-// is sized by the host for the launch's grid: bagf_ext.cpp split_workspace_floats); 16-byte loads only where the
-// pointer and the run are aligned; output pixel indices are 64-bit (a block's n0 + BN may pass 2^31 - 1), and the
-// host keeps stride, padding and dilation below 65536 so that the int32 window arithmetic cannot overflow.
-// Includes nothing from torch or the CUDA headers (16-bit values travel as unsigned short; conversions are PTX),
-// so NVRTC needs no include path beyond csrc/kernels.
+// is sized by the host for the launch's grid: bagf_ext.cpp split_workspace_floats); 16-byte loads and cp.async
+// copies only where the pointer and the run are aligned; output pixel indices are 64-bit (a block's n0 + BN may
+// pass 2^31 - 1), and the host keeps stride, padding and dilation below 65536 so that the int32 window arithmetic
+// cannot overflow. Includes nothing from torch or the CUDA headers (16-bit values travel as unsigned short;
+// conversions are PTX), so NVRTC needs no include path beyond csrc/kernels.
 #pragma once
 #include "conv_params.h"
 
@@ -96,6 +104,29 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const unsigned sho
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
 
+// Asynchronous 16-byte global -> shared copy (sm_80+), L2 only (.cg: the tiles are read once per block).
+// src_bytes == 0 reads nothing and writes 16 zero bytes: padding, tails and rows past K become zeros without a
+// branch around the copy (src is then any valid address: the tensor's base).
+__device__ __forceinline__ void cp_async16(unsigned short* dst, const unsigned short* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's most recent commit groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Split-K's even split: slice z of `split` reduces K-steps [slice_begin(z), slice_begin(z + 1)), i.e.
+// [floor(z*num_k/split), floor((z+1)*num_k/split)), so the shares differ by at most one step and the slices cover
+// every step once, in order. The product is 64-bit (z <= 65535, the host's limit on split, times num_k < 2^31).
+// (A 32-bit form, z*q + z*r/split, made ptxas give the default tile 214 registers instead of 166 on nvcc 13.0.)
+// tests/test_nvcc.py runs it on the host against the Python rule.
+__host__ __device__ __forceinline__ int slice_begin(long long z, int num_k, int split) {
+  return static_cast<int>(z * num_k / split);
+}
+
 // Eight 16-bit values packed as one 16-byte register group.
 struct Chunk {
   unsigned v[4];
@@ -112,7 +143,7 @@ __device__ __forceinline__ void set_half(Chunk& c, int i, unsigned short h) {
 
 }  // namespace h16
 
-template <int DT, int NHWC, int BM, int BN, int BK, int WM, int WN>
+template <int DT, int NHWC, int BM, int BN, int BK, int WM, int WN, int ST>
 __global__ void __launch_bounds__(32 * WM * WN)
 implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                          const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
@@ -130,10 +161,12 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
   constexpr int B_LOADS = (B_CHUNKS + T - 1) / T;
   static_assert(DT == 0 || DT == 1, "DT: 0 fp16, 1 bf16");
   static_assert(WTM % 16 == 0 && WTN % 8 == 0 && BK % 16 == 0, "warp tile must be whole mma tiles");
+  static_assert(ST >= 2 && ST <= 4, "ST: 2 (register double buffer) or a 3-4 stage cp.async pipeline");
+  static_assert(ST == 2 || NHWC == 1, "the cp.async pipeline (ST >= 3) is the NHWC input's 16-byte path");
 
   extern __shared__ __align__(16) unsigned short smem16[];
-  unsigned short* As = smem16;                 // [2][BM][LDK]
-  unsigned short* Bs = smem16 + 2 * BM * LDK;  // [2][BN][LDK]
+  unsigned short* As = smem16;                  // [ST][BM][LDK]
+  unsigned short* Bs = smem16 + ST * BM * LDK;  // [ST][BN][LDK]
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -149,13 +182,16 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
   const int NPQ = p.N * PQ;
   const int HW = p.H * p.W;
   const int num_k = (CRS + BK - 1) / BK;
-  // this block's share of the K-steps (split-K over gridDim.z slices); a slice past the end has none: zeros
+  // this block's share of the K-steps (split-K over gridDim.z slices): slice z takes [z*num_k/S, (z+1)*num_k/S),
+  // an even split (shares differ by at most one step; a slice is empty, and adds zeros, only when num_k < S)
   const int split = static_cast<int>(gridDim.z);
-  const int per_split = (num_k + split - 1) / split;
-  const int t_begin = min(num_k, static_cast<int>(blockIdx.z) * per_split);
-  const int t_end = min(num_k, t_begin + per_split);
+  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
+  const int t_end = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split);
   const bool w_vec = (CRS % 8) == 0 && ((reinterpret_cast<unsigned long long>(w) & 15ull) == 0);
   const bool x_vec = NHWC && (p.C % 8) == 0 && ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0);
+  // the cp.async pipeline copies only whole aligned 16-byte runs: both operands on their 16-byte path (checked
+  // here at run time, whatever the problem rule promised; otherwise this launch takes the register path, ST = 2's)
+  const bool pipelined = ST >= 3 && w_vec && x_vec;
 
   // B chunks: which output pixel and which 8-element run of the K-step each of this thread's chunks covers.
   // NCHW: neighbouring threads take neighbouring pixels (coalesced along a row of the image); NHWC: neighbouring
@@ -331,18 +367,88 @@ implicit_gemm_h16_conv2d(const unsigned short* __restrict__ x, const unsigned sh
     }
   };
 
-  if (t_begin < t_end) {
-    load_regs(t_begin);
-    store_smem(0);
-    __syncthreads();
-  }
-  for (int t = t_begin; t < t_end; ++t) {
-    const bool more = t + 1 < t_end;
-    const int buf = (t - t_begin) & 1;
-    if (more) load_regs(t + 1);
-    multiply(buf);
-    if (more) store_smem(buf ^ 1);
-    __syncthreads();
+  // ST = 2, and any launch whose operands are not both on the 16-byte path: gather step t + 1 into registers
+  // while step t is multiplied, then store it into the other of two buffers.
+  auto register_double_buffer = [&]() {
+    if (t_begin < t_end) {
+      load_regs(t_begin);
+      store_smem(0);
+      __syncthreads();
+    }
+    for (int t = t_begin; t < t_end; ++t) {
+      const bool more = t + 1 < t_end;
+      const int buf = (t - t_begin) & 1;
+      if (more) load_regs(t + 1);
+      multiply(buf);
+      if (more) store_smem(buf ^ 1);
+      __syncthreads();
+    }
+  };
+
+  if constexpr (ST >= 3) {
+    if (pipelined) {
+      // Copy K-step t straight into stage `stage` of the ring: one 16-byte cp.async per chunk, zero-filled
+      // (src_bytes 0) where the chunk is past K, past C*R*S, or in the padding; the input digits advance one
+      // K-step per call, so steps are issued in order.
+      auto load_async = [&](int t, int stage) {
+        const int k0 = t * BK;
+        unsigned short* as = As + stage * BM * LDK;
+        unsigned short* bs = Bs + stage * BN * LDK;
+#pragma unroll
+        for (int i = 0; i < A_LOADS; ++i) {
+          const int e = tid + i * T;
+          if (e < A_CHUNKS) {  // (a thread past the tile's chunks has no slot: not a bounds check)
+            const int am = e / KC;
+            const int kc = e - am * KC;
+            const int gm = m0 + am;
+            const int gk = k0 + kc * 8;
+            const bool ok = gm < p.K && gk < CRS;  // CRS % 8 == 0: a chunk is all in or all out
+            h16::cp_async16(as + am * LDK + kc * 8, ok ? w + static_cast<long long>(gm) * CRS + gk : w, ok ? 16 : 0);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < B_LOADS; ++i) {
+          if (b_kc[i] >= 0) {
+            // (r, s, c) = (d0, d1, d2); C % 8 == 0 and c % 8 == 0: the 8 channels of one pixel, contiguous
+            const int ih = b_ih0[i] + d0[i] * p.dil_h;
+            const int iw = b_iw0[i] + d1[i] * p.dil_w;
+            const bool ok = b_img[i] >= 0 && k0 + b_kc[i] * 8 < CRS && ih >= 0 && ih < p.H && iw >= 0 && iw < p.W;
+            h16::cp_async16(bs + b_n[i] * LDK + b_kc[i] * 8,
+                            ok ? x + ((static_cast<long long>(b_img[i]) * p.H + ih) * p.W + iw) * p.C + d2[i] : x,
+                            ok ? 16 : 0);
+          }
+          d2[i] += s_lo;
+          d1[i] += s_mid;
+          d0[i] += s_hi;
+          if (d2[i] >= lo_n) { d2[i] -= lo_n; ++d1[i]; }
+          if (d1[i] >= mid_n) { d1[i] -= mid_n; ++d0[i]; }
+        }
+      };
+      // ST-1 K-steps in flight while one is multiplied; one commit group per step slot, empty past the slice's
+      // end, so that "at most ST-2 groups pending" always means "step t has landed".
+#pragma unroll
+      for (int s = 0; s < ST - 1; ++s) {
+        if (t_begin + s < t_end) load_async(t_begin + s, s);
+        h16::cp_async_commit();
+      }
+      int read = 0, write = ST - 1;  // the stages of step t and of step t + ST - 1 (= step t - 1's)
+      for (int t = t_begin; t < t_end; ++t) {
+        h16::cp_async_wait<ST - 2>();  // this thread's copies of step t have landed
+        // every thread's have (step t's stage is whole), and every warp has finished its ldmatrix of step
+        // t - 1, whose stage the copies issued next overwrite
+        __syncthreads();
+        if (t + ST - 1 < t_end) load_async(t + ST - 1, write);
+        h16::cp_async_commit();
+        multiply(read);
+        read = read == ST - 1 ? 0 : read + 1;
+        write = write == ST - 1 ? 0 : write + 1;
+      }
+      h16::cp_async_wait<0>();  // (only empty groups remain: nothing in flight past the loop)
+    } else {
+      register_double_buffer();
+    }
+  } else {
+    register_double_buffer();
   }
 
   if (split > 1) {
