@@ -698,9 +698,10 @@ def test_queued_timing_sizes_its_next_sleep_by_the_hosts_last_pace_both_ways(mon
 
 
 def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queued_where_not(monkeypatch):
-    """The finalists' re-timing replays a CUDA graph of each call where one can be captured (the GPU time a graph
-    pays: a queued eager call also pays the gaps between its launches), in one shared memory pool, falls back to
-    queued calls for a call that cannot be captured, and releases every graph, also when a timing raises."""
+    """The finalists' re-timing replays a CUDA graph of each call where all can be captured (the GPU time a graph
+    pays: a queued eager call also pays the gaps between its launches), in one shared memory pool; where one cannot
+    be, every call is timed queued (the two measures are never compared); every graph is released, also when a
+    timing raises."""
     from bagf_torch.tuning import measure
     from bagf_torch.tuning.measure import CudaBenchmarker
 
@@ -715,9 +716,11 @@ def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queue
         def reset(self):
             reset.append(self.us)
 
+    uncapturable = [fns[2]]
+
     def capture(fn, calls, pool=None):
         pools.append(pool)
-        return None if fn is fns[2] else (Graph(17.0), calls)
+        return None if any(fn is u for u in uncapturable) else (Graph(17.0), calls)
 
     monkeypatch.setattr(measure, "_graph_pool", lambda: "pool")
     monkeypatch.setattr(CudaBenchmarker, "_call", staticmethod(lambda ws, h: fns[h]))
@@ -726,12 +729,18 @@ def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queue
     monkeypatch.setattr(CudaBenchmarker, "_replay", staticmethod(lambda graph, calls: graph.us))
     ws = types.SimpleNamespace(problem=types.SimpleNamespace(tf32=False))
     times = CudaBenchmarker().remeasure(ws, [1, 2], rounds=3)
-    assert times == [pytest.approx(17.0), pytest.approx(30.0)] and reset == [17.0] and pools == ["pool", "pool"]
+    # handle 2 cannot be captured: both are timed queued (graph and queued times are never compared)
+    assert times == [pytest.approx(20.0), pytest.approx(30.0)] and reset == [17.0] and pools == ["pool", "pool"]
+    fns[2] = sim.fn(5.0, 31.0)  # now both capture: both are replayed
+    reset.clear()
+    times = CudaBenchmarker().remeasure(ws, [2, 1], rounds=3)
+    assert times == [pytest.approx(17.0), pytest.approx(17.0)] and reset == [17.0, 17.0]
 
     def broken(graph, calls):
         raise RuntimeError("a replay that fails")
 
     monkeypatch.setattr(CudaBenchmarker, "_replay", staticmethod(broken))
+    reset.clear()
     with pytest.raises(RuntimeError):
         CudaBenchmarker().remeasure(ws, [1, 2], rounds=3)
     assert reset == [17.0, 17.0]

@@ -292,6 +292,9 @@ class CudaBenchmarker:
         ``queued`` calls for one that cannot be captured); medians in microseconds, in the order of ``handles``; NaN
         for a handle none of whose timings could keep the host out of the span. The winner is picked from these.
 
+        Either every handle is timed from its graph or, where one cannot be captured, every handle is timed queued:
+        the two measures differ by the launch gaps, so they are never compared with each other.
+
         A graph is what a plan's GPU time is judged by (the layer benchmark's graph columns): queued eager calls also
         pay the GPU's gaps between a call's launches, which a graph closes, and at batch 1 in bf16 that put a split-K
         plan at 11.2 us ahead of cuDNN's 11.8 where their graphs take 11.0 and 10.3. Our plans' host cost per call
@@ -310,8 +313,16 @@ class CudaBenchmarker:
             graphs: list = []
             try:
                 pool = _graph_pool()
-                graphs = [self._capture(fn, n, pool) for fn, n in zip(fns, counts)]
-                per, _ = self._queued_rounds(fns, rounds, counts, graphs)
+                for fn, n in zip(fns, counts):
+                    graphs.append(self._capture(fn, n, pool))
+                    if graphs[-1] is None:  # all by graphs or none: a queued time also holds launch gaps
+                        break
+                if None in graphs:
+                    for g in graphs:
+                        if g is not None:
+                            g[0].reset()
+                    graphs = []
+                per, _ = self._queued_rounds(fns, rounds, counts, graphs or None)
             finally:
                 for g in graphs:
                     if g is not None:
@@ -323,8 +334,9 @@ class CudaBenchmarker:
         """(graph, calls): ``calls`` calls of ``fn`` captured in one CUDA graph (in ``pool``) after a warm-up call on
         a side stream, uploaded by one replay; or None where the call cannot be captured (it is then timed queued).
         Each call's output is dropped before the next, so the pool holds about one call's tensors. The capture is
-        thread-local: a strategy step left running on another thread neither breaks it nor is captured. A failed
-        capture leaves the caller's current stream as it was."""
+        thread-local (a strategy step left running on another thread neither breaks it nor is captured) and on a
+        stream of its own, not torch.cuda.graph's shared default one. A failed capture leaves the caller's current
+        stream as it was."""
         stream = torch.cuda.current_stream()
         try:
             side = torch.cuda.Stream()
@@ -333,7 +345,7 @@ class CudaBenchmarker:
                 fn()
             stream.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                 for _ in range(calls):
                     fn()
             graph.replay()  # the first replay uploads the graph: not part of any timing
