@@ -213,16 +213,11 @@ def _run_meta(args, tf32: bool, wall_s: float, device: int | None = None, **phas
 def tune_command(args) -> int:
     import torch
 
-    from . import distributed, settings
+    from . import distributed
     from .pretune import tune_model
-    from .tuning import strategies
 
     t0 = time.perf_counter()
     startup_s = _process_age_s()
-    # The search strategy's imports (Ax's: about 5 s) start first, in a daemon thread, beside the model's name
-    # check (torchvision's import: 5 s on the H200's host), the GPU's start, the model's build and discovery; the
-    # tuner waits for them before it times anything.
-    strategies.preload(args.strategy or settings.strategy())
     _check_model(args.model)  # an unknown model is reported before anything else
     _check_format(args)
     check_s = time.perf_counter() - t0
@@ -230,6 +225,12 @@ def tune_command(args) -> int:
     started, local_rank = distributed.init_from_env()
     try:
         _require_gpu("tune")  # loads the host extension
+        # The search strategy's imports (Ax's: about 5 s) start now, beside the GPU's start, the model's build and
+        # discovery; the tuner waits for them before it times anything.
+        from . import settings
+        from .tuning import strategies
+
+        strategies.preload(args.strategy or settings.strategy())
         torch.cuda.set_device(local_rank)
         torch.cuda.init()
         gpu_init_s = time.perf_counter() - t1
