@@ -897,9 +897,9 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
 
 
 def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
-    """bench_layers re-times each recording's optimum: a configuration recorded before a family gained a knob
-    (winograd_gemm's GE) must come back as a valid configuration of today's space, with the knob at the value
-    that was measured (GE = 0, cuBLAS's GEMM); on the H200 a missing knob crashed the benchmark at this step."""
+    """bench_layers re-times each recording's optimum: each must be a valid configuration of today's space, and
+    one recorded before a family gained a knob (winograd_gemm's GE) must come back with the knob at the value that
+    was measured (GE = 0, cuBLAS's GEMM); on the H200 a missing knob crashed the benchmark at this step."""
     from bagf_torch.kernels import FAMILIES, complete_config
 
     bl = _benchmark_module("bench_layers")
@@ -907,7 +907,12 @@ def test_recorded_optima_complete_to_valid_configurations_of_todays_spaces():
     assert optima, "no recordings in benchmarks/data"
     for prob, (family, config, _) in optima.items():
         assert FAMILIES[family].space().invalid_reason(config) is None, (family, config)
-    assert any(f == "winograd_gemm" and c["GE"] == 0 for f, c, _ in optima.values())
+    assert any(f == "winograd_gemm" for f, _, _ in optima.values())
+    for family, config, _ in optima.values():
+        assert set(config) == set(FAMILIES[family].space().names), (family, config)
+    # a configuration recorded before winograd_gemm gained GE (and SO, DT, NHWC) comes back with the value measured
+    old = complete_config("winograd_gemm", {"MT": 5, "TB": 64, "VL": 0, "ML": 0})
+    assert old["GE"] == 0 and FAMILIES["winograd_gemm"].space().invalid_reason(old) is None
     assert complete_config("winograd_gemm", {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 3})["GE"] == 3
     assert complete_config("direct", {"TH": 8}) == {"TH": 8}
 
