@@ -27,8 +27,9 @@ own), all through the replay (they count against the budget) and all handed to e
 --no-warm leaves the seeds out, --no-start both. Ax also gets the family's problem-aware inputs
 (``tuner.search_features``: for implicit_gemm_tc blocks per SM, K-tiles per slice, resident blocks) as the
 tuner passes them, and the family's ``warps_in_flight`` to rank the start point's neighbours in its initial
-design (``tuner.search_initial_order``); ``--ax-options '{"features": null, "initial_order": null}'`` leaves
-them out.
+design (``tuner.search_initial_order``), and, for a search with nothing measured before it (--no-start), the
+family's ``estimated_time`` to rank its first trials (``tuner.search_cold_order``);
+``--ax-options '{"features": null, "initial_order": null, "cold_order": null}'`` leaves them out.
 
 Cut-off: the replay cuts like the real tuner (Tuner.tune): a time above --cutoff-factor (the Tuner's
 default, 4.0) x the best time of the run so far is answered "timeout". A row the recorder cut ("cutoff":
@@ -67,7 +68,7 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
-from bagf_torch.tuning.tuner import Tuner, search_features, search_initial_order  # noqa: E402
+from bagf_torch.tuning.tuner import Tuner, search_cold_order, search_features, search_initial_order  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -206,6 +207,8 @@ def one_run(job: tuple) -> dict:
             options["features"] = search_features(FAMILIES[rp.family], conv_problem(rp))
         if "initial_order" not in options:  # likewise ('{"initial_order": null}': neighbours in random order)
             options["initial_order"] = search_initial_order(FAMILIES[rp.family], conv_problem(rp))
+        if "cold_order" not in options:  # likewise ('{"cold_order": null}': no estimate to rank a cold design by)
+            options["cold_order"] = search_cold_order(FAMILIES[rp.family], conv_problem(rp))
     t = time.perf_counter()
     prior = []
     first = start_config(rp) if start else None

@@ -106,7 +106,7 @@ def test_family_hooks_have_the_signatures_their_callers_use(fam):
                 assert set(start) == set(fam.PARAMS) and isinstance(space.invalid_reason(start), (str, type(None)))
         if hasattr(fam, "problem_rule"):
             assert fam.problem_rule(c, p) is None or isinstance(fam.problem_rule(c, p), str)
-        for hook in ("features", "warps_in_flight"):
+        for hook in ("features", "warps_in_flight", "estimated_time"):
             if hasattr(fam, hook):
                 got = [getattr(fam, hook)(p, c, 132), getattr(fam, hook)(p, c)]
                 assert all(isinstance(g, dict if hook == "features" else (int, float)) for g in got), got

@@ -792,6 +792,69 @@ def test_ax_initial_order_options_checked():
         run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, initial_ranked=-1)
 
 
+def test_ax_cold_order_starts_a_cold_search_with_the_best_estimated():
+    space = small_space()
+
+    def estimate(c):  # higher first: the four configurations with a=1
+        return -c["a"] * 10 - c["b"] - c["c"]
+
+    top4 = {config_key(c) for c in sorted(space.valid_configs(), key=lambda c: -estimate(c))[:4]}
+    assert len(top4) == 4
+    for seed in range(3):
+        ev = StrictEvaluator(space, small_time)
+        run("ax", space, ev, Budget(4), seed=seed, initial_batch=4, cold_order=estimate, cold_trials=4)
+        assert ev.seen == top4, seed  # nothing measured before: the best-estimated, not random ones
+    randoms = []
+    for seed in range(3):
+        ev = StrictEvaluator(space, small_time)
+        run("ax", space, ev, Budget(4), seed=seed, initial_batch=4, cold_order=estimate, cold_trials=0)
+        randoms.append(ev.seen)
+    assert any(s != top4 for s in randoms)  # cold_trials 0: the random cold design
+    best = {"a": 4, "b": 1, "c": 1}
+    ev = StrictEvaluator(space, small_time)
+    run("ax", space, ev, Budget(4), seed=0, prior=[(best, Outcome("ok", small_time(best)))], initial_batch=4,
+        cold_order=estimate, cold_trials=4)
+    assert ev.seen != top4  # with a prior the design walks from its best as before
+    with pytest.raises(ValueError, match="cold_order"):
+        run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, cold_order=3)
+    with pytest.raises(ValueError, match="cold_trials"):
+        run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, cold_trials=-1)
+
+
+def test_tc_estimated_time_ranks_the_recorded_spaces_better_than_chance():
+    """On the complete H200 recordings of implicit_gemm_tc the 8 best-estimated configurations hold clearly more of
+    the optimum than 8 random ones do in expectation, among the configurations timed in full (measured: 0.873
+    against 0.775 in the mean over the 7 problems, more on 5 of them; AlexNet conv2 and conv5 at N=1 are the
+    exceptions)."""
+    from pathlib import Path
+
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+    from bagf_torch.problem import ConvProblem
+    from bagf_torch.tuning.replay import load_recording
+    from bagf_torch.tuning.tuner import search_cold_order
+
+    rec = load_recording(Path(__file__).resolve().parent.parent / "benchmarks/data/implicit_gemm_tc_h200.json.gz")
+    ranked, chance = [], []
+    for p in rec.problems:
+        if p.family != tc.FAMILY or not p.complete:
+            continue
+        problem = ConvProblem.from_dict({"dilation": [1, 1], **p.conv})
+        times = {tuple(r["config"]): r["median_us"] for r in p.rows if r["status"] == "ok"}
+        opt = min(times.values())
+        order = search_cold_order(tc, problem)
+        configs = [dict(zip(p.knobs, k)) for k in times]
+        top = sorted(configs, key=lambda c: -order(c))[:8]
+        ranked.append(max(opt / times[tuple(c[k] for k in p.knobs)] for c in top))
+        fractions = sorted(opt / t for t in times.values())  # E[best of 8 drawn without replacement]
+        n = len(fractions)
+        chance.append(sum(f * (math.comb(i, 7) / math.comb(n, 8)) for i, f in enumerate(fractions)))
+        assert order(configs[0]) == -tc.estimated_time(problem, configs[0])
+    assert len(ranked) >= 7
+    assert sum(r > c for r, c in zip(ranked, chance)) >= len(ranked) - 2, (ranked, chance)
+    assert sum(ranked) / len(ranked) > sum(chance) / len(chance) + 0.05, (ranked, chance)
+    assert search_cold_order(implicit_gemm, ConvProblem(n=1, c=64, h=27, w=27, k=192, r=5, s=5)) is None
+
+
 def test_tc_warps_in_flight_counts_what_the_grid_can_fill():
     from bagf_torch.kernels import implicit_gemm_tc as tc
     from bagf_torch.problem import ConvProblem

@@ -423,12 +423,14 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
     fam = _family()
     fam.features = lambda problem, c, sms=132: {"ab": c["A"] * c["B"] / problem.k, "sms": sms}
     fam.warps_in_flight = lambda problem, c, sms=132: c["A"] * sms
-    seen, order = {}, {}
+    fam.estimated_time = lambda problem, c, sms=132: c["B"] + sms
+    seen, order, cold = {}, {}, {}
     real_run = strategies.run
 
     def spy(name, space, evaluate, budget, seed, **kw):
         seen[name] = kw.get("features", "absent")
         order[name] = kw.get("initial_order", "absent")
+        cold[name] = kw.get("cold_order", "absent")
         return real_run("random", space, evaluate, budget, seed, prior=kw.get("prior", ()))
 
     monkeypatch.setattr(strategies, "run", spy)
@@ -437,6 +439,7 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
           sms=96).tune(PROBLEM)
     assert seen["ax"]({"A": 2, "B": 4, "C": 0}) == {"ab": 8 / 192, "sms": 96}
     assert order["ax"]({"A": 2, "B": 4, "C": 0}) == 2 * 96  # and how to rank the start point's neighbours
+    assert cold["ax"]({"A": 2, "B": 4, "C": 0}) == -(4 + 96)  # and a cold design: the fastest estimate first
     comp = FakeCompiler()
     Tuner(fake_backend(comp), fam, strategy="ax", budget=Budget(4),
           strategy_options={"features": None}).tune(PROBLEM)
@@ -446,6 +449,7 @@ def test_tuner_hands_the_family_features_to_a_strategy_that_models_them(monkeypa
           budget=Budget(4)).tune(PROBLEM)
     assert seen["anneal"] == "absent"  # annealing has no model and no features option
     assert order["anneal"] == "absent"
+    assert cold["anneal"] == "absent"
 
 
 def test_judge_output_is_the_check_every_cached_candidate_passes():

@@ -102,6 +102,11 @@ class FamilyHooks(Protocol):
         """How a strategy that starts with a local design ranks the start point's neighbours before any time is
         known (ax's ``initial_order`` option, through ``tuning.tuner.search_initial_order``)."""
 
+    def estimated_time(self, problem, config: Mapping[str, int], sms: int = ...) -> float:
+        """An analytical estimate of ``config``'s time on ``problem`` (any unit: only the order is used), how a
+        strategy that starts with nothing measured ranks the space (ax's ``cold_order`` option, through
+        ``tuning.tuner.search_cold_order``)."""
+
     def estimated_registers(self, config: Mapping[str, int]) -> int:
         """Registers per thread the space's register rule uses; tests/test_nvcc.py samples by it."""
 

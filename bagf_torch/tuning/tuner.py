@@ -309,6 +309,14 @@ def search_initial_order(family: ModuleType, problem: ConvProblem, sms: int | No
     return _bound_to(family, "warps_in_flight", problem, sms)
 
 
+def search_cold_order(family: ModuleType, problem: ConvProblem, sms: int | None = None):
+    """How a strategy that starts with nothing measured may rank the whole space before any time is known (ax's
+    ``cold_order`` option, higher first): minus ``family.estimated_time(problem, config[, sms])`` bound to
+    ``problem``, or None when the family has none."""
+    estimate = _bound_to(family, "estimated_time", problem, sms)
+    return None if estimate is None else (lambda config: -estimate(config))
+
+
 @dataclass
 class Trial:
     family: str
@@ -738,7 +746,8 @@ class Tuner:
             # what this family has measured so far (start point, warm-start seeds): the search's prior
             prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
             options = dict(self.strategy_options)
-            for option, make in (("features", search_features), ("initial_order", search_initial_order)):
+            for option, make in (("features", search_features), ("initial_order", search_initial_order),
+                                 ("cold_order", search_cold_order)):
                 if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
                     options[option] = make(fam, problem, self.sms)  # the user's setting wins
             search = _Search(self.strategy, searched[fam.FAMILY], evaluator(fam, "search"), remaining, self.seed, prior,

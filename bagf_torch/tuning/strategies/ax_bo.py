@@ -13,6 +13,12 @@ the optimum the walk gets there before a GP would (8 trials: 12 evaluations to 9
 as one batch. After 3 generations without a new evaluation, or with fewer unproposed raw combinations left than a
 batch (Ax would rejection-sample for a minute), unseen valid configurations are drawn at random, so the loop ends.
 
+Cold start (``cold_order``, ``cold_trials``). With nothing measured before the search (no start point, no
+warm-start seeds) the local design has no centre: its first 8 trials are the configurations the family's analytical
+estimate (``implicit_gemm_tc.estimated_time``) ranks fastest instead of random ones, and the walk starts from the
+best of them (replay without start point: 14 evaluations to 95% in the median against 36.5, never within 50 in 25%
+of the runs against 39%).
+
 Small early batches (``initial_batch``, ``early_batch``, ``early_until``). The local design runs in batches of 4,
 each centred on the best after the one before, and GP generations ask for 4 until evaluation 24, then 8
 (``batch_size``): while the GP knows little, a short walk is what keeps up with simulated annealing.
@@ -89,6 +95,8 @@ OPTIONS: dict[str, Any] = {
     "explore": 2,
     "explore_after": 0,
     "explore_from": "all",
+    "cold_order": None,
+    "cold_trials": 8,
     "stats": None,
 }
 """batch_size: trials per Ax generation, evaluated as one batch.
@@ -144,6 +152,12 @@ sample of at most ``EXPLORE_POOL``, or "far" (without the model: the unseen vali
 one-knob steps, from every configuration evaluated and from each other). With the default ``explore_after`` 0
 this holds from the first GP generation, and ``min(explore, n - 1)`` of a short batch (the early batches of
 ``early_batch``, the last one) explore too: 2 of 4.
+cold_order, cold_trials: when the search starts with nothing measured (no start point, no warm-start seeds) and
+``cold_order`` is a function config -> float (higher: tried first; the tuner passes minus the family's
+``estimated_time(problem, config)`` when it has one, ``implicit_gemm_tc.estimated_time``), the first
+``cold_trials`` trials of the local initial design are the best-ranked valid configurations (ties in the seeded
+random order), in batches of ``initial_batch``, instead of random ones; the walk then starts from the best of them.
+Without ``cold_order``, or with a prior, nothing changes. Only with ``initial="local"``.
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
 drawn at random after stalls), explored (trials chosen by the exploring rule), gen_seconds (wall time of each
 Ax generation) and roles (per generation, what each trial Ax generated was chosen for, in order: "region"
@@ -646,6 +660,7 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
          features=OPTIONS["features"], initial_order=OPTIONS["initial_order"],
          initial_ranked: int = OPTIONS["initial_ranked"], explore: int = OPTIONS["explore"],
          explore_after: int = OPTIONS["explore_after"], explore_from: str = OPTIONS["explore_from"],
+         cold_order=OPTIONS["cold_order"], cold_trials: int = OPTIONS["cold_trials"],
          stats: dict | None = None) -> None:
     if batch_size < 1 or initial_trials < 1:
         raise ValueError(f"ax batch_size={batch_size}, initial_trials={initial_trials}; both must be >= 1")
@@ -679,6 +694,10 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
         raise ValueError(f"ax explore={explore}, explore_after={explore_after}; both must be >= 0")
     if explore_from not in EXPLORE_FROM:
         raise ValueError(f"ax explore_from={explore_from!r}; expected one of {EXPLORE_FROM}")
+    if cold_order is not None and not callable(cold_order):
+        raise ValueError(f"ax cold_order={cold_order!r}; expected None or a function config -> float")
+    if cold_trials < 0:
+        raise ValueError(f"ax cold_trials={cold_trials}; it must be >= 0 (0: a random cold design)")
 
     space = objective.space
     codec = _Codec(space)
@@ -696,6 +715,9 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     own_candidates = candidates == "valid" or trust_region > 0
     explore = explore if own_candidates else 0
     ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region or explore else {}
+    # nothing measured before the search (no start point, no warm-start seeds): the local design begins with the
+    # best-estimated configurations instead of random ones
+    cold_left = cold_trials if cold_order is not None and not objective.prior and initial == "local" else 0
     chosen: list = []  # the configurations Ax's next generation scores (own_candidates)
     per_call: list = []  # (candidates, how, role) for the generation's next trials, one each (then ``chosen``)
     served: list = []  # the roles ("region", "explore") the generation's trials were chosen for, in order
@@ -703,6 +725,15 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     def incumbent() -> Config | None:
         best = objective.best(include_prior=True)
         return best[0] if best is not None else None
+
+    estimates: dict = {}  # cold_order of every valid configuration, computed once
+
+    def cold_initial(n: int) -> list[Config]:
+        """The ``n`` best unseen valid configurations by ``cold_order`` (ties in the seeded random order)."""
+        if not estimates:
+            estimates.update((config_key(c), float(cold_order(c))) for c in valid)
+        pool = unseen_valid(len(valid))
+        return sorted(pool, key=lambda c: -estimates[config_key(c)])[:n]
 
     def local_initial(n: int) -> list[Config]:
         """Up to ``n`` unseen valid one-knob neighbours of the incumbent (random ones to fill up)."""
@@ -784,7 +815,11 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
             n = min(min(early_batch, batch_size) if early else batch_size, objective.remaining)
             if own_initial and attached < initial_trials:
                 m = min(n, initial_batch or n, initial_trials - attached)
-                configs = local_initial(m) if initial == "local" else unseen_valid(m)
+                if cold_left:
+                    configs = cold_initial(min(m, cold_left))
+                    cold_left -= len(configs)
+                else:
+                    configs = local_initial(m) if initial == "local" else unseen_valid(m)
                 attached += len(configs)
                 indices = [client.attach_trial(codec.encode(c)) for c in configs]
             elif stalls >= MAX_STALLS or space.size - len(known) < n:
