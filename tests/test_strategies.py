@@ -815,6 +815,11 @@ def test_ax_cold_order_starts_a_cold_search_with_the_best_estimated():
     run("ax", space, ev, Budget(4), seed=0, prior=[(best, Outcome("ok", small_time(best)))], initial_batch=4,
         cold_order=estimate, cold_trials=4)
     assert ev.seen != top4  # with a prior the design walks from its best as before
+    failed = {"a": 4, "b": 2, "c": 1}
+    ev = StrictEvaluator(space, small_time)
+    run("ax", space, ev, Budget(4), seed=0, prior=[(failed, Outcome("compile", detail="NVRTC failed"))],
+        initial_batch=4, cold_order=estimate, cold_trials=4)
+    assert ev.seen == top4  # a start point that failed is no centre: the best-estimated again
     with pytest.raises(ValueError, match="cold_order"):
         run("ax", space, StrictEvaluator(space, small_time), Budget(4), seed=0, cold_order=3)
     with pytest.raises(ValueError, match="cold_trials"):

@@ -13,8 +13,8 @@ the optimum the walk gets there before a GP would (8 trials: 12 evaluations to 9
 as one batch. After 3 generations without a new evaluation, or with fewer unproposed raw combinations left than a
 batch (Ax would rejection-sample for a minute), unseen valid configurations are drawn at random, so the loop ends.
 
-Cold start (``cold_order``, ``cold_trials``). With nothing measured before the search (no start point, no
-warm-start seeds) the local design has no centre: its first 8 trials are the configurations the family's analytical
+Cold start (``cold_order``, ``cold_trials``). With nothing that ran before the search (no start point or one that
+failed, no warm-start seed that ran) the local design has no centre: its first 8 trials are the configurations the family's analytical
 estimate (``implicit_gemm_tc.estimated_time``) ranks fastest instead of random ones, and the walk starts from the
 best of them (replay without start point: 14 evaluations to 95% in the median against 36.5, never within 50 in 25%
 of the runs against 39%).
@@ -152,7 +152,8 @@ sample of at most ``EXPLORE_POOL``, or "far" (without the model: the unseen vali
 one-knob steps, from every configuration evaluated and from each other). With the default ``explore_after`` 0
 this holds from the first GP generation, and ``min(explore, n - 1)`` of a short batch (the early batches of
 ``early_batch``, the last one) explore too: 2 of 4.
-cold_order, cold_trials: when the search starts with nothing measured (no start point, no warm-start seeds) and
+cold_order, cold_trials: when the search starts with nothing that ran (no start point or one that failed, no
+warm-start seed that ran) and
 ``cold_order`` is a function config -> float (higher: tried first; the tuner passes minus the family's
 ``estimated_time(problem, config)`` when it has one, ``implicit_gemm_tc.estimated_time``), the first
 ``cold_trials`` trials of the local initial design are the best-ranked valid configurations (ties in the seeded
@@ -715,9 +716,10 @@ def tune(objective: Objective, seed: int, *, batch_size: int = OPTIONS["batch_si
     own_candidates = candidates == "valid" or trust_region > 0
     explore = explore if own_candidates else 0
     ranks = {config_key(c): np.array(codec.ranks(c)) for c in valid} if trust_region or explore else {}
-    # nothing measured before the search (no start point, no warm-start seeds): the local design begins with the
-    # best-estimated configurations instead of random ones
-    cold_left = cold_trials if cold_order is not None and not objective.prior and initial == "local" else 0
+    # nothing that ran before the search (no start point or a failed one, no warm-start seed that ran): the local
+    # design has no centre, so it begins with the best-estimated configurations instead of random ones
+    cold_left = (cold_trials if cold_order is not None and initial == "local"
+                 and objective.best(include_prior=True) is None else 0)
     chosen: list = []  # the configurations Ax's next generation scores (own_candidates)
     per_call: list = []  # (candidates, how, role) for the generation's next trials, one each (then ``chosen``)
     served: list = []  # the roles ("region", "explore") the generation's trials were chosen for, in order
