@@ -175,6 +175,43 @@ def _child_argv(args, out: Path, family: str, problems: list[str]) -> list[str]:
     return argv + (["--sample", str(args.sample)] if args.sample else [])
 
 
+def open_partial(args, dev, **meta_extra) -> tuple[Path, Partial, dict]:
+    """OUT, its partial file and the recording's meta (the environment on a first run; a resumed run notes when)."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Partial(out.with_name(out.name + ".partial.jsonl"))
+    meta = partial.meta()
+    if meta is None:
+        meta = environment(dev)
+        meta["timing"] = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_reps": args.max_reps,
+                          "cutoff_factor": args.cutoff_factor, "l2_flush": False}
+        meta.update(meta_extra)
+        partial.add({"kind": "meta", "meta": meta})
+    else:
+        meta.setdefault("resumed", []).append(
+            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return out, partial, meta
+
+
+def family_configs(family, smem: int, problems: list[str], known: dict, args) -> tuple[list, dict]:
+    """The configurations of ``family`` to record (its valid space, or ``--sample`` of it) and its entry of the
+    file's family info (knobs, default, raw size, valid count, the sample)."""
+    space = family.space(smem)
+    valid = space.valid_configs()
+    rule = getattr(family, "problem_rule", None)
+    if rule is not None:  # direct's specialised geometries: only those some recorded problem can run
+        valid = [c for c in valid if any(rule(c, known[p]) is None for p in problems)]
+    info = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
+            "raw_size": space.size, "valid": len(valid)}
+    if args.sample and args.sample < len(valid):
+        import random
+
+        valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
+        valid = list({config_key(c): c for c in valid}.values())
+        info["sample"] = {"size": len(valid), "seed": args.seed}  # "valid" stays the whole space's
+    return valid, info
+
+
 def record_parallel(args, families: list[str], problems: list[str], known: dict) -> int:
     """``--gpus N``: compile here, record on N GPUs in child processes, merge (see the module's docstring)."""
     import os
@@ -192,33 +229,13 @@ def record_parallel(args, families: list[str], problems: list[str], known: dict)
     dev = runtime.get().device(0)
     compiler = dev.compiler
     smem = compiler.limits["shared_memory_per_block_optin"]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Partial(out.with_name(out.name + ".partial.jsonl"))
-    meta = partial.meta()
-    if meta is None:
-        meta = environment(dev)
-        meta["timing"] = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_reps": args.max_reps,
-                          "cutoff_factor": args.cutoff_factor, "l2_flush": False}
-        meta["gpus"] = args.gpus
-        partial.add({"kind": "meta", "meta": meta})
+    out, partial, meta = open_partial(args, dev, gpus=args.gpus)
     fam_info, items = {}, []
     t0 = time.monotonic()
     for fname in families:
         family = FAMILIES[fname]
-        space = family.space(smem)
-        valid = space.valid_configs()
+        valid, fam_info[fname] = family_configs(family, smem, problems, known, args)
         rule = getattr(family, "problem_rule", None)
-        if rule is not None:
-            valid = [c for c in valid if any(rule(c, known[p]) is None for p in problems)]
-        fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
-                           "raw_size": space.size, "valid": len(valid)}
-        if args.sample and args.sample < len(valid):
-            import random
-
-            valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
-            valid = list({config_key(c): c for c in valid}.values())
-            fam_info[fname]["sample"] = {"size": len(valid), "seed": args.seed}
         applies = getattr(family, "applies", None)
         mine = [p for p in problems if applies is None or applies(known[p]) is None]
         items += [(p, fname, sum(rule is None or rule(c, known[p]) is None for c in valid)) for p in mine]
@@ -399,36 +416,13 @@ def main(argv=None) -> int:
     smem = compiler.limits["shared_memory_per_block_optin"]
     checker = CudaChecker(compiler.ext)
     bench = CudaBenchmarker(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=10, max_reps=args.max_reps)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Partial(out.with_name(out.name + ".partial.jsonl"))
-    meta = partial.meta()
-    if meta is None:
-        meta = environment(dev)
-        meta["timing"] = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_reps": args.max_reps,
-                          "cutoff_factor": args.cutoff_factor, "l2_flush": False}
-        partial.add({"kind": "meta", "meta": meta})
-    else:
-        meta.setdefault("resumed", []).append(
-            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    out, partial, meta = open_partial(args, dev)
     fam_info = {}
     t_all = time.monotonic()
     for fname in families:
         family = FAMILIES[fname]
-        space = family.space(smem)
-        valid = space.valid_configs()
-        rule = getattr(family, "problem_rule", None)
-        if rule is not None:  # direct's specialised geometries: only those some recorded problem can run
-            valid = [c for c in valid if any(rule(c, known[p]) is None for p in problems)]
+        valid, fam_info[fname] = family_configs(family, smem, problems, known, args)
         # the default first: a good reference for the cut-off from the start
-        fam_info[fname] = {"knobs": list(space.names), "default": [family.DEFAULT[k] for k in space.names],
-                           "raw_size": space.size, "valid": len(valid)}
-        if args.sample and args.sample < len(valid):
-            import random
-
-            valid = random.Random(args.seed).sample(valid, args.sample) + [dict(family.DEFAULT)]
-            valid = list({config_key(c): c for c in valid}.values())
-            fam_info[fname]["sample"] = {"size": len(valid), "seed": args.seed}  # "valid" stays the whole space's
         order = sorted(valid, key=lambda c: config_key(c) != config_key(family.DEFAULT))
         applies = getattr(family, "applies", None)
         skipped = [p for p in problems if applies is not None and applies(known[p]) is not None]
