@@ -26,6 +26,17 @@ def _sample(fam, n=16, seed=0):
     return list({fam.name(c): c for c in picked}.values())  # an explicit instantiation may appear only once
 
 
+def _host_program(tmp_path, name: str, source: str):
+    """``source`` built with nvcc as a host program (it includes the kernels' headers): the executable's path."""
+    src = tmp_path / f"{name}.cu"
+    src.write_text(source)
+    exe = tmp_path / name
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return exe
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
     """Each configuration compiles for the target the tuner would give NVRTC on an sm_90 GPU (sm_90, or sm_90a
@@ -147,12 +158,7 @@ def test_winograd_transforms_and_output_rounds_match_python_on_host(tmp_path):
 
     from bagf_torch.kernels import winograd as wg
 
-    src = tmp_path / "wino_host.cu"
-    src.write_text(_WINO_HOST)
-    exe = tmp_path / "wino_host"
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
+    exe = _host_program(tmp_path, "wino_host", _WINO_HOST)
     configs = random.Random(3).sample(wg.space().valid_configs(), 200)
     args = []
     for c in configs:
@@ -198,12 +204,7 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     from bagf_torch.kernels import direct as dr
     from bagf_torch.problem import ConvProblem
 
-    src = tmp_path / "halo_host.cu"
-    src.write_text(_HALO_HOST)
-    exe = tmp_path / "halo_host"
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
+    exe = _host_program(tmp_path, "halo_host", _HALO_HOST)
     rng = random.Random(5)
     cases = []
     for c in rng.sample(dr.space().valid_configs(), 60):
@@ -273,12 +274,7 @@ def test_h16_split_k_slices_match_python_on_host(tmp_path):
     consecutive slices, every step once, the problem rule's floor(steps / SPLIT) the smallest share."""
     from bagf_torch.kernels import implicit_gemm_h16 as h16
 
-    src = tmp_path / "slice_host.cu"
-    src.write_text(_SLICE_HOST)
-    exe = tmp_path / "slice_host"
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src), "-o", str(exe)],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
+    exe = _host_program(tmp_path, "slice_host", _SLICE_HOST)
     cases = [(k, s) for s in h16.PARAMS["SPLIT"] + (3, 5, 7) for k in list(range(0, 70)) + [333, 1001, 2**31 - 1]]
     cases += [(k, 65535) for k in (0, 1, 65534, 65535, 65536, 2**31 - 1)]  # the host's largest split: z*r near 2^32
     args = [v for case in cases for v in case]
