@@ -406,6 +406,8 @@ def main(argv=None) -> int:
         print("record_space.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     if args.gpus > 1:
+        if args.sample:  # each child would filter by its own problems before sampling: another sample per GPU
+            ap.error("--gpus records whole spaces; --sample runs on one GPU")
         return record_parallel(args, families, problems, known)
     from bagf_torch import runtime
     from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace

@@ -250,6 +250,17 @@ def test_h16_pipeline_stages_compile_without_spills(tmp_path):
         got = by_args[tuple(c[k] for k in h16.TEMPLATE_ORDER)]
         assert got[:3] == (0, 0, 0), (h16.name(c), got)
         assert got[3] <= 255 and abs(got[3] - h16.estimated_registers(c)) <= 40, (h16.name(c), got)
+    # the pipeline is compiled in: every ST 3-4 entry issues asynchronous global->shared copies, ST 2 none (PTX:
+    # the CUDA toolkit's SASS disassembler is not everywhere nvcc is)
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-arch=compute_90", f"-I{kernels_dir()}", "-ptx",
+                          str(src), "-o", str(tmp_path / "h16.ptx")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    entries = re.split(r"\.entry ", (tmp_path / "h16.ptx").read_text())[1:]
+    copies = {tuple(int(v) for v in re.findall(r"Li(\d+)E", e.split("(")[0])): "cp.async.cg.shared.global" in e
+              for e in entries}
+    assert len(copies) == len(exprs)
+    for args, has in copies.items():
+        assert has == (args[-1] >= 3), (args, has)
 
 
 _SLICE_HOST = r"""

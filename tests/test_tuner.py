@@ -699,6 +699,9 @@ def test_queued_timing_sizes_its_next_sleep_by_the_hosts_last_pace_both_ways(mon
     sim.sleeps.clear()
     assert bench.queued(sim.fn(100.0, 20.0), 100) == pytest.approx(20.0)  # the same host: 20 ms at once
     assert sim.sleeps == [20 * QUEUED_SLEEP_CYCLES]
+    sim.sleeps.clear()
+    assert bench.queued(sim.fn(500.0, 20.0), 100) == pytest.approx(20.0)  # 50 ms: 20 ms, then the longest, no more
+    assert sim.sleeps == [20 * QUEUED_SLEEP_CYCLES, QUEUED_MAX_SLEEP_CYCLES]
 
 
 def test_remeasure_times_finalists_from_cuda_graphs_where_they_capture_and_queued_where_not(monkeypatch):

@@ -155,7 +155,7 @@ def estimated_time(problem, c: Mapping[str, int], sms: int = H200_SMS) -> float:
     (``iobound.implicit_gemm_tc_traffic``), plus the split-K atomics. It ranks configurations before anything is
     measured (ax's ``cold_order``, when the search starts with no start point and no warm start); its absolute
     values mean little. On the H200 recording's 7 complete problems the 8 best-estimated configurations hold 0.873
-    of the optimum in the mean (8 random valid ones: 0.75 in expectation), the single best-estimated 0.789; it is
+    of the optimum in the mean (8 random valid ones: 0.75 in expectation over every valid configuration, 0.775 over those the recording timed in full), the single best-estimated 0.789; it is
     a poor guide on AlexNet conv5 at N=1 (the optimum, 128 x 32 with SPLIT 16, ranks 621st of 2898) and puts the
     95% set first on the two larger problems. Small tiles with a large SPLIT are what it overrates."""
     from ..iobound import implicit_gemm_tc_traffic

@@ -167,7 +167,8 @@ QUEUED_ROUNDS = 3
 """Queued timings per such candidate; the median is its time."""
 
 QUEUED_SLEEP_CYCLES = 2_000_000
-"""The first GPU sleep of a queued timing, about a millisecond of the H200's clock: 200 calls' host cost at ~5 us."""
+"""The shortest GPU sleep of a queued timing and the first of a re-timing, about a millisecond of the H200's clock: 200
+calls' host cost at ~5 us (a search's later timings start from QUEUED_SLEEP_MARGIN times the last host time)."""
 QUEUED_MAX_SLEEP_CYCLES = 64 * QUEUED_SLEEP_CYCLES
 """The longest (about 65 ms)."""
 QUEUED_SLEEP_MARGIN = 2.0
@@ -432,7 +433,7 @@ class CudaBenchmarker:
                         self._sleep_cycles = int(min(QUEUED_MAX_SLEEP_CYCLES, max(QUEUED_SLEEP_CYCLES, want)))
                 return 1000.0 * start.elapsed_time(end) / calls, calls
             if cycles < QUEUED_MAX_SLEEP_CYCLES:
-                cycles *= 4
+                cycles = min(4 * cycles, QUEUED_MAX_SLEEP_CYCLES)  # (a sized start is no power of 4)
             elif calls > QUEUED_MIN:
                 calls = max(QUEUED_MIN, calls // 2)
             else:

@@ -158,7 +158,7 @@ warm-start seed that ran) and
 ``estimated_time(problem, config)`` when it has one, ``implicit_gemm_tc.estimated_time``), the first
 ``cold_trials`` trials of the local initial design are the best-ranked valid configurations (ties in the seeded
 random order), in batches of ``initial_batch``, instead of random ones; the walk then starts from the best of them.
-Without ``cold_order``, or with a prior, nothing changes. Only with ``initial="local"``.
+Without ``cold_order``, or with a prior that ran, nothing changes. Only with ``initial="local"``.
 stats: a dict the run fills with counters: generations, invalid_proposals, repeats, fallback (configs
 drawn at random after stalls), explored (trials chosen by the exploring rule), gen_seconds (wall time of each
 Ax generation) and roles (per generation, what each trial Ax generated was chosen for, in order: "region"
