@@ -68,7 +68,7 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
-from bagf_torch.tuning.tuner import Tuner, search_cold_order, search_features, search_initial_order  # noqa: E402
+from bagf_torch.tuning.tuner import Tuner, search_options  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -203,12 +203,8 @@ def one_run(job: tuple) -> dict:
     options = dict(options)
     if strategy == "ax":
         options["stats"] = stats
-        if "features" not in options:  # as the tuner does (--ax-options '{"features": null}': without)
-            options["features"] = search_features(FAMILIES[rp.family], conv_problem(rp))
-        if "initial_order" not in options:  # likewise ('{"initial_order": null}': neighbours in random order)
-            options["initial_order"] = search_initial_order(FAMILIES[rp.family], conv_problem(rp))
-        if "cold_order" not in options:  # likewise ('{"cold_order": null}': no estimate to rank a cold design by)
-            options["cold_order"] = search_cold_order(FAMILIES[rp.family], conv_problem(rp))
+    # the problem-aware inputs as the tuner gives them (--ax-options '{"features": null}' and the like: without)
+    options = search_options(strategy, FAMILIES[rp.family], conv_problem(rp), options=options)
     t = time.perf_counter()
     prior = []
     first = start_config(rp) if start else None

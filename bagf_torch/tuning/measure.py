@@ -312,22 +312,22 @@ class CudaBenchmarker:
             fns = [self._call(ws, h) for h in handles]
             counts = [self._queued_calls(fn) for fn in fns]
             graphs: list = []
+
+            def release() -> None:
+                while graphs:
+                    graphs.pop()[0].reset()
+
             try:
                 pool = _graph_pool()
                 for fn, n in zip(fns, counts):
-                    graphs.append(self._capture(fn, n, pool))
-                    if graphs[-1] is None:  # all by graphs or none: a queued time also holds launch gaps
+                    captured = self._capture(fn, n, pool)
+                    if captured is None:  # all by graphs or none: a queued time also holds launch gaps
+                        release()
                         break
-                if None in graphs:
-                    for g in graphs:
-                        if g is not None:
-                            g[0].reset()
-                    graphs = []
+                    graphs.append(captured)
                 per, _ = self._queued_rounds(fns, rounds, counts, graphs or None)
             finally:
-                for g in graphs:
-                    if g is not None:
-                        g[0].reset()
+                release()
             return [statistics.median(t) if t else math.nan for t in per]
 
     @staticmethod
@@ -371,15 +371,15 @@ class CudaBenchmarker:
 
     def _queued_rounds(self, fns: Sequence[Callable[[], object]], rounds: int, counts: list[int] | None = None,
                        graphs: Sequence | None = None) -> tuple[list[list[float]], list[int]]:
-        """``rounds`` round-robin timings of ``fns``: a replay of its graph where ``graphs`` has one (``_capture``),
-        else a queued timing (each fn its own call count, ``counts`` or from ``_queued_calls``, as ``_queued``
+        """``rounds`` round-robin timings of ``fns``: a replay of each one's graph where ``graphs`` holds one per fn
+        (``_capture``), else a queued timing (each fn its own call count, ``counts`` or from ``_queued_calls``, as ``_queued``
         settles it). Per fn the timings whose calls were all queued in time (a host-paced timing is only an upper
         bound: left out), and the call counts they ended on."""
         counts = list(counts) if counts is not None else [self._queued_calls(fn) for fn in fns]
         per: list[list[float]] = [[] for _ in fns]
         for _ in range(rounds):
             for i, fn in enumerate(fns):
-                if graphs is not None and graphs[i] is not None:
+                if graphs is not None:
                     us = self._replay(*graphs[i])
                 else:
                     us, counts[i] = self._queued(fn, counts[i])

@@ -317,6 +317,24 @@ def search_cold_order(family: ModuleType, problem: ConvProblem, sms: int | None 
     return None if estimate is None else (lambda config: -estimate(config))
 
 
+SEARCH_HOOKS = (("features", search_features), ("initial_order", search_initial_order),
+                ("cold_order", search_cold_order))
+"""The problem-aware options a strategy may take, and how each is made from the family and the problem."""
+
+
+def search_options(strategy: str, family: ModuleType, problem: ConvProblem, sms: int | None = None,
+                   options: dict | None = None) -> dict:
+    """``options`` with each of ``SEARCH_HOOKS`` that ``strategy`` takes added for ``family`` on ``problem`` where
+    ``options`` does not set it (the caller's setting wins, None too: that option left out). The tuner and the
+    replay (benchmarks/strategies.py) give a search the same inputs through this."""
+    out = dict(options or {})
+    known = strategies.STRATEGIES[strategy].OPTIONS
+    for option, make in SEARCH_HOOKS:
+        if option in known and option not in out:
+            out[option] = make(family, problem, sms)
+    return out
+
+
 @dataclass
 class Trial:
     family: str
@@ -745,11 +763,7 @@ class Tuner:
             t, before = clock(), sum(v for k, v in phases.items() if k != "strategy")
             # what this family has measured so far (start point, warm-start seeds): the search's prior
             prior = [(tr.config, tr.outcome) for tr in trials if tr.family == fam.FAMILY]
-            options = dict(self.strategy_options)
-            for option, make in (("features", search_features), ("initial_order", search_initial_order),
-                                 ("cold_order", search_cold_order)):
-                if option in strategies.STRATEGIES[self.strategy].OPTIONS and option not in options:
-                    options[option] = make(fam, problem, self.sms)  # the user's setting wins
+            options = search_options(self.strategy, fam, problem, self.sms, self.strategy_options)
             search = _Search(self.strategy, searched[fam.FAMILY], evaluator(fam, "search"), remaining, self.seed, prior,
                              options, clock)
             with _single_threaded_torch():
