@@ -179,6 +179,7 @@ leave every later short candidate of the search behind the longest sleep, ~65 ms
 
 _host_clock = time.perf_counter  # (a module attribute: the tests' simulated stream replaces it)
 
+
 def _graph_pool():
     """One memory pool for the finalists' graphs (None where this torch has no CUDA graphs: each capture then fails
     and the finalists are timed queued)."""
