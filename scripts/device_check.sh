@@ -17,6 +17,8 @@
 #   gemmprobe = benchmarks/probes/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
 #   $GEMMPROBE_ARGS, e.g. "--tag h200").
 #   hostfloor = benchmarks/host_floor.py (GPU time vs eager per-call time vs host issue cost; $HOSTFLOOR_ARGS).
+#   sweep = benchmarks/probes/family_sweep.py (a family's whole space on layers against cuDNN; $SWEEP_ARGS, e.g.
+#   "--family implicit_gemm_wgmma_h16 --dtype bfloat16 --channels-last --tag h200_bf16_nhwc").
 #   e2e = benchmarks/bench_alexnet.py with $E2E_ARGS alone (pre-tuning what the cache lacks first), e.g.
 #   E2E_ARGS="--tf32 --seconds 7 --no-compile --runs 100 --tag h200_tf32": AlexNet end to end with PyTorch's TF32.
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
@@ -43,7 +45,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|tests|sweep|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -141,6 +143,12 @@ if has tests; then
   (cd /tmp && BAGF_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 \
     -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+if has sweep; then
+  wait_alongside
+  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/probes/family_sweep.py --out "$OUT" ${SWEEP_ARGS:-} \
+    > "$OUT/sweep.log" 2>&1 || rc=1
+  grep -vE "^    " "$OUT/sweep.log" | tail -n 30
 fi
 if has gemmprobe; then
   wait_alongside

@@ -918,6 +918,74 @@ def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compile
                         assert torch.equal(off, aligned), (dtype, c_in, fam.name(c), xi is xm, wi is wm)
 
 
+# implicit_gemm_wgmma_h16's tiles: every WN, MI and WG and the shallowest and deepest rings
+_WGMMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
+                    dict(WN=192, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=1, STAGES=5),
+                    dict(WN=64, MI=2, WG=2, STAGES=6)]
+
+
+def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independent(compiler):
+    """implicit_gemm_wgmma_h16 in bf16 and fp16 channels_last: five tiles (every WN, MI and WG, rings of 3-6) with
+    split-K 1, 2 and 8 on odd NHWC shapes with C % 8 == 0 (K and N*P*Q off every tile, strides 2 and 4, dilation,
+    C*R*S from 40 to 1728), NaN-poisoned output within twice cuDNN's error against float64 wherever the tuner would
+    run them (CudaChecker); off the problem rule, slices left empty and C % 8 != 0 (the 2-byte path) are checked
+    too. A split-K plan gives the same bits on every call, eager and replayed in a CUDA graph; opcheck passes with
+    the plan; under torch.compile(fullgraph=True) the output is the eager call's, bit for bit."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("implicit_gemm_wgmma_h16")
+    fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _WGMMA_H16_TILES
+               for sp in (1, 2, 8)]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs if not fam.space().is_valid(c)]
+    for sp in (1, 2, 8):
+        assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in PIPE_SHAPES for f in fmts)
+    built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, PIPE_SHAPES, fmts)))
+    checker = CudaChecker(compiler.ext)
+    off_rule = [(1, 8, 9, 11, 21, 1, 1, (1, 1), (0, 0), (1, 1), True),  # one k tile: 7 of 8 slices empty
+                (2, 12, 7, 6, 40, 3, 3, (2, 1), (1, 1), (1, 1), False),  # C = 12: the 2-byte path
+                (1, 5, 13, 11, 9, 3, 3, (1, 1), (1, 1), (2, 2), True)]  # C = 5, dilation 2
+    for fmt in fmts:
+        for shape in off_rule:
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            for c in configs:
+                if c["DT"] == fam.DTYPES[fmt[0]]:
+                    out = checker.check(ws, built[fam.name(c)].handle)
+                    assert out is None, (shape, fmt, fam.name(c), out.detail)
+    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(384, device="cuda").to(torch.bfloat16)
+    handle = built[fam.name(dict(fam.DEFAULT, **_WGMMA_H16_TILES[1], SPLIT=8, DT=1))].handle
+    op = torch.ops.bagf.conv2d.default
+    with torch.no_grad():
+        first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
+        assert all(torch.equal(op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first) for _ in range(20))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        for _ in range(20):
+            y.fill_(float("nan"))
+            g.replay()
+            assert torch.equal(y, first)
+    torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], handle))
+    torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], handle))
+
+    def compiled_fn(a):
+        return op(a, w, b, [1, 1], [1, 1], [1, 1], handle)
+
+    with torch.no_grad():
+        got = torch.compile(compiled_fn, fullgraph=True)(x)
+    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
+
+
 def _h16_model(dtype, layout):
     return _conv_model().to(getattr(torch, dtype)).to(memory_format=_memory_format(layout)).eval()
 

@@ -1,0 +1,217 @@
+"""Kernel family ``implicit_gemm_wgmma_h16``: fp16 and bf16 implicit-GEMM convolution of channels_last tensors on
+Hopper's wgmma (csrc/kernels/implicit_gemm_wgmma_h16.cuh).
+
+The arithmetic of ``implicit_gemm_h16`` and of cuDNN's fp16/bf16 convolutions (16-bit operands exact in the
+products, fp32 sums, bias added in fp32 before the one rounding to the output dtype), issued by whole warpgroups as
+``wgmma.mma_async`` with both operands read by the tensor cores from 128-byte-swizzled shared memory: the input's
+im2col tile (output pixels x 64 reduction steps, gathered 16 bytes = 8 channels at a time) and the weight's tile
+(a channels_last weight's KRSC rows). It serves channels_last problems with C % 8 == 0 on sm_90 (compiled for
+sm_90a); NCHW and other channel counts are ``implicit_gemm_h16``'s.
+
+Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
+
+========  ==================  ======================================================================
+knob      values              rule
+========  ==================  ======================================================================
+DT        0 1                 the problem's dtype: 0 float16, 1 bfloat16
+WN        64 128 192 256      wgmma's N: output channels per block
+MI        1 2                 64-pixel row blocks per warpgroup; MI*WN/2 fp32 accumulators per
+                              thread, at most 128
+WG        1 2                 warpgroups: BN = 64*MI*WG output pixels per block, 128*WG threads
+STAGES    3 4 5 6             cp.async ring depth (copies run STAGES-2 tiles ahead, one wgmma group
+                              in flight); shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
+                              device's opt-in limit
+SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
+                              problem every slice gets >= 2 k tiles of 64 and the partial sums fit
+                              32 MiB
+========  ==================  ======================================================================
+
+On a problem (:func:`problem_rule`) the configuration's DT is the problem's and C % 8 == 0 (every copy a whole
+16-byte run). The kernel checks the 16-byte path again per launch (C and the pointers' alignment) and fills the
+tiles by 2-byte loads where it does not hold: slower, never a misaligned copy. Every access is bounds-checked
+against the run-time shape.
+
+The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
+cuDNN's own convolution in the same dtype and format misses by on the same data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from .geometry import LaunchGeometry
+from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
+
+FAMILY = "implicit_gemm_wgmma_h16"
+SOURCE = "implicit_gemm_wgmma_h16.cuh"
+KERNEL = "bagf::implicit_gemm_wgmma_h16_conv2d"
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES")
+"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
+MIN_ARCH = 90
+KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
+               "const bagf::Conv2dParams, float*")
+"""The kernel's parameter list: x, w, bias, y (16-bit values as unsigned short), the shape, the split-K workspace."""
+BK = 64
+"""Reduction steps per k tile: one 128-byte swizzle row of 16-bit values."""
+
+DTYPES: dict[str, int] = {"float16": 0, "bfloat16": 1}
+FORMATS: tuple[tuple[str, str], ...] = (("float16", "nhwc"), ("bfloat16", "nhwc"))
+"""The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "DT": (0, 1),
+    "WN": (64, 128, 192, 256),
+    "MI": (1, 2),
+    "WG": (1, 2),
+    "STAGES": (3, 4, 5, 6),
+    "SPLIT": (1, 2, 4, 8, 16),
+}
+
+# 128 output channels x 128 pixels per block (two warpgroups, one m64n128k16 instruction each per k16 step), a
+# 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN to K and SPLIT to the grid.
+DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
+
+SPLIT_WORKSPACE_LIMIT = 32 << 20
+"""Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
+STATIC_SMEM = 16
+"""Static shared memory of the kernel (split-K's arrival flag), besides the dynamic ring."""
+H200_SMS = 132
+SM90_SMEM_LIMIT = 232448
+
+
+def bm(c: Mapping[str, int]) -> int:
+    """Output channels per block (grid.y)."""
+    return c["WN"]
+
+
+def bn(c: Mapping[str, int]) -> int:
+    """Output pixels per block (grid.x)."""
+    return 64 * c["MI"] * c["WG"]
+
+
+def threads(c: Mapping[str, int]) -> int:
+    return 128 * c["WG"]
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, and 1024 bytes to align it to the swizzle's
+    atom."""
+    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024
+
+
+def estimated_registers(c: Mapping[str, int]) -> int:
+    """The accumulators (MI*WN/2 per thread) plus ~110 for the copy plan, the cursor and addressing. ptxas with nvcc
+    13.0 (WG = 2): 119 for WN = 64, 204 for WN = 192, 255 with 40 bytes of spills at 128 accumulators."""
+    return c["MI"] * c["WN"] // 2 + 110
+
+
+def applies(problem) -> str | None:
+    """None for a float16 or bfloat16 channels_last problem with C % 8 == 0 (every copy a whole 16-byte run)."""
+    if (problem.dtype, problem.layout) not in FORMATS:
+        return f"computes float16 and bfloat16 channels_last; this problem is {problem.dtype} {problem.layout}"
+    if problem.c % 8:
+        return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    return None
+
+
+def k_tiles(problem) -> int:
+    return -(-(problem.c * problem.r * problem.s) // BK)
+
+
+def tiles(c: Mapping[str, int], problem) -> int:
+    """Output tiles (blocks per slice) of ``c`` on ``problem``."""
+    p, q = problem.out_hw
+    return -(-(problem.n * p * q) // bn(c)) * -(-problem.k // bm(c))
+
+
+def workspace_bytes(c: Mapping[str, int], problem) -> int:
+    """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
+    split = c.get("SPLIT", 1)
+    return 0 if split == 1 else 4 * tiles(c, problem) * (split * bm(c) * bn(c) + 1)
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` was compiled for the problem's dtype, every copy is a whole 16-byte run (C % 8 == 0), and a
+    split-K configuration gives every slice 2 k tiles or more within :data:`SPLIT_WORKSPACE_LIMIT` bytes."""
+    if c["DT"] != DTYPES.get(problem.dtype):
+        return f"compiled for {'bfloat16' if c['DT'] else 'float16'}; this problem is {problem.dtype}"
+    if problem.c % 8:
+        return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    split = c.get("SPLIT", 1)
+    if split > 1:
+        if k_tiles(problem) // split < 2:
+            return f"split-K of {split} leaves under 2 of the problem's {k_tiles(problem)} k tiles per slice"
+        need = workspace_bytes(c, problem)
+        if need > SPLIT_WORKSPACE_LIMIT:
+            return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
+                    f"{SPLIT_WORKSPACE_LIMIT >> 20})")
+    return None
+
+
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """DEFAULT with the problem's DT, the instruction width WN that pads the K output channels least (the widest on
+    a tie: the input tile's gather is shared by more channels), and where the grid leaves SMs idle (one block per
+    SM: the ring takes over half the SM's shared memory) the largest SPLIT that keeps within one block per SM and
+    :func:`problem_rule`."""
+    c = dict(DEFAULT)
+    c["DT"] = DTYPES.get(problem.dtype, 1)
+    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, -wn))
+    blocks = tiles(c, problem)
+    fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
+    c["SPLIT"] = max(fits, default=1)
+    return c
+
+
+def blocks_per_sm(c: Mapping[str, int]) -> int:
+    return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
+
+
+def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
+    """What a configuration means for ``problem`` beyond its knobs, for ax's model: grid blocks per SM (split
+    slices included), k tiles per slice, and blocks one SM holds at once, each log2."""
+    return {"log2_blocks_per_sm": math.log2(tiles(c, problem) * c["SPLIT"] / sms),
+            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem) // c["SPLIT"]))),
+            "log2_resident": math.log2(blocks_per_sm(c))}
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
+                          dtype=1 + c["DT"], nhwc=1)
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_s1_sm90``."""
+    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
+            f"_s{c['SPLIT']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+
+
+def gpu_arch(c: Mapping[str, int], arch: str) -> str:
+    """wgmma needs the architecture-specific sm_90a; on any other target the kernel's static_assert fails the
+    compile with its reason."""
+    return arch + "a" if arch == "sm_90" else arch
+
+
+def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
+    """wgmma compiles only for sm_90a: on another GPU the tuner leaves the family out."""
+    return None if arch == "sm_90" else f"wgmma needs an sm_90 GPU, not {arch}"
+
+
+def _rules(smem_limit: int):
+    def accumulators(c):
+        if c["MI"] * c["WN"] > 256:
+            return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
+        return None
+
+    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+            register_rule(threads, estimated_registers))
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    """The family's search space for a device with ``smem_limit`` bytes of opt-in shared memory per block."""
+    return Space(FAMILY, PARAMS, _rules(smem_limit))
