@@ -133,7 +133,8 @@ def main(argv=None) -> int:
                 print(f"    {len(failed)} failed, e.g. {failed[:3]}", flush=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(), "command": command_line(),
+            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
+            "command": command_line("probes/family_sweep.py", sys.argv[1:] if argv is None else argv),
             "family": fam.FAMILY, "dtype": args.dtype, "layout": layout, "tf32": args.tf32,
             "where": args.where, "where_large": args.where_large, "rounds": args.rounds,
             "seconds": round(time.perf_counter() - t_start, 1)}

@@ -371,16 +371,19 @@ __global__ void __launch_bounds__(128 * WG, 1)
     __syncthreads();
     if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
     __threadfence();
-    const float* all = ws + tile * (BM * BN) + tid;
-    for (int z = 0; z < split; ++z) {
-      const float* part = all + z * ntiles * (BM * BN);
+    // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
+    // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
+    const float* part = ws + tile * (BM * BN) + tid;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
+    for (int z = 1; z < split; ++z) {
+      part += ntiles * (BM * BN);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int v = 0; v < WN / 2; ++v) {
-          const float got = __ldcg(part + (mi * (WN / 2) + v) * T);
-          acc[mi][v] = z == 0 ? got : acc[mi][v] + got;
-        }
+        for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
     }
   }
 
