@@ -918,14 +918,14 @@ def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compile
                         assert torch.equal(off, aligned), (dtype, c_in, fam.name(c), xi is xm, wi is wm)
 
 
-# implicit_gemm_wgmma_h16's tiles: every WN, MI and WG and the shallowest and deepest rings
-_WGMMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
-                    dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=5),
-                    dict(WN=64, MI=2, WG=1, STAGES=6)]
+# implicit_gemm_wgmma_h16's tiles: every WN, MI, WG and KS and the shallowest and deepest rings
+_WGMMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3, KS=2), dict(WN=128, MI=2, WG=2, STAGES=4, KS=1),
+                    dict(WN=192, MI=1, WG=2, STAGES=5, KS=1), dict(WN=256, MI=1, WG=1, STAGES=5, KS=1),
+                    dict(WN=64, MI=2, WG=1, STAGES=6, KS=1), dict(WN=128, MI=1, WG=2, STAGES=3, KS=2)]
 
 
 def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independent(compiler):
-    """implicit_gemm_wgmma_h16 in bf16 and fp16 channels_last: five tiles (every WN, MI and WG, rings of 3-6) with
+    """implicit_gemm_wgmma_h16 in bf16 and fp16 channels_last: six tiles (every WN, MI, WG and KS, rings of 3-6) with
     split-K 1, 2 and 8 on odd NHWC shapes with C % 8 == 0 (K and N*P*Q off every tile, strides 2 and 4, dilation,
     C*R*S from 40 to 1728), NaN-poisoned output within twice cuDNN's error against float64 wherever the tuner would
     run them (CudaChecker); off the problem rule, slices left empty and C % 8 != 0 (the 2-byte path) are checked

@@ -24,7 +24,7 @@ def test_every_valid_config_obeys_the_documented_rules():
         assert (g.dtype, g.nhwc, g.split) == (1 + c["DT"], 1, c["SPLIT"])
         assert (8 * g.bn) % t == 0 and (8 * g.bm) % t == 0  # the kernel's whole copy rounds of both tiles
         assert c["MI"] * c["WN"] // 2 <= 128 and c["STAGES"] >= 3
-        assert wh.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= wh.SM90_SMEM_LIMIT - wh.STATIC_SMEM
+        assert wh.smem_bytes(c) == c["STAGES"] * c["KS"] * (g.bn + g.bm) * 128 + 1024 <= wh.SM90_SMEM_LIMIT - wh.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
     # one cubin per tile and dtype whatever the split
     assert len({wh.name_expression(c) for c in valid}) == len({wh.name(dict(c, SPLIT=1)) for c in valid})
@@ -40,8 +40,8 @@ def test_invalid_configs_say_why():
 
 
 def test_names_targets_and_formats():
-    assert wh.name(wh.DEFAULT) == "implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_s1_sm90"
-    assert wh.name_expression(dict(wh.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4>"
+    assert wh.name(wh.DEFAULT) == "implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90"
+    assert wh.name_expression(dict(wh.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>"
     assert wh.gpu_arch(wh.DEFAULT, "sm_90") == "sm_90a" and wh.gpu_arch(wh.DEFAULT, "sm_80") == "sm_80"
     assert wh.arch_rule(wh.DEFAULT, "sm_90") is None and "sm_90" in wh.arch_rule(wh.DEFAULT, "sm_80")
     assert wh.applies(_problem(32, 192, 13, 384, 3)) is None
@@ -60,6 +60,7 @@ def test_the_problem_rule_holds_dtype_channels_and_split_k():
     assert "under 2" in wh.problem_rule(dict(wh.DEFAULT, SPLIT=16), conv3_1)  # 27 // 16 = 1
     big = _problem(128, 192, 13, 384, 3)
     assert "MiB" in wh.problem_rule(dict(wh.DEFAULT, SPLIT=8), big)
+    assert "under 2" in wh.problem_rule(dict(wh.DEFAULT, KS=2, SPLIT=8), conv3_1)  # 14 k tiles of 128: 1 each
     assert wh.workspace_bytes(dict(wh.DEFAULT, SPLIT=2), conv3_1) == 4 * wh.tiles(wh.DEFAULT, conv3_1) * (
         2 * 128 * 128 + 1)
     # an imported plan is held to the same rules (kernels.family_refuses)

@@ -18,12 +18,13 @@ WN        64 128 192 256      wgmma's N: output channels per block
 MI        1 2                 64-pixel row blocks per warpgroup; MI*WN/2 fp32 accumulators per
                               thread, at most 128
 WG        1 2                 warpgroups: BN = 64*MI*WG output pixels per block, 128*WG threads
-STAGES    3 4 5 6             cp.async ring depth (copies run STAGES-2 tiles ahead, one wgmma group
-                              in flight); shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
-                              device's opt-in limit
+STAGES    3 4 5 6             cp.async ring depth (copies run STAGES-2 k tiles ahead, one wgmma
+                              group in flight); shared memory STAGES*KS*(BN + WN)*128 + 1024 bytes
+                              <= the device's opt-in limit
+KS        1 2                 64-step sub-tiles per k tile: a stage, a barrier and a wgmma group per
+                              64*KS reduction steps
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
-                              problem every slice gets >= 2 k tiles of 64 and the partial sums fit
-                              32 MiB
+                              problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
 ========  ==================  ======================================================================
 
 On a problem (:func:`problem_rule`) the configuration's DT is the problem's and C % 8 == 0 (every copy a whole
@@ -46,14 +47,14 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_wgmma_h16"
 SOURCE = "implicit_gemm_wgmma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_wgmma_h16_conv2d"
-TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES")
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "KS")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
                "const bagf::Conv2dParams, float*")
 """The kernel's parameter list: x, w, bias, y (16-bit values as unsigned short), the shape, the split-K workspace."""
 BK = 64
-"""Reduction steps per k tile: one 128-byte swizzle row of 16-bit values."""
+"""Reduction steps per sub-tile: one 128-byte swizzle row of 16-bit values (a k tile is KS of them)."""
 
 DTYPES: dict[str, int] = {"float16": 0, "bfloat16": 1}
 FORMATS: tuple[tuple[str, str], ...] = (("float16", "nhwc"), ("bfloat16", "nhwc"))
@@ -65,12 +66,13 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "MI": (1, 2),
     "WG": (1, 2),
     "STAGES": (3, 4, 5, 6),
+    "KS": (1, 2),
     "SPLIT": (1, 2, 4, 8, 16),
 }
 
 # 128 output channels x 128 pixels per block (two warpgroups, one m64n128k16 instruction each per k16 step), a
 # 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN to K and SPLIT to the grid.
-DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
+DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1}
 
 SPLIT_WORKSPACE_LIMIT = 32 << 20
 """Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
@@ -95,16 +97,16 @@ def threads(c: Mapping[str, int]) -> int:
 
 
 def smem_bytes(c: Mapping[str, int]) -> int:
-    """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, and 1024 bytes to align it to the swizzle's
-    atom."""
-    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024
+    """The ring, STAGES x KS x (BN input rows + WN weight rows) x 128 bytes, and 1024 bytes to align it to the
+    swizzle's atom."""
+    return c["STAGES"] * c["KS"] * (bn(c) + bm(c)) * 128 + 1024
 
 
 def estimated_registers(c: Mapping[str, int]) -> int:
-    """The accumulators (MI*WN/2 per thread) plus 85 for the copy plan, the cursor and addressing: ptxas with nvcc
-    13.0 gives every configuration of the space the accumulators plus 52-84 (84-94 registers at 32 accumulators,
-    184-212 at 128), no spills."""
-    return c["MI"] * c["WN"] // 2 + 85
+    """The accumulators (MI*WN/2 per thread) plus 120 for the copy plan, the cursor and addressing, at most 255.
+    ptxas with nvcc 13.0 on the space's bf16 kernels: 114-143 registers at 32 accumulators, 148-219 at 64, 204-249
+    at 96, 252-255 at 128 (KS = 2 the upper ends), no spills."""
+    return min(255, c["MI"] * c["WN"] // 2 + 120)
 
 
 def applies(problem) -> str | None:
@@ -116,8 +118,9 @@ def applies(problem) -> str | None:
     return None
 
 
-def k_tiles(problem) -> int:
-    return -(-(problem.c * problem.r * problem.s) // BK)
+def k_tiles(problem, c: Mapping[str, int] = DEFAULT) -> int:
+    """k tiles of ``c`` (KS sub-tiles of 64 reduction steps each) in ``problem``'s reduction."""
+    return -(-(problem.c * problem.r * problem.s) // (BK * c["KS"]))
 
 
 def tiles(c: Mapping[str, int], problem) -> int:
@@ -141,8 +144,8 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
     split = c.get("SPLIT", 1)
     if split > 1:
-        if k_tiles(problem) // split < 2:
-            return f"split-K of {split} leaves under 2 of the problem's {k_tiles(problem)} k tiles per slice"
+        if k_tiles(problem, c) // split < 2:
+            return f"split-K of {split} leaves under 2 of the problem's {k_tiles(problem, c)} k tiles per slice"
         need = workspace_bytes(c, problem)
         if need > SPLIT_WORKSPACE_LIMIT:
             return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
@@ -172,7 +175,7 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
     """What a configuration means for ``problem`` beyond its knobs, for ax's model: grid blocks per SM (split
     slices included), k tiles per slice, and blocks one SM holds at once, each log2."""
     return {"log2_blocks_per_sm": math.log2(tiles(c, problem) * c["SPLIT"] / sms),
-            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem) // c["SPLIT"]))),
+            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem, c) // c["SPLIT"]))),
             "log2_resident": math.log2(blocks_per_sm(c))}
 
 
@@ -182,13 +185,13 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_s1_sm90``."""
+    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90``."""
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_s{c['SPLIT']}_{arch}")
+            f"_ks{c['KS']}_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4>`` (whatever SPLIT: a launch parameter)."""
+    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>`` (whatever SPLIT: a launch parameter)."""
     return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 

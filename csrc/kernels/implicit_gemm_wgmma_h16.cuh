@@ -14,20 +14,22 @@
 // a channels_last weight; the host passes one). The accumulators of a thread are pairs of adjacent channels of
 // two pixels, so the output is written as 4-byte pairs straight into the channels_last output.
 //
-// Data path: each k tile is 64 reduction steps (BK = 64 16-bit values = one 128-byte swizzle row per pixel and per
-// output channel). Every thread owns one 16-byte column q = tid % 8 of the rows tid / 8 + i T / 8 of both tiles, so
-// one cursor (c, s, r) per thread walks the reduction for both operands; per tile a copy is an add, a bounds test
+// Data path: each k tile is KS sub-tiles of 64 reduction steps (BK = 64 16-bit values = one 128-byte swizzle row per
+// pixel and per output channel). Every thread owns one 16-byte column q = tid % 8 of the rows tid / 8 + i T / 8 of
+// both operands' sub-tiles, so one cursor (c, s, r) per thread walks the reduction for both; per sub-tile a copy is
+// an add, a bounds test
 // and one 16-byte cp.async (.ca for the input, whose pixels the other taps read again; .cg for the weights), a
 // copy out of the image or past C*R*S a zero-filling one. Stored at the 128-byte swizzle: row m's 16-byte column q
 // at byte (m / 8) 1024 + (m % 8) 128 + 16 (q ^ m % 8) of its tile (the tiles are 1024-byte aligned: the hardware
-// applies the same XOR to the address bits). STAGES-deep ring; the copies run STAGES - 2 tiles ahead, one wgmma
-// group (4 k16 steps of every warpgroup) stays in flight while the next copies are issued (gemm_wgmma.cuh's
-// schedule). Where the 16-byte path does not hold (C % 8 != 0, or x or w not 16-byte aligned; checked per launch)
+// applies the same XOR to the address bits). STAGES-deep ring of k tiles; the copies run STAGES - 2 tiles ahead,
+// one wgmma group (4 KS k16 steps of every warpgroup) stays in flight while the next copies are issued
+// (gemm_wgmma.cuh's schedule): a barrier per k tile, so KS = 2 halves the barriers per reduction step. Where the 16-byte path does not hold (C % 8 != 0, or x or w not 16-byte aligned; checked per launch)
 // the same tiles are filled by 2-byte loads and shared-memory stores: slow, correct, never a misaligned copy.
 //
 // Template parameters (bagf_torch/kernels/implicit_gemm_wgmma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
 // WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
-// warpgroups (BN = 64 MI WG output pixels per block, 128 WG threads), STAGES >= 3. Split-K is the launch's grid.z
+// warpgroups (BN = 64 MI WG output pixels per block, 128 WG threads), STAGES >= 3, KS sub-tiles of 64 per k tile
+// (1 or 2). Split-K is the launch's grid.z
 // (one cubin serves every split): implicit_gemm_h16.cuh's protocol, the slices' fp32 sums in the host's workspace
 // and the last slice to arrive adds them in slice order (the output does not depend on the schedule).
 //
@@ -168,24 +170,26 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
 
 }  // namespace wgh
 
-template <int DT, int WN, int MI, int WG, int STAGES>
+template <int DT, int WN, int MI, int WG, int STAGES, int KS>
 __global__ void __launch_bounds__(128 * WG, 1)
     implicit_gemm_wgmma_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                                    const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
                                    const Conv2dParams p, float* __restrict__ ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = 64;             // reduction steps per k tile: one 128-byte row per pixel and per channel
+  constexpr int BK = 64;             // reduction steps per sub-tile: one 128-byte row per pixel and per channel
   constexpr int T = 128 * WG;
   constexpr int BM = WN;             // output channels per block (grid.y)
   constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x)
-  constexpr int A_BYTES = BN * 128;  // the input tile, BN rows
-  constexpr int STAGE = A_BYTES + BM * 128;
+  constexpr int A_BYTES = BN * 128;  // an input sub-tile, BN rows
+  constexpr int B_BYTES = BM * 128;  // a weight sub-tile, BM rows
+  constexpr int STAGE = KS * (A_BYTES + B_BYTES);  // a stage: KS input sub-tiles, then KS weight sub-tiles
   constexpr int ROWS = T / 8;        // rows one copy round covers (eight threads per 128-byte row)
   constexpr int CA = BN / ROWS;      // input rows per thread (= 4 MI)
   constexpr int CB = BM / ROWS;      // weight rows per thread
   constexpr int NACC = MI * WN / 2;  // accumulators per thread
   static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
   static_assert(STAGES >= 3, "one group in flight needs a stage besides the two being read");
+  static_assert(KS == 1 || KS == 2, "one or two 64-step sub-tiles per stage");
   static_assert(BN % ROWS == 0 && BM % ROWS == 0 && ROWS % 8 == 0, "whole copy rounds; a thread's rows share m % 8");
   static_assert(NACC <= 128, "accumulators fit the register file");
 
@@ -206,7 +210,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
                    ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15ull) == 0;
 
   // this block's share of the k tiles (split-K over gridDim.z slices: implicit_gemm_h16's even split)
-  const int num_k = (CRS + BK - 1) / BK;
+  const int num_k = (CRS + BK * KS - 1) / (BK * KS);  // k tiles (stages' worth) of the reduction
   const int split = static_cast<int>(gridDim.z);
   const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
   const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
@@ -239,8 +243,8 @@ __global__ void __launch_bounds__(128 * WG, 1)
 #pragma unroll
   for (int i = 0; i < CB; ++i)
     if (m0 + row0 + i * ROWS < p.K) b_ok |= 1u << i;
-  // the cursor: this thread's reduction index kk = t BK + 8 q of the next tile to copy, as (r, s, c) digits
-  int cur_kk = t_begin * BK + 8 * q;
+  // the cursor: this thread's reduction index kk = t BK KS + 8 q of the next sub-tile to copy, as (r, s, c) digits
+  int cur_kk = t_begin * BK * KS + 8 * q;
   int cur_c, cur_s, cur_r;
   {
     const int tap = cur_kk / p.C;
@@ -253,9 +257,9 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int d_r = d_tap / p.S;
   const int d_s = d_tap - d_r * p.S;
 
-  // Copy the next k tile (in order: the cursor stands at it) into the stage at byte address `sa`.
-  auto load_tile = [&](unsigned sa) {
-    const unsigned sb = sa + A_BYTES;
+  // Copy the next sub-tile (in order: the cursor stands at it): the input rows to byte address `sa`, the weight
+  // rows to `sb`.
+  auto load_sub = [&](unsigned sa, unsigned sb) {
     if (vec) {
       const bool kok = cur_kk < CRS;
       const int dr = cur_r * p.dil_h;
@@ -308,6 +312,12 @@ __global__ void __launch_bounds__(128 * WG, 1)
     if (cur_s >= p.S) { cur_s -= p.S; ++cur_r; }
   };
 
+  // Copy the next k tile into the stage at byte address `st`.
+  auto load_tile = [&](unsigned st) {
+#pragma unroll
+    for (int h = 0; h < KS; ++h) load_sub(st + h * A_BYTES, st + KS * A_BYTES + h * B_BYTES);
+  };
+
   float acc[MI][WN / 2];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -332,11 +342,13 @@ __global__ void __launch_bounds__(128 * WG, 1)
     const unsigned sa = smem0 + rd * STAGE;
     wg::fence();
 #pragma unroll
-    for (int s = 0; s < BK / 16; ++s)
+    for (int h = 0; h < KS; ++h)
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-        wgh::mma<DT, WN>(acc[mi], wgh::desc128(sa + a_rows + mi * (64 * 128) + 32 * s),
-                         wgh::desc128(sa + A_BYTES + 32 * s));
+      for (int s = 0; s < BK / 16; ++s)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          wgh::mma<DT, WN>(acc[mi], wgh::desc128(sa + h * A_BYTES + a_rows + mi * (64 * 128) + 32 * s),
+                           wgh::desc128(sa + KS * A_BYTES + h * B_BYTES + 32 * s));
     wg::commit();
     // the stage tile i - 2 was read from: every warpgroup waited for that group before this step's barrier
     if (i + STAGES - 2 < tiles) load_tile(smem0 + wr * STAGE);
