@@ -68,17 +68,20 @@ def test_the_problem_rule_holds_dtype_channels_and_split_k():
     assert family_refuses(wh.FAMILY, wh.DEFAULT, _problem(1, 192, 13, 384, 3, layout="nchw")) is not None
 
 
-@pytest.mark.parametrize("n, c, h, k, r, dtype, wn, split", [
-    (128, 192, 13, 384, 3, "bfloat16", 192, 1),  # AlexNet conv3: 169 x 2 blocks of 128 pixels x 192 channels
-    (32, 192, 13, 384, 3, "float16", 192, 1),    # 43 x 2 = 86 blocks; 2 slices would pass 132
-    (32, 256, 13, 256, 3, "bfloat16", 256, 2),   # K = 256: one 256-channel instruction; 43 blocks, 2 slices
-    (1, 256, 13, 256, 3, "bfloat16", 256, 16),   # 2 blocks: 16 slices of 36 k tiles (2 each)
-    (1, 64, 27, 192, 5, "bfloat16", 192, 8),     # 6 blocks; 25 k tiles: 8 slices of 3
-    (32, 64, 56, 64, 3, "bfloat16", 64, 1),      # ResNet layer1: K = 64
+@pytest.mark.parametrize("n, c, h, k, r, dtype, wn, wg, split", [
+    (128, 192, 13, 384, 3, "bfloat16", 128, 2, 1),  # AlexNet conv3: K = 384 in 3 x 128; 169 x 3 tiles
+    (32, 192, 13, 384, 3, "float16", 128, 2, 1),    # 43 x 3 = 129 tiles: one wave, no split
+    (32, 256, 13, 256, 3, "bfloat16", 128, 2, 1),   # K = 256: 128 on the tie with 256; 86 tiles, 2 slices pass 132
+    (32, 64, 27, 192, 5, "bfloat16", 192, 2, 1),    # conv2: K = 192 in one instruction
+    (1, 256, 13, 256, 3, "bfloat16", 64, 1, 8),     # batch 1: 3 x 4 tiles of 64 x 64, 8 slices (36 k tiles)
+    (1, 192, 13, 384, 3, "bfloat16", 64, 1, 4),     # 3 x 6 tiles: 4 slices (8 would pass 132)
+    (1, 64, 27, 192, 5, "bfloat16", 64, 1, 2),      # 12 x 3 tiles: 2 slices
+    (32, 64, 56, 64, 3, "bfloat16", 64, 2, 1),      # ResNet layer1: K = 64
 ])
-def test_start_point_takes_the_dtype_and_fills_the_gpu(n, c, h, k, r, dtype, wn, split):
+def test_start_point_takes_the_dtype_and_fills_the_gpu(n, c, h, k, r, dtype, wn, wg, split):
     p = _problem(n, c, h, k, r, dtype)
     d = wh.default_for(p, sms=132)
-    assert (d["DT"], d["WN"], d["SPLIT"]) == (wh.DTYPES[dtype], wn, split)
+    assert (d["DT"], d["WN"], d["WG"], d["SPLIT"]) == (wh.DTYPES[dtype], wn, wg, split)
+    assert d["STAGES"] == 5 and d["KS"] == 1
     assert wh.space().invalid_reason(d) is None and wh.problem_rule(d, p) is None
     assert wh.tiles(d, p) * d["SPLIT"] <= 132 or d["SPLIT"] == 1

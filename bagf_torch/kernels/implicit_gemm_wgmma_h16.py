@@ -154,13 +154,19 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with the problem's DT, the instruction width WN that pads the K output channels least (the widest on
-    a tie: the input tile's gather is shared by more channels), and where the grid leaves SMs idle (one block per
-    SM: the ring takes over half the SM's shared memory) the largest SPLIT that keeps within one block per SM and
-    :func:`problem_rule`."""
+    """DEFAULT with the problem's DT; the instruction width WN that pads the K output channels least, the nearest to 128
+    on a tie (the wider of two as near: K = 384 and 256 take 128, K = 192 takes 192, K = 64 takes 64); a 5-deep ring where it fits. Where the grid has
+    fewer tiles than a quarter of the SMs (batch 1), 64 x 64 tiles of one warpgroup (WN = 64, WG = 1); then the
+    largest SPLIT whose slices still fit one wave (SPLIT x tiles <= SMs, and :func:`problem_rule`). (The whole space timed on AlexNet's
+    conv2-5 in bf16 channels_last, benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc.md: the
+    best tiles were WN = 128 with 4-5 stages at N = 32 and 128 on K = 384 and 256, WN = 192 on K = 192, and 64 x 64
+    tiles split 4-8 ways at N = 1.)"""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
-    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, -wn))
+    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
+    if tiles(c, problem) < sms // 4:
+        c.update(WN=64, WG=1)
+    c["STAGES"] = 5 if smem_bytes(dict(c, STAGES=5)) <= SM90_SMEM_LIMIT - STATIC_SMEM else 4
     blocks = tiles(c, problem)
     fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
     c["SPLIT"] = max(fits, default=1)
