@@ -532,3 +532,27 @@ def test_record_space_spreads_work_over_gpus_and_merges_the_childrens_rows_once(
     assert sorted(by) == ["p0", "p1"] and by["p0"]["cudnn"] == {"median_us": 9.0}
     assert [r["config"] for r in by["p0"]["families"]["f"]["records"]] == [[1], [2]]
     assert by["p1"]["families"]["f"]["complete"] and by["p1"]["families"]["f"]["seconds"] == 1.0
+
+
+def test_family_sweep_selects_knobs_and_renders_its_json(tmp_path):
+    """benchmarks/probes/family_sweep.py: --where narrows the space by knob values; --from-json rewrites the table
+    (speed ratio and TFLOP/s from the recorded times) on a CPU."""
+    spec = importlib.util.spec_from_file_location("family_sweep", BENCHMARKS / "probes" / "family_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.parse_where("SPLIT=1,2;WG=2") == {"SPLIT": {1, 2}, "WG": {2}}
+    configs = [{"SPLIT": s, "WG": w} for s in (1, 2, 4) for w in (1, 2)]
+    assert sweep.selected(configs, sweep.parse_where("SPLIT=1,2;WG=2")) == [{"SPLIT": 1, "WG": 2}, {"SPLIT": 2, "WG": 2}]
+    meta = {"family": "f", "gpu": "FAKE", "date": "d", "torch": "t", "cuda": "c", "cudnn": 1, "commit": "x",
+            "command": "cmd", "dtype": "bfloat16", "layout": "nhwc", "tf32": False, "where": None,
+            "where_large": "SPLIT=1", "top": 2, "rounds": 3}
+    rows = [{"layer": "conv3", "n": 128, "configs": 54, "checked": 54, "cudnn_us": 75.0, "best_us": 60.0,
+             "best_plan": "p", "gflop": 30.0, "best": [{"plan": "p", "us": 60.0, "screen_us": 61.0}]},
+            {"layer": "conv4", "n": 1, "configs": 3, "checked": 0, "cudnn_us": 12.0, "best_us": None,
+             "best_plan": None, "gflop": 0.3, "best": []}]
+    path = tmp_path / "family_sweep_f_fake.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert sweep.main(["--from-json", str(path)]) == 0
+    md = path.with_suffix(".md").read_text()
+    assert "| conv3 | 128 | 54 (54) | 75.0 | 60.0 | 1.25x | 500 | `p` |" in md
+    assert "| conv4 | 1 | 3 (0) | 12.0 | - | - | - | - |" in md

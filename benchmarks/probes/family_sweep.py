@@ -8,7 +8,8 @@ interleaved over ``--rounds`` rounds. What it shows is the family's best plan pe
         --layers conv2,conv3,conv4,conv5 --batch 1,32,128 --tag h200_bf16_nhwc
 
 cuDNN runs in benchmark mode in the same dtype, memory format and TF32 mode (``--tf32``). Writes
-``family_sweep_<family>_<tag>.{json,md}`` under ``--out``.
+``family_sweep_<family>_<tag>.{json,md}`` under ``--out``; ``--from-json FILE`` rewrites a sweep's Markdown on a
+CPU.
 """
 
 from __future__ import annotations
@@ -51,9 +52,30 @@ def selected(configs, where: dict[str, set[int]]):
     return [c for c in configs if all(c.get(k) in vs for k, vs in where.items())]
 
 
+def markdown(meta: dict, rows: list[dict]) -> str:
+    """The Markdown table of a sweep's JSON (``meta``, ``rows``)."""
+    mode = (f"{meta['dtype']} {'channels_last' if meta['layout'] == 'nhwc' else 'NCHW'}"
+            + (", TF32 mode" if meta["tf32"] else ""))
+    top = meta.get("top", max((len(r["best"]) for r in rows), default=0))
+    lines = [f"# {meta['family']}: the whole space against cuDNN ({meta['gpu']}, {meta['date']})", "",
+             f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {mode}; commit {meta['commit']}; "
+             f"`{meta['command']}`. Every configuration the tuner would run on the problem (narrowed by "
+             f"`{meta['where']}` / `{meta['where_large']}` at N > 1) checked against float64, screened by one "
+             f"CUDA-graph timing, the best {top} re-timed with cuDNN (benchmark mode) interleaved, median of "
+             f"{meta['rounds']} rounds. TFLOP/s: direct-convolution FLOPs over the best time.", "",
+             "| layer | N | configs (checked) | cuDNN us | best us | best / cuDNN speed | TFLOP/s | best plan |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["best_us"]
+        lines.append(f"| {r['layer']} | {r['n']} | {r['configs']} ({r['checked']}) | {r['cudnn_us']:.1f} | "
+                     + (f"{b:.1f} | {r['cudnn_us'] / b:.2f}x | {r['gflop'] / b * 1e3:.0f} | `{r['best_plan']}` |"
+                        if b else "- | - | - | - |"))
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    ap.add_argument("--family", choices=sorted(FAMILIES), help="the family to sweep (needed unless --from-json)")
     ap.add_argument("--layers", default="conv2,conv3,conv4,conv5")
     ap.add_argument("--batch", default="1,32,128")
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
@@ -66,7 +88,14 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=24, help="configurations per screening capture")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="h200")
+    ap.add_argument("--from-json", default=None, help="rewrite the Markdown of a sweep's JSON (CPU) and exit")
     args = ap.parse_args(argv)
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        Path(args.from_json).with_suffix(".md").write_text(markdown(data["meta"], data["rows"]))
+        return 0
+    if not args.family:
+        ap.error("--family is needed")
     if not torch.cuda.is_available():
         print("family_sweep: no CUDA GPU here")
         return 2
@@ -136,26 +165,12 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
             "command": command_line("probes/family_sweep.py", sys.argv[1:] if argv is None else argv),
             "family": fam.FAMILY, "dtype": args.dtype, "layout": layout, "tf32": args.tf32,
-            "where": args.where, "where_large": args.where_large, "rounds": args.rounds,
+            "where": args.where, "where_large": args.where_large, "top": args.top, "rounds": args.rounds,
             "seconds": round(time.perf_counter() - t_start, 1)}
     stem = Path(args.out) / f"family_sweep_{fam.FAMILY}_{args.tag}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    mode = f"{args.dtype} {'channels_last' if args.channels_last else 'NCHW'}" + (", TF32 mode" if args.tf32 else "")
-    lines = [f"# {fam.FAMILY}: the whole space against cuDNN ({meta['gpu']}, {meta['date']})", "",
-             f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {mode}; commit {meta['commit']}; "
-             f"`{meta['command']}`. Every configuration the tuner would run on the problem (narrowed by "
-             f"`{args.where}` / `{args.where_large}` at N > 1) checked against float64, screened by one CUDA-graph "
-             f"timing, the best {args.top} re-timed with cuDNN (benchmark mode) interleaved, median of "
-             f"{args.rounds} rounds.", "",
-             "| layer | N | configs (checked) | cuDNN us | best us | best / cuDNN speed | TFLOP/s | best plan |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        b = r["best_us"]
-        lines.append(f"| {r['layer']} | {r['n']} | {r['configs']} ({r['checked']}) | {r['cudnn_us']:.1f} | "
-                     + (f"{b:.1f} | {r['cudnn_us'] / b:.2f}x | {r['gflop'] / b * 1e-3:.0f} | `{r['best_plan']}` |"
-                        if b else "- | - | - | - |"))
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".md").write_text(markdown(meta, rows))
     return 0
 
 
