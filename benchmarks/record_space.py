@@ -4,9 +4,11 @@ For each family, its whole valid space (no pruning: implicit_gemm has 3568 valid
 compiled ONCE: shapes are run-time arguments, so one cubin serves every problem. Cubins go through the
 bagf cache (BAGF_CACHE_DIR), so a second run, or a resumed one, compiles nothing. Then, per problem:
 cuDNN is timed once; every configuration is checked against the float64 reference first (CudaChecker),
-then timed with CUDA events (CudaBenchmarker.timing: median, p20, p80). A configuration whose first timed
-sample is already ``--cutoff-factor`` times slower than the best of this problem so far is recorded as
-status "cutoff" with that one sample (hopeless configurations cost one sample, not a full timing). The
+then timed with CUDA events (CudaBenchmarker.timing: median, p20, p80), or, where one event-timed call takes under
+``HOST_PACED_US`` (the host may have paced it: batch-1 layers), by the GPU time of queued calls as the tuner times
+such calls (``gpu_timing``; such rows say ``"timing": "queued"``). A configuration whose first timed sample is
+already ``--cutoff-factor`` times slower than the best of this problem so far is recorded as status "cutoff" with
+that one sample (hopeless configurations cost one sample, not a full timing; never on a host-paced sample). The
 family's default configuration is measured first so the cut-off has a sensible reference from the start.
 
 With ``--gpus N`` (N > 1) the run is spread over N GPUs: this process compiles every family's space into the
@@ -312,6 +314,35 @@ def one_sample_us(fn) -> float:
     return start.elapsed_time(end) * 1000.0
 
 
+def gpu_timing(bench, fn, first_us: float):
+    """The tuner's rule for short calls (``CudaBenchmarker.time``): a call whose event-timed sample ``first_us`` is
+    under ``HOST_PACED_US`` may have been paced by the host's issue cost, so it is timed by the GPU time of queued
+    calls instead (``QUEUED_ROUNDS`` rounds with the short switch interval: median, p20 and p80 of the rounds, reps
+    = rounds x calls). None for a longer call, or when the host could queue no round in time (then the event timing
+    stands, as in the tuner)."""
+    import statistics
+
+    from bagf_torch.tuning.measure import HOST_PACED_US, QUEUED_ROUNDS, Timing, short_switch_interval
+
+    if not first_us < HOST_PACED_US:
+        return None
+    with short_switch_interval():
+        (times,), (calls,) = bench._queued_rounds([fn], QUEUED_ROUNDS)
+    if not times:
+        return None
+    times = sorted(times)
+    q = statistics.quantiles(times, n=5) if len(times) >= 5 else [times[0], times[0], times[-1], times[-1]]
+    return Timing(statistics.median(times), q[0], q[3], len(times) * calls)
+
+
+def timing_row(t, queued: bool) -> dict:
+    """A recorded timing: median, p20, p80 and reps, with ``"timing": "queued"`` where it is GPU time of queued calls
+    (:func:`gpu_timing`) rather than per-call events."""
+    row = {"median_us": round(t.median_us, 3), "p20_us": round(t.p20_us, 3), "p80_us": round(t.p80_us, 3),
+           "reps": t.reps}
+    return {**row, "timing": "queued"} if queued else row
+
+
 def record_problem(name: str, problem: ConvProblem, family, loaded: list, partial: Partial, args, checker, bench,
                    ws) -> tuple[int, bool, float]:
     """Check and time every compiled configuration of ``family`` on ``problem``; returns (rows written,
@@ -347,13 +378,14 @@ def record_problem(name: str, problem: ConvProblem, family, loaded: list, partia
                 with torch.backends.cudnn.flags(**flags):
                     fn()
                     first = one_sample_us(fn)
-                    if first > args.cutoff_factor * best:
+                    # a host-paced first sample is only an upper bound of the GPU time: no cut-off on it
+                    queued = gpu_timing(bench, fn, first)
+                    if queued is None and first > args.cutoff_factor * best:
                         row = {"config": values, "status": "cutoff", "median_us": round(first, 3), "reps": 1,
                                "detail": f"first sample {first:.1f} us > {args.cutoff_factor} x best {best:.1f} us"}
                     else:
-                        t = bench.timing(fn, first)
-                        row = {"config": values, "status": "ok", "median_us": round(t.median_us, 3),
-                               "p20_us": round(t.p20_us, 3), "p80_us": round(t.p80_us, 3), "reps": t.reps}
+                        t = queued if queued is not None else bench.timing(fn, first)
+                        row = {"config": values, "status": "ok", **timing_row(t, queued is not None)}
                         best = min(best, t.median_us)
         partial.add({"kind": "row", "problem": name, "conv": conv, "family": family.FAMILY, "row": row})
         written += 1
@@ -449,10 +481,12 @@ def main(argv=None) -> int:
                 if partial.cudnn(pname) is None:
                     with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
                                                     allow_tf32=problem.tf32):
-                        tm = CudaBenchmarker().timing(ws.aten_call())
+                        call = ws.aten_call()
+                        call()
+                        tq = gpu_timing(bench, call, one_sample_us(call))
+                        tm = tq if tq is not None else CudaBenchmarker().timing(call)
                     partial.add({"kind": "cudnn", "problem": pname, "conv": problem.as_dict(),
-                                 "cudnn": {"median_us": round(tm.median_us, 3), "p20_us": round(tm.p20_us, 3),
-                                           "p80_us": round(tm.p80_us, 3), "reps": tm.reps}})
+                                 "cudnn": timing_row(tm, tq is not None)})
                 n, complete, sec = record_problem(pname, problem, family, loaded, partial, args, checker, bench, ws)
                 print(f"{pname} {fname}: {n} configurations in {sec:.0f} s{'' if complete else ' (limit hit)'}; "
                       f"cuDNN {partial.cudnn(pname)['median_us']:.1f} us", flush=True)

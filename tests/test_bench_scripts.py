@@ -556,3 +556,29 @@ def test_family_sweep_selects_knobs_and_renders_its_json(tmp_path):
     md = path.with_suffix(".md").read_text()
     assert "| conv3 | 128 | 54 (54) | 75.0 | 60.0 | 1.25x | 500 | `p` |" in md
     assert "| conv4 | 1 | 3 (0) | 12.0 | - | - | - | - |" in md
+
+
+def test_record_space_times_short_calls_by_gpu_time_as_the_tuner_does():
+    """record_space.gpu_timing: a call event-timed under HOST_PACED_US is timed by queued GPU time (median, p20, p80
+    of the rounds; reps = rounds x calls) and marked so in its row; a longer one, or one the host could not queue,
+    keeps the event timing (None)."""
+    from bagf_torch.tuning.measure import HOST_PACED_US, QUEUED_ROUNDS, Timing
+
+    rec = _script("record_space")
+
+    class Bench:
+        def __init__(self, times):
+            self.times, self.asked = times, []
+
+        def _queued_rounds(self, fns, rounds):
+            self.asked.append(rounds)
+            return [list(self.times)], [40]
+
+    b = Bench([5.0, 4.0, 6.0])
+    t = rec.gpu_timing(b, lambda: None, HOST_PACED_US - 1)
+    assert b.asked == [QUEUED_ROUNDS] and (t.median_us, t.p20_us, t.p80_us, t.reps) == (5.0, 4.0, 6.0, 120)
+    assert rec.timing_row(t, True) == {"median_us": 5.0, "p20_us": 4.0, "p80_us": 6.0, "reps": 120, "timing": "queued"}
+    assert "timing" not in rec.timing_row(Timing(80.0, 79.0, 81.0, 50), False)
+    long = Bench([5.0])
+    assert rec.gpu_timing(long, lambda: None, HOST_PACED_US) is None and long.asked == []
+    assert rec.gpu_timing(Bench([]), lambda: None, 10.0) is None
