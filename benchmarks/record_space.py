@@ -317,8 +317,8 @@ def one_sample_us(fn) -> float:
 def gpu_timing(bench, fn, first_us: float):
     """The tuner's rule for short calls (``CudaBenchmarker.time``): a call whose event-timed sample ``first_us`` is
     under ``HOST_PACED_US`` may have been paced by the host's issue cost, so it is timed by the GPU time of queued
-    calls instead (``QUEUED_ROUNDS`` rounds with the short switch interval: median, p20 and p80 of the rounds, reps
-    = rounds x calls). None for a longer call, or when the host could queue no round in time (then the event timing
+    calls instead (``QUEUED_ROUNDS`` rounds with the short switch interval: median, p20 and p80 of the rounds, the
+    fastest and slowest round under 5 rounds; reps = rounds x calls). None for a longer call, or when the host could queue no round in time (then the event timing
     stands, as in the tuner)."""
     import statistics
 

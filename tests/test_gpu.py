@@ -929,15 +929,18 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
     split-K 1, 2 and 8 on odd NHWC shapes with C % 8 == 0 (K and N*P*Q off every tile, strides 2 and 4, dilation,
     C*R*S from 40 to 1728), NaN-poisoned output within twice cuDNN's error against float64 wherever the tuner would
     run them (CudaChecker); off the problem rule, slices left empty and C % 8 != 0 (the 2-byte path) are checked
-    too. A split-K plan gives the same bits on every call, eager and replayed in a CUDA graph; opcheck passes with
-    the plan; under torch.compile(fullgraph=True) the output is the eager call's, bit for bit."""
+    too; tensors off 16-byte alignment (the 2-byte path) give the aligned call's bits for every tile and split. The
+    start point on a grid of many waves and a split-K plan give the same bits on every call, the latter eager and
+    replayed in a CUDA graph; opcheck passes with the plan; under torch.compile(fullgraph=True) the output is the
+    eager call's, bit for bit."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
     fam = _family("implicit_gemm_wgmma_h16")
     fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _WGMMA_H16_TILES
                for sp in (1, 2, 8)]
-    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs if not fam.space().is_valid(c)]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
+                                                           if not fam.space().is_valid(c)]
     for sp in (1, 2, 8):
         assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in PIPE_SHAPES for f in fmts)
     built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, PIPE_SHAPES, fmts)))
@@ -952,6 +955,41 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
                 if c["DT"] == fam.DTYPES[fmt[0]]:
                     out = checker.check(ws, built[fam.name(c)].handle)
                     assert out is None, (shape, fmt, fam.name(c), out.detail)
+    # the 2-byte path (tensors one element off 16-byte alignment) fills the same shared memory as the cp.async path:
+    # the same products in the same order, so the same bits, for every tile and split
+    def shifted(t):
+        flat = torch.empty(t.numel() + 1, device="cuda", dtype=t.dtype)
+        out = flat[1:].as_strided(t.shape, t.stride())
+        out.copy_(t)
+        return out
+
+    differ = []
+    for fmt in fmts:
+        for shape in PIPE_SHAPES[:4]:
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            xm, wm = shifted(ws.x), shifted(ws.w)
+            assert xm.data_ptr() % 16 and wm.data_ptr() % 16
+            for c in configs:
+                if c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt):
+                    continue
+                h = built[fam.name(c)].handle
+                with torch.no_grad():
+                    got = compiler.ext.conv2d_inference(xm, wm, ws.b, *ws.args, h)
+                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
+                if not torch.equal(got, want):
+                    differ.append((shape, fmt, fam.name(c)))
+    assert not differ, differ[:10]
+    # a grid of many waves (AlexNet conv3 at N = 128, the start point): the same bits on every call (a stage
+    # overwritten while a warpgroup still reads it would show as a call that differs)
+    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
+    ws = Workspace(big, torch.device("cuda", 0))
+    start = fam.default_for(big)
+    h = compiler.compile(fam, [start])[0].handle
+    assert checker.check(ws, h) is None
+    with torch.no_grad():
+        first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
+        assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
+                   for _ in range(50)), fam.name(start)
     x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
     w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
     w = w.contiguous(memory_format=torch.channels_last)

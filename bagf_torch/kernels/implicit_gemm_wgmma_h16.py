@@ -37,11 +37,12 @@ cuDNN's own convolution in the same dtype and format misses by on the same data.
 
 Speed on the H200, bf16 channels_last, the whole space timed against cuDNN in CUDA graphs
 (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc.md): the best tiles reach 354-412 TFLOP/s on
-AlexNet's conv2-5 at N = 128, 1.06-1.08x cuDNN on conv2-3 and 0.72-0.76x on conv4-5 (cuDNN at 467-536 TFLOP/s); at
-N = 32 1.10x / 1.37x on conv2 / conv3, 0.79x / 0.90x on conv4 / conv5; at N = 1, 64 x 64 tiles split 4-8 ways,
-0.81-1.03x. Every k tile costs each thread a cp.async wait and a block barrier before its wgmma group, and the
-copies are issued by the same warps that issue the products: a producer warpgroup signalling through mbarriers
-(warp specialization) is the next step for the layers where cuDNN stays ahead.
+AlexNet's conv2-5 at N = 128: on par with cuDNN on conv2-3 (142.7 / 69.6 us; cuDNN 139.7-150.7 / 69.7-75.4 us over
+three runs that day: 0.98-1.08x), 0.72-0.87x on conv4-5 (cuDNN 71.4-82.1 / 54.6-63.0 us); at N = 32 1.10x / 1.37x on
+conv2 / conv3 in the sweep (conv3 1.35x in the layer benchmark), 0.79x / 0.90x on conv4 / conv5; at N = 1, 64 x 64
+tiles split 4-8 ways, 0.81-1.03x. Every k tile costs each thread a cp.async wait and a block barrier before its
+wgmma group, and the copies are issued by the same warps that issue the products: a producer warpgroup signalling
+through mbarriers (warp specialization) is the next step for the layers where cuDNN stays ahead.
 """
 
 from __future__ import annotations
@@ -79,9 +80,13 @@ PARAMS: dict[str, tuple[int, ...]] = {
 }
 
 # 128 output channels x 128 pixels per block (two warpgroups, one m64n128k16 instruction each per k16 step), a
-# 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN to K and SPLIT to the grid.
+# 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN, WG and SPLIT to the problem and deepens the
+# ring to 5 stages where it stays small.
 DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1}
 
+RING5_LIMIT = 170 << 10
+"""The start point's 5-stage ring where it takes at most this many bytes (WN = 128 and 64 tiles: 161 KB and 81 KB);
+WN = 192's 201 KB ring ran 14% slower than its 4-stage one on AlexNet conv2 (:func:`default_for`)."""
 SPLIT_WORKSPACE_LIMIT = 32 << 20
 """Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
 STATIC_SMEM = 16
@@ -112,8 +117,8 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (MI*WN/2 per thread) plus 120 for the copy plan, the cursor and addressing, at most 255.
-    ptxas with nvcc 13.0 on the space's bf16 kernels: 114-143 registers at 32 accumulators, 148-219 at 64, 204-249
-    at 96, 252-255 at 128 (KS = 2 the upper ends), no spills."""
+    ptxas with nvcc 13.0 on the space's bf16 kernels: 117-146 registers at 32 accumulators, 150-207 at 64, 206-251
+    at 96, 254-255 at 128, no spills."""
     return min(255, c["MI"] * c["WN"] // 2 + 120)
 
 
@@ -162,19 +167,21 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with the problem's DT; the instruction width WN that pads the K output channels least, the nearest to 128
-    on a tie (the wider of two as near: K = 384 and 256 take 128, K = 192 takes 192, K = 64 takes 64); a 5-deep ring where it fits. Where the grid has
-    fewer tiles than a quarter of the SMs (batch 1), 64 x 64 tiles of one warpgroup (WN = 64, WG = 1); then the
-    largest SPLIT whose slices still fit one wave (SPLIT x tiles <= SMs, and :func:`problem_rule`). (The whole space timed on AlexNet's
-    conv2-5 in bf16 channels_last, benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc.md: the
-    best tiles were WN = 128 with 4-5 stages at N = 32 and 128 on K = 384 and 256, WN = 192 on K = 192, and 64 x 64
-    tiles split 4-8 ways at N = 1.)"""
+    """DEFAULT with the problem's DT; the instruction width WN that pads the K output channels least, the nearest to
+    128 on a tie (the wider of two as near: K = 384 and 256 take 128, K = 192 takes 192, K = 64 takes 64); a 5-deep
+    ring where it takes at most :data:`RING5_LIMIT` bytes, else 4. Where the grid has fewer tiles than a quarter of
+    the SMs (batch 1), 64 x 64 tiles of one warpgroup (WN = 64, WG = 1); then the largest SPLIT whose slices still
+    fit one wave (SPLIT x tiles <= SMs, and :func:`problem_rule`). From the whole space timed on AlexNet's conv2-5 in
+    bf16 channels_last (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc.md): WN = 128 with 5
+    stages was the best tile on conv3-5 at N = 32 and on conv4-5 at N = 128 (conv3 at N = 128: 2 row blocks, 4
+    stages, 8% ahead); WN = 192 with 4 stages on conv2 (K = 192), 5 stages 14% slower there; 64 x 64 tiles split 4-8
+    ways at N = 1."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
     c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
-    c["STAGES"] = 5 if smem_bytes(dict(c, STAGES=5)) <= SM90_SMEM_LIMIT - STATIC_SMEM else 4
+    c["STAGES"] = 5 if smem_bytes(dict(c, STAGES=5)) <= RING5_LIMIT else 4
     blocks = tiles(c, problem)
     fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
     c["SPLIT"] = max(fits, default=1)

@@ -73,6 +73,22 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(args, fam, rows: list[dict], t_start: float, argv) -> None:
+    """Write the sweep so far (JSON and Markdown): after every problem, so a run stopped by its time limit keeps what
+    it measured."""
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
+            "command": command_line("probes/family_sweep.py", sys.argv[1:] if argv is None else argv),
+            "family": fam.FAMILY, "dtype": args.dtype, "layout": "nhwc" if args.channels_last else "nchw",
+            "tf32": args.tf32, "where": args.where, "where_large": args.where_large, "top": args.top,
+            "rounds": args.rounds, "seconds": round(time.perf_counter() - t_start, 1)}
+    stem = Path(args.out) / f"family_sweep_{fam.FAMILY}_{args.tag}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    stem.with_suffix(".md").write_text(markdown(meta, rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=sorted(FAMILIES), help="the family to sweep (needed unless --from-json)")
@@ -160,17 +176,8 @@ def main(argv=None) -> int:
                 print(f"    {b['plan']}: {b['us']:.1f} us (screen {b['screen_us']:.1f})", flush=True)
             if failed:
                 print(f"    {len(failed)} failed, e.g. {failed[:3]}", flush=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
-            "command": command_line("probes/family_sweep.py", sys.argv[1:] if argv is None else argv),
-            "family": fam.FAMILY, "dtype": args.dtype, "layout": layout, "tf32": args.tf32,
-            "where": args.where, "where_large": args.where_large, "top": args.top, "rounds": args.rounds,
-            "seconds": round(time.perf_counter() - t_start, 1)}
-    stem = Path(args.out) / f"family_sweep_{fam.FAMILY}_{args.tag}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    stem.with_suffix(".md").write_text(markdown(meta, rows))
+            save(args, fam, rows, t_start, argv)
+    save(args, fam, rows, t_start, argv)
     return 0
 
 

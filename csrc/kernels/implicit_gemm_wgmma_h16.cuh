@@ -2,10 +2,10 @@
 // instruction (wgmma, sm_90a), both operands read by the tensor cores straight from 128-byte-swizzled shared memory,
 // fp32 accumulation: the arithmetic of cuDNN's fp16/bf16 convolutions and of implicit_gemm_h16_conv2d.
 //
-// Why: implicit_gemm_h16's mma.sync kernels, every fragment loaded by ldmatrix into registers, ran at 2.2-2.8x
-// cuDNN's time on AlexNet's conv2-5 at N = 32 and 128 in bf16 channels_last (cuDNN: 280-430 TFLOP/s). One wgmma is
-// issued once per warpgroup and keeps the SM's tensor cores busy for 32-128 cycles with no register traffic for its
-// operands; the threads only issue the next tiles' copies.
+// Why: in implicit_gemm_h16 (mma.sync) every fragment is loaded by ldmatrix into registers before its product, and
+// the threads that copy the tiles also feed the tensor cores. One wgmma is issued once per warpgroup and keeps the
+// SM's tensor cores busy for 32-128 cycles with no register traffic for its operands; the threads only issue the
+// next tiles' copies.
 //
 // GEMM view: D[npq][k] = sum_{kk} X[npq][kk] W[k][kk] (+ bias[k]), kk = (r*S + s)*C + c (the channels_last order:
 // a run of 8 reduction steps is 8 contiguous channels of one input pixel when C % 8 == 0). wgmma's M is our output
@@ -17,24 +17,25 @@
 // Data path: each k tile is KS sub-tiles of 64 reduction steps (BK = 64 16-bit values = one 128-byte swizzle row per
 // pixel and per output channel). Every thread owns one 16-byte column q = tid % 8 of the rows tid / 8 + i T / 8 of
 // both operands' sub-tiles, so one cursor (c, s, r) per thread walks the reduction for both; per sub-tile a copy is
-// an add, a bounds test
-// and one 16-byte cp.async (.ca for the input, whose pixels the other taps read again; .cg for the weights), a
-// copy out of the image or past C*R*S a zero-filling one. Stored at the 128-byte swizzle: row m's 16-byte column q
-// at byte (m / 8) 1024 + (m % 8) 128 + 16 (q ^ m % 8) of its tile (the tiles are 1024-byte aligned: the hardware
-// applies the same XOR to the address bits). STAGES-deep ring of k tiles; the copies run STAGES - 2 tiles ahead,
-// one wgmma group (4 KS k16 steps of every warpgroup) stays in flight while the next copies are issued
-// (gemm_wgmma.cuh's schedule): a barrier per k tile, so KS = 2 halves the barriers per reduction step. Where the 16-byte path does not hold (C % 8 != 0, or x or w not 16-byte aligned; checked per launch)
-// the same tiles are filled by 2-byte loads and shared-memory stores: slow, correct, never a misaligned copy.
+// an add, a bounds test and one 16-byte cp.async (.ca for the input, whose pixels the other taps read again; .cg for
+// the weights), a copy out of the image or past C*R*S a zero-filling one. Stored at the 128-byte swizzle: row m's
+// 16-byte column q at byte (m / 8) 1024 + (m % 8) 128 + 16 (q ^ m % 8) of its tile (the tiles are 1024-byte aligned:
+// the hardware applies the same XOR to the address bits). STAGES-deep ring of k tiles; the copies run STAGES - 2
+// tiles ahead, one wgmma group (4 KS k16 steps of every warpgroup) stays in flight while the next copies are issued
+// (gemm_wgmma.cuh's schedule): a barrier per k tile, so KS = 2 halves the barriers per reduction step. Where the
+// 16-byte path does not hold (C % 8 != 0, or x or w not 16-byte aligned; checked per launch) the same tiles are
+// filled by 2-byte loads and shared-memory stores: slow, correct, never a misaligned copy.
 //
 // Template parameters (bagf_torch/kernels/implicit_gemm_wgmma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
 // WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
 // warpgroups (BN = 64 MI WG output pixels per block, 128 WG threads), STAGES >= 3, KS sub-tiles of 64 per k tile
-// (1 or 2). Split-K is the launch's grid.z
-// (one cubin serves every split): implicit_gemm_h16.cuh's protocol, the slices' fp32 sums in the host's workspace
-// and the last slice to arrive adds them in slice order (the output does not depend on the schedule).
+// (1 or 2). Split-K is the launch's grid.z (one cubin serves every split): implicit_gemm_h16.cuh's protocol, the
+// slices' fp32 sums in the host's workspace and the last slice to arrive adds them in slice order (the output does
+// not depend on the schedule).
 //
-// Safety: every access to x, w, bias and y is bounds-checked against the run-time shape; offsets are 32-bit
-// (the host refuses tensors past 2^31 - 1 elements and keeps stride, padding and dilation below 65536). Compiled
+// Safety: every access to x, w, bias and y is bounds-checked against the run-time shape; output pixel indices are
+// 64-bit (a block's n0 + BN may pass 2^31 - 1), element offsets 32-bit (the host refuses tensors past 2^31 - 1
+// elements and keeps stride, padding and dilation below 65536), and rows past the tensors compute no offset. Compiled
 // for anything but sm_90a the kernel fails to compile (a static_assert), so a tuner records a compile failure,
 // never a launch. Includes nothing from torch or the CUDA headers.
 #pragma once
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
+  const long long n0 = static_cast<long long>(blockIdx.x) * BN;  // first output pixel (index into N*P*Q)
   const int m0 = blockIdx.y * BM;  // first output channel
   const int RS = p.R * p.S;
   const int CRS = p.C * RS;
@@ -222,11 +223,12 @@ __global__ void __launch_bounds__(128 * WG, 1)
   int a_ih[CA], a_iw[CA], a_base[CA];
 #pragma unroll
   for (int i = 0; i < CA; ++i) {
-    const int npq = n0 + row0 + i * ROWS;
+    const long long row = n0 + row0 + i * ROWS;
     a_ih[i] = -0x40000000;  // a pixel past N*P*Q: a window no tap reaches (zeros)
     a_iw[i] = 0;
     a_base[i] = 0;
-    if (npq < NPQ) {
+    if (row < NPQ) {
+      const int npq = static_cast<int>(row);
       const int img = npq / PQ;
       const int pq = npq - img * PQ;
       const int oh = pq / p.Q;
@@ -237,7 +239,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
     }
   }
   // weight row m0 + row0 + i ROWS starts at b_src0 + i b_step (valid where bit i of b_ok is set)
-  const int b_src0 = (m0 + row0) * CRS;
+  const int b_src0 = min(m0 + row0, p.K - 1) * CRS;  // (no offset past the weight: such rows are never read)
   const int b_step = ROWS * CRS;
   unsigned b_ok = 0;
 #pragma unroll
@@ -407,9 +409,9 @@ __global__ void __launch_bounds__(128 * WG, 1)
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
+      const long long npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
       if (npq >= NPQ) continue;
-      unsigned short* yrow = y + npq * p.K;
+      unsigned short* yrow = y + static_cast<int>(npq) * p.K;
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
         const int ch = m0 + 8 * j + 2 * tig;
