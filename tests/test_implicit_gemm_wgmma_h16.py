@@ -62,6 +62,13 @@ def test_the_problem_rule_holds_dtype_channels_and_split_k():
     assert "under 2" in wh.problem_rule(dict(wh.DEFAULT, KS=2, SPLIT=8), conv3_1)  # 14 k tiles of 128: 1 each
     assert wh.workspace_bytes(dict(wh.DEFAULT, SPLIT=2), conv3_1) == 4 * wh.tiles(wh.DEFAULT, conv3_1) * (
         2 * 128 * 128 + 1)
+    # the last blocks' 32-bit indices: K = 1 on 2^31 - 100 output pixels; K = 64 past a huge reduction
+    assert "2^31" in wh.problem_rule(wh.DEFAULT, ConvProblem(n=1, c=8, h=1, w=2**31 - 100, k=1, r=1, s=1,
+                                                             dtype="bfloat16", layout="nhwc"))
+    assert "2^31" in wh.problem_rule(dict(wh.DEFAULT, WN=256), ConvProblem(n=1, c=8 * 2**17, h=4, w=4, k=64, r=3,
+                                                                          s=3, dtype="bfloat16", layout="nhwc"))
+    assert wh.problem_rule(dict(wh.DEFAULT, WN=256), ConvProblem(n=1, c=8 * 2**12, h=4, w=4, k=64, r=3, s=3,
+                                                                  dtype="bfloat16", layout="nhwc")) is None
     # an imported plan is held to the same rules (kernels.family_refuses)
     assert family_refuses(wh.FAMILY, dict(wh.DEFAULT, DT=0), conv3_1) is not None
     assert family_refuses(wh.FAMILY, wh.DEFAULT, _problem(1, 192, 13, 384, 3, layout="nchw")) is not None

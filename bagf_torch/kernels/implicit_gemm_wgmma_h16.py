@@ -93,6 +93,7 @@ STATIC_SMEM = 16
 """Static shared memory of the kernel (split-K's arrival flag), besides the dynamic ring."""
 H200_SMS = 132
 SM90_SMEM_LIMIT = 232448
+INT32_MAX = 2**31 - 1
 
 
 def bm(c: Mapping[str, int]) -> int:
@@ -149,12 +150,16 @@ def workspace_bytes(c: Mapping[str, int], problem) -> int:
 
 
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
-    """None when ``c`` was compiled for the problem's dtype, every copy is a whole 16-byte run (C % 8 == 0), and a
-    split-K configuration gives every slice 2 k tiles or more within :data:`SPLIT_WORKSPACE_LIMIT` bytes."""
+    """None when ``c`` was compiled for the problem's dtype, every copy is a whole 16-byte run (C % 8 == 0), the
+    kernel's 32-bit indices hold for the last blocks (N*P*Q + BN and (K + WN) * C*R*S below 2^31), and a split-K
+    configuration gives every slice 2 k tiles or more within :data:`SPLIT_WORKSPACE_LIMIT` bytes."""
     if c["DT"] != DTYPES.get(problem.dtype):
         return f"compiled for {'bfloat16' if c['DT'] else 'float16'}; this problem is {problem.dtype}"
     if problem.c % 8:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    p, q = problem.out_hw
+    if problem.n * p * q + bn(c) > INT32_MAX or (problem.k + bm(c)) * problem.c * problem.r * problem.s > INT32_MAX:
+        return "the kernel's 32-bit pixel indices and weight offsets would pass 2^31 - 1 in the last blocks"
     split = c.get("SPLIT", 1)
     if split > 1:
         if k_tiles(problem, c) // split < 2:

@@ -33,9 +33,9 @@
 // slices' fp32 sums in the host's workspace and the last slice to arrive adds them in slice order (the output does
 // not depend on the schedule).
 //
-// Safety: every access to x, w, bias and y is bounds-checked against the run-time shape; output pixel indices are
-// 64-bit (a block's n0 + BN may pass 2^31 - 1), element offsets 32-bit (the host refuses tensors past 2^31 - 1
-// elements and keeps stride, padding and dilation below 65536), and rows past the tensors compute no offset. Compiled
+// Safety: every access to x, w, bias and y is bounds-checked against the run-time shape; indices and offsets are
+// 32-bit (the host refuses tensors past 2^31 - 1 elements and keeps stride, padding and dilation below 65536; the
+// family's problem rule refuses shapes whose last block's pixel index or weight row offset would pass 2^31 - 1). Compiled
 // for anything but sm_90a the kernel fails to compile (a static_assert), so a tuner records a compile failure,
 // never a launch. Includes nothing from torch or the CUDA headers.
 #pragma once
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const long long n0 = static_cast<long long>(blockIdx.x) * BN;  // first output pixel (index into N*P*Q)
+  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
   const int m0 = blockIdx.y * BM;  // first output channel
   const int RS = p.R * p.S;
   const int CRS = p.C * RS;
@@ -223,12 +223,11 @@ __global__ void __launch_bounds__(128 * WG, 1)
   int a_ih[CA], a_iw[CA], a_base[CA];
 #pragma unroll
   for (int i = 0; i < CA; ++i) {
-    const long long row = n0 + row0 + i * ROWS;
+    const int npq = n0 + row0 + i * ROWS;
     a_ih[i] = -0x40000000;  // a pixel past N*P*Q: a window no tap reaches (zeros)
     a_iw[i] = 0;
     a_base[i] = 0;
-    if (row < NPQ) {
-      const int npq = static_cast<int>(row);
+    if (npq < NPQ) {
       const int img = npq / PQ;
       const int pq = npq - img * PQ;
       const int oh = pq / p.Q;
@@ -239,7 +238,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
     }
   }
   // weight row m0 + row0 + i ROWS starts at b_src0 + i b_step (valid where bit i of b_ok is set)
-  const int b_src0 = min(m0 + row0, p.K - 1) * CRS;  // (no offset past the weight: such rows are never read)
+  const int b_src0 = (m0 + row0) * CRS;
   const int b_step = ROWS * CRS;
   unsigned b_ok = 0;
 #pragma unroll
@@ -409,9 +408,9 @@ __global__ void __launch_bounds__(128 * WG, 1)
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const long long npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
+      const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
       if (npq >= NPQ) continue;
-      unsigned short* yrow = y + static_cast<int>(npq) * p.K;
+      unsigned short* yrow = y + npq * p.K;
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
         const int ch = m0 + 8 * j + 2 * tig;
