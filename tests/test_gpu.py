@@ -769,6 +769,24 @@ def test_h16_op_opcheck_autograd_weight_format_and_other_dtypes(compiler, fmt):
             assert y1.is_contiguous() and torch.equal(y1, F.conv2d(x1, w1, b.detach(), 1, 1).contiguous())
 
 
+def _same_bits_eager_and_in_a_graph(call, first, times: int = 20) -> None:
+    """``call()`` (without grad) returns ``first``'s bits on each of ``times`` eager calls and on each replay of a CUDA
+    graph of one call (warmed up on a side stream, its output NaN-poisoned before each replay)."""
+    assert all(torch.equal(call(), first) for _ in range(times))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = call()
+    for _ in range(times):
+        y.fill_(float("nan"))
+        g.replay()
+        assert torch.equal(y, first)
+
+
 SPLIT_SHAPES = [
     (1, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),  # AlexNet conv3 at batch 1: C*R*S = 1728
     (1, 37, 9, 11, 70, 3, 3, (1, 1), (1, 1), (1, 1), True),  # 333: 21 K-steps of 16, 8 slices of 3: the last empty
@@ -801,19 +819,7 @@ def test_h16_split_k_every_slice_count_correct_in_every_format_and_schedule_inde
     with torch.no_grad():
         first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
-        assert all(torch.equal(op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first) for _ in range(20))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            op(x, w, b, [1, 1], [1, 1], [1, 1], handle)  # warm-up off the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        for _ in range(20):
-            y.fill_(float("nan"))
-            g.replay()
-            assert torch.equal(y, first)
+        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first)
         # the finalists' re-timing captures such a plan (workspace, memset and all) in a graph of its own
         from bagf_torch.tuning.measure import CudaBenchmarker, _graph_pool
 
@@ -1000,19 +1006,7 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
         first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
         _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
-        assert all(torch.equal(op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first) for _ in range(20))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        for _ in range(20):
-            y.fill_(float("nan"))
-            g.replay()
-            assert torch.equal(y, first)
+        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first)
     torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], handle))
     torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], handle))
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from . import implicit_gemm_wgmma as _wgmma
 from .geometry import LaunchGeometry
 from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
 
@@ -221,15 +222,8 @@ def name_expression(c: Mapping[str, int]) -> str:
     return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
-def gpu_arch(c: Mapping[str, int], arch: str) -> str:
-    """wgmma needs the architecture-specific sm_90a; on any other target the kernel's static_assert fails the
-    compile with its reason."""
-    return arch + "a" if arch == "sm_90" else arch
-
-
-def arch_rule(c: Mapping[str, int], arch: str) -> str | None:
-    """wgmma compiles only for sm_90a: on another GPU the tuner leaves the family out."""
-    return None if arch == "sm_90" else f"wgmma needs an sm_90 GPU, not {arch}"
+gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma needs the architecture-specific target
+arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def _rules(smem_limit: int):
