@@ -119,8 +119,8 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (MI*WN/2 per thread) plus 120 for the copy plan, the cursor and addressing, at most 255.
-    ptxas with nvcc 13.0 on the space's bf16 kernels: 117-146 registers at 32 accumulators, 150-207 at 64, 206-251
-    at 96, 254-255 at 128, no spills."""
+    ptxas with nvcc 13.0 on the space's 54 bf16 kernels: 114-143 registers at 32 accumulators, 148-219 at 64,
+    204-249 at 96, 252-255 at 128 (KS = 2 the upper ends), no spills."""
     return min(255, c["MI"] * c["WN"] // 2 + 120)
 
 
@@ -179,9 +179,9 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     the SMs (batch 1), 64 x 64 tiles of one warpgroup (WN = 64, WG = 1); then the largest SPLIT whose slices still
     fit one wave (SPLIT x tiles <= SMs, and :func:`problem_rule`). From the whole space timed on AlexNet's conv2-5 in
     bf16 channels_last (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc.md): WN = 128 with 5
-    stages was the best tile on conv3-5 at N = 32 and on conv4-5 at N = 128 (conv3 at N = 128: 2 row blocks, 4
-    stages, 8% ahead); WN = 192 with 4 stages on conv2 (K = 192), 5 stages 14% slower there; 64 x 64 tiles split 4-8
-    ways at N = 1."""
+    stages was the best tile on conv3-5 at N = 32 and on conv4-5 at N = 128 (conv3 at N = 128 took 2 row blocks and
+    4 stages); WN = 192 with 4 stages on conv2 (K = 192), 5 stages 14% slower there; 64 x 64 tiles split 4-8 ways at
+    N = 1."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
     c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
