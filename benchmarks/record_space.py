@@ -317,20 +317,18 @@ def one_sample_us(fn) -> float:
 def gpu_timing(bench, fn, first_us: float):
     """The tuner's rule for short calls (``CudaBenchmarker.time``): a call whose event-timed sample ``first_us`` is
     under ``HOST_PACED_US`` may have been paced by the host's issue cost, so it is timed by the GPU time of queued
-    calls instead (``QUEUED_ROUNDS`` rounds with the short switch interval: median, p20 and p80 of the rounds, the
-    fastest and slowest round under 5 rounds; reps = rounds x calls). None for a longer call, or when the host could queue no round in time (then the event timing
-    stands, as in the tuner)."""
+    calls instead (``CudaBenchmarker.queued_times``: median, p20 and p80 of the rounds, the fastest and slowest
+    round under 5 rounds; reps = rounds x calls). None for a longer call, or when the host could queue no round in
+    time (then the event timing stands, as in the tuner)."""
     import statistics
 
-    from bagf_torch.tuning.measure import HOST_PACED_US, QUEUED_ROUNDS, Timing, short_switch_interval
+    from bagf_torch.tuning.measure import HOST_PACED_US, Timing
 
     if not first_us < HOST_PACED_US:
         return None
-    with short_switch_interval():
-        (times,), (calls,) = bench._queued_rounds([fn], QUEUED_ROUNDS)
+    times, calls = bench.queued_times(fn)
     if not times:
         return None
-    times = sorted(times)
     q = statistics.quantiles(times, n=5) if len(times) >= 5 else [times[0], times[0], times[-1], times[-1]]
     return Timing(statistics.median(times), q[0], q[3], len(times) * calls)
 

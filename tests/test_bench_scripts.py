@@ -562,12 +562,13 @@ def test_record_space_times_short_calls_by_gpu_time_as_the_tuner_does():
     """record_space.gpu_timing: a call event-timed under HOST_PACED_US is timed by queued GPU time (median, p20, p80
     of the rounds; reps = rounds x calls) and marked so in its row; a longer one, or one the host could not queue,
     keeps the event timing (None)."""
-    from bagf_torch.tuning.measure import HOST_PACED_US, QUEUED_ROUNDS, Timing
+    from bagf_torch.tuning.measure import HOST_PACED_US, QUEUED_ROUNDS, CudaBenchmarker, Timing
 
     rec = _script("record_space")
 
-    class Bench:
+    class Bench(CudaBenchmarker):  # the tuner's queued_times over faked rounds
         def __init__(self, times):
+            super().__init__()
             self.times, self.asked = times, []
 
         def _queued_rounds(self, fns, rounds):

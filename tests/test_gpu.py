@@ -290,6 +290,14 @@ def test_misaligned_weight_uses_scalar_path(compiler, family):
     _assert_within_check(out, ref)
 
 
+def _shifted(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values one element past a 16-byte boundary, with its strides (its memory format)."""
+    flat = torch.empty(t.numel() + 1, device=t.device, dtype=t.dtype)
+    out = flat[1:].as_strided(t.shape, t.stride())
+    out.copy_(t)
+    return out
+
+
 def _misaligned_16bit(compiler, fam):
     """A 16-bit family in each of its formats: input and weight 2 bytes off 16-byte alignment (the 2-byte loads)
     give exactly the aligned copies' outputs (the 16-byte loads; same sums in the same order), within twice
@@ -303,13 +311,7 @@ def _misaligned_16bit(compiler, fam):
         w = (torch.randn(16, 8, 3, 3, device="cuda") / 8).to(dt).contiguous(memory_format=fmt)
         b = torch.randn(16, device="cuda").to(dt)
 
-        def shifted(t):  # the same values, one element past a 16-byte boundary, in the same memory format
-            flat = torch.empty(t.numel() + 1, device="cuda", dtype=dt)
-            out = flat[1:].as_strided(t.shape, t.stride())
-            out.copy_(t)
-            return out
-
-        xm, wm = shifted(x), shifted(w)
+        xm, wm = _shifted(x), _shifted(w)
         assert xm.data_ptr() % 16 and wm.data_ptr() % 16 and xm.is_contiguous(memory_format=fmt)
         aligned = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         off = torch.ops.bagf.conv2d(xm, wm, b, [1, 1], [1, 1], [1, 1], handle)
@@ -903,13 +905,7 @@ def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compile
             w = w.contiguous(memory_format=torch.channels_last)
             b = torch.randn(k, device="cuda").to(dt)
 
-            def shifted(t):  # the same values one element past a 16-byte boundary, in the same memory format
-                flat = torch.empty(t.numel() + 1, device="cuda", dtype=dt)
-                out = flat[1:].as_strided(t.shape, t.stride())
-                out.copy_(t)
-                return out
-
-            xm, wm = shifted(x), shifted(w)
+            xm, wm = _shifted(x), _shifted(w)
             assert xm.data_ptr() % 16 and wm.data_ptr() % 16
             assert xm.is_contiguous(memory_format=torch.channels_last) and not xm.is_contiguous()
             ref = F.conv2d(x.double(), w.double(), b.double(), (2, 1), (1, 2), (1, 2))
@@ -963,17 +959,12 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
                     assert out is None, (shape, fmt, fam.name(c), out.detail)
     # the 2-byte path (tensors one element off 16-byte alignment) fills the same shared memory as the cp.async path:
     # the same products in the same order, so the same bits, for every tile and split
-    def shifted(t):
-        flat = torch.empty(t.numel() + 1, device="cuda", dtype=t.dtype)
-        out = flat[1:].as_strided(t.shape, t.stride())
-        out.copy_(t)
-        return out
 
     differ = []
     for fmt in fmts:
         for shape in PIPE_SHAPES[:4]:
             ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
-            xm, wm = shifted(ws.x), shifted(ws.w)
+            xm, wm = _shifted(ws.x), _shifted(ws.w)
             assert xm.data_ptr() % 16 and wm.data_ptr() % 16
             for c in configs:
                 if c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt):

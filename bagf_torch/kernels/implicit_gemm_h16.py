@@ -190,16 +190,30 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
         why = pipeline_refuses(problem)
         if why is not None:
             return why
-    split = c.get("SPLIT", 1)
-    if split > 1:
-        k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
-        if k_steps // split < 2:
-            return f"split-K of {split} leaves under 2 of the problem's {k_steps} K-steps per slice"
-        need = workspace_bytes(c, problem)
-        if need > SPLIT_WORKSPACE_LIMIT:
-            return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
-                    f"{SPLIT_WORKSPACE_LIMIT >> 20})")
+    k_steps = -(-(problem.c * problem.r * problem.s) // c["BK"])
+    return split_refuses(c.get("SPLIT", 1), k_steps, tiles(c, problem), c["BM"], c["BN"])
+
+
+def split_refuses(split: int, k_steps: int, tiles: int, bm: int, bn: int, steps: str = "K-steps") -> str | None:
+    """Why a split-K of ``split`` must not run a problem of ``k_steps`` reduction steps (of the kernel's own size,
+    named ``steps``) on ``tiles`` output tiles of ``bm`` x ``bn``, or None: every slice of the even split gets 2
+    steps or more, and the partial sums (:func:`split_workspace_bytes`) fit :data:`SPLIT_WORKSPACE_LIMIT`. The
+    16-bit families' shared rule (implicit_gemm_wgmma_h16 sums its slices the same way)."""
+    if split == 1:
+        return None
+    if k_steps // split < 2:
+        return f"split-K of {split} leaves under 2 of the problem's {k_steps} {steps} per slice"
+    need = split_workspace_bytes(split, tiles, bm, bn)
+    if need > SPLIT_WORKSPACE_LIMIT:
+        return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
+                f"{SPLIT_WORKSPACE_LIMIT >> 20})")
     return None
+
+
+def split_workspace_bytes(split: int, tiles: int, bm: int, bn: int) -> int:
+    """The split-K workspace the host allocates (bagf_ext.cpp split_workspace_floats): each slice's fp32 sums of
+    every bm x bn tile, then one counter per tile; 0 without split-K."""
+    return 0 if split == 1 else 4 * tiles * (split * bm * bn + 1)
 
 
 def tiles(c: Mapping[str, int], problem) -> int:
@@ -210,8 +224,7 @@ def tiles(c: Mapping[str, int], problem) -> int:
 
 def workspace_bytes(c: Mapping[str, int], problem) -> int:
     """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
-    split = c.get("SPLIT", 1)
-    return 0 if split == 1 else 4 * tiles(c, problem) * (split * c["BM"] * c["BN"] + 1)
+    return split_workspace_bytes(c.get("SPLIT", 1), tiles(c, problem), c["BM"], c["BN"])
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:

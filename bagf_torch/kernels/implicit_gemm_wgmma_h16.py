@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from . import implicit_gemm_h16 as _h16
 from . import implicit_gemm_wgmma as _wgmma
 from .geometry import LaunchGeometry
 from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
@@ -88,8 +89,6 @@ DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "
 RING5_LIMIT = 170 << 10
 """The start point's 5-stage ring where it takes at most this many bytes (WN = 128 and 64 tiles: 161 KB and 81 KB);
 WN = 192's 201 KB ring ran 14% slower than its 4-stage one on AlexNet conv2 (:func:`default_for`)."""
-SPLIT_WORKSPACE_LIMIT = 32 << 20
-"""Bytes of fp32 partial sums a split-K configuration may ask for on its problem (:func:`problem_rule`)."""
 STATIC_SMEM = 16
 """Static shared memory of the kernel (split-K's arrival flag), besides the dynamic ring."""
 H200_SMS = 132
@@ -146,14 +145,13 @@ def tiles(c: Mapping[str, int], problem) -> int:
 
 def workspace_bytes(c: Mapping[str, int], problem) -> int:
     """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
-    split = c.get("SPLIT", 1)
-    return 0 if split == 1 else 4 * tiles(c, problem) * (split * bm(c) * bn(c) + 1)
+    return _h16.split_workspace_bytes(c.get("SPLIT", 1), tiles(c, problem), bm(c), bn(c))
 
 
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
     """None when ``c`` was compiled for the problem's dtype, every copy is a whole 16-byte run (C % 8 == 0), the
     kernel's 32-bit indices hold for the last blocks (N*P*Q + BN and (K + WN) * C*R*S below 2^31), and a split-K
-    configuration gives every slice 2 k tiles or more within :data:`SPLIT_WORKSPACE_LIMIT` bytes."""
+    configuration gives every slice 2 k tiles or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes."""
     if c["DT"] != DTYPES.get(problem.dtype):
         return f"compiled for {'bfloat16' if c['DT'] else 'float16'}; this problem is {problem.dtype}"
     if problem.c % 8:
@@ -161,15 +159,7 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     p, q = problem.out_hw
     if problem.n * p * q + bn(c) > INT32_MAX or (problem.k + bm(c)) * problem.c * problem.r * problem.s > INT32_MAX:
         return "the kernel's 32-bit pixel indices and weight offsets would pass 2^31 - 1 in the last blocks"
-    split = c.get("SPLIT", 1)
-    if split > 1:
-        if k_tiles(problem, c) // split < 2:
-            return f"split-K of {split} leaves under 2 of the problem's {k_tiles(problem, c)} k tiles per slice"
-        need = workspace_bytes(c, problem)
-        if need > SPLIT_WORKSPACE_LIMIT:
-            return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "
-                    f"{SPLIT_WORKSPACE_LIMIT >> 20})")
-    return None
+    return _h16.split_refuses(c.get("SPLIT", 1), k_tiles(problem, c), tiles(c, problem), bm(c), bn(c), "k tiles")
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:

@@ -257,14 +257,20 @@ class CudaBenchmarker:
         t = self.timing(fn, est)
         return Outcome("ok", time_us=t.median_us, detail=f"p20 {t.p20_us:.2f} p80 {t.p80_us:.2f} n={t.reps}")
 
-    def _gpu_time(self, fn: Callable[[], object]) -> Outcome | None:
-        """``fn``'s GPU time per call, the median of ``QUEUED_ROUNDS`` queued timings (with the short switch
-        interval, as the finalists' re-timing); None when the host could queue none of them in time."""
+    def queued_times(self, fn: Callable[[], object]) -> tuple[list[float], int]:
+        """``QUEUED_ROUNDS`` queued timings of ``fn`` (with the short switch interval, as the finalists' re-timing),
+        sorted, those the host could not queue in time left out, and the calls per timing: how a call under
+        ``HOST_PACED_US`` is timed, here and by benchmarks/record_space.py."""
         with short_switch_interval():
             (times,), (calls,) = self._queued_rounds([fn], QUEUED_ROUNDS)
+        return sorted(times), calls
+
+    def _gpu_time(self, fn: Callable[[], object]) -> Outcome | None:
+        """``fn``'s GPU time per call, the median of :meth:`queued_times`; None when the host could queue none of
+        them in time."""
+        times, calls = self.queued_times(fn)
         if not times:
             return None
-        times.sort()
         return Outcome("ok", time_us=statistics.median(times),
                        detail=f"GPU time (queued): min {times[0]:.2f} max {times[-1]:.2f} n={len(times)}x{calls}")
 

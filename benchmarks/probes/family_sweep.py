@@ -161,12 +161,11 @@ def main(argv=None) -> int:
             ranked = sorted((t, k) for k, t in screen.items() if not math.isnan(t))
             top = [k for _, k in ranked[:args.top]]
             times = bench.remeasure(ws, [ATEN] + [built[k].handle for k in top], rounds=args.rounds)
-            flops = 2.0 * p.n * p.k * p.c * p.r * p.s * p.out_hw[0] * p.out_hw[1]
             row = {"layer": name, "n": n, "problem": p.short(), "configs": len(configs), "checked": len(ok),
                    "failed": failed[:20], "n_failed": len(failed), "compile_s": round(compile_s, 2),
                    "cudnn_us": times[0], "best": [{"plan": k, "us": t, "screen_us": screen[k]}
                                                   for k, t in zip(top, times[1:])],
-                   "gflop": flops / 1e9}
+                   "gflop": p.flops / 1e9}
             best = min((b for b in row["best"] if not math.isnan(b["us"])), key=lambda b: b["us"], default=None)
             row["best_us"] = best["us"] if best else None
             row["best_plan"] = best["plan"] if best else None
