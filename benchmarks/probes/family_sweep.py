@@ -100,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--where", default=None, help="knob=values;... for every batch, e.g. 'STAGES=4,5'")
     ap.add_argument("--where-large", default=None, help="knob=values;... added for N > 1, e.g. 'SPLIT=1,2'")
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--keep-screen", action="store_true",
+                    help="keep every configuration's screening time in the JSON (rows' 'screen': plan -> us), for "
+                         "studies of the space on a CPU afterwards (start points, rules)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=24, help="configurations per screening capture")
     ap.add_argument("--out", default="benchmarks/results")
@@ -166,11 +169,13 @@ def main(argv=None) -> int:
                    "cudnn_us": times[0], "best": [{"plan": k, "us": t, "screen_us": screen[k]}
                                                   for k, t in zip(top, times[1:])],
                    "gflop": p.flops / 1e9}
+            if args.keep_screen:
+                row["screen"] = {k: round(t, 3) for k, t in screen.items()}
             best = min((b for b in row["best"] if not math.isnan(b["us"])), key=lambda b: b["us"], default=None)
             row["best_us"] = best["us"] if best else None
             row["best_plan"] = best["plan"] if best else None
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("best", "failed")}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("best", "failed", "screen")}), flush=True)
             for b in row["best"]:
                 print(f"    {b['plan']}: {b['us']:.1f} us (screen {b['screen_us']:.1f})", flush=True)
             if failed:
