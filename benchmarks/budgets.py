@@ -92,7 +92,7 @@ def measure(pairs: list[tuple[dict, dict]], rounds: int) -> list[dict]:
     from host_floor import interleaved_graph_us
 
     from bagf_torch import runtime
-    from bagf_torch.kernels import FAMILIES
+    from bagf_torch.kernels import FAMILIES, complete_config
     from bagf_torch.ops import ATEN
     from bagf_torch.problem import ConvProblem
     from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace
@@ -108,7 +108,10 @@ def measure(pairs: list[tuple[dict, dict]], rounds: int) -> list[dict]:
             if row.get("family") in (None, "aten"):
                 handles[who] = ATEN
                 continue
-            built = dev.compiler.compile(FAMILIES[row["family"]], [row["config"]])[0]
+            # a report older than a knob of the family names its plan without it: the knob's LEGACY value is the
+            # kernel that ran then
+            config = complete_config(row["family"], row["config"])
+            built = dev.compiler.compile(FAMILIES[row["family"]], [config])[0]
             if not hasattr(built, "handle"):
                 raise SystemExit(f"{row['plan']} for {p.short()} did not build: {built.status} {built.detail}")
             bad = checker.check(ws, built.handle)

@@ -506,12 +506,44 @@ def test_tc_start_config_sizes_split_k_to_the_problem():
 
     # 12 blocks of 64x64: 128x32 blocks (12 of them too), split to fill 132 SMs within 4 K-tiles per slice
     assert tc.default_for(conv(1, 384, 13, 256, 3, 1, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=32)
-    assert tc.default_for(conv(128, 384, 13, 256, 3, 1, 1)) == tc.DEFAULT  # 1352 blocks: no split
+    # 1352 blocks of 64x64, 676 of 128x64: the large-grid block, no split
+    assert tc.default_for(conv(128, 384, 13, 256, 3, 1, 1)) == dict(tc.DEFAULT, **tc.LARGE_GRID_TILE, SPLIT=1)
+    # ResNet-18's layer3.0.conv1 at N=32: 196 blocks of 128x64 (under 2 per SM), 392 of 128x32: no split
+    assert tc.default_for(conv(32, 128, 28, 256, 3, 2, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=1)
     assert tc.default_for(conv(1, 3, 224, 64, 11, 4, 2))["SPLIT"] == 4  # C*R*S = 363: >= 4 K-tiles per slice
     # ResNet-18's layer4.0.conv1 at N=32: 200 blocks of 64x64 for 132 SMs
     assert tc.default_for(conv(32, 256, 14, 512, 3, 2, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=2)
     for n in (1, 2, 8, 32, 128):
         assert tc.space().is_valid(tc.default_for(conv(n, 64, 27, 192, 5, 1, 2)))
+
+
+def test_tc_start_config_is_near_the_best_of_the_h200_n32_sweep():
+    """On the nine N=32 problems of the committed H200 sweep (ResNet's stride-2 and 1x1 convs, AlexNet conv2; 480
+    configurations each, screened from CUDA graphs), the start point is within 0.85 of each problem's best and
+    at least as fast as DEFAULT on every one, 1.15x faster in the geomean."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from bagf_torch.kernels import implicit_gemm_tc as tc
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        from bench_layers import ALEXNET, EXTRA, problem
+    finally:
+        sys.path.pop(0)
+    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
+    sweep = json.loads((root / "benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32.json").read_text())
+    gains = []
+    for row in sweep["rows"]:
+        screen = row["screen"]
+        start = screen[tc.name(tc.default_for(problem(layers[row["layer"]], row["n"])))]
+        default = screen[tc.name(tc.DEFAULT)]
+        assert min(screen.values()) / start >= 0.85, (row["layer"], start, min(screen.values()))
+        assert start <= default, (row["layer"], start, default)
+        gains.append(default / start)
+    assert len(gains) == 9 and math.prod(gains) ** (1 / len(gains)) > 1.15, gains
 
 
 def test_tc_features_describe_the_grid_and_the_work_per_block():

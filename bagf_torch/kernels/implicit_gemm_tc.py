@@ -61,30 +61,37 @@ DEFAULT: Config = {"BM": 64, "BN": 64, "BK": 16, "WM": 2, "WN": 2, "STAGES": 3, 
 H200_SMS = 132
 
 
-SMALL_GRID_TILE: Config = {"BM": 128, "BN": 32, "WM": 4, "WN": 2}
-"""The block tile a start point takes where DEFAULT's grid would leave SMs idle: 128 output channels x 32 pixels, 8
-warps of 32 x 16."""
+LARGE_GRID_TILE: Config = {"BM": 128, "BN": 64, "WM": 4, "WN": 2, "STAGES": 2}
+"""The block a start point takes where its grid fills the GPU (at least 2 blocks per SM): 128 output channels x 64
+pixels, 8 warps of 32 x 32, a 2-stage pipeline (3 stages measured 1-3% slower on the N=32 sweep's problems)."""
+
+SMALL_GRID_TILE: Config = {"BM": 128, "BN": 32, "WM": 4, "WN": 2, "STAGES": 3}
+"""The block a start point takes where ``LARGE_GRID_TILE``'s grid would leave SMs idle: 128 output channels x 32
+pixels, 8 warps of 32 x 16."""
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT, or where DEFAULT's grid has fewer than 2 blocks per SM its block reshaped to ``SMALL_GRID_TILE``,
-    with split-K sized to the problem: the smallest SPLIT that gives at least 2 blocks per SM, while every slice
-    keeps at least 4 K-tiles. A batch-1 layer has too few output tiles to fill the GPU (AlexNet conv4 at N=1:
-    3x4 = 12 blocks of 64x64 for 132 SMs), so without split-K most SMs idle.
+    """A 128-channel block, shaped by the grid, with split-K sized to the problem: ``LARGE_GRID_TILE`` (128 x 64)
+    where its grid has at least 2 blocks per SM, else ``SMALL_GRID_TILE`` (128 x 32) and the smallest SPLIT that
+    gives at least 2 blocks per SM while every slice keeps at least 4 K-tiles. A batch-1 layer has too few output
+    tiles to fill the GPU (AlexNet conv4 at N=1: 3x4 = 12 blocks of 64x64 for 132 SMs), so without split-K most
+    SMs idle.
 
-    Measured on the H200 recording (benchmarks/data/implicit_gemm_tc_h200.json.gz): on AlexNet conv2-conv5 at
-    N=1, DEFAULT with split-K takes 1.14-1.40x the recorded optimum and DEFAULT itself 5-14x; the 128 x 32 block
-    with split-K 1.00-1.48x (conv1 at N=1 1.07x against 1.67x; 3x3 256@56 at N=1 1.32x against 1.44x), the
-    geomean of the six small-grid problems 1.17x against 1.34x. Where DEFAULT fills the GPU (AlexNet at N=128,
-    the 1x1 1024->256@14 layer at N=32) it is the start. The tuner starts each search here; DEFAULT stays the
-    "untuned" reference.
+    Measured on the H200. At N=1 (the recording, benchmarks/data/implicit_gemm_tc_h200.json.gz), on AlexNet
+    conv2-conv5 DEFAULT with split-K takes 1.14-1.40x the recorded optimum and DEFAULT itself 5-14x; the 128 x 32
+    block with split-K 1.00-1.48x (conv1 1.07x against 1.67x; 3x3 256@56 1.32x against 1.44x), the geomean of the
+    six small-grid problems 1.17x against 1.34x. At N=32 (benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32:
+    480 configurations of BM 64/128, BN 32-128, BK 8/16, SPLIT 1/2 on ResNet-18's stride-2 3x3 and 1x1 convs,
+    two ResNet-50 1x1 convs and AlexNet conv2, each screened from a CUDA graph) every problem's best block is
+    128 channels tall; this rule's start is 0.85-1.00 of the best on all nine (DEFAULT, the start where its grid
+    filled the GPU before: 0.68-0.84). The tuner starts each search here; DEFAULT stays the "untuned" reference.
     """
-    c = dict(DEFAULT)
     p, q = problem.out_hw
 
-    def blocks(c: Config) -> int:
+    def blocks(c: Mapping[str, int]) -> int:
         return -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"])
 
+    c = dict(DEFAULT, **LARGE_GRID_TILE)
     if blocks(c) < 2 * sms:
         c.update(SMALL_GRID_TILE)
     tiles = -(-(problem.c * problem.r * problem.s) // c["BK"])
