@@ -1,6 +1,7 @@
 """Never slower than stock, for every plan kind: TunedConv2d against the stock nn.Conv2d (same weights), same run.
 
-Inference (torch.no_grad()), fp32 with TF32 off (``--tf32`` to allow it), ``torch.backends.cudnn.benchmark = True``.
+Inference (torch.no_grad()), fp32 with TF32 off (``--tf32`` to allow it; ``--dtype bfloat16`` / ``float16`` and
+``--channels-last`` for the 16-bit and channels_last plans), ``torch.backends.cudnn.benchmark = True``.
 For each plan kind, each layer and each batch size, one row:
 
 * ``kernel``: the shape is tuned on its first call (BAGF_TIME_BUDGET=``--seconds``, default 4 s; a small budget) and
@@ -354,10 +355,19 @@ def kind_env(kind: str, args, root: Path) -> dict:
     return env
 
 
-def make_pair(layer: Layer, kind: str, device: torch.device, seed: int) -> tuple[nn.Module, nn.Module]:
-    """(stock nn.Conv2d, TunedConv2d) with the same weights, eval mode, in the kind's dtype and memory format."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def make_pair(layer: Layer, kind: str, device: torch.device, seed: int, dtype: str = "float32",
+              channels_last: bool = False) -> tuple[nn.Module, nn.Module]:
+    """(stock nn.Conv2d, TunedConv2d) with the same weights, eval mode, in the kind's dtype and memory format (the
+    run's ``dtype`` and ``channels_last`` for every kind but the unsupported ones, which set their own)."""
     torch.manual_seed(seed)
     stock = layer.conv().to(device).eval()
+    if not kind.startswith("unsupported:"):
+        stock = stock.to(DTYPES[dtype])
+        if channels_last:
+            stock = stock.to(memory_format=torch.channels_last)
     if kind == "unsupported:fp64":
         stock = stock.to(torch.float64)
     elif kind == "unsupported:strided":
@@ -366,9 +376,14 @@ def make_pair(layer: Layer, kind: str, device: torch.device, seed: int) -> tuple
     return stock, tuned
 
 
-def make_input(layer: Layer, n: int, hw: int, kind: str, device: torch.device, seed: int) -> torch.Tensor:
+def make_input(layer: Layer, n: int, hw: int, kind: str, device: torch.device, seed: int, dtype: str = "float32",
+               channels_last: bool = False) -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     x = torch.randn(n, layer.c, hw, hw, generator=g).to(device)
+    if not kind.startswith("unsupported:"):
+        x = x.to(DTYPES[dtype])
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
     if kind == "unsupported:fp64":
         x = x.to(torch.float64)
     elif kind == "unsupported:strided":
@@ -438,8 +453,8 @@ def describe_plan(kind: str, tuned: TunedConv2d, x: torch.Tensor, stats_before: 
 def measure_row(layer: Layer, n: int, kind: str, args, device: torch.device) -> dict:
     """One row on the GPU: modules, first calls, check, eager and graph timings (stock first, tuned second)."""
     row: dict = {"layer": layer.name, "n": n, "kind": kind}
-    stock, tuned = make_pair(layer, kind, device, args.seed)
-    x = make_input(layer, n, layer.hw, kind, device, args.seed)
+    stock, tuned = make_pair(layer, kind, device, args.seed, args.dtype, args.channels_last)
+    x = make_input(layer, n, layer.hw, kind, device, args.seed, args.dtype, args.channels_last)
     rt = runtime.get()
     if kind == "aten":
         problem = problem_of(tuned, x)
@@ -544,7 +559,9 @@ def write_results(out: Path, stem: str, meta: dict, rows: list[dict], args) -> l
     if fake:
         lines += ["**DRY RUN: every time below is FAKE (made up on a CPU, not measured).**", ""]
     lines += [version_line(meta), "", f"Command: `{meta['command']}`", "",
-              f"Inference (torch.no_grad()), {'TF32 allowed' if args.tf32 else 'fp32, TF32 off'}, "
+              f"Inference (torch.no_grad()), "
+              + (f"{args.dtype}" if args.dtype != "float32" else ('TF32 allowed' if args.tf32 else 'fp32, TF32 off'))
+              + (", channels_last" if args.channels_last else "") + " (the kernel, aten and miss kinds), "
               f"cudnn.benchmark=True, same weights. The kernel kind is tuned on its first call with "
               f"BAGF_TIME_BUDGET={args.seconds:g}. Eager: wall us per call, loops of {args.calls} calls closed by one "
               f"synchronize, median of {args.reps}; graph: GPU us per CUDA-graph replay (CUDA events, median of "
@@ -574,6 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ratio", type=float, default=1.02, help="pass: tuned <= stock * RATIO ... (1.02)")
     ap.add_argument("--slack-us", type=float, default=2.0, help="... or tuned - stock <= SLACK us (2)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 (default off: strict fp32)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                    help="the modules' and inputs' dtype for the kernel, aten and miss kinds (float32)")
+    ap.add_argument("--channels-last", action="store_true", help="channels_last modules and inputs for those kinds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="directory for the JSON and Markdown (benchmarks/results; dry run: a temporary one)")
     ap.add_argument("--tag", default="h200", help="file name tag: bench_overhead_<tag>.json (h200)")
@@ -606,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with bagf_env(BAGF_CACHE_DIR=str(Path(tmp) / "meta")):  # the env fingerprint opens a cache: not the user's
                 meta = run_meta(command, args.dry_run)
             meta.update(kinds=args.kinds, seconds=args.seconds, budget=args.budget, tf32=bool(args.tf32),
+                        dtype=args.dtype, channels_last=bool(args.channels_last),
                         cudnn_benchmark=True, kernel_cache=args.cache or "fresh temporary directory")
             device = compute_device(args.dry_run)
             for kind in args.kinds:
