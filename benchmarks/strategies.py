@@ -164,16 +164,33 @@ REPLAY_ENV = {"replay": True}
 """The environment of every plan in the replay's synthetic cache (one recording file = one GPU set-up)."""
 
 
+def newest_complete(files) -> dict[str, Path]:
+    """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date): a
+    problem recorded again (e.g. under a newer timing rule) supersedes its earlier recording, in the replay and in
+    the warm start's synthetic cache alike."""
+    best: dict[str, tuple[str, Path]] = {}
+    for f in files:
+        rec = load_recording(f)
+        date = str(rec.meta.get("date", ""))
+        for rp in rec.problems:
+            if rp.complete and (rp.key not in best or date > best[rp.key][0]):
+                best[rp.key] = (date, Path(f))
+    return {k: f for k, (_, f) in best.items()}
+
+
 def recorded_optima(files) -> list[dict]:
     """The synthetic cache the warm start reads: one plan per COMPLETE recorded problem of ``files``, its
     recorded optimum as the winner (the cache row a tuner would have stored after tuning it). A partial
     problem's optimum is unknown, so it has no plan. Each plan also carries "key" (the problem's label)
     so that a problem's own plan can be left out."""
     plans = []
+    newest = newest_complete(files)
     for f in files:
         for rp in load_recording(f).problems:
             if not rp.complete or not any(r["status"] in ("ok", "cutoff") for r in rp.rows):
                 continue
+            if newest.get(rp.key) != Path(f):
+                continue  # recorded again since: the newer recording's optimum is the plan
             config, _ = rp.evaluator().best()
             plans.append({"key": rp.key, "problem": conv_problem(rp).as_dict(), "env": REPLAY_ENV,
                           "family": rp.family, "config": config})
@@ -580,11 +597,18 @@ def main(argv=None) -> int:
     warm = not (args.no_warm or args.no_start)
     plans = recorded_optima(files) if warm else []
     seeds_of: dict[str, list[dict]] = {}
+    newest = newest_complete(files)
     for f in files:
         rec = load_recording(f)
         synthetic = synthetic or rec.synthetic
         for i, rp in enumerate(rec.problems):
             if wanted and rp.name not in wanted:
+                continue
+            if rp.key in newest and newest[rp.key] != Path(f):
+                other = f"{newest[rp.key].name} (recorded {load_recording(newest[rp.key]).meta.get('date')})"
+                excluded[f"{rp.key} in {Path(f).name}"] = (
+                    f"superseded by its newer recording in {other}" if rp.complete
+                    else f"{rp.partial_reason}; its complete recording in {other} is replayed")
                 continue
             if not rp.complete and not args.partial:
                 excluded[rp.key] = rp.partial_reason

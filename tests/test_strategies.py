@@ -1038,3 +1038,40 @@ def test_a_configuration_twice_in_one_batch_is_evaluated_once():
     out = objective([{"a": 2}, {"a": 4}, {"a": 2}])
     assert asked == [{"a": 2}, {"a": 4}] and objective.spent == 2
     assert [o.time_us for o in out] == [2.0, 4.0, 2.0]
+
+
+def test_a_problem_recorded_again_supersedes_its_older_recording(tmp_path):
+    """Two files with a complete recording of the same problem: the replay and the warm start's synthetic cache take
+    the newer file's (by its meta date); a newer PARTIAL recording supersedes nothing."""
+    import gzip
+    import json
+
+    from bagf_torch.tuning.replay import write_recording
+
+    st = _benchmark_module("strategies")
+    old, _ = _tiny_recording(tmp_path, keep_whole=("tiny_a", "tiny_b"))
+    doc = json.loads(gzip.decompress(old.read_bytes()))
+    write_recording(old, dict(doc["meta"], date="2026-01-01T00:00:00+00:00"), doc["problems"])
+    new = tmp_path / "SYNTHETIC-tiny-again.json.gz"
+    problems = json.loads(json.dumps(doc["problems"]))
+    for p in problems:  # tiny_a again, complete, 10% faster everywhere; tiny_b again, partial
+        fam = p["families"]["implicit_gemm"]
+        for r in fam["records"]:
+            for k in ("median_us", "p20_us", "p80_us"):
+                if k in r:
+                    r[k] *= 0.9
+        if p["name"] == "tiny_b":
+            fam["records"] = fam["records"][:10]
+            fam["complete"] = False
+    write_recording(new, dict(doc["meta"], date="2026-02-01T00:00:00+00:00"), problems)
+
+    newest = st.newest_complete([old, new])
+    assert newest == {"tiny_a/implicit_gemm": new, "tiny_b/implicit_gemm": old}
+    plans = {p["key"]: p for p in st.recorded_optima([old, new])}
+    assert sorted(plans) == ["tiny_a/implicit_gemm", "tiny_b/implicit_gemm"]  # one plan per problem
+    out = tmp_path / "r.json"
+    assert st.main(["--strategies", "random", "--seeds", "1", "--budget", "5", "--workers", "1", "--data", str(old),
+                    str(new), "--json", str(out), "--md", str(tmp_path / "r.md")]) == 0
+    md = (tmp_path / "r.md").read_text()
+    assert "tiny_a/implicit_gemm in SYNTHETIC-tiny.json.gz: superseded by its newer recording in SYNTHETIC-tiny-again" in md
+    assert "tiny_b/implicit_gemm in SYNTHETIC-tiny-again.json.gz: partial" in md
