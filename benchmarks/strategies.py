@@ -165,9 +165,9 @@ REPLAY_ENV = {"replay": True}
 
 
 def newest_complete(files) -> dict[str, Path]:
-    """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date): a
-    problem recorded again (e.g. under a newer timing rule) supersedes its earlier recording, in the replay and in
-    the warm start's synthetic cache alike."""
+    """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date; of equal
+    dates, or none, the first file's): a problem recorded again (e.g. under a newer timing rule) supersedes its
+    earlier recording, in the replay and in the warm start's synthetic cache alike."""
     best: dict[str, tuple[str, Path]] = {}
     for f in files:
         rec = load_recording(f)
@@ -182,15 +182,21 @@ def recorded_optima(files) -> list[dict]:
     """The synthetic cache the warm start reads: one plan per COMPLETE recorded problem of ``files``, its
     recorded optimum as the winner (the cache row a tuner would have stored after tuning it). A partial
     problem's optimum is unknown, so it has no plan. Each plan also carries "key" (the problem's label)
-    so that a problem's own plan can be left out."""
-    plans = []
+    so that a problem's own plan can be left out. A problem recorded in several files has its plan from the
+    newest complete recording (``newest_complete``), at the place of its first recording in the list: the
+    warm start picks among equally near plans by their order, so a re-recording changes the plan, not the
+    order the others are seen in."""
     newest = newest_complete(files)
+    recordings = {Path(f): load_recording(f) for f in files}
+    plans, seen = [], set()
     for f in files:
-        for rp in load_recording(f).problems:
-            if not rp.complete or not any(r["status"] in ("ok", "cutoff") for r in rp.rows):
+        for rp in recordings[Path(f)].problems:
+            if rp.key not in newest or rp.key in seen:
                 continue
-            if newest.get(rp.key) != Path(f):
-                continue  # recorded again since: the newer recording's optimum is the plan
+            seen.add(rp.key)
+            rp = next(q for q in recordings[newest[rp.key]].problems if q.key == rp.key and q.complete)
+            if not any(r["status"] in ("ok", "cutoff") for r in rp.rows):
+                continue
             config, _ = rp.evaluator().best()
             plans.append({"key": rp.key, "problem": conv_problem(rp).as_dict(), "env": REPLAY_ENV,
                           "family": rp.family, "config": config})
@@ -607,7 +613,7 @@ def main(argv=None) -> int:
             if rp.key in newest and newest[rp.key] != Path(f):
                 other = f"{newest[rp.key].name} (recorded {load_recording(newest[rp.key]).meta.get('date')})"
                 excluded[f"{rp.key} in {Path(f).name}"] = (
-                    f"superseded by its newer recording in {other}" if rp.complete
+                    f"superseded by its recording in {other}" if rp.complete
                     else f"{rp.partial_reason}; its complete recording in {other} is replayed")
                 continue
             if not rp.complete and not args.partial:

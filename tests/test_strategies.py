@@ -1042,36 +1042,46 @@ def test_a_configuration_twice_in_one_batch_is_evaluated_once():
 
 def test_a_problem_recorded_again_supersedes_its_older_recording(tmp_path):
     """Two files with a complete recording of the same problem: the replay and the warm start's synthetic cache take
-    the newer file's (by its meta date); a newer PARTIAL recording supersedes nothing."""
+    the newer file's (by its meta date), whose optimum is another configuration; a newer PARTIAL recording
+    supersedes nothing; of two recordings with the same date the first file's is kept."""
     import gzip
     import json
 
-    from bagf_torch.tuning.replay import write_recording
+    from bagf_torch.kernels.space import config_key
+    from bagf_torch.tuning.replay import load_recording, write_recording
 
     st = _benchmark_module("strategies")
     old, _ = _tiny_recording(tmp_path, keep_whole=("tiny_a", "tiny_b"))
     doc = json.loads(gzip.decompress(old.read_bytes()))
     write_recording(old, dict(doc["meta"], date="2026-01-01T00:00:00+00:00"), doc["problems"])
-    new = tmp_path / "SYNTHETIC-tiny-again.json.gz"
+    old_best = {rp.key: rp.evaluator().best()[0] for rp in load_recording(old).problems}
     problems = json.loads(json.dumps(doc["problems"]))
-    for p in problems:  # tiny_a again, complete, 10% faster everywhere; tiny_b again, partial
+    for p in problems:  # tiny_a again, complete, with its slowest configuration now the fastest; tiny_b again, partial
         fam = p["families"]["implicit_gemm"]
-        for r in fam["records"]:
+        if p["name"] == "tiny_a":
+            ok = [r for r in fam["records"] if r["status"] == "ok"]
+            slowest = max(ok, key=lambda r: r["median_us"])
             for k in ("median_us", "p20_us", "p80_us"):
-                if k in r:
-                    r[k] *= 0.9
-        if p["name"] == "tiny_b":
+                slowest[k] = min(r["median_us"] for r in ok) / 2
+        else:
             fam["records"] = fam["records"][:10]
             fam["complete"] = False
+    new = tmp_path / "SYNTHETIC-tiny-again.json.gz"
     write_recording(new, dict(doc["meta"], date="2026-02-01T00:00:00+00:00"), problems)
+    new_best = dict(zip(load_recording(new).problems[0].knobs, slowest["config"]))
+    assert config_key(new_best) != config_key(old_best["tiny_a/implicit_gemm"])
 
-    newest = st.newest_complete([old, new])
-    assert newest == {"tiny_a/implicit_gemm": new, "tiny_b/implicit_gemm": old}
+    assert st.newest_complete([old, new]) == {"tiny_a/implicit_gemm": new, "tiny_b/implicit_gemm": old}
     plans = {p["key"]: p for p in st.recorded_optima([old, new])}
     assert sorted(plans) == ["tiny_a/implicit_gemm", "tiny_b/implicit_gemm"]  # one plan per problem
+    assert config_key(plans["tiny_a/implicit_gemm"]["config"]) == config_key(new_best)  # the newer file's optimum
+    assert config_key(plans["tiny_b/implicit_gemm"]["config"]) == config_key(old_best["tiny_b/implicit_gemm"])
+    same_day = tmp_path / "SYNTHETIC-tiny-same-day.json.gz"
+    write_recording(same_day, dict(doc["meta"], date="2026-01-01T00:00:00+00:00"), problems)
+    assert st.newest_complete([old, same_day])["tiny_a/implicit_gemm"] == old
     out = tmp_path / "r.json"
     assert st.main(["--strategies", "random", "--seeds", "1", "--budget", "5", "--workers", "1", "--data", str(old),
                     str(new), "--json", str(out), "--md", str(tmp_path / "r.md")]) == 0
     md = (tmp_path / "r.md").read_text()
-    assert "tiny_a/implicit_gemm in SYNTHETIC-tiny.json.gz: superseded by its newer recording in SYNTHETIC-tiny-again" in md
+    assert "tiny_a/implicit_gemm in SYNTHETIC-tiny.json.gz: superseded by its recording in SYNTHETIC-tiny-again" in md
     assert "tiny_b/implicit_gemm in SYNTHETIC-tiny-again.json.gz: partial" in md
