@@ -495,8 +495,9 @@ def fake_row(layer: Layer, n: int, kind: str, args, index: int) -> dict:
     times are FAKE: stock 100 + 5 N us, tuned 1% faster (``--dry-run-fail``: the first row 10% slower)."""
     row: dict = {"layer": layer.name, "n": n, "kind": kind, "fake": True}
     device = torch.device("cpu")
-    stock, tuned = make_pair(layer, kind, device, args.seed)
-    x = make_input(layer, min(n, DRY_N), min(layer.hw, DRY_HW), kind, device, args.seed)
+    stock, tuned = make_pair(layer, kind, device, args.seed, args.dtype, args.channels_last)
+    x = make_input(layer, min(n, DRY_N), min(layer.hw, DRY_HW), kind, device, args.seed, args.dtype,
+                   args.channels_last)
     rt = runtime.get()
     problem = problem_of(tuned, x)
     if kind == "aten":  # the real put_plan, under a stand-in key and environment (no GPU to fingerprint)
@@ -596,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--channels-last", action="store_true", help="channels_last modules and inputs for those kinds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="directory for the JSON and Markdown (benchmarks/results; dry run: a temporary one)")
-    ap.add_argument("--tag", default="h200", help="file name tag: bench_overhead_<tag>.json (h200)")
+    ap.add_argument("--tag", default="h200", help="file name tag: bench_overhead_<tag>.json (h200; a 16-bit or "
+                    "channels_last run adds _bf16 / _fp16 and _nhwc)")
     ap.add_argument("--watchdog", type=float, default=180.0,
                     help="dump all stacks to stderr when one row takes over this many s (0: off)")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: real bookkeeping, FAKE times (see the docstring)")
@@ -613,7 +615,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bagf_dryrun_")) if args.dry_run
                                            else REPO / "benchmarks" / "results")
-    stem = f"bench_overhead_{args.tag}" + ("_dryrun" if args.dry_run else "")
+    # a 16-bit or channels_last run gets its own files (bench_overhead_h200_bf16_nhwc), beside the fp32 ones
+    fmt = {"bfloat16": "_bf16", "float16": "_fp16"}.get(args.dtype, "") + ("_nhwc" if args.channels_last else "")
+    stem = f"bench_overhead_{args.tag}{fmt}" + ("_dryrun" if args.dry_run else "")
     console_logging()
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.benchmark = True

@@ -103,6 +103,31 @@ def test_overhead_dry_run_every_kind(overhead, tmp_path):
     assert md.count("| 3x3 8->8 @8x8 |") == 10 and "20 of 20 rows pass." in md
 
 
+def test_overhead_dry_run_in_bf16_channels_last(overhead, tmp_path):
+    """--dtype/--channels-last build the kernel, aten and miss kinds' modules and inputs in that dtype and format
+    (the unsupported kinds keep their own), say so in the header, and write files of their own."""
+    import torch
+
+    rc = overhead.main(["--dry-run", "--out", str(tmp_path), "--batch", "1", "--layers", "8:8:8",
+                        "--kinds", "kernel,unsupported:strided", "--dtype", "bfloat16", "--channels-last"])
+    assert rc == 0
+    assert not (tmp_path / "bench_overhead_h200_dryrun.json").exists()
+    doc = _load(tmp_path / "bench_overhead_h200_bf16_nhwc_dryrun.json")
+    assert doc["meta"]["dtype"] == "bfloat16" and doc["meta"]["channels_last"] is True
+    stock, tuned = overhead.make_pair(overhead.parse_layers("8:8:8")[0], "kernel", torch.device("cpu"), 0,
+                                      "bfloat16", True)
+    assert stock.weight.dtype is torch.bfloat16 and tuned.weight.dtype is torch.bfloat16
+    assert stock.weight.is_contiguous(memory_format=torch.channels_last)
+    x = overhead.make_input(overhead.parse_layers("8:8:8")[0], 2, 8, "kernel", torch.device("cpu"), 0, "bfloat16",
+                            True)
+    assert x.dtype is torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    strided = overhead.make_input(overhead.parse_layers("8:8:8")[0], 2, 8, "unsupported:strided",
+                                  torch.device("cpu"), 0, "bfloat16", True)
+    assert strided.dtype is torch.float32  # the unsupported kinds set their own dtype and strides
+    md = (tmp_path / "bench_overhead_h200_bf16_nhwc_dryrun.md").read_text()
+    assert "bfloat16, channels_last (the kernel, aten and miss kinds)" in md
+
+
 def test_overhead_dry_run_failure_exits_nonzero_and_still_writes(overhead, tmp_path):
     rc = overhead.main(["--dry-run", "--dry-run-fail", "--out", str(tmp_path), "--batch", "1", "--layers", "4:4:4",
                         "--kinds", "kernel,miss", "--tag", "t"])

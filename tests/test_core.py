@@ -511,7 +511,7 @@ def test_tc_start_config_sizes_split_k_to_the_problem():
     # ResNet-18's layer3.0.conv1 at N=32: 196 blocks of 128x64 (under 2 per SM), 392 of 128x32: no split
     assert tc.default_for(conv(32, 128, 28, 256, 3, 2, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=1)
     assert tc.default_for(conv(1, 3, 224, 64, 11, 4, 2))["SPLIT"] == 4  # C*R*S = 363: >= 4 K-tiles per slice
-    # ResNet-18's layer4.0.conv1 at N=32: 200 blocks of 64x64 for 132 SMs
+    # ResNet-18's layer4.0.conv1 at N=32: 100 blocks of 128x64, 196 of 128x32 for 132 SMs: split 2
     assert tc.default_for(conv(32, 256, 14, 512, 3, 2, 1)) == dict(tc.DEFAULT, **tc.SMALL_GRID_TILE, SPLIT=2)
     for n in (1, 2, 8, 32, 128):
         assert tc.space().is_valid(tc.default_for(conv(n, 64, 27, 192, 5, 1, 2)))
@@ -519,31 +519,29 @@ def test_tc_start_config_sizes_split_k_to_the_problem():
 
 def test_tc_start_config_is_near_the_best_of_the_h200_n32_sweep():
     """On the nine N=32 problems of the committed H200 sweep (ResNet's stride-2 and 1x1 convs, AlexNet conv2; 480
-    configurations each, screened from CUDA graphs), the start point is within 0.85 of each problem's best and
-    at least as fast as DEFAULT on every one, 1.15x faster in the geomean."""
+    configurations each, screened from CUDA graphs), the start point is within 0.85 of each problem's best (0.851
+    at worst) and at least as fast as DEFAULT on every one, 1.3x faster in the geomean (1.33x)."""
+    import importlib.util
     import json
-    import sys
     from pathlib import Path
 
     from bagf_torch.kernels import implicit_gemm_tc as tc
 
     root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        from bench_layers import ALEXNET, EXTRA, problem
-    finally:
-        sys.path.pop(0)
-    layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
+    spec = importlib.util.spec_from_file_location("bench_layers_layers", root / "benchmarks" / "bench_layers.py")
+    bl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bl)
+    layers = {lay[0]: lay for lay in bl.ALEXNET + bl.EXTRA}
     sweep = json.loads((root / "benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32.json").read_text())
     gains = []
     for row in sweep["rows"]:
         screen = row["screen"]
-        start = screen[tc.name(tc.default_for(problem(layers[row["layer"]], row["n"])))]
+        start = screen[tc.name(tc.default_for(bl.problem(layers[row["layer"]], row["n"])))]
         default = screen[tc.name(tc.DEFAULT)]
         assert min(screen.values()) / start >= 0.85, (row["layer"], start, min(screen.values()))
         assert start <= default, (row["layer"], start, default)
         gains.append(default / start)
-    assert len(gains) == 9 and math.prod(gains) ** (1 / len(gains)) > 1.15, gains
+    assert len(gains) == 9 and math.prod(gains) ** (1 / len(gains)) > 1.3, gains
 
 
 def test_tc_features_describe_the_grid_and_the_work_per_block():
@@ -564,8 +562,9 @@ def test_tc_features_describe_the_grid_and_the_work_per_block():
 
 def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
     """On every completely recorded H200 problem, the problem-sized start point was measured no slower than
-    DEFAULT (within 5% noise), and on AlexNet conv2-conv5 at N=1 more than 4x faster; over the problems where it
-    reshapes the block, within 1.2x of each recorded optimum in the geomean (DEFAULT with split-K alone: 1.34x)."""
+    DEFAULT (within 5% noise), and on AlexNet conv2-conv5 at N=1 more than 4x faster; over all of them (every start
+    is a 128-row block), within 1.2x of each recorded optimum in the geomean (1.18x; DEFAULT with split-K alone on
+    the small-grid problems: 1.34x)."""
     from pathlib import Path
 
     from bagf_torch.kernels import implicit_gemm_tc as tc
@@ -583,8 +582,7 @@ def test_tc_start_config_is_faster_than_default_on_the_h200_recording():
         assert start <= 1.05 * default, (p.name, start, default)
         if p.name in ("alexnet_conv2_n1", "alexnet_conv3_n1", "alexnet_conv4_n1", "alexnet_conv5_n1"):
             assert start * 4 < default, (p.name, start, default)
-        if tc.default_for(problem)["BM"] != tc.DEFAULT["BM"]:
-            ratios.append(start / min(t for t in times.values()))
+        ratios.append(start / min(t for t in times.values()))
         checked += 1
     assert checked >= 7 and len(ratios) >= 5
     assert math.prod(ratios) ** (1 / len(ratios)) < 1.2, ratios

@@ -63,7 +63,8 @@ H200_SMS = 132
 
 LARGE_GRID_TILE: Config = {"BM": 128, "BN": 64, "WM": 4, "WN": 2, "STAGES": 2}
 """The block a start point takes where its grid fills the GPU (at least 2 blocks per SM): 128 output channels x 64
-pixels, 8 warps of 32 x 32, a 2-stage pipeline (3 stages measured 1-3% slower on the N=32 sweep's problems)."""
+pixels, 8 warps of 32 x 32, a 2-stage pipeline (on the N=32 sweep's nine problems 3 stages screened 1.2-3.7% slower
+on eight and 3.7% faster on one, ResNet-18's 1x1 stride-2 conv from 64 channels)."""
 
 SMALL_GRID_TILE: Config = {"BM": 128, "BN": 32, "WM": 4, "WN": 2, "STAGES": 3}
 """The block a start point takes where ``LARGE_GRID_TILE``'s grid would leave SMs idle: 128 output channels x 32
@@ -80,11 +81,14 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     Measured on the H200. At N=1 (the recording, benchmarks/data/implicit_gemm_tc_h200.json.gz), on AlexNet
     conv2-conv5 DEFAULT with split-K takes 1.14-1.40x the recorded optimum and DEFAULT itself 5-14x; the 128 x 32
     block with split-K 1.00-1.48x (conv1 1.07x against 1.67x; 3x3 256@56 1.32x against 1.44x), the geomean of the
-    six small-grid problems 1.17x against 1.34x. At N=32 (benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32:
-    480 configurations of BM 64/128, BN 32-128, BK 8/16, SPLIT 1/2 on ResNet-18's stride-2 3x3 and 1x1 convs,
-    two ResNet-50 1x1 convs and AlexNet conv2, each screened from a CUDA graph) every problem's best block is
-    128 channels tall; this rule's start is 0.85-1.00 of the best on all nine (DEFAULT, the start where its grid
-    filled the GPU before: 0.68-0.84). The tuner starts each search here; DEFAULT stays the "untuned" reference.
+    six small-grid problems 1.17x against 1.34x (the 1.48x is conv5, whose optimum there is one noisy per-call
+    sample: against its re-recording by queued GPU time, implicit_gemm_tc_n1_h200.json.gz, 1.16x). At N=32
+    (benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32: 480 configurations of BM 64/128, BN 32-128,
+    BK 8/16, SPLIT 1/2 on ResNet-18's stride-2 3x3 and 1x1 convs, two ResNet-50 1x1 convs and AlexNet conv2, each
+    screened from a CUDA graph) the best block is 128 channels tall on eight of the nine (AlexNet conv2, K = 192,
+    keeps 64); this rule's start is 0.85-1.00 of the best on all nine, DEFAULT 0.52-0.84. The tuner starts each
+    search here (implicit_gemm_tf32 too, whose start is this rule, not measured in TF32 mode); DEFAULT stays the
+    "untuned" reference.
     """
     p, q = problem.out_hw
 
@@ -135,7 +139,7 @@ def warps_in_flight(problem, c: Mapping[str, int], sms: int = H200_SMS) -> float
     the start), and the way to most optima passes through a neighbour that lowers it (BM=128 halves the
     grid; 5 of the 7 optima have BM=128 and get their warps back with WM=4), which is why ax ranks only the
     first two of its initial design by it (docs/strategies.md). Those figures are for neighbours of DEFAULT with
-    split-K; where ``default_for`` starts from ``SMALL_GRID_TILE`` the start is a 128-row block of 8 warps already.
+    split-K; ``default_for``'s start is a 128-row block of 8 warps already.
     """
     p, q = problem.out_hw
     grid = -(-(problem.n * p * q) // c["BN"]) * -(-problem.k // c["BM"]) * c["SPLIT"]

@@ -101,8 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--where-large", default=None, help="knob=values;... added for N > 1, e.g. 'SPLIT=1,2'")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--keep-screen", action="store_true",
-                    help="keep every configuration's screening time in the JSON (rows' 'screen': plan -> us), for "
-                         "studies of the space on a CPU afterwards (start points, rules)")
+                    help="keep the screening time of every configuration that built and passed the check in the JSON "
+                         "(rows' 'screen': plan -> us), for studies of the space on a CPU afterwards (start points)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=24, help="configurations per screening capture")
     ap.add_argument("--out", default="benchmarks/results")
