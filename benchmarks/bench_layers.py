@@ -59,7 +59,7 @@ EXTRA = [
     ("r3x3_256", 256, 56, 256, 3, 1, 1),
     ("r3x3_128", 128, 28, 128, 3, 1, 1),
     ("r1x1_1024", 1024, 14, 256, 1, 1, 0),
-    # the stride-2 convs and downsamples of torchvision's ResNet-18 and two of ResNet-50's 1x1 convs
+    # the stride-2 convs and downsamples of torchvision's ResNet-18; two of ResNet-50's 1x1 convs
     ("r3x3s2_64", 64, 56, 128, 3, 2, 1),
     ("r3x3s2_128", 128, 28, 256, 3, 2, 1),
     ("r3x3s2_256", 256, 14, 512, 3, 2, 1),
@@ -68,6 +68,9 @@ EXTRA = [
     ("r1x1s2_256", 256, 14, 512, 1, 2, 0),
     ("r1x1_1024to512", 1024, 14, 512, 1, 1, 0),
     ("r1x1_256to1024", 256, 14, 1024, 1, 1, 0),
+    # ResNet-18's first conv and its layer4 3x3 convs (512 channels on 7x7 maps)
+    ("r7x7s2_3", 3, 224, 64, 7, 2, 3),
+    ("r3x3_512_7", 512, 7, 512, 3, 1, 1),
 ]
 
 
