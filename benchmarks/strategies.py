@@ -66,7 +66,7 @@ from bagf_torch.kernels import FAMILIES  # noqa: E402
 from bagf_torch.kernels.space import Space, config_key  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
-from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
+from bagf_torch.tuning.replay import RecordedProblem, load_recording, newest_complete  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
 from bagf_torch.tuning.tuner import Tuner, search_options  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
@@ -162,20 +162,6 @@ def conv_problem(rp: RecordedProblem) -> ConvProblem:
 
 REPLAY_ENV = {"replay": True}
 """The environment of every plan in the replay's synthetic cache (one recording file = one GPU set-up)."""
-
-
-def newest_complete(files) -> dict[str, Path]:
-    """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date; of equal
-    dates, or none, the first file's): a problem recorded again (e.g. under a newer timing rule) supersedes its
-    earlier recording, in the replay and in the warm start's synthetic cache alike."""
-    best: dict[str, tuple[str, Path]] = {}
-    for f in files:
-        rec = load_recording(f)
-        date = str(rec.meta.get("date", ""))
-        for rp in rec.problems:
-            if rp.complete and (rp.key not in best or date > best[rp.key][0]):
-                best[rp.key] = (date, Path(f))
-    return {k: f for k, (_, f) in best.items()}
 
 
 def recorded_optima(files) -> list[dict]:

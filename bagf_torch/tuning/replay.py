@@ -516,3 +516,18 @@ def synthetic_recording(path: str | os.PathLike, problems: Mapping[str, Mapping[
     info.update(meta or {})
     write_recording(path, info, out)
     return load_recording(path)
+
+
+def newest_complete(files: Sequence[str | os.PathLike]) -> dict[str, Path]:
+    """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date; of equal
+    dates, or none, the first file's): a problem recorded again (e.g. under a newer timing rule) supersedes its
+    earlier recording wherever several recordings are read together (``benchmarks/strategies.py``'s replay and
+    warm-start cache, ``benchmarks/probes/param_analysis.py``)."""
+    best: dict[str, tuple[str, Path]] = {}
+    for f in files:
+        rec = load_recording(f)
+        date = str(rec.meta.get("date", ""))
+        for rp in rec.problems:
+            if rp.complete and (rp.key not in best or date > best[rp.key][0]):
+                best[rp.key] = (date, Path(f))
+    return {k: f for k, (_, f) in best.items()}

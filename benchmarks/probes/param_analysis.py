@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 
-from bagf_torch.tuning.replay import RecordedProblem, load_recording  # noqa: E402
+from bagf_torch.tuning.replay import RecordedProblem, load_recording, newest_complete  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -142,17 +142,21 @@ def main(argv=None) -> int:
         print(f"no recorded spaces under {DATA}; pass --data FILE", file=sys.stderr)
         return 2
     results, synthetic, excluded, sources = [], False, {}, []
+    newest = newest_complete(files)  # a problem recorded again is analysed once, from its newest complete recording
     for f in files:
         rec = load_recording(f)
         synthetic = synthetic or rec.synthetic
         sources.append(f"{Path(f).name}: {rec.meta.get('gpu')}, recorded {rec.meta.get('date')}")
         for rp in rec.problems:
-            if rp.complete or args.partial:
+            if rp.key in newest and newest[rp.key] != Path(f):
+                excluded[f"{rp.key} in {Path(f).name}"] = f"analysed from its recording in {newest[rp.key].name}"
+            elif rp.complete or args.partial:
                 results.append(analyse(rp))
             else:
                 excluded[rp.key] = rp.partial_reason
     for k, why in excluded.items():
-        print(f"excluded {k}: {why} (--partial analyses its recorded subset)", file=sys.stderr)
+        print(f"excluded {k}: {why}" + (" (--partial analyses its recorded subset)" if why.startswith("partial") else ""),
+              file=sys.stderr)
     if not results:
         print("no problem left to analyse", file=sys.stderr)
         return 2
