@@ -18,7 +18,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCHMARKS / f"{name}.py")
+    """The benchmark script ``benchmarks/<name>.py`` (``name`` may be ``probes/<probe>``), loaded as a module."""
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name.replace('/', '_')}", BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -562,9 +563,7 @@ def test_record_space_spreads_work_over_gpus_and_merges_the_childrens_rows_once(
 def test_family_sweep_selects_knobs_and_renders_its_json(tmp_path):
     """benchmarks/probes/family_sweep.py: --where narrows the space by knob values; --from-json rewrites the table
     (speed ratio and TFLOP/s from the recorded times) on a CPU."""
-    spec = importlib.util.spec_from_file_location("family_sweep", BENCHMARKS / "probes" / "family_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = _script("probes/family_sweep")
     assert sweep.parse_where("SPLIT=1,2;WG=2") == {"SPLIT": {1, 2}, "WG": {2}}
     configs = [{"SPLIT": s, "WG": w} for s in (1, 2, 4) for w in (1, 2)]
     assert sweep.selected(configs, sweep.parse_where("SPLIT=1,2;WG=2")) == [{"SPLIT": 1, "WG": 2}, {"SPLIT": 2, "WG": 2}]

@@ -521,16 +521,15 @@ def test_tc_start_config_is_near_the_best_of_the_h200_n32_sweep():
     """On the nine N=32 problems of the committed H200 sweep (ResNet's stride-2 and 1x1 convs, AlexNet conv2; 480
     configurations each, screened from CUDA graphs), the start point is within 0.85 of each problem's best (0.851
     at worst) and at least as fast as DEFAULT on every one, 1.3x faster in the geomean (1.33x)."""
-    import importlib.util
     import json
     from pathlib import Path
+
+    from test_strategies import _benchmark_module
 
     from bagf_torch.kernels import implicit_gemm_tc as tc
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("bench_layers_layers", root / "benchmarks" / "bench_layers.py")
-    bl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bl)
+    bl = _benchmark_module("bench_layers")
     layers = {lay[0]: lay for lay in bl.ALEXNET + bl.EXTRA}
     sweep = json.loads((root / "benchmarks/results/family_sweep_implicit_gemm_tc_h200_tc_n32.json").read_text())
     gains = []
