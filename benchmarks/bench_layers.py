@@ -68,8 +68,10 @@ EXTRA = [
     ("r1x1s2_256", 256, 14, 512, 1, 2, 0),
     ("r1x1_1024to512", 1024, 14, 512, 1, 1, 0),
     ("r1x1_256to1024", 256, 14, 1024, 1, 1, 0),
-    # ResNet-18's first conv and its layer4 3x3 convs (512 channels on 7x7 maps)
+    # ResNet-18's first conv and its other 3x3 stride-1 convs (64 channels on 56x56 maps, 256 on 14x14, 512 on 7x7)
     ("r7x7s2_3", 3, 224, 64, 7, 2, 3),
+    ("r3x3_64_56", 64, 56, 64, 3, 1, 1),
+    ("r3x3_256_14", 256, 14, 256, 3, 1, 1),
     ("r3x3_512_7", 512, 7, 512, 3, 1, 1),
 ]
 
