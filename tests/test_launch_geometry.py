@@ -445,6 +445,7 @@ def test_configurations_that_differ_only_in_a_launch_parameter_share_one_compile
     compiler = object.__new__(KernelCompiler)
     compiler.ext, compiler.device, compiler.cache, compiler.arch = Ext(), 0, Cache(), "sm_90"
     compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
+    compiler._start_pool()
     configs = [dict(h16.DEFAULT, SPLIT=s) for s in (1, 2, 8)] + [dict(h16.DEFAULT, BK=64, SPLIT=4)]
     got = compiler.compile(h16, configs)
     assert sorted(compiler.ext.compiled) == sorted({h16.name_expression(c) for c in configs})  # 2 compiles
@@ -457,3 +458,52 @@ def test_configurations_that_differ_only_in_a_launch_parameter_share_one_compile
     assert [g.compile_seconds > 0 for g in got] == [True, False, False, True] and _compiles(got) == 2
     compiler.prefetch([(h16, dict(h16.DEFAULT, SPLIT=16))])  # the cubin is cached: no compile
     assert len(compiler.ext.compiled) == 2
+
+
+def test_a_compile_the_caller_stops_waiting_for_finishes_into_the_cache_and_is_joined_not_repeated():
+    """``compile_within``: a cubin not ready within the seconds given is None (not loaded), while the ready ones load;
+    the compile goes on, a second request for it meanwhile waits for that same NVRTC run, and once it is done the
+    cubin is in the cache: NVRTC ran once for it in all."""
+    import threading
+
+    from bagf_torch.jit.compiler import KernelCompiler
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    release = threading.Event()
+    slow, fast = dict(h16.DEFAULT, BK=64), dict(h16.DEFAULT)
+
+    class Cache:
+        def __init__(self):
+            self.cubins = {}
+
+        def get_cubin(self, digest):
+            return self.cubins.get(digest)
+
+        def put_cubin(self, digest, name, lowered, cubin):
+            self.cubins[digest] = (cubin, lowered)
+
+    class Ext(_FakeExt):
+        def __init__(self):
+            super().__init__()
+            self.compiled = []
+
+        def nvrtc_compile(self, source, name_expression, options):
+            self.compiled.append(name_expression)
+            if name_expression == h16.name_expression(slow):
+                assert release.wait(10), "the test never released the slow compile"
+            return True, b"cubin", "lowered", ""
+
+    compiler = object.__new__(KernelCompiler)
+    compiler.ext, compiler.device, compiler.cache, compiler.arch = Ext(), 0, Cache(), "sm_90"
+    compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
+    compiler._start_pool()
+    try:
+        got = compiler.compile_within(h16, [slow, fast], 0.3)
+        assert got[0] is None and got[1].compile_seconds > 0 and len(compiler.ext.calls) == 1  # only fast loaded
+        assert compiler.compile_within(h16, [slow], 0.05) == [None]
+        assert compiler.ext.compiled.count(h16.name_expression(slow)) == 1  # joined, not started again
+    finally:
+        release.set()
+    again = compiler.compile(h16, [slow])[0]
+    assert again.spec.config == slow and compiler.ext.compiled.count(h16.name_expression(slow)) == 1
+    assert compiler.digest(h16, slow) in compiler.cache.cubins

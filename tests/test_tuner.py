@@ -771,3 +771,25 @@ def test_remeasure_keeps_each_handles_in_time_rounds_and_reports_nan_for_none(mo
     times = bench.remeasure(types.SimpleNamespace(problem=types.SimpleNamespace(tf32=False)), [1, 2], rounds=3)
     assert times[0] == pytest.approx(20.0) and math.isnan(times[1])
     assert sim.sleeps[0] == QUEUED_SLEEP_CYCLES and sys.getswitchinterval() == own
+
+
+def test_a_compile_wave_that_runs_to_the_deadline_ends_the_batch_without_waiting_for_it():
+    """A compiler that can stop waiting (``compile_within``) is given the family's time left; the configurations it
+    could not compile in it are neither measured nor recorded as failures, the ones it did are, and the search
+    ends there (the cost estimates are means, and a wave of slow compiles must not run past the budget)."""
+    class Slow(FakeCompiler):
+        def __init__(self):
+            super().__init__()
+            self.waits = []
+
+        def compile_within(self, family, configs, seconds):
+            self.waits.append(seconds)
+            return [None if c["C"] and c["A"] > 1 else out for c, out in zip(configs, self.compile(family, configs))]
+
+    comp = Slow()
+    r = Tuner(fake_backend(comp), _family(), strategy="exhaustive", budget=Budget(100, 60.0)).tune(PROBLEM)
+    assert comp.waits and all(0 < w <= 60.0 for w in comp.waits)
+    measured = [t.config for t in r.trials if t.config is not None]
+    assert measured and not any(c["C"] and c["A"] > 1 for c in measured)
+    assert all(t.outcome.ok for t in r.trials)
+    assert r.config is not None and not (r.config["C"] and r.config["A"] > 1)

@@ -5,6 +5,11 @@ expression and readable name; ``KernelCompiler.compile`` turns specs into loaded
 cubins the cache does not hold (in parallel threads: the extension releases the GIL around NVRTC), and
 loading each with ``cuModuleLoadData``. Failures come back as typed ``Outcome``s, never exceptions.
 
+A compile that the caller stops waiting for (``compile_within``: the tuner's deadline) is not stopped: NVRTC
+cannot be interrupted, so it finishes on its daemon thread and its cubin lands in the cache, where a later
+request finds it; a request for a digest whose compile is still running waits for that compile instead of
+starting a second one.
+
 Which bytes get loaded (docs/cache.md): a cubin is looked up under its digest, which this compiler computes
 from our kernel sources, the name expression, options, NVRTC version and architecture, and only this
 compiler writes cubins under such a digest. Cubins imported with ``cache import --trust-cubins`` live under
@@ -15,9 +20,11 @@ digest; ``build`` (what import uses to rebuild winners) never reads them.
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Mapping, Sequence
@@ -93,6 +100,43 @@ STATS = CompileStats()
 """Process-wide counters: a warm process shows nvrtc_compiles == 0."""
 
 
+class _CompilePool:
+    """``workers`` daemon threads that run submitted calls in order, started as they are needed. Daemon threads,
+    not a ThreadPoolExecutor's: a compile the tuner stopped waiting for may still be in NVRTC when the process
+    ends, and an executor's threads are joined at exit (seconds added to a ``tune`` command's end for a cubin
+    nobody will use)."""
+
+    def __init__(self, workers: int):
+        self.workers = max(1, workers)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        with self._lock:
+            if self._idle == 0 and len(self._threads) < self.workers:
+                thread = threading.Thread(target=self._run, name=f"bagf-nvrtc-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._idle = max(0, self._idle - 1)
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                    future.set_exception(e)
+            with self._lock:
+                self._idle += 1
+
+
 class KernelCompiler:
     """Compiles and loads kernel variants for one CUDA device, using ``cache`` for cubins."""
 
@@ -114,6 +158,14 @@ class KernelCompiler:
         # family -> seconds of one wave of parallel compiles, as the tuner has seen them in this process (its time
         # budget reads and updates this record, see tuning.tuner._Deadline)
         self.wave_seconds: dict[str, float] = {}
+        self._start_pool()
+
+    def _start_pool(self) -> None:
+        self._pool = _CompilePool(self.workers)
+        # digest -> the future of its cubin while a compile (or cache read) of it runs: asked for again meanwhile
+        # (the tuner stopped waiting for it, then a search proposed it again), it is waited for, not compiled twice
+        self._inflight: dict[str, Future] = {}
+        self._inflight_lock = threading.Lock()
 
     def digest(self, family: ModuleType, config: Mapping[str, int]) -> str:
         """The cache digest of one configuration's cubin on this device."""
@@ -156,26 +208,40 @@ class KernelCompiler:
         STATS.add(loads=1)
         return Loaded(spec, info["handle"], seconds, info["registers"], info["local_bytes"])
 
-    def _cubins(self, specs: Sequence[KernelSpec]) -> list:
-        """``_cubin`` of every spec, in parallel on ``workers`` threads, each distinct digest once: configurations
-        that differ only in a launch parameter (implicit_gemm_h16's SPLIT) share one kernel and one compile. The
-        compile's seconds go to the first spec of its digest, the others get 0 as a cache hit does: the tuner
-        counts a candidate with compile seconds as one compile (``tuner._compiles``), and counting one NVRTC run
-        several times made its estimate of a compile's cost too low."""
+    def _submit(self, digest: str, spec: KernelSpec) -> tuple[Future, bool]:
+        """The future of ``spec``'s cubin, and whether this call started it (False: joined a running one)."""
+        with self._inflight_lock:
+            running = self._inflight.get(digest)
+            if running is not None:
+                return running, False
+            future = self._pool.submit(self._cubin, spec)
+            self._inflight[digest] = future
+        future.add_done_callback(lambda _f, d=digest: self._forget(d, _f))
+        return future, True
+
+    def _forget(self, digest: str, future: Future) -> None:
+        with self._inflight_lock:
+            if self._inflight.get(digest) is future:
+                del self._inflight[digest]
+
+    def _cubins(self, specs: Sequence[KernelSpec], timeout: float | None = None) -> list:
+        """``_cubin`` of every spec, in parallel on the pool's ``workers`` threads, each distinct digest once:
+        configurations that differ only in a launch parameter (implicit_gemm_h16's SPLIT) share one kernel and one
+        compile. The compile's seconds go to the first spec of its digest, the others get 0 as a cache hit does: the
+        tuner counts a candidate with compile seconds as one compile (``tuner._compiles``), and counting one NVRTC
+        run several times made its estimate of a compile's cost too low. ``timeout``: seconds to wait at most; a
+        spec whose cubin is not ready by then is None (its compile goes on, see the module docstring)."""
         by_digest: dict[str, KernelSpec] = {}
         digests = [spec.digest(self.source_hash, self.nvrtc_version) for spec in specs]
         for d, spec in zip(digests, specs):
             by_digest.setdefault(d, spec)
-        unique = list(by_digest.values())
-        if len(unique) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(max_workers=min(self.workers, len(unique))) as pool:
-                got = dict(zip(by_digest, pool.map(self._cubin, unique)))
-        else:
-            got = {d: self._cubin(spec) for d, spec in by_digest.items()}
+        futures = {d: self._submit(d, spec)[0] for d, spec in by_digest.items()}
+        done, _ = wait_futures(list(futures.values()), timeout=None if timeout is None else max(0.0, timeout))
+        got = {d: f.result() if f in done else None for d, f in futures.items()}
         out, seen = [], set()
         for d in digests:
             g = got[d]
-            if d in seen and not isinstance(g, Outcome):
+            if d in seen and g is not None and not isinstance(g, Outcome):
                 g = (g[0], g[1], 0.0)
             seen.add(d)
             out.append(g)
@@ -183,10 +249,17 @@ class KernelCompiler:
 
     def compile(self, family: ModuleType, configs: Sequence[Config]) -> list[Loaded | Outcome]:
         """Compile (or fetch from the cache) and load every config; failures are typed outcomes."""
+        return self.compile_within(family, configs, None)
+
+    def compile_within(self, family: ModuleType, configs: Sequence[Config],
+                       seconds: float | None) -> list[Loaded | Outcome | None]:
+        """``compile``, waiting at most ``seconds`` (None: until all are done) for the compiles: a config whose
+        cubin is not ready by then is None and not loaded; its compile finishes in the background into the cache
+        (the tuner's deadline: a compile wave that runs long ends the search instead of overrunning the budget)."""
         specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
-        cubins = self._cubins(specs)
+        cubins = self._cubins(specs, seconds)
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
-        return [c if isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
+        return [c if c is None or isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
 
     def prefetch(self, items: Sequence[tuple[ModuleType, Config]]) -> dict[str, float]:
         """Compile the cubins of several families' configurations into the cache in parallel, loading none:

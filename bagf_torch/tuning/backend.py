@@ -3,7 +3,8 @@
 A backend is four parts the Tuner drives and a flag:
 
 * ``compiler.compile(family, configs) -> [Loaded | Outcome]`` (a loaded candidate has ``handle``) and
-  ``compiler.unload(handle)``;
+  ``compiler.unload(handle)``; optionally ``compiler.compile_within(family, configs, seconds)``, the same with
+  None for a config whose compile was not done within ``seconds`` (the tuner then stops the batch there);
 * ``checker.check(workspace, handle) -> Outcome | None`` (None: the output is right);
 * ``benchmarker.measure(workspace, handle, cutoff_us) -> Outcome`` and
   ``benchmarker.remeasure(workspace, handles) -> [us]``;
