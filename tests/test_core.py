@@ -543,6 +543,39 @@ def test_tc_start_config_is_near_the_best_of_the_h200_n32_sweep():
     assert len(gains) == 9 and math.prod(gains) ** (1 / len(gains)) > 1.3, gains
 
 
+def test_winograd_gemm_start_alternatives_cover_what_the_h200_resnet18_sweep_found_its_start_missing():
+    """On ResNet-18's four 3x3 stride-1 layers at N=32 (the committed H200 sweep, 291 configurations each, screened
+    from CUDA graphs), the best of the start and its alternatives is within 0.96 of each layer's best; the
+    alternatives are there exactly where the start alone is below 0.9 (512 channels on 7x7 maps: a GEMM of 144
+    blocks; 64 channels: wgmma's 64 x 64 tile), and AlexNet's conv3-5 at N = 32 and 128, where the start was chosen
+    on the recorded space, get none."""
+    import json
+    from pathlib import Path
+
+    from test_strategies import _benchmark_module
+
+    from bagf_torch.kernels import winograd_gemm as wg
+
+    root = Path(__file__).resolve().parent.parent
+    bl = _benchmark_module("bench_layers")
+    layers = {lay[0]: lay for lay in bl.ALEXNET + bl.EXTRA}
+    sweep = json.loads((root / "benchmarks/results/family_sweep_winograd_gemm_h200_resnet18_n32.json").read_text())
+    assert len(sweep["rows"]) == 4
+    for row in sweep["rows"]:
+        problem = bl.problem(layers[row["layer"]], row["n"])
+        screen, best = row["screen"], min(row["screen"].values())
+        start = best / screen[wg.name(wg.default_for(problem, 132, "sm_90"))]
+        alternatives = wg.start_alternatives(problem, 132, "sm_90")
+        assert all(wg.space().is_valid(c) for c in alternatives)
+        kept = max([start] + [best / screen[wg.name(c)] for c in alternatives])
+        assert kept >= 0.96, (row["layer"], start, kept)
+        assert bool(alternatives) == (start < 0.9), (row["layer"], start, alternatives)
+    for name in ("conv3", "conv4", "conv5"):
+        for n in (32, 128):
+            assert wg.start_alternatives(bl.problem(layers[name], n), 132, "sm_90") == []
+    assert wg.start_alternatives(bl.problem(layers["r3x3_512_7"], 32), 132, "sm_80") == []  # no wgmma start
+
+
 def test_tc_features_describe_the_grid_and_the_work_per_block():
     from bagf_torch.kernels import implicit_gemm_tc as tc
 

@@ -793,3 +793,28 @@ def test_a_compile_wave_that_runs_to_the_deadline_ends_the_batch_without_waiting
     assert measured and not any(c["C"] and c["A"] > 1 for c in measured)
     assert all(t.outcome.ok for t in r.trials)
     assert r.config is not None and not (r.config["C"] and r.config["A"] > 1)
+
+
+def test_a_familys_start_alternatives_are_measured_after_its_start_and_compiled_up_front():
+    """``start_alternatives``: second start points, measured right after the start points (as seeds, before the
+    search), and in ``prefetch_starts``' wave with them; an invalid one is left out."""
+    fam = _family()
+    fam.start_alternatives = lambda problem, sms=132, arch=None: [{"A": 4, "B": 2, "C": 1}, {"A": 8, "B": 8, "C": 0}]
+
+    class Prefetching(FakeCompiler):
+        def __init__(self):
+            super().__init__()
+            self.prefetched = []
+
+        def prefetch(self, items):
+            self.prefetched.extend(dict(c) for _, c in items)
+            return {}
+
+    comp = Prefetching()
+    tuner = Tuner(fake_backend(comp), fam, strategy="random", budget=Budget(6))
+    assert tuner.prefetch_starts([PROBLEM]) == 2
+    assert comp.prefetched[:2] == [fam.DEFAULT, {"A": 4, "B": 2, "C": 1}]  # (A*B = 64 is not in the space)
+    r = tuner.tune(PROBLEM)
+    configs = [t.config for t in r.trials if t.config is not None]
+    assert configs[:2] == [fam.DEFAULT, {"A": 4, "B": 2, "C": 1}]
+    assert r.config == {"A": 4, "B": 2, "C": 1}

@@ -82,6 +82,11 @@ class FamilyHooks(Protocol):
         """The tuner's start point sized to the problem (and the GPU's ``sms``); ``arch`` (e.g. "sm_90") is
         passed only when the function has that parameter (``Tuner.start_config``). Without it, DEFAULT."""
 
+    def start_alternatives(self, problem, sms: int = ..., arch: str | None = ...) -> list[Config]:
+        """More start points, measured right after ``default_for``'s as warm-start seeds are (``Tuner.tune``), and
+        compiled with the start points up front (``Tuner.prefetch_starts``): where a cheap rule cannot tell which of
+        two starts is better, both are measured. Without it, none."""
+
     def problem_rule(self, config: Mapping[str, int], problem) -> str | None:
         """None when ``config`` may run ``problem``, else why not: an extra rule of the space the tuner searches
         for that problem, also applied to warm-start seeds (e.g. direct's kernels for one filter geometry)."""

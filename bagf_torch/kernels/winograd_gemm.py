@@ -351,6 +351,44 @@ def default_for(problem, sms: int = 132, arch: str | None = None) -> Config:
     return dict(DEFAULT, MT=m, GE=wgmma_start(problem.k, tiles(dict(DEFAULT, MT=m), problem)), SO=1, **fmt)
 
 
+def gemm_blocks(c: Mapping[str, int], problem) -> int | None:
+    """Blocks of the plan's own GEMM launch (E x ceil(K/BM) x ceil(T/BN)); None for cuBLAS's (GE = 0)."""
+    if not c["GE"]:
+        return None
+    if uses_wgmma(c):
+        wn, nb, wg, _ = WGMMA_GEMMS[c["GE"]]
+        bm, bn = wn * nb, 64 * wg
+    else:
+        bm, bn = GEMMS[c["GE"]][:2]
+    return points(c) * -(-problem.k // bm) * -(-tiles(c, problem) // bn)
+
+
+def start_alternatives(problem, sms: int = 132, arch: str | None = None) -> list[Config]:
+    """Second start points, measured right after :func:`default_for`'s (as warm-start seeds are) where the sweep of
+    ResNet-18's 3x3 stride-1 layers at N = 32 on the H200 (benchmarks/results/family_sweep_winograd_gemm_h200_resnet18_n32.md)
+    found the start's tile or GEMM far from the best, for reasons the start's rules do not see:
+
+    * the start's GEMM launch fills fewer than two waves of the GPU's SMs: F(2x2)'s four times as many columns
+      fill them (512 channels on 7x7 maps: F(4x4)'s 144 blocks on 132 SMs ran at 0.86 of F(2x2) with the same
+      128 x 128 wgmma blocks, the family's best there; 7 s tunings kept F(4x4), 25 s ones found F(2x2));
+    * K <= 64, where wgmma's tiles are 64 x 64 (GE 7): gemm_tf32x3's 64 x 128 tile (GE 2) was 0.99 of the best
+      on 64 channels at 56x56, the start 0.90 (AlexNet's conv1, K = 64: 25 s tunings kept GE 2, 4 or 7).
+
+    Each costs one compile (in the up-front wave) and one timing; without an sm_90 start (no wgmma) there are none."""
+    start = default_for(problem, sms, arch)
+    if arch != "sm_90" or not uses_wgmma(start):
+        return []
+    out = []
+    blocks = gemm_blocks(start, problem)
+    if blocks is not None and blocks < 2 * sms and start["MT"] != 2:
+        small = dict(start, MT=2, SO=0)
+        small["GE"] = wgmma_start(problem.k, tiles(small, problem))
+        out.append(small)
+    if problem.k <= 64:
+        out.append(dict(start, GE=2, SO=0))
+    return out
+
+
 def wgmma_start(k: int, t: int) -> int:
     """The wgmma GEMM to start from for a K x T output per Winograd point: 6 (blocks of 128 channels x 128 columns),
     unless padding K x T to its blocks costs over 10% more than padding it to 7's 64 x 64 blocks. Of the products

@@ -496,6 +496,17 @@ class Tuner:
                 return start
         return family.DEFAULT
 
+    def start_alternatives(self, problem: ConvProblem) -> list[tuple[str, Config]]:
+        """``(family, config)`` of each measured family's ``start_alternatives(problem, sms, arch)``: second start
+        points, measured after the start points as seeds are."""
+        arch = getattr(self.compiler, "arch", None)
+        out = []
+        for fam in self.measured_families(problem):
+            alternatives = getattr(fam, "start_alternatives", None)
+            if alternatives is not None:
+                out.extend((fam.FAMILY, dict(c)) for c in alternatives(problem, self.sms or 132, arch))
+        return out
+
     def measured_families(self, problem: ConvProblem) -> list[ModuleType]:
         """The families whose start points a tuning of ``problem`` measures: ``families_for``, the first
         ``budget.evaluations`` of them when the evaluation budget is smaller than their number."""
@@ -514,9 +525,10 @@ class Tuner:
             return 0
         items, seen = [], set()
         for problem in problems:
-            for fam in self.measured_families(problem):
-                config = self.start_config(fam, problem)
-                if (fam.FAMILY, config_key(config)) not in seen:
+            by_name = {fam.FAMILY: fam for fam in self.measured_families(problem)}
+            starts = [(fam, self.start_config(fam, problem)) for fam in by_name.values()]
+            for fam, config in starts + [(by_name[n], c) for n, c in self.start_alternatives(problem)]:
+                if (fam.FAMILY, config_key(config)) not in seen and self.spaces[fam.FAMILY].is_valid(config):
                     seen.add((fam.FAMILY, config_key(config)))
                     items.append((fam, config))
         if not items:
@@ -707,6 +719,7 @@ class Tuner:
 
         starts = {fam.FAMILY: self.start_config(fam, problem) for fam in families}
         by_name = {f.FAMILY: f for f in families}
+        seeds = [*self.start_alternatives(problem), *seeds]  # the families' second starts first, then neighbours'
         seed_list = [(name, dict(config)) for name, config in seeds if name in by_name
                      and self.spaces[name].is_valid(config) and config_key(config) != config_key(starts[name])
                      and (getattr(by_name[name], "problem_rule", None) is None
