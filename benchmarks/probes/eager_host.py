@@ -1,0 +1,118 @@
+"""Host cost per module of one eager forward, stock against bagf_torch (needs a GPU): where an eager forward at
+small batch spends the host's time, module by module.
+
+Each forward is issued while a sleep kernel keeps the GPU busy, so no call waits for the GPU and the time between a
+module's forward pre-hook and its forward hook is what the host spends issuing it (Python, dispatch, allocation,
+launches). Median over ``--runs`` forwards; stock in cuDNN's benchmark mode, both models in ``--dtype`` and
+(``--channels-last``) that format, AlexNet by default. The bagf model is pre-tuned first (``tune_model``; a cache
+that holds the plans keeps tuning out of the run).
+
+    python benchmarks/probes/eager_host.py --dtype bfloat16 --channels-last --batch 1 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_overhead import command_line, git_commit  # noqa: E402
+
+from bagf_torch import models  # noqa: E402
+from bagf_torch.nn import convert  # noqa: E402
+from bagf_torch.pretune import tune_model  # noqa: E402
+
+
+def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict[str, float], float]:
+    """{module name: median host us} over the leaf modules, and the median host us of the whole forward."""
+    starts: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if next(mod.children(), None) is not None:
+            continue
+        hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: starts.__setitem__(n, time.perf_counter())))
+        hooks.append(mod.register_forward_hook(
+            lambda m, a, o, n=name: samples.setdefault(n, []).append((time.perf_counter() - starts[n]) * 1e6)))
+    whole = []
+    try:
+        with torch.no_grad():
+            for _ in range(5):
+                model(x)
+            torch.cuda.synchronize()
+            samples.clear()
+            for _ in range(runs):
+                torch.cuda._sleep(int(2e7))  # ~10 ms of GPU work: the forward is issued while the GPU is busy
+                t0 = time.perf_counter()
+                model(x)
+                whole.append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: statistics.median(v) for n, v in samples.items()}, statistics.median(whole)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="alexnet")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="bfloat16")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (the library's)")
+    ap.add_argument("--out", default=None, help="directory for eager_host_<tag>.{json,md} (default: print only)")
+    ap.add_argument("--tag", default="h200")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    stock = models.build(args.model, tuned=False).to(dtype).cuda().eval().to(memory_format=fmt)
+    tuned = convert(copy.deepcopy(stock)).eval()
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=fmt)
+    report = tune_model(tuned, [x], seconds=args.seconds, progress=False)
+    print(report)
+    torch.backends.cudnn.benchmark = True
+    rows, totals = {}, {}
+    for label, model in (("stock", stock), ("bagf", tuned), ("stock again", stock), ("bagf again", tuned)):
+        per, whole = host_times(model, x, args.runs)
+        totals[label] = whole
+        for name, us in per.items():
+            rows.setdefault(name, {})[label] = us
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(),
+            "command": command_line("probes/eager_host.py", sys.argv[1:] if argv is None else argv),
+            "model": args.model, "batch": args.batch, "dtype": args.dtype,
+            "channels_last": args.channels_last, "runs": args.runs}
+    lines = [f"# Host cost per module of one eager forward: stock vs bagf_torch ({meta['gpu']})", "",
+             f"{meta['date']}; torch {meta['torch']}; {args.model} at N = {args.batch}, {args.dtype}"
+             f"{' channels_last' if args.channels_last else ''}; commit `{meta['commit']}`; `{meta['command']}`.", "",
+             "Host us between each leaf module's forward pre-hook and forward hook, issued while a sleep kernel keeps "
+             "the GPU busy (no call waits for the GPU), median of the runs; each model timed twice, interleaved.", "",
+             "| module | " + " | ".join(f"{k} us" for k in totals) + " |", "|---|" + "---|" * len(totals)]
+    for name, vals in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals) + " |")
+    lines.append("| **whole forward** | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"eager_host_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows, "totals": totals},
+                                                                indent=1))
+        (out / f"eager_host_{tag}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
