@@ -40,7 +40,7 @@ from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
 from bagf_torch.tuning.measure import CudaBenchmarker, Workspace, output_error  # noqa: E402
-from bagf_torch.tuning.replay import load_recording  # noqa: E402
+from bagf_torch.tuning.replay import load_recording, newest_complete  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 from bench_overhead import command_line, git_commit  # noqa: E402
 
@@ -84,13 +84,17 @@ def problem(layer, n: int, tf32: bool = False, dtype: str = "float32", layout: s
 
 def recorded_optima(paths) -> dict:
     """{ConvProblem: (family, config, recorded median us)}: the best configuration of every COMPLETE recorded
-    (problem, family), fastest family first; partial recordings say nothing about the optimum."""
+    (problem, family), fastest family first; partial recordings say nothing about the optimum. A (problem, family)
+    recorded in several files counts from its newest complete recording (``newest_complete``), as in the replays:
+    an older recording's optimum (e.g. one noisy sample under an older timing rule) does not outlive it."""
+    paths = [Path(p) for p in paths if "synthetic" not in str(p).lower()]
+    newest = newest_complete(paths)
     best: dict = {}
     for path in paths:
-        if "synthetic" in str(path).lower():
-            continue
         for rp in load_recording(path).problems:
-            if not rp.complete or rp.family not in FAMILIES or not any(r["status"] == "ok" for r in rp.rows):
+            if newest.get(rp.key) != path:
+                continue  # (partial, or superseded by a newer complete recording)
+            if rp.family not in FAMILIES or not any(r["status"] == "ok" for r in rp.rows):
                 continue
             config, outcome = rp.evaluator().best()
             prob = ConvProblem.from_dict(rp.conv)
