@@ -417,35 +417,48 @@ def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
         ext.LaunchGeometry(bx=1)
 
 
+class _DictCache:
+    """The two cubin methods of the cache KernelCompiler uses, in a dict."""
+
+    def __init__(self):
+        self.cubins = {}
+
+    def get_cubin(self, digest):
+        return self.cubins.get(digest)
+
+    def put_cubin(self, digest, name, lowered, cubin):
+        self.cubins[digest] = (cubin, lowered)
+
+
+class _CompilingExt(_FakeExt):
+    """_FakeExt with an NVRTC that always succeeds, recording the name expressions it compiled."""
+
+    def __init__(self):
+        super().__init__()
+        self.compiled = []
+
+    def nvrtc_compile(self, source, name_expression, options):
+        self.compiled.append(name_expression)
+        return True, b"cubin", "lowered", ""
+
+
+def _bare_compiler(ext):
+    """A KernelCompiler on ``ext`` and a _DictCache, no device (4 workers, sm_90)."""
+    from bagf_torch.jit.compiler import KernelCompiler
+
+    compiler = object.__new__(KernelCompiler)
+    compiler.ext, compiler.device, compiler.cache, compiler.arch = ext, 0, _DictCache(), "sm_90"
+    compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
+    compiler._start_pool()
+    return compiler
+
+
 def test_configurations_that_differ_only_in_a_launch_parameter_share_one_compile_and_load_apart():
     """implicit_gemm_h16's SPLIT is grid.z, not a template parameter: a batch holding the same tile at several
     SPLIT values compiles one cubin (one digest) and loads one plan per configuration, each with its own split."""
-    from bagf_torch.jit.compiler import KernelCompiler
     from bagf_torch.kernels import implicit_gemm_h16 as h16
 
-    class Cache:
-        def __init__(self):
-            self.cubins = {}
-
-        def get_cubin(self, digest):
-            return self.cubins.get(digest)
-
-        def put_cubin(self, digest, name, lowered, cubin):
-            self.cubins[digest] = (cubin, lowered)
-
-    class Ext(_FakeExt):
-        def __init__(self):
-            super().__init__()
-            self.compiled = []
-
-        def nvrtc_compile(self, source, name_expression, options):
-            self.compiled.append(name_expression)
-            return True, b"cubin", "lowered", ""
-
-    compiler = object.__new__(KernelCompiler)
-    compiler.ext, compiler.device, compiler.cache, compiler.arch = Ext(), 0, Cache(), "sm_90"
-    compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
-    compiler._start_pool()
+    compiler = _bare_compiler(_CompilingExt())
     configs = [dict(h16.DEFAULT, SPLIT=s) for s in (1, 2, 8)] + [dict(h16.DEFAULT, BK=64, SPLIT=4)]
     got = compiler.compile(h16, configs)
     assert sorted(compiler.ext.compiled) == sorted({h16.name_expression(c) for c in configs})  # 2 compiles
@@ -466,37 +479,19 @@ def test_a_compile_the_caller_stops_waiting_for_finishes_into_the_cache_and_is_j
     cubin is in the cache: NVRTC ran once for it in all."""
     import threading
 
-    from bagf_torch.jit.compiler import KernelCompiler
     from bagf_torch.kernels import implicit_gemm_h16 as h16
 
     release = threading.Event()
     slow, fast = dict(h16.DEFAULT, BK=64), dict(h16.DEFAULT)
 
-    class Cache:
-        def __init__(self):
-            self.cubins = {}
-
-        def get_cubin(self, digest):
-            return self.cubins.get(digest)
-
-        def put_cubin(self, digest, name, lowered, cubin):
-            self.cubins[digest] = (cubin, lowered)
-
-    class Ext(_FakeExt):
-        def __init__(self):
-            super().__init__()
-            self.compiled = []
-
+    class Ext(_CompilingExt):
         def nvrtc_compile(self, source, name_expression, options):
-            self.compiled.append(name_expression)
+            done = super().nvrtc_compile(source, name_expression, options)  # (recorded as it starts)
             if name_expression == h16.name_expression(slow):
                 assert release.wait(10), "the test never released the slow compile"
-            return True, b"cubin", "lowered", ""
+            return done
 
-    compiler = object.__new__(KernelCompiler)
-    compiler.ext, compiler.device, compiler.cache, compiler.arch = Ext(), 0, Cache(), "sm_90"
-    compiler.workers, compiler.source_hash, compiler.nvrtc_version, compiler._failures = 4, "src", "13.0", {}
-    compiler._start_pool()
+    compiler = _bare_compiler(Ext())
     try:
         got = compiler.compile_within(h16, [slow, fast], 0.3)
         assert got[0] is None and got[1].compile_seconds > 0 and len(compiler.ext.calls) == 1  # only fast loaded
