@@ -502,3 +502,37 @@ def test_a_compile_the_caller_stops_waiting_for_finishes_into_the_cache_and_is_j
     again = compiler.compile(h16, [slow])[0]
     assert again.spec.config == slow and compiler.ext.compiled.count(h16.name_expression(slow)) == 1
     assert compiler.digest(h16, slow) in compiler.cache.cubins
+
+
+def test_a_cached_cubin_never_waits_behind_compiles_in_the_pool():
+    """With every worker busy on a compile nobody waits for any more, a configuration whose cubin is in the cache
+    loads at once (read on the calling thread), and a compile still queued when its caller stops waiting is
+    dropped, not run later."""
+    import threading
+    import time
+
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    release = threading.Event()
+    cached = dict(h16.DEFAULT)
+
+    class Ext(_CompilingExt):
+        def nvrtc_compile(self, source, name_expression, options):
+            done = super().nvrtc_compile(source, name_expression, options)
+            if name_expression != h16.name_expression(cached):
+                assert release.wait(10), "the test never released the compiles"
+            return done
+
+    compiler = _bare_compiler(Ext())
+    compiler.compile(h16, [cached])  # now in the cache
+    slow = [dict(h16.DEFAULT, BK=bk, WM=wm) for bk in (32, 64) for wm in (1, 2, 4)]
+    slow = [c for c in slow if h16.name_expression(c) != h16.name_expression(cached)][:5]  # 4 workers: one queued
+    try:
+        assert compiler.compile_within(h16, slow, 0.2) == [None] * len(slow)
+        t0 = time.perf_counter()
+        assert compiler.compile(h16, [cached])[0].compile_seconds == 0
+        assert time.perf_counter() - t0 < 1.0
+    finally:
+        release.set()
+    time.sleep(0.2)
+    assert len(compiler.ext.compiled) == 1 + 4  # the fifth, still queued at the timeout, never reached NVRTC

@@ -818,3 +818,17 @@ def test_a_familys_start_alternatives_are_measured_after_its_start_and_compiled_
     configs = [t.config for t in r.trials if t.config is not None]
     assert configs[:2] == [fam.DEFAULT, {"A": 4, "B": 2, "C": 1}]
     assert r.config == {"A": 4, "B": 2, "C": 1}
+
+
+def test_a_compile_wave_cut_short_raises_the_wave_estimate_to_what_it_took_at_least():
+    """A wave the tuner stopped waiting for took longer than the seconds waited, spread over the waves its compiles
+    (finished and not) fill: that is a lower bound, kept where it is above the estimate and never lowering it."""
+    from bagf_torch.tuning.tuner import _Deadline
+
+    d = _Deadline(lambda: 0.0, 10.0, 10.0, workers=4, finalists=3)
+    d.compiled(["f"], 4, 2.0)
+    assert d.wave_s["f"] == 2.0
+    d.compiled(["f"], 2, 6.0, unfinished=6)  # 8 compiles on 4 workers: two waves of at least 3 s
+    assert d.wave_s["f"] == 3.0
+    d.compiled(["f"], 0, 1.0, unfinished=4)  # one wave of at least 1 s: says nothing new
+    assert d.wave_s["f"] == 3.0

@@ -101,40 +101,52 @@ STATS = CompileStats()
 
 
 class _CompilePool:
-    """``workers`` daemon threads that run submitted calls in order, started as they are needed. Daemon threads,
-    not a ThreadPoolExecutor's: a compile the tuner stopped waiting for may still be in NVRTC when the process
-    ends, and an executor's threads are joined at exit (seconds added to a ``tune`` command's end for a cubin
-    nobody will use)."""
+    """Up to ``workers`` daemon threads that run submitted calls in order, started as they are needed and ending
+    after ``IDLE_S`` without work. Daemon threads, not a ThreadPoolExecutor's: a compile the tuner stopped waiting
+    for may still be in NVRTC when the process ends, and an executor's threads are joined at exit (seconds added to
+    a ``tune`` command's end for a cubin nobody will use; that cubin is then lost, as is one whose cache was closed
+    first)."""
+
+    IDLE_S = 30.0
 
     def __init__(self, workers: int):
         self.workers = max(1, workers)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0
+        self._threads = 0
+        self._idle = 0  # threads waiting for a job
         self._lock = threading.Lock()
 
     def submit(self, fn, *args) -> Future:
         future: Future = Future()
         self._jobs.put((future, fn, args))
         with self._lock:
-            if self._idle == 0 and len(self._threads) < self.workers:
-                thread = threading.Thread(target=self._run, name=f"bagf-nvrtc-{len(self._threads)}", daemon=True)
-                self._threads.append(thread)
-                thread.start()
-            else:
-                self._idle = max(0, self._idle - 1)
+            if self._jobs.qsize() > self._idle and self._threads < self.workers:
+                self._threads += 1
+                threading.Thread(target=self._run, name=f"bagf-nvrtc-{self._threads}", daemon=True).start()
         return future
 
     def _run(self) -> None:
         while True:
-            future, fn, args = self._jobs.get()
+            with self._lock:
+                self._idle += 1
+            try:
+                job = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._jobs.qsize() == 0:  # (else a job came in as the wait ended: take it)
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+            future, fn, args = job
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn(*args))
                 except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
                     future.set_exception(e)
-            with self._lock:
-                self._idle += 1
+            del job, future, fn, args  # (an idle thread keeps nothing alive)
 
 
 class KernelCompiler:
@@ -175,15 +187,9 @@ class KernelCompiler:
         """The cubin of ``spec``: ours from the cache, else (``foreign``) one imported with --trust-cubins
         for the same digest, else compiled now with NVRTC and stored under the digest."""
         digest = spec.digest(self.source_hash, self.nvrtc_version)
-        failed = self._failures.get(digest)
-        if failed is not None:
-            return failed
-        hit = self.cache.get_cubin(digest)
-        if hit is None and foreign:
-            hit = self.cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest)
-        if hit is not None:
-            STATS.add(cubin_cache_hits=1)
-            return hit[0], hit[1], 0.0
+        ready = self._ready(digest, foreign)
+        if ready is not None:
+            return ready
         t0 = time.perf_counter()
         ok, cubin, lowered, log = self.ext.nvrtc_compile(spec.source(), spec.name_expression, spec.options())
         seconds = time.perf_counter() - t0
@@ -224,20 +230,49 @@ class KernelCompiler:
             if self._inflight.get(digest) is future:
                 del self._inflight[digest]
 
+    def _ready(self, digest: str, foreign: bool = True) -> tuple[bytes, str, float] | Outcome | None:
+        """A failure this process remembers or a cached cubin for ``digest`` (ours, else with ``foreign`` one
+        imported with --trust-cubins); None when it has to be compiled. ``_cubins`` reads it on the calling thread:
+        a cache hit never waits behind compiles in the pool."""
+        failed = self._failures.get(digest)
+        if failed is not None:
+            return failed
+        hit = self.cache.get_cubin(digest)
+        if hit is None and foreign:
+            hit = self.cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest)
+        if hit is None:
+            return None
+        STATS.add(cubin_cache_hits=1)
+        return hit[0], hit[1], 0.0
+
     def _cubins(self, specs: Sequence[KernelSpec], timeout: float | None = None) -> list:
-        """``_cubin`` of every spec, in parallel on the pool's ``workers`` threads, each distinct digest once:
-        configurations that differ only in a launch parameter (implicit_gemm_h16's SPLIT) share one kernel and one
-        compile. The compile's seconds go to the first spec of its digest, the others get 0 as a cache hit does: the
-        tuner counts a candidate with compile seconds as one compile (``tuner._compiles``), and counting one NVRTC
+        """``_cubin`` of every spec, the compiles in parallel on the pool's ``workers`` threads, each distinct digest
+        once: configurations that differ only in a launch parameter (implicit_gemm_h16's SPLIT) share one kernel and
+        one compile. The compile's seconds go to the first spec of its digest, the others get 0 as a cache hit does:
+        the tuner counts a candidate with compile seconds as one compile (``tuner._compiles``), and counting one NVRTC
         run several times made its estimate of a compile's cost too low. ``timeout``: seconds to wait at most; a
-        spec whose cubin is not ready by then is None (its compile goes on, see the module docstring)."""
+        spec whose cubin is not ready by then is None: its compile goes on if it had started (see the module
+        docstring), and is dropped if it was still queued."""
         by_digest: dict[str, KernelSpec] = {}
         digests = [spec.digest(self.source_hash, self.nvrtc_version) for spec in specs]
         for d, spec in zip(digests, specs):
             by_digest.setdefault(d, spec)
-        futures = {d: self._submit(d, spec)[0] for d, spec in by_digest.items()}
-        done, _ = wait_futures(list(futures.values()), timeout=None if timeout is None else max(0.0, timeout))
-        got = {d: f.result() if f in done else None for d, f in futures.items()}
+        got: dict[str, object] = {}
+        futures: dict[str, tuple[Future, bool]] = {}
+        for d, spec in by_digest.items():
+            ready = self._ready(d)
+            if ready is not None:
+                got[d] = ready
+            else:
+                futures[d] = self._submit(d, spec)
+        done, _ = wait_futures([f for f, _ in futures.values()], timeout=None if timeout is None else max(0.0, timeout))
+        for d, (f, started) in futures.items():
+            if f in done and not f.cancelled():
+                got[d] = f.result()
+            else:
+                if started:
+                    f.cancel()  # (only a compile still queued is cancelled; a running one finishes into the cache)
+                got[d] = None
         out, seen = [], set()
         for d in digests:
             g = got[d]

@@ -116,8 +116,9 @@ class _Deadline:
         ``unfinished`` more still running when the wait for them ended, the wave took longer than ``seconds``: that
         is a lower bound on a wave, kept if it is above the estimate."""
         if unfinished:
+            wave = seconds / math.ceil((compiles + unfinished) / self.workers)
             for f in set(families):
-                self.wave_s[f] = max(self.wave_s.get(f, 0.0), seconds)
+                self.wave_s[f] = max(self.wave_s.get(f, 0.0), wave)
         elif compiles:
             wave = seconds / math.ceil(compiles / self.workers)
             for f in set(families):
@@ -503,8 +504,10 @@ class Tuner:
         out = []
         for fam in self.measured_families(problem):
             alternatives = getattr(fam, "start_alternatives", None)
-            if alternatives is not None:
-                out.extend((fam.FAMILY, dict(c)) for c in alternatives(problem, self.sms or 132, arch))
+            rule = getattr(fam, "problem_rule", None)
+            for c in alternatives(problem, self.sms or 132, arch) if alternatives is not None else ():
+                if self.spaces[fam.FAMILY].is_valid(c) and (rule is None or rule(c, problem) is None):
+                    out.append((fam.FAMILY, dict(c)))
         return out
 
     def measured_families(self, problem: ConvProblem) -> list[ModuleType]:
@@ -528,7 +531,7 @@ class Tuner:
             by_name = {fam.FAMILY: fam for fam in self.measured_families(problem)}
             starts = [(fam, self.start_config(fam, problem)) for fam in by_name.values()]
             for fam, config in starts + [(by_name[n], c) for n, c in self.start_alternatives(problem)]:
-                if (fam.FAMILY, config_key(config)) not in seen and self.spaces[fam.FAMILY].is_valid(config):
+                if (fam.FAMILY, config_key(config)) not in seen:
                     seen.add((fam.FAMILY, config_key(config)))
                     items.append((fam, config))
         if not items:
