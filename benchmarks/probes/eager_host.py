@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     report = tune_model(tuned, [x], seconds=args.seconds, progress=False)
     print(report)
     torch.backends.cudnn.benchmark = True
+    plans = {layer: row.plan for row in report.rows for layer in row.layers}  # module name -> its plan
     rows, totals = {}, {}
     for label, model in (("stock", stock), ("bagf", tuned), ("stock again", stock), ("bagf again", tuned)):
         per, whole = host_times(model, x, args.runs)
@@ -98,17 +99,19 @@ def main(argv=None) -> int:
              f"{' channels_last' if args.channels_last else ''}; commit `{meta['commit']}`; `{meta['command']}`.", "",
              "Host us between each leaf module's forward pre-hook and forward hook, issued while a sleep kernel keeps "
              "the GPU busy (no call waits for the GPU), median of the runs; each model timed twice, interleaved.", "",
-             "| module | " + " | ".join(f"{k} us" for k in totals) + " |", "|---|" + "---|" * len(totals)]
+             "| module | bagf plan | " + " | ".join(f"{k} us" for k in totals) + " |",
+             "|---|---|" + "---|" * len(totals)]
     for name, vals in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals) + " |")
-    lines.append("| **whole forward** | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " |")
+        lines.append(f"| {name} | {plans.get(name, '')} | "
+                     + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals) + " |")
+    lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"eager_host_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows, "totals": totals},
+        (out / f"eager_host_{tag}.json").write_text(json.dumps({"meta": meta, "plans": plans, "rows": rows, "totals": totals},
                                                                 indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
