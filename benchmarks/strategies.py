@@ -20,8 +20,9 @@ a partial recording's optimum is unknown, so "fraction of the optimum" would be 
 of a subset. The excluded ones are listed with the reason. --partial adds them, each restricted to its
 recorded subset and labelled "PARTIAL" (and their optimum is the subset's best).
 
-Start as the tuner starts (default): the problem-sized start point (``default_for``) is evaluated first,
-then the warm-start seeds the tuner would measure (``warmstart.neighbour_seeds``, up to 3) from a cache
+Start as the tuner starts (default): the problem-sized start point (``default_for``, for the recording's GPU:
+its SMs and architecture) is evaluated first, then the family's second starts (``start_alternatives``), then the
+warm-start seeds the tuner would measure (``warmstart.neighbour_seeds``, up to 3) from a cache
 holding the recorded optimum of every OTHER complete recorded problem (leave-one-out: never the problem's
 own), all through the replay (they count against the budget) and all handed to every strategy as prior.
 --no-warm leaves the seeds out, --no-start both. Ax also gets the family's problem-aware inputs
@@ -146,13 +147,39 @@ def _problem(path: str, index: int) -> tuple:
     return _LOADED[(path, index)]
 
 
-def start_config(rp: RecordedProblem) -> dict | None:
+_GPUS: dict[str, tuple[int | None, str | None]] = {}
+
+
+def recorded_gpu(path: str | Path) -> tuple[int | None, str | None]:
+    """(SMs, architecture such as "sm_90") of the GPU a recording was made on, from its meta (None where it does
+    not say): the start points depend on them as the tuner's do on the GPU it runs on."""
+    key = str(path)
+    if key not in _GPUS:
+        meta = load_recording(path).meta
+        cc = str(meta.get("compute_capability") or "")
+        _GPUS[key] = (meta.get("sms"), "sm_" + cc.replace(".", "") if cc.replace(".", "").isdigit() else None)
+    return _GPUS[key]
+
+
+def start_config(rp: RecordedProblem, sms: int | None = None, arch: str | None = None) -> dict | None:
     """The configuration the real tuner measures before any strategy runs (``Tuner.start_config``: the
-    family's default sized to the problem), or None when the family has no problem-sized default."""
+    family's default sized to the problem and, given them, the GPU's ``sms`` and ``arch``), or None when the family
+    has no problem-sized default."""
     family = FAMILIES.get(rp.family)
     if family is None or not hasattr(family, "default_for"):
         return None
-    return family.default_for(ConvProblem.from_dict(rp.conv))
+    kw = {"arch": arch} if arch and "arch" in inspect.signature(family.default_for).parameters else {}
+    return family.default_for(ConvProblem.from_dict(rp.conv), *([sms] if sms else []), **kw)
+
+
+def start_alternatives(rp: RecordedProblem, sms: int | None = None, arch: str | None = None) -> list[dict]:
+    """The family's second start points (``Tuner.start_alternatives``), measured after the start point as the
+    tuner measures them, before the warm-start seeds; none for a family without them."""
+    family = FAMILIES.get(rp.family)
+    alternatives = getattr(family, "start_alternatives", None)
+    if alternatives is None:
+        return []
+    return [dict(c) for c in alternatives(conv_problem(rp), sms or 132, arch)]
 
 
 def conv_problem(rp: RecordedProblem) -> ConvProblem:
@@ -216,15 +243,15 @@ def one_run(job: tuple) -> dict:
     options = search_options(strategy, FAMILIES[rp.family], conv_problem(rp), options=options)
     t = time.perf_counter()
     prior = []
-    first = start_config(rp) if start else None
+    first = start_config(rp, *recorded_gpu(path)) if start else None
     if first is not None and space.is_valid(first):
         # as the real tuner does: the problem-sized default is measured first (evaluation 1 of the curve)
         # and every strategy gets it as prior knowledge
         prior = [(first, tracker([first])[0])]
     done = {config_key(c) for c, _ in prior}
     for c in seeds:
-        # then the warm-start seeds, as Tuner.tune measures them: skipped when invalid here or already
-        # measured (e.g. equal to the start point); they count against the budget
+        # then the family's second starts and the warm-start seeds, as Tuner.tune measures them: skipped when
+        # invalid here or already measured (e.g. equal to the start point); they count against the budget
         if not space.is_valid(c) or config_key(c) in done or len(prior) >= budget - 1:
             continue
         prior.append((c, tracker([c])[0]))
@@ -541,7 +568,8 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
     ap.add_argument("--no-start", action="store_true",
                     help="strategies start from nothing (default: as the tuner, the problem-sized default is "
-                         "measured first, then the warm-start seeds, and all of them are given to every strategy)")
+                         "measured first, then the family's second starts and the warm-start seeds, and all of them are given "
+                         "to every strategy)")
     ap.add_argument("--no-warm", action="store_true",
                     help="no warm-start seeds (cold start from neighbours; the start point is still measured "
                          "unless --no-start). Default: as the tuner, up to 3 winners of neighbouring problems "
@@ -615,7 +643,8 @@ def main(argv=None) -> int:
                                     "search covers it within the budget")
                 continue
             used.append(label(rp))
-            seeds = warm_seeds(rp, plans) if warm else []
+            seeds = ([] if args.no_start else start_alternatives(rp, *recorded_gpu(f))) + (
+                warm_seeds(rp, plans) if warm else [])
             seeds_of[label(rp)] = seeds
             jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,
                       args.noise, args.cutoff_factor, ax_options if s == "ax" else {}, not args.no_start, seeds)
