@@ -784,11 +784,15 @@ def test_a_compile_wave_that_runs_to_the_deadline_ends_the_batch_without_waiting
 
         def compile_within(self, family, configs, seconds):
             self.waits.append(seconds)
-            return [None if c["C"] and c["A"] > 1 else out for c, out in zip(configs, self.compile(family, configs))]
+            out = [None if c["C"] and c["A"] > 1 else o for c, o in zip(configs, self.compile(family, configs))]
+            self.unfinished.append(None in out)
+            return out
 
     comp = Slow()
+    comp.unfinished = []
     r = Tuner(fake_backend(comp), _family(), strategy="exhaustive", budget=Budget(100, 60.0)).tune(PROBLEM)
     assert comp.waits and all(0 < w <= 60.0 for w in comp.waits)
+    assert comp.unfinished.index(True) == len(comp.unfinished) - 1  # the search asked for nothing after the cut
     measured = [t.config for t in r.trials if t.config is not None]
     assert measured and not any(c["C"] and c["A"] > 1 for c in measured)
     assert all(t.outcome.ok for t in r.trials)
