@@ -70,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (the library's)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add torch.profiler's host-time table of ten forwards of each model (ops and CUDA API calls)")
     ap.add_argument("--out", default=None, help="directory for eager_host_<tag>.{json,md} (default: print only)")
     ap.add_argument("--tag", default="h200")
     args = ap.parse_args(argv)
@@ -105,6 +107,16 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {plans.get(name, '')} | "
                      + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals) + " |")
     lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " |")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for label, model in (("stock", stock), ("bagf", tuned)):
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    model(x)
+                torch.cuda.synchronize()
+            lines += ["", f"torch.profiler, {label}, ten forwards, by self CPU time:", "", "```",
+                      prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
