@@ -550,8 +550,8 @@ class Tuner:
     def _compile(self, family: ModuleType, configs: Sequence[Config], seconds: float) -> list:
         """The batch compiled and loaded, waiting for its compiles at most ``seconds`` where the compiler can stop
         waiting (``compile_within``; an unfinished one is None): the cost estimates behind ``_Deadline.fits`` are
-        means, and a wave of the slowest configurations of a family (F(5x5)'s transforms compile twice as long as
-        F(2x2)'s) ran AlexNet conv4 at N = 128 0.5 s past its allowance on the H200."""
+        means, and a wave of a family's slowest configurations (F(5x5)'s transforms compile twice as long as
+        F(2x2)'s) can take seconds more than the mean."""
         within = getattr(self.compiler, "compile_within", None)
         if within is None or not math.isfinite(seconds):
             return self.compiler.compile(family, configs)

@@ -3,9 +3,11 @@ small batch spends the host's time, module by module.
 
 Each forward is issued while a sleep kernel keeps the GPU busy, so no call waits for the GPU and the time between a
 module's forward pre-hook and its forward hook is what the host spends issuing it (Python, dispatch, allocation,
-launches). Median over ``--runs`` forwards; stock in cuDNN's benchmark mode, both models in ``--dtype`` and
+launches, and the hooks' own microseconds: the numbers rank modules against their stock twins). Median over ``--runs``
+forwards; stock in cuDNN's benchmark mode, both models in ``--dtype`` and
 (``--channels-last``) that format, AlexNet by default. The bagf model is pre-tuned first (``tune_model``; a cache
-that holds the plans keeps tuning out of the run).
+that holds the plans keeps tuning out of the run: pre-tune in an earlier run, since compiles left running by the
+tuning slow the first pass).
 
     python benchmarks/probes/eager_host.py --dtype bfloat16 --channels-last --batch 1 --out benchmarks/results
 """
@@ -111,10 +113,12 @@ def main(argv=None) -> int:
         from torch.profiler import ProfilerActivity, profile
 
         for label, model in (("stock", stock), ("bagf", tuned)):
+            torch.cuda.synchronize()
             with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                torch.cuda._sleep(int(2e8))  # the GPU busy through the ten forwards: no call waits for it
                 for _ in range(10):
                     model(x)
-                torch.cuda.synchronize()
+            torch.cuda.synchronize()
             lines += ["", f"torch.profiler, {label}, ten forwards, by self CPU time:", "", "```",
                       prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), "```"]
     text = "\n".join(lines) + "\n"
