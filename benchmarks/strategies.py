@@ -568,8 +568,8 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", action="store_true", help="replay with the recorded spread as noise")
     ap.add_argument("--no-start", action="store_true",
                     help="strategies start from nothing (default: as the tuner, the problem-sized default is "
-                         "measured first, then the family's second starts and the warm-start seeds, and all of them are given "
-                         "to every strategy)")
+                         "measured first, then the family's second starts and the warm-start seeds, and all of them "
+                         "are given to every strategy)")
     ap.add_argument("--no-warm", action="store_true",
                     help="no warm-start seeds (cold start from neighbours; the start point is still measured "
                          "unless --no-start). Default: as the tuner, up to 3 winners of neighbouring problems "

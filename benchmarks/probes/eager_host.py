@@ -127,8 +127,8 @@ def main(argv=None) -> int:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"eager_host_{tag}.json").write_text(json.dumps({"meta": meta, "plans": plans, "rows": rows, "totals": totals},
-                                                                indent=1))
+        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals}
+        (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
 
