@@ -536,3 +536,34 @@ def test_a_cached_cubin_never_waits_behind_compiles_in_the_pool():
         release.set()
     time.sleep(0.2)
     assert len(compiler.ext.compiled) == 1 + 4  # the fifth, still queued at the timeout, never reached NVRTC
+
+
+def test_the_compile_pool_runs_every_job_on_at_most_its_workers_and_lets_idle_threads_go():
+    """More jobs than workers all run, never more than ``workers`` at once; threads idle for ``IDLE_S`` end, and a
+    job submitted after that starts a thread again."""
+    import threading
+    import time
+
+    from bagf_torch.jit.compiler import _CompilePool
+
+    pool = _CompilePool(2)
+    pool.IDLE_S = 0.2
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def job(i):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return i
+
+    futures = [pool.submit(job, i) for i in range(10)]
+    assert [f.result(timeout=10) for f in futures] == list(range(10))
+    assert peak[0] <= 2 and pool._threads <= 2
+    deadline = time.monotonic() + 5
+    while pool._threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool._threads == 0  # the idle threads ended
+    assert pool.submit(job, 10).result(timeout=10) == 10  # and a new job still runs

@@ -113,14 +113,20 @@ class _CompilePool:
         self.workers = max(1, workers)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = 0
-        self._idle = 0  # threads waiting for a job
+        # Under the lock: jobs submitted and not yet counted as taken, threads waiting for a job. A thread that has
+        # just taken a job is still counted in both until it takes the lock, so pending - idle never undercounts
+        # the jobs no thread will run (counting the queue's own size did: a job submitted in that moment waited
+        # behind a running one with a worker to spare).
+        self._pending = 0
+        self._idle = 0
         self._lock = threading.Lock()
 
     def submit(self, fn, *args) -> Future:
         future: Future = Future()
-        self._jobs.put((future, fn, args))
         with self._lock:
-            if self._jobs.qsize() > self._idle and self._threads < self.workers:
+            self._pending += 1
+            self._jobs.put((future, fn, args))
+            if self._pending > self._idle and self._threads < self.workers:
                 self._threads += 1
                 threading.Thread(target=self._run, name=f"bagf-nvrtc-{self._threads}", daemon=True).start()
         return future
@@ -134,12 +140,13 @@ class _CompilePool:
             except queue.Empty:
                 with self._lock:
                     self._idle -= 1
-                    if self._jobs.qsize() == 0:  # (else a job came in as the wait ended: take it)
+                    if self._pending == 0:  # (else a job came in as the wait ended: take it)
                         self._threads -= 1
                         return
                 continue
             with self._lock:
                 self._idle -= 1
+                self._pending -= 1
             future, fn, args = job
             if future.set_running_or_notify_cancel():
                 try:
