@@ -69,7 +69,7 @@ from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.tuning.replay import RecordedProblem, load_recording, newest_complete  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
-from bagf_torch.tuning.tuner import Tuner, search_options  # noqa: E402
+from bagf_torch.tuning.tuner import Tuner, family_alternatives, search_options, sized_start  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -136,29 +136,23 @@ _LOADED: dict[tuple, tuple] = {}
 
 
 def _problem(path: str, index: int) -> tuple:
-    """(recorded problem, its space, recorded medians by config key), loaded once per process: parsing
-    the file and enumerating the space cost more than a random-search run."""
+    """(recorded problem, its space, recorded medians by config key, its GPU's ``recorded_gpu``), loaded once per
+    process: parsing the file and enumerating the space cost more than a random-search run."""
     if (path, index) not in _LOADED:
-        rp = load_recording(path).problems[index]
+        rec = load_recording(path)
+        rp = rec.problems[index]
         median_of = {config_key(r["config"]): r["time_us"] for r in rp.records() if r["status"] == "ok"}
         space = space_for(rp)
         space.valid_configs()
-        _LOADED[(path, index)] = (rp, space, median_of)
+        _LOADED[(path, index)] = (rp, space, median_of, recorded_gpu(rec.meta))
     return _LOADED[(path, index)]
 
 
-_GPUS: dict[str, tuple[int | None, str | None]] = {}
-
-
-def recorded_gpu(path: str | Path) -> tuple[int | None, str | None]:
+def recorded_gpu(meta: dict) -> tuple[int | None, str | None]:
     """(SMs, architecture such as "sm_90") of the GPU a recording was made on, from its meta (None where it does
     not say): the start points depend on them as the tuner's do on the GPU it runs on."""
-    key = str(path)
-    if key not in _GPUS:
-        meta = load_recording(path).meta
-        cc = str(meta.get("compute_capability") or "")
-        _GPUS[key] = (meta.get("sms"), "sm_" + cc.replace(".", "") if cc.replace(".", "").isdigit() else None)
-    return _GPUS[key]
+    cc = str(meta.get("compute_capability") or "").replace(".", "")
+    return meta.get("sms"), "sm_" + cc if cc.isdigit() else None
 
 
 def start_config(rp: RecordedProblem, sms: int | None = None, arch: str | None = None) -> dict | None:
@@ -166,20 +160,14 @@ def start_config(rp: RecordedProblem, sms: int | None = None, arch: str | None =
     family's default sized to the problem and, given them, the GPU's ``sms`` and ``arch``), or None when the family
     has no problem-sized default."""
     family = FAMILIES.get(rp.family)
-    if family is None or not hasattr(family, "default_for"):
-        return None
-    kw = {"arch": arch} if arch and "arch" in inspect.signature(family.default_for).parameters else {}
-    return family.default_for(ConvProblem.from_dict(rp.conv), *([sms] if sms else []), **kw)
+    return None if family is None else sized_start(family, conv_problem(rp), sms, arch)
 
 
 def start_alternatives(rp: RecordedProblem, sms: int | None = None, arch: str | None = None) -> list[dict]:
     """The family's second start points (``Tuner.start_alternatives``), measured after the start point as the
     tuner measures them, before the warm-start seeds; none for a family without them."""
     family = FAMILIES.get(rp.family)
-    alternatives = getattr(family, "start_alternatives", None)
-    if alternatives is None:
-        return []
-    return [dict(c) for c in alternatives(conv_problem(rp), sms or 132, arch)]
+    return [] if family is None else family_alternatives(family, conv_problem(rp), sms, arch)
 
 
 def conv_problem(rp: RecordedProblem) -> ConvProblem:
@@ -230,7 +218,7 @@ def one_run(job: tuple) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    rp, space, median_of = _problem(path, index)
+    rp, space, median_of, gpu = _problem(path, index)
     optimum_key = min(median_of, key=median_of.get)
     optimum = median_of[optimum_key]
     replay = rp.evaluator(deterministic=not noise, seed=seed, cutoff_factor=cutoff_factor or None)
@@ -243,7 +231,7 @@ def one_run(job: tuple) -> dict:
     options = search_options(strategy, FAMILIES[rp.family], conv_problem(rp), options=options)
     t = time.perf_counter()
     prior = []
-    first = start_config(rp, *recorded_gpu(path)) if start else None
+    first = start_config(rp, *gpu) if start else None
     if first is not None and space.is_valid(first):
         # as the real tuner does: the problem-sized default is measured first (evaluation 1 of the curve)
         # and every strategy gets it as prior knowledge
@@ -643,7 +631,7 @@ def main(argv=None) -> int:
                                     "search covers it within the budget")
                 continue
             used.append(label(rp))
-            seeds = ([] if args.no_start else start_alternatives(rp, *recorded_gpu(f))) + (
+            seeds = ([] if args.no_start else start_alternatives(rp, *recorded_gpu(rec.meta))) + (
                 warm_seeds(rp, plans) if warm else [])
             seeds_of[label(rp)] = seeds
             jobs += [(str(f), i, s, seed, min(args.ax_budget, args.budget) if s == "ax" else args.budget,

@@ -292,6 +292,25 @@ def _compiles(built: Sequence) -> int:
     return n
 
 
+def sized_start(family: ModuleType, problem: ConvProblem, sms: int | None = None,
+                arch: str | None = None) -> Config | None:
+    """``family.default_for(problem[, sms][, arch=arch])``, ``arch`` (e.g. "sm_90") passed only to a
+    ``default_for`` that takes it (a start point that depends on the GPU: winograd_gemm's GEMM); None for a family
+    without one. ``Tuner.start_config`` and the replay (benchmarks/strategies.py) size starts through this."""
+    if not hasattr(family, "default_for"):
+        return None
+    kw = {"arch": arch} if arch and "arch" in inspect.signature(family.default_for).parameters else {}
+    return family.default_for(problem, sms, **kw) if sms else family.default_for(problem, **kw)
+
+
+def family_alternatives(family: ModuleType, problem: ConvProblem, sms: int | None = None,
+                        arch: str | None = None) -> list[Config]:
+    """``family.start_alternatives(problem, sms, arch)`` (the GPU's SMs, 132 when unknown); [] for a family without
+    it. Used by ``Tuner.start_alternatives`` and the replay."""
+    alternatives = getattr(family, "start_alternatives", None)
+    return [] if alternatives is None else [dict(c) for c in alternatives(problem, sms or 132, arch)]
+
+
 def _bound_to(family: ModuleType, name: str, problem: ConvProblem, sms: int | None):
     """``family.<name>(problem, config[, sms])`` as a function of the configuration, or None when the family
     has no such function."""
@@ -487,14 +506,9 @@ class Tuner:
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
         """Where a family's search starts: ``default_for(problem, sms[, arch])`` when the family sizes its default
         to the problem (implicit_gemm_tc's split-K) or the GPU (winograd_gemm's GEMM), else its DEFAULT."""
-        if hasattr(family, "default_for"):
-            kw = {}
-            arch = getattr(self.compiler, "arch", None)
-            if arch and "arch" in inspect.signature(family.default_for).parameters:
-                kw["arch"] = arch  # a start point that depends on the GPU (winograd_gemm's GEMM)
-            start = family.default_for(problem, self.sms, **kw) if self.sms else family.default_for(problem, **kw)
-            if self.spaces[family.FAMILY].is_valid(start):
-                return start
+        start = sized_start(family, problem, self.sms, getattr(self.compiler, "arch", None))
+        if start is not None and self.spaces[family.FAMILY].is_valid(start):
+            return start
         return family.DEFAULT
 
     def start_alternatives(self, problem: ConvProblem) -> list[tuple[str, Config]]:
@@ -503,11 +517,10 @@ class Tuner:
         arch = getattr(self.compiler, "arch", None)
         out = []
         for fam in self.measured_families(problem):
-            alternatives = getattr(fam, "start_alternatives", None)
             rule = getattr(fam, "problem_rule", None)
-            for c in alternatives(problem, self.sms or 132, arch) if alternatives is not None else ():
+            for c in family_alternatives(fam, problem, self.sms, arch):
                 if self.spaces[fam.FAMILY].is_valid(c) and (rule is None or rule(c, problem) is None):
-                    out.append((fam.FAMILY, dict(c)))
+                    out.append((fam.FAMILY, c))
         return out
 
     def measured_families(self, problem: ConvProblem) -> list[ModuleType]:
