@@ -87,11 +87,11 @@ def recorded_optima(paths) -> dict:
     (problem, family), fastest family first; partial recordings say nothing about the optimum. A (problem, family)
     recorded in several files counts from its newest complete recording (``newest_complete``), as in the replays:
     an older recording's optimum (e.g. one noisy sample under an older timing rule) does not outlive it."""
-    paths = [Path(p) for p in paths if "synthetic" not in str(p).lower()]
-    newest = newest_complete(paths)
+    recordings = {Path(p): load_recording(p) for p in paths if "synthetic" not in str(p).lower()}
+    newest = newest_complete(list(recordings), recordings)
     best: dict = {}
-    for path in paths:
-        for rp in load_recording(path).problems:
+    for path, rec in recordings.items():
+        for rp in rec.problems:
             if newest.get(rp.key) != path:
                 continue  # (partial, or superseded by a newer complete recording)
             if rp.family not in FAMILIES or not any(r["status"] == "ok" for r in rp.rows):

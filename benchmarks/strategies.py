@@ -67,7 +67,7 @@ from bagf_torch.kernels import FAMILIES  # noqa: E402
 from bagf_torch.kernels.space import Space, config_key  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
-from bagf_torch.tuning.replay import RecordedProblem, load_recording, newest_complete  # noqa: E402
+from bagf_torch.tuning.replay import RecordedProblem, Recording, load_recording, newest_complete  # noqa: E402
 from bagf_torch.tuning.strategies import STRATEGIES, run  # noqa: E402
 from bagf_torch.tuning.tuner import Tuner, family_alternatives, search_options, sized_start  # noqa: E402
 from bagf_torch.tuning.warmstart import neighbour_seeds  # noqa: E402
@@ -179,16 +179,16 @@ REPLAY_ENV = {"replay": True}
 """The environment of every plan in the replay's synthetic cache (one recording file = one GPU set-up)."""
 
 
-def recorded_optima(files) -> list[dict]:
+def recorded_optima(files, recordings: dict[Path, Recording] | None = None) -> list[dict]:
     """The synthetic cache the warm start reads: one plan per COMPLETE recorded problem of ``files``, its
     recorded optimum as the winner (the cache row a tuner would have stored after tuning it). A partial
     problem's optimum is unknown, so it has no plan. Each plan also carries "key" (the problem's label)
     so that a problem's own plan can be left out. A problem recorded in several files has its plan from the
     newest complete recording (``newest_complete``), at the place of its first recording in the list: the
     warm start picks among equally near plans by their order, so a re-recording changes the plan, not the
-    order the others are seen in."""
-    newest = newest_complete(files)
-    recordings = {Path(f): load_recording(f) for f in files}
+    order the others are seen in. ``recordings``: the files as read already, by path."""
+    recordings = recordings if recordings is not None else {Path(f): load_recording(f) for f in files}
+    newest = newest_complete(files, recordings)
     plans, seen = [], set()
     for f in files:
         for rp in recordings[Path(f)].problems:
@@ -493,11 +493,11 @@ def plot(summary: dict, path: str, title: str) -> bool:
     return True
 
 
-def _recording_meta(files) -> list[dict]:
-    """GPU and date of each recording, for the report's label."""
+def _recording_meta(files, recordings: dict[Path, Recording] | None = None) -> list[dict]:
+    """GPU and date of each recording (``recordings``: as read already, by path), for the report's label."""
     out = []
     for f in files:
-        m = load_recording(f).meta
+        m = (recordings[Path(f)] if recordings is not None else load_recording(f)).meta
         out.append({"file": Path(f).name, "gpu": m.get("gpu"), "date": m.get("date"), "synthetic": bool(m.get("synthetic"))})
     return out
 
@@ -603,17 +603,18 @@ def main(argv=None) -> int:
     ax_options = json.loads(args.ax_options)
     jobs, synthetic, used, excluded = [], False, [], {}
     warm = not (args.no_warm or args.no_start)
-    plans = recorded_optima(files) if warm else []
+    recordings = {Path(f): load_recording(f) for f in files}  # each file read once
+    plans = recorded_optima(files, recordings) if warm else []
     seeds_of: dict[str, list[dict]] = {}
-    newest = newest_complete(files)
+    newest = newest_complete(files, recordings)
     for f in files:
-        rec = load_recording(f)
+        rec = recordings[Path(f)]
         synthetic = synthetic or rec.synthetic
         for i, rp in enumerate(rec.problems):
             if wanted and rp.name not in wanted:
                 continue
             if rp.key in newest and newest[rp.key] != Path(f):
-                other = f"{newest[rp.key].name} (recorded {load_recording(newest[rp.key]).meta.get('date')})"
+                other = f"{newest[rp.key].name} (recorded {recordings[newest[rp.key]].meta.get('date')})"
                 excluded[f"{rp.key} in {Path(f).name}"] = (
                     f"superseded by its recording in {other}" if rp.complete
                     else f"{rp.partial_reason}; its complete recording in {other} is replayed")
@@ -657,7 +658,7 @@ def main(argv=None) -> int:
             "excluded": excluded, "partial_included": args.partial, "seeds": args.seeds,
             "seed_range": [args.seed_base, args.seed_base + args.seeds - 1],
             "budget": args.budget, "ax_budget": min(args.ax_budget, args.budget), "ax_options": ax_options,
-            "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files),
+            "cutoff_factor": args.cutoff_factor, "recording": _recording_meta(files, recordings),
             "noise": args.noise, "start": not args.no_start, "warm_start": warm, "warm_seeds": seeds_of,
             "strategies": strategies, "workers": args.workers,
             "wall_seconds": round(wall, 1), "cpu": f"{platform.processor() or platform.machine()}, "

@@ -518,14 +518,16 @@ def synthetic_recording(path: str | os.PathLike, problems: Mapping[str, Mapping[
     return load_recording(path)
 
 
-def newest_complete(files: Sequence[str | os.PathLike]) -> dict[str, Path]:
+def newest_complete(files: Sequence[str | os.PathLike],
+                    loaded: Mapping[Path, Recording] | None = None) -> dict[str, Path]:
     """{problem key: the file of its newest COMPLETE recording} over ``files`` (by each file's meta date; of equal
     dates, or none, the first file's): a problem recorded again (e.g. under a newer timing rule) supersedes its
     earlier recording wherever several recordings are read together (``benchmarks/strategies.py``'s replay and
-    warm-start cache, ``benchmarks/probes/param_analysis.py``)."""
+    warm-start cache, ``benchmarks/bench_layers.py``'s reference, ``benchmarks/probes/param_analysis.py``).
+    ``loaded``: recordings the caller has read already, by path (the others are read here)."""
     best: dict[str, tuple[str, Path]] = {}
     for f in files:
-        rec = load_recording(f)
+        rec = loaded[Path(f)] if loaded is not None and Path(f) in loaded else load_recording(f)
         date = str(rec.meta.get("date", ""))
         for rp in rec.problems:
             if rp.complete and (rp.key not in best or date > best[rp.key][0]):

@@ -142,9 +142,10 @@ def main(argv=None) -> int:
         print(f"no recorded spaces under {DATA}; pass --data FILE", file=sys.stderr)
         return 2
     results, synthetic, excluded, sources = [], False, {}, []
-    newest = newest_complete(files)  # a problem recorded again is analysed once, from its newest complete recording
+    recordings = {Path(f): load_recording(f) for f in files}  # each file read once
+    newest = newest_complete(files, recordings)  # a problem recorded again is analysed once, from its newest one
     for f in files:
-        rec = load_recording(f)
+        rec = recordings[Path(f)]
         synthetic = synthetic or rec.synthetic
         sources.append(f"{Path(f).name}: {rec.meta.get('gpu')}, recorded {rec.meta.get('date')}")
         for rp in rec.problems:
