@@ -13,11 +13,13 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/conv_params.h"
@@ -134,60 +136,92 @@ std::vector<std::string> split_names(const std::string& s) {
   }
 }
 
-// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC. Never throws
-// for a bad kernel: returns (ok, cubin, lowered_names, log), the lowered names joined by ';' in the same order,
-// so the tuner records a typed "compile" failure with the log attached.
-py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
-                        const std::vector<std::string>& options) {
-  std::string log, lowered;
-  std::string cubin;
+// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC, touching nothing of
+// Python's: ok, the cubin, the lowered names joined by ';' in the order of ``names``, and the log.
+struct NvrtcResult {
   bool ok = false;
-  const std::vector<std::string> names = split_names(name_expr);
-  {
-    py::gil_scoped_release release;  // NVRTC is thread-safe: candidates compile in parallel threads
-    nvrtcProgram prog = nullptr;
-    nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "bagf_kernel.cu", 0, nullptr, nullptr);
-    if (r != NVRTC_SUCCESS) {
-      log = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(r);
+  std::string cubin, lowered, log;
+};
+
+NvrtcResult nvrtc_run(const std::string& source, const std::vector<std::string>& names,
+                      const std::vector<std::string>& options) {
+  NvrtcResult out;
+  nvrtcProgram prog = nullptr;
+  nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "bagf_kernel.cu", 0, nullptr, nullptr);
+  if (r != NVRTC_SUCCESS) {
+    out.log = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(r);
+    return out;
+  }
+  for (const auto& n : names) nvrtcAddNameExpression(prog, n.c_str());
+  std::vector<const char*> opts;
+  for (const auto& o : options) opts.push_back(o.c_str());
+  r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
+  size_t log_size = 0;
+  if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+    out.log.resize(log_size);
+    nvrtcGetProgramLog(prog, &out.log[0]);
+    out.log.resize(log_size - 1);
+  }
+  if (r != NVRTC_SUCCESS) {
+    out.log = std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(r) + "\n" + out.log;
+  } else {
+    nvrtcResult rn = NVRTC_SUCCESS;
+    std::string joined;
+    for (size_t i = 0; i < names.size() && rn == NVRTC_SUCCESS; ++i) {
+      const char* name = nullptr;
+      rn = nvrtcGetLoweredName(prog, names[i].c_str(), &name);
+      if (rn == NVRTC_SUCCESS) joined += (i ? ";" : "") + std::string(name);
+    }
+    size_t size = 0;
+    nvrtcResult rs = rn == NVRTC_SUCCESS ? nvrtcGetCUBINSize(prog, &size) : rn;
+    if (rs == NVRTC_SUCCESS && size > 0) {
+      out.lowered = joined;
+      out.cubin.resize(size);
+      rs = nvrtcGetCUBIN(prog, &out.cubin[0]);
+    }
+    if (rs == NVRTC_SUCCESS && size > 0) {
+      out.ok = true;
     } else {
-      for (const auto& n : names) nvrtcAddNameExpression(prog, n.c_str());
-      std::vector<const char*> opts;
-      for (const auto& o : options) opts.push_back(o.c_str());
-      r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
-      size_t log_size = 0;
-      if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-        log.resize(log_size);
-        nvrtcGetProgramLog(prog, &log[0]);
-        log.resize(log_size - 1);
-      }
-      if (r != NVRTC_SUCCESS) {
-        log = std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(r) + "\n" + log;
-      } else {
-        nvrtcResult rn = NVRTC_SUCCESS;
-        std::string joined;
-        for (size_t i = 0; i < names.size() && rn == NVRTC_SUCCESS; ++i) {
-          const char* name = nullptr;
-          rn = nvrtcGetLoweredName(prog, names[i].c_str(), &name);
-          if (rn == NVRTC_SUCCESS) joined += (i ? ";" : "") + std::string(name);
-        }
-        size_t size = 0;
-        nvrtcResult rs = rn == NVRTC_SUCCESS ? nvrtcGetCUBINSize(prog, &size) : rn;
-        if (rs == NVRTC_SUCCESS && size > 0) {
-          lowered = joined;
-          cubin.resize(size);
-          rs = nvrtcGetCUBIN(prog, &cubin[0]);
-        }
-        if (rs == NVRTC_SUCCESS && size > 0) {
-          ok = true;
-        } else {
-          log = std::string("nvrtcGetLoweredName/GetCUBIN: ") + nvrtcGetErrorString(rs) +
-                " (is the architecture option a real sm_XX target?)\n" + log;
-        }
-      }
-      nvrtcDestroyProgram(&prog);
+      out.lowered.clear();
+      out.log = std::string("nvrtcGetLoweredName/GetCUBIN: ") + nvrtcGetErrorString(rs) +
+                " (is the architecture option a real sm_XX target?)\n" + out.log;
     }
   }
-  return py::make_tuple(ok, py::bytes(cubin), lowered, log);
+  nvrtcDestroyProgram(&prog);
+  return out;
+}
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Compile with NVRTC without the GIL (NVRTC is thread-safe: candidates compile in parallel threads). Never throws for
+// a bad kernel: returns (ok, cubin, lowered_names, log), so the tuner records a typed "compile" failure with the log.
+//
+// The compiler's threads are daemon threads, and the tuner stops waiting for a compile at its deadline, so a compile
+// can still run when the interpreter shuts down. A daemon thread that takes the GIL back then is ended by Python
+// with pthread_exit, whose unwinding through a noexcept frame (pybind11's gil_scoped_release destructor) calls
+// std::terminate: the whole process aborted at exit, after its work was done. So the GIL is given back by hand in
+// this function's body, and a compile that ends during shutdown parks its thread until the process is gone (its
+// cubin is not needed any more) instead of taking the GIL at all.
+py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
+                        const std::vector<std::string>& options) {
+  const std::vector<std::string> names = split_names(name_expr);
+  PyThreadState* state = PyEval_SaveThread();
+  NvrtcResult got;
+  try {
+    got = nvrtc_run(source, names, options);
+  } catch (...) {  // (std::bad_alloc: nothing else here throws)
+    PyEval_RestoreThread(state);
+    throw;
+  }
+  while (interpreter_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(3600));
+  PyEval_RestoreThread(state);
+  return py::make_tuple(got.ok, py::bytes(got.cubin), got.lowered, got.log);
 }
 
 py::dict versions() {

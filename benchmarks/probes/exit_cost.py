@@ -1,6 +1,6 @@
 """How long a process takes to end after its last line of output: the tune command's exit, and what it is made of.
 
-    python benchmarks/probes/exit_cost.py [--rounds 2] [--out DIR]
+    python benchmarks/probes/exit_cost.py [--rounds 2] [--cases torch,+ax,+tv,+bagf,tune] [--out DIR]
 
 Each case runs in a fresh process whose output lines the parent timestamps as they arrive; the exit cost is the
 time from the last line to the process's end (interpreter shutdown: atexit handlers, module teardown, CUDA's).
@@ -55,14 +55,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cases", default="torch,+ax,+tv,+bagf,tune", help="comma-separated, of the five above")
     args = ap.parse_args(argv)
-    cases = {"torch": [], "+ax": ["ax"], "+tv": ["ax", "tv"], "+bagf": ["ax", "tv", "bagf"]}
+    wanted = args.cases.split(",")
+    cases = {k: v for k, v in {"torch": [], "+ax": ["ax"], "+tv": ["ax", "tv"], "+bagf": ["ax", "tv", "bagf"]}.items()
+             if k in wanted}
     rows = []
     for r in range(args.rounds):
         for name, flags in cases.items():
             to_last, exit_s, rc = timed_lines([sys.executable, "-c", CHILD, *flags])
             rows.append({"case": name, "round": r, "to_last_line_s": to_last, "exit_s": exit_s, "rc": rc})
             print(json.dumps(rows[-1]), flush=True)
+        if "tune" not in wanted:
+            continue
         with tempfile.TemporaryDirectory() as d:
             to_last, exit_s, rc = timed_lines([sys.executable, "-m", "bagf_torch", "tune", "--model", "alexnet",
                                                "--batch", "1", "--seconds", "2", "--tf32", "off", "--no-progress",
