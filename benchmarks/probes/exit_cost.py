@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,16 @@ def timed_lines(cmd: list[str]) -> tuple[float, float, int]:
     return last - t0, end - last, rc
 
 
+def run_meta(argv) -> dict:
+    """Date, GPU, versions, commit and command (``bench_overhead.run_meta``), read after the runs: importing torch
+    here first would warm what the children import."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    os.environ.setdefault("BAGF_CACHE_DIR", tempfile.mkdtemp())  # (the GPU's fingerprint opens a cache)
+    from bench_overhead import command_line, run_meta as meta
+
+    return meta(command_line("probes/exit_cost.py", sys.argv[1:] if argv is None else list(argv)), dry_run=False)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
@@ -76,7 +87,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "exit_cost.json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+        (args.out / "exit_cost.json").write_text(json.dumps({"meta": run_meta(argv), "rows": rows}, indent=1))
     return 0
 
 
