@@ -32,7 +32,7 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 
-from . import log, settings
+from . import log, settings, shutdown
 from .kernels import FAMILIES, families_for, family_name
 from .ops import ATEN
 from .problem import ConvProblem, fingerprint
@@ -284,18 +284,24 @@ class Runtime:
             self._pending[slot] = threading.Event()
             if self._queue is None:
                 self._queue = queue.Queue()
-                threading.Thread(target=self._background_worker, args=(self._queue,), daemon=True,
-                                 name="bagf-background-tuner").start()
+                stop = threading.Event()
+                worker = threading.Thread(target=self._background_worker, args=(self._queue, stop), daemon=True,
+                                          name="bagf-background-tuner")
+                worker.start()
+                # at the interpreter's exit: the tuning in progress ends, no other starts (None wakes an idle worker)
+                shutdown.track(worker, lambda q=self._queue: (stop.set(), q.put(None)))
             self._queue.put(slot)
         log.once(f"background:{problem}", f"{problem.short()}: looking up / tuning its plan in the background; "
                  "torch's conv2d serves it meanwhile", logging.INFO)
         return ATEN, False
 
-    def _background_worker(self, jobs: queue.Queue) -> None:
-        # A daemon thread: interpreter exit does not wait for a tuning in progress (its trials are already in
-        # the cache, and its claim lapses with the process).
+    def _background_worker(self, jobs: queue.Queue, stop: threading.Event) -> None:
+        # A daemon thread. At the interpreter's exit (``shutdown``) the tuning in progress ends and no other starts:
+        # ``stop``. The problems left are tuned by a later process (their claims lapse with this one).
         while True:
             slot = jobs.get()
+            if stop.is_set():
+                return
             problem, device = slot
             try:
                 with self._tune_lock:

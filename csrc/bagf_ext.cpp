@@ -13,16 +13,15 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <climits>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/conv_params.h"
+#include "nvrtc_compile.h"
 
 namespace {
 
@@ -124,105 +123,7 @@ void make_context_current(int device) {
 
 // ---------------------------------------------------------------------------------------------- NVRTC
 
-// Split "a;b" into its parts (a plan's kernels: name expressions in, lowered names out).
-std::vector<std::string> split_names(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    const size_t end = s.find(';', start);
-    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return out;
-    start = end + 1;
-  }
-}
-
-// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC, touching nothing of
-// Python's: ok, the cubin, the lowered names joined by ';' in the order of ``names``, and the log.
-struct NvrtcResult {
-  bool ok = false;
-  std::string cubin, lowered, log;
-};
-
-NvrtcResult nvrtc_run(const std::string& source, const std::vector<std::string>& names,
-                      const std::vector<std::string>& options) {
-  NvrtcResult out;
-  nvrtcProgram prog = nullptr;
-  nvrtcResult r = nvrtcCreateProgram(&prog, source.c_str(), "bagf_kernel.cu", 0, nullptr, nullptr);
-  if (r != NVRTC_SUCCESS) {
-    out.log = std::string("nvrtcCreateProgram: ") + nvrtcGetErrorString(r);
-    return out;
-  }
-  for (const auto& n : names) nvrtcAddNameExpression(prog, n.c_str());
-  std::vector<const char*> opts;
-  for (const auto& o : options) opts.push_back(o.c_str());
-  r = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
-  size_t log_size = 0;
-  if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-    out.log.resize(log_size);
-    nvrtcGetProgramLog(prog, &out.log[0]);
-    out.log.resize(log_size - 1);
-  }
-  if (r != NVRTC_SUCCESS) {
-    out.log = std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(r) + "\n" + out.log;
-  } else {
-    nvrtcResult rn = NVRTC_SUCCESS;
-    std::string joined;
-    for (size_t i = 0; i < names.size() && rn == NVRTC_SUCCESS; ++i) {
-      const char* name = nullptr;
-      rn = nvrtcGetLoweredName(prog, names[i].c_str(), &name);
-      if (rn == NVRTC_SUCCESS) joined += (i ? ";" : "") + std::string(name);
-    }
-    size_t size = 0;
-    nvrtcResult rs = rn == NVRTC_SUCCESS ? nvrtcGetCUBINSize(prog, &size) : rn;
-    if (rs == NVRTC_SUCCESS && size > 0) {
-      out.lowered = joined;
-      out.cubin.resize(size);
-      rs = nvrtcGetCUBIN(prog, &out.cubin[0]);
-    }
-    if (rs == NVRTC_SUCCESS && size > 0) {
-      out.ok = true;
-    } else {
-      out.lowered.clear();
-      out.log = std::string("nvrtcGetLoweredName/GetCUBIN: ") + nvrtcGetErrorString(rs) +
-                " (is the architecture option a real sm_XX target?)\n" + out.log;
-    }
-  }
-  nvrtcDestroyProgram(&prog);
-  return out;
-}
-
-bool interpreter_finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
-
-// Compile with NVRTC without the GIL (NVRTC is thread-safe: candidates compile in parallel threads). Never throws for
-// a bad kernel: returns (ok, cubin, lowered_names, log), so the tuner records a typed "compile" failure with the log.
-//
-// The compiler's threads are daemon threads, and the tuner stops waiting for a compile at its deadline, so a compile
-// can still run when the interpreter shuts down. A daemon thread that takes the GIL back then is ended by Python
-// with pthread_exit, whose unwinding through a noexcept frame (pybind11's gil_scoped_release destructor) calls
-// std::terminate: the whole process aborted at exit, after its work was done. So the GIL is given back by hand in
-// this function's body, and a compile that ends during shutdown parks its thread until the process is gone (its
-// cubin is not needed any more) instead of taking the GIL at all.
-py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
-                        const std::vector<std::string>& options) {
-  const std::vector<std::string> names = split_names(name_expr);
-  PyThreadState* state = PyEval_SaveThread();
-  NvrtcResult got;
-  try {
-    got = nvrtc_run(source, names, options);
-  } catch (...) {  // (std::bad_alloc: nothing else here throws)
-    PyEval_RestoreThread(state);
-    throw;
-  }
-  while (interpreter_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(3600));
-  PyEval_RestoreThread(state);
-  return py::make_tuple(got.ok, py::bytes(got.cubin), got.lowered, got.log);
-}
+using bagf_host::split_names;  // (csrc/nvrtc_compile.h: NVRTC itself)
 
 py::dict versions() {
   py::dict d;
@@ -764,7 +665,8 @@ TORCH_LIBRARY_IMPL(bagf, CPU, m) { m.impl("conv2d", &conv2d_cpu); }
 TORCH_LIBRARY_IMPL(bagf, Autograd, m) { m.impl("conv2d", &conv2d_autograd); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("nvrtc_compile", &nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
+  m.def("nvrtc_compile", &bagf_host::nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
+  m.def("nvrtc_returned", &bagf_host::nvrtc_returned, "How many NVRTC compiles have returned in this process");
   m.def("versions", &versions, "NVRTC, driver and runtime versions");
   m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
   // LaunchGeometry(bm=..., ..., gemm_smem=...): keyword arguments only, each defaulting to the struct's default;

@@ -680,26 +680,40 @@ def test_fresh_process_tunes_nothing_compiles_nothing(monkeypatch):
 
 
 def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
-    """A compile the tuner stopped waiting for goes on in a daemon thread; a process that ends meanwhile must end with
-    its own exit status, not abort (a thread taking the GIL back during shutdown once ended the process with
-    std::terminate: SIGABRT after a successful ``tune``). The child's last object sleeps in its destructor during the
-    shutdown, so that the compiles end while the interpreter is finalizing."""
+    """A compile the tuner stopped waiting for goes on in a daemon thread of the compiler's pool; a process whose
+    interpreter finalizes while such compiles return must end with its own exit status, not abort (a thread taking
+    the GIL back through pybind11's RAII guard during shutdown was ended by std::terminate: SIGABRT after a
+    successful ``tune``). The child's shutdown is kept going (an object of a module that is torn down sleeps in its
+    destructor) until NVRTC has returned every compile (tests/test_shutdown.py does the same against a stand-in
+    NVRTC on the CPU)."""
     script = textwrap.dedent(f"""
-        import sys
+        import os, sys, time, types
         sys.path.insert(0, {_PACKAGE_ROOT!r})
         import torch
         from bagf_torch import runtime
         from bagf_torch.kernels import winograd_gemm as fam
         compiler = runtime.get().device(0).compiler
+        ext = compiler.ext
+        before = ext.nvrtc_returned()
         configs = [c for c in fam.space().valid_configs() if c["MT"] in (5, 6) and c["DT"] == 0 and c["NHWC"] == 0]
-        got = compiler.compile_within(fam, configs[:compiler.workers], 0.3)
+        configs = configs[:compiler.workers]
+        got = compiler.compile_within(fam, configs, 0.3)
         print("unfinished", sum(g is None for g in got), flush=True)
+        want = before + len(configs)
 
-        class SlowTeardown:  # keeps the shutdown going while those compiles end (3.5-4.3 s each on the H200)
-            def __del__(self, _sleep=__import__("time").sleep):
-                _sleep(8)
+        class SlowTeardown:
+            def __del__(self, _sleep=time.sleep, _write=os.write, _returned=ext.nvrtc_returned,
+                        _clock=time.monotonic, _want=want):
+                _write(2, b"teardown started\\n")
+                end = _clock() + 60
+                while _returned() < _want and _clock() < end:
+                    _sleep(0.05)
+                _write(2, b"compiles left in NVRTC at teardown's end: %d\\n" % (_want - _returned()))
 
-        keep = SlowTeardown()
+        holder = types.ModuleType("bagf_test_slow_teardown")  # (torn down at finalization, unlike __main__ at times)
+        holder.keep = SlowTeardown()
+        sys.modules[holder.__name__] = holder
+        del holder
         sys.exit(3)
     """)
     env = dict(os.environ, BAGF_CACHE_DIR=str(tmp_path / "cache"))
@@ -708,6 +722,8 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
     assert res.returncode == 3, (res.returncode, res.stderr[-3000:])
     unfinished = int(res.stdout.split("unfinished")[-1].split()[0])
     assert unfinished > 0, "every compile ended within 0.3 s: the exit did not race a running compile"
+    assert "teardown started" in res.stderr, res.stderr[-3000:]
+    assert "compiles left in NVRTC at teardown's end: 0" in res.stderr, res.stderr[-3000:]
 
 
 def _compile_recording(model, x):

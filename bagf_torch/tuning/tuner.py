@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .. import iobound, log
+from .. import iobound, log, shutdown
 from ..kernels import format_refuses
 from ..kernels.space import Config, Space, config_key
 from ..ops import ATEN
@@ -238,6 +238,7 @@ class _Search:
         started = step = self.clock()  # step: since when the strategy has been thinking
         first_by = max(limit[0], min(hard_end, started + self.FIRST_REQUEST_S))
         thread.start()
+        shutdown.track(thread, self._abandon)  # an abandoned step may still be in torch when the program ends
         ending = False  # told BudgetSpent: the thread's last message is on its way
         first = True  # no message from the thread yet
         try:

@@ -70,6 +70,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ... import shutdown
 from ...kernels.space import Config, Space, config_key
 from ..common import Objective, Outcome, unseen_random
 from .anneal import neighbours
@@ -446,6 +447,7 @@ def preload() -> Any:
 
             _PRELOAD = threading.Thread(target=load, name="bagf-ax-import", daemon=True)
             _PRELOAD.start()
+            shutdown.track(_PRELOAD)  # (an import runs torch's bindings too: finished before the interpreter ends)
         thread = _PRELOAD
 
     def wait(timeout: float | None = None) -> bool:
