@@ -41,9 +41,11 @@ print("done", flush=True)
 
 
 def timed_lines(cmd: list[str]) -> tuple[float, float, int]:
-    """(seconds to the last output line, seconds from it to the process's end, return code)."""
+    """(seconds to the last output line, seconds from it to the process's end, return code). The child's output is
+    unbuffered, so that a line arrives when it is printed, not when the interpreter flushes it on its way out."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     last = t0
     for _ in p.stdout:
         last = time.perf_counter()
