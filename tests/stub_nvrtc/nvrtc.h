@@ -18,3 +18,4 @@ nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t* size);
 nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char* cubin);
 nvrtcResult nvrtcDestroyProgram(nvrtcProgram* prog);
 const char* nvrtcGetErrorString(nvrtcResult result);
+nvrtcResult nvrtcVersion(int* major, int* minor);
