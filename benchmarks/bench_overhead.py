@@ -200,6 +200,18 @@ def run_meta(command: str, dry_run: bool) -> dict:
     return meta
 
 
+def write_probe_json(out: Path, script: str, argv: Sequence[str] | None, doc: dict) -> Path:
+    """``doc`` under ``out`` as ``<script's name>.json``, after a ``meta`` of ``run_meta`` (``benchmarks/<script>`` run
+    with ``argv``, ``sys.argv[1:]`` when None; its GPU's fingerprint read through a scratch cache unless
+    BAGF_CACHE_DIR names one). For probes whose children must import torch first: call it after they have run."""
+    os.environ.setdefault("BAGF_CACHE_DIR", tempfile.mkdtemp())
+    meta = run_meta(command_line(script, sys.argv[1:] if argv is None else list(argv)), dry_run=False)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (Path(script).stem + ".json")
+    path.write_text(to_json({"meta": meta, **doc}))
+    return path
+
+
 def to_json(doc: dict) -> str:
     """JSON of a results document; numpy scalars as numbers, anything else unexpected as its text."""
     return json.dumps(doc, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n"

@@ -54,15 +54,6 @@ def timed_lines(cmd: list[str]) -> tuple[float, float, int]:
     return last - t0, end - last, rc
 
 
-def run_meta(argv) -> dict:
-    """Date, GPU, versions, commit and command (``bench_overhead.run_meta``), read after the runs: importing torch
-    here first would warm what the children import."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    os.environ.setdefault("BAGF_CACHE_DIR", tempfile.mkdtemp())  # (the GPU's fingerprint opens a cache)
-    from bench_overhead import command_line, run_meta as meta
-
-    return meta(command_line("probes/exit_cost.py", sys.argv[1:] if argv is None else list(argv)), dry_run=False)
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,9 +78,11 @@ def main(argv=None) -> int:
                                                "--cache", d, "--json", str(Path(d) / "t.json")])
         rows.append({"case": "tune", "round": r, "to_last_line_s": to_last, "exit_s": exit_s, "rc": rc})
         print(json.dumps(rows[-1]), flush=True)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "exit_cost.json").write_text(json.dumps({"meta": run_meta(argv), "rows": rows}, indent=1))
+    if args.out is not None:  # (torch imported only now: first, it would warm what the children import)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench_overhead import write_probe_json
+
+        write_probe_json(args.out, "probes/exit_cost.py", argv, {"rows": rows})
     return 0
 
 

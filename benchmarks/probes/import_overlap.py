@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 CHILD = r"""
@@ -40,15 +38,6 @@ print(json.dumps({"mode": sys.argv[1], "torchvision_s": t1 - t0, "both_s": t2 - 
 """
 
 
-def run_meta(argv) -> dict:
-    """Date, GPU, versions, commit and command (``bench_overhead.run_meta``), read after the runs: importing torch
-    here first would warm what the children import."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    os.environ.setdefault("BAGF_CACHE_DIR", tempfile.mkdtemp())  # (the GPU's fingerprint opens a cache)
-    from bench_overhead import command_line, run_meta as meta
-
-    return meta(command_line("probes/import_overlap.py", sys.argv[1:] if argv is None else list(argv)), dry_run=False)
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,9 +52,11 @@ def main(argv=None) -> int:
             row["round"] = r
             runs.append(row)
             print(json.dumps(row), flush=True)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "import_overlap.json").write_text(json.dumps({"meta": run_meta(argv), "runs": runs}, indent=1))
+    if args.out is not None:  # (torch imported only now: first, it would warm what the children import)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench_overhead import write_probe_json
+
+        write_probe_json(args.out, "probes/import_overlap.py", argv, {"runs": runs})
     return 0
 
 
