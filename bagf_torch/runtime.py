@@ -121,6 +121,7 @@ class Runtime:
         self._gave_up: set[tuple[ConvProblem, int]] = set()
         self._mode_checked: set[tuple[ConvProblem, int]] = set()  # the other-TF32-mode look, once per problem
         self._queue: queue.Queue | None = None
+        self._stop_background: Callable[[], object] | None = None  # ends the background tuner's thread
         self._pools: dict[int, object] = {}  # isolated worker pools, one per device
         self.stats: Counter = Counter()
         self.results: list = []  # TuneResults of this process, for reports
@@ -288,8 +289,10 @@ class Runtime:
                 worker = threading.Thread(target=self._background_worker, args=(self._queue, stop), daemon=True,
                                           name="bagf-background-tuner")
                 worker.start()
-                # at the interpreter's exit: the tuning in progress ends, no other starts (None wakes an idle worker)
-                shutdown.track(worker, lambda q=self._queue: (stop.set(), q.put(None)))
+                # at the interpreter's exit, or when this runtime is closed: the tuning in progress ends, no other
+                # starts (None wakes an idle worker)
+                self._stop_background = lambda q=self._queue: (stop.set(), q.put(None))
+                shutdown.track(worker, self._stop_background)
             self._queue.put(slot)
         log.once(f"background:{problem}", f"{problem.short()}: looking up / tuning its plan in the background; "
                  "torch's conv2d serves it meanwhile", logging.INFO)
@@ -463,8 +466,11 @@ class Runtime:
         _bump()
 
     def close(self) -> None:
-        """Stop isolated worker processes and close the cache."""
+        """Stop isolated worker processes and the background tuner (after the tuning it is in), close the cache."""
         with self._lock:
+            if self._stop_background is not None:  # (a later background lookup starts a worker of its own)
+                self._stop_background()
+                self._queue = self._stop_background = None
             for pool in self._pools.values():
                 pool.close()
             self._pools.clear()

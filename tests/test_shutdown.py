@@ -76,15 +76,30 @@ def test_wait_for_tracked_stops_the_background_tuner_after_its_tuning(monkeypatc
     monkeypatch.setenv("BAGF_BACKGROUND", "1")
     rt = runtime.install(fh.make_runtime(delay_s=0.05, budget=6))  # about 0.4 s per tuning
     other = dataclasses.replace(fh.P, k=96)
+    before = set(threading.enumerate())
     assert rt.lookup(fh.P, 0) == (ATEN, False)
     assert rt.lookup(other, 0) == (ATEN, False)  # queued behind the first
     time.sleep(0.1)  # the first tuning under way
-    workers = [t for t in threading.enumerate() if t.name == "bagf-background-tuner"]
+    workers = [t for t in set(threading.enumerate()) - before if t.name == "bagf-background-tuner"]
     assert len(workers) == 1
     assert shutdown.wait_for_tracked(timeout=30) == []
     assert not workers[0].is_alive()
     assert rt.stats["tuned"] == 1  # the first finished, the second never started
     runtime.reset()
+
+
+def test_closing_a_runtime_ends_its_background_tuner(monkeypatch):
+    """A runtime replaced or reset leaves no idle background thread behind."""
+    monkeypatch.setenv("BAGF_BACKGROUND", "1")
+    rt = runtime.install(fh.make_runtime(budget=4))
+    before = set(threading.enumerate())
+    assert rt.lookup(fh.P, 0) == (ATEN, False)
+    assert rt.wait_background(timeout=30)
+    workers = [t for t in set(threading.enumerate()) - before if t.name == "bagf-background-tuner"]
+    assert len(workers) == 1 and workers[0].is_alive()  # idle, waiting for the next problem
+    runtime.reset()
+    workers[0].join(10)
+    assert not workers[0].is_alive()
 
 
 def test_wait_for_tracked_is_bounded_and_names_what_it_left(caplog):
