@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
@@ -121,7 +122,8 @@ class Runtime:
         self._gave_up: set[tuple[ConvProblem, int]] = set()
         self._mode_checked: set[tuple[ConvProblem, int]] = set()  # the other-TF32-mode look, once per problem
         self._queue: queue.Queue | None = None
-        self._stop_background: Callable[[], object] | None = None  # ends the background tuner's thread
+        self._background: threading.Thread | None = None  # the background tuner reading _queue
+        self._closing = threading.Event()  # set: the background tuner ends after its tuning, claim waits end
         self._pools: dict[int, object] = {}  # isolated worker pools, one per device
         self.stats: Counter = Counter()
         self.results: list = []  # TuneResults of this process, for reports
@@ -239,6 +241,8 @@ class Runtime:
                          f"{holder} to finish tuning it; torch's conv serves it meanwhile, and its plan is used "
                          "once it is stored")
                 return None
+            if self._closing.is_set():
+                return None  # (the runtime is closing or the interpreter ending: nothing waits for this plan)
             time.sleep(poll)  # until the holder stores its plan, releases, dies or lets its lease lapse
             poll = min(poll * 1.5, 0.25)
 
@@ -285,25 +289,40 @@ class Runtime:
             self._pending[slot] = threading.Event()
             if self._queue is None:
                 self._queue = queue.Queue()
-                stop = threading.Event()
-                worker = threading.Thread(target=self._background_worker, args=(self._queue, stop), daemon=True,
+                self._closing.clear()
+                worker = threading.Thread(target=self._background_worker, args=(self._queue,), daemon=True,
                                           name="bagf-background-tuner")
                 worker.start()
-                # at the interpreter's exit, or when this runtime is closed: the tuning in progress ends, no other
-                # starts (None wakes an idle worker)
-                self._stop_background = lambda q=self._queue: (stop.set(), q.put(None))
-                shutdown.track(worker, self._stop_background)
+                self._background = worker
+                # at the interpreter's exit (and in close): the tuning in progress finishes, no other starts
+                shutdown.track(worker, partial(self._stop_background, self._queue))
             self._queue.put(slot)
         log.once(f"background:{problem}", f"{problem.short()}: looking up / tuning its plan in the background; "
                  "torch's conv2d serves it meanwhile", logging.INFO)
         return ATEN, False
 
-    def _background_worker(self, jobs: queue.Queue, stop: threading.Event) -> None:
-        # A daemon thread. At the interpreter's exit (``shutdown``) the tuning in progress ends and no other starts:
-        # ``stop``. The problems left are tuned by a later process (their claims lapse with this one).
+    def _stop_background(self, jobs: queue.Queue) -> None:
+        """Ask the background tuner reading ``jobs`` to end after the tuning it is in (a claim wait ends at once):
+        ``_closing``, and None to wake it when idle."""
+        self._closing.set()
+        jobs.put(None)
+
+    def _background_worker(self, jobs: queue.Queue) -> None:
+        # A daemon thread, ended by _stop_background. The problems left queued then are let go (their waiters
+        # released, nothing memoised): a later lookup asks again, another process tunes them (their claims lapse).
         while True:
             slot = jobs.get()
-            if stop.is_set():
+            if slot is None or self._closing.is_set():
+                left = [] if slot is None else [slot]
+                while True:
+                    try:
+                        left.append(jobs.get_nowait())
+                    except queue.Empty:
+                        break
+                with self._lock:
+                    for job in left:
+                        if job is not None and job in self._pending:
+                            self._pending.pop(job).set()
                 return
             problem, device = slot
             try:
@@ -468,9 +487,12 @@ class Runtime:
     def close(self) -> None:
         """Stop isolated worker processes and the background tuner (after the tuning it is in), close the cache."""
         with self._lock:
-            if self._stop_background is not None:  # (a later background lookup starts a worker of its own)
-                self._stop_background()
-                self._queue = self._stop_background = None
+            worker, jobs = self._background, self._queue
+            self._background = self._queue = None  # (a later background lookup starts a worker of its own)
+        if worker is not None:  # its tuning uses the cache: finished before the cache closes
+            self._stop_background(jobs)
+            worker.join(shutdown.EXIT_WAIT_S)
+        with self._lock:
             for pool in self._pools.values():
                 pool.close()
             self._pools.clear()

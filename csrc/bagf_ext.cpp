@@ -666,7 +666,8 @@ TORCH_LIBRARY_IMPL(bagf, Autograd, m) { m.impl("conv2d", &conv2d_autograd); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nvrtc_compile", &bagf_host::nvrtc_compile, "Compile a kernel template instantiation to a cubin with NVRTC");
-  m.def("nvrtc_returned", &bagf_host::nvrtc_returned, "How many NVRTC compiles have returned in this process");
+  m.def("nvrtc_returned", &bagf_host::nvrtc_returned,
+        "NVRTC compiles returned in this process, and of them those that returned during shutdown (parked)");
   m.def("versions", &versions, "NVRTC, driver and runtime versions");
   m.def("device_limits", &device_limits, "Shared memory, SM count and thread limits of a device");
   // LaunchGeometry(bm=..., ..., gemm_smem=...): keyword arguments only, each defaulting to the struct's default;

@@ -1,12 +1,13 @@
 // The host extension's NVRTC entry point (bagf_ext.cpp includes it), in a header of its own so that a test can build
 // it on a machine without CUDA, against a stand-in NVRTC (tests/test_shutdown.py: the interpreter's shutdown while
-// compiles run). Needs pybind11 (as ``py``), Python's C API and nvrtc.h.
+// compiles run). Needs pybind11 (as ``py``), Python's C API and nvrtc.h. Include it in one translation unit.
 #pragma once
 #include <nvrtc.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>  // (nvrtc_compile takes a list of options)
 
 #include <atomic>
+#include <exception>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 namespace py = pybind11;
 
 namespace bagf_host {
+namespace {  // (internal linkage: the header is included by one translation unit of a module)
 
 // Split "a;b" into its parts (a plan's kernels: name expressions in, lowered names out).
 inline std::vector<std::string> split_names(const std::string& s) {
@@ -100,39 +102,45 @@ inline bool interpreter_finalizing() {
 #endif
 }
 
-// NVRTC compiles that have returned in this process, counted without the GIL (tests read it during shutdown).
-inline std::atomic<long long> g_nvrtc_returned{0};
+// NVRTC compiles that have returned in this process, and those of them that returned while the interpreter was
+// finalizing (their threads parked), counted without the GIL: tests read them during shutdown.
+std::atomic<long long> g_nvrtc_returned{0};
+std::atomic<long long> g_nvrtc_parked{0};
 
-inline long long nvrtc_returned() { return g_nvrtc_returned.load(); }
+inline py::tuple nvrtc_returned() { return py::make_tuple(g_nvrtc_returned.load(), g_nvrtc_parked.load()); }
 
 // Compile with NVRTC without the GIL (NVRTC is thread-safe: candidates compile in parallel threads). Never throws for
 // a bad kernel: returns (ok, cubin, lowered_names, log), so the tuner records a typed "compile" failure with the log.
 //
 // The compiler's threads are daemon threads, and the tuner stops waiting for a compile at its deadline, so a compile
-// can still run when the interpreter shuts down. CPython (3.12, 3.13) ends a daemon thread that takes the GIL back
+// can still run when the interpreter shuts down. CPython before 3.14 ends a daemon thread that takes the GIL back
 // during finalization with pthread_exit; unwinding out of a noexcept frame calls std::terminate, and pybind11's
 // gil_scoped_release destructor (which takes the GIL back) is one: the whole process aborted. Hence the GIL is given
-// away and taken back by hand in this function's body. Should finalization begin between the check below and
-// PyEval_RestoreThread, the thread is unwound through this function and pybind11's dispatcher, which rethrows the
-// forced unwind: that is safe as long as no RAII guard of the GIL and no catch (...) that swallows sits around the
-// restore. A compile that returns while the interpreter is finalizing parks its thread instead of taking the GIL
-// at all (its cubin is of no use any more); the process's end takes it.
+// away and taken back by hand in this function's body. A compile that returns while the interpreter is finalizing
+// parks its thread instead of taking the GIL at all (its cubin is of no use any more); the process's end takes it.
+// Should finalization begin between that check and PyEval_RestoreThread, the thread is unwound through this function
+// and pybind11's dispatcher, which rethrows the forced unwind: safe as long as no RAII guard of the GIL and no
+// catch (...) that swallows sits around the restore.
 inline py::tuple nvrtc_compile(const std::string& source, const std::string& name_expr,
-                        const std::vector<std::string>& options) {
+                               const std::vector<std::string>& options) {
   const std::vector<std::string> names = split_names(name_expr);
   PyThreadState* state = PyEval_SaveThread();
   NvrtcResult got;
+  std::exception_ptr error;
   try {
     got = nvrtc_run(source, names, options);
-  } catch (...) {  // (std::bad_alloc: nothing else here throws)
-    g_nvrtc_returned.fetch_add(1);
-    PyEval_RestoreThread(state);
-    throw;
+  } catch (...) {  // (std::bad_alloc: nothing else here throws) rethrown below, with the GIL
+    error = std::current_exception();
   }
   g_nvrtc_returned.fetch_add(1);
-  while (interpreter_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(3600));
+  if (interpreter_finalizing()) {
+    g_nvrtc_parked.fetch_add(1);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(3600));
+  }
   PyEval_RestoreThread(state);
+  if (error) std::rethrow_exception(error);
   return py::make_tuple(got.ok, py::bytes(got.cubin), got.lowered, got.log);
 }
 
+}  // namespace
 }  // namespace bagf_host

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -694,7 +695,7 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
         from bagf_torch.kernels import winograd_gemm as fam
         compiler = runtime.get().device(0).compiler
         ext = compiler.ext
-        before = ext.nvrtc_returned()
+        before = ext.nvrtc_returned()[0]
         configs = [c for c in fam.space().valid_configs() if c["MT"] in (5, 6) and c["DT"] == 0 and c["NHWC"] == 0]
         configs = configs[:compiler.workers]
         got = compiler.compile_within(fam, configs, 0.3)
@@ -706,9 +707,10 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
                         _clock=time.monotonic, _want=want):
                 _write(2, b"teardown started\\n")
                 end = _clock() + 60
-                while _returned() < _want and _clock() < end:
+                while _returned()[0] < _want and _clock() < end:
                     _sleep(0.05)
-                _write(2, b"compiles left in NVRTC at teardown's end: %d\\n" % (_want - _returned()))
+                returned, parked = _returned()
+                _write(2, b"compiles left in NVRTC at teardown's end: %d, parked: %d\\n" % (_want - returned, parked))
 
         holder = types.ModuleType("bagf_test_slow_teardown")  # (torn down at finalization, unlike __main__ at times)
         holder.keep = SlowTeardown()
@@ -723,7 +725,8 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
     unfinished = int(res.stdout.split("unfinished")[-1].split()[0])
     assert unfinished > 0, "every compile ended within 0.3 s: the exit did not race a running compile"
     assert "teardown started" in res.stderr, res.stderr[-3000:]
-    assert "compiles left in NVRTC at teardown's end: 0" in res.stderr, res.stderr[-3000:]
+    left, parked = map(int, re.search(r"teardown's end: (\d+), parked: (\d+)", res.stderr).groups())
+    assert left == 0 and parked >= 1, res.stderr[-3000:]  # every compile returned, some while finalizing
 
 
 def _compile_recording(model, x):

@@ -238,7 +238,7 @@ class _Search:
         started = step = self.clock()  # step: since when the strategy has been thinking
         first_by = max(limit[0], min(hard_end, started + self.FIRST_REQUEST_S))
         thread.start()
-        shutdown.track(thread, self._abandon)  # an abandoned step may still be in torch when the program ends
+        shutdown.track(thread)  # a step abandoned at its deadline may still be in torch when the program ends
         ending = False  # told BudgetSpent: the thread's last message is on its way
         first = True  # no message from the thread yet
         try:
