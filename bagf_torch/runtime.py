@@ -27,8 +27,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, ContextManager, Sequence
 
 import torch
