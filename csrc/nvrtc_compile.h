@@ -7,8 +7,8 @@
 #include <pybind11/stl.h>  // (nvrtc_compile takes a list of options)
 
 #include <atomic>
-#include <exception>
 #include <chrono>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,8 +30,8 @@ inline std::vector<std::string> split_names(const std::string& s) {
   }
 }
 
-// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC, touching nothing of
-// Python's: ok, the cubin, the lowered names joined by ';' in the order of ``names``, and the log.
+// What nvrtc_run returns: ok, the cubin, the lowered names joined by ';' in the order of the name expressions, and
+// NVRTC's log.
 struct NvrtcResult {
   bool ok = false;
   std::string cubin, lowered, log;
@@ -45,8 +45,10 @@ struct NvrtcProgram {
   }
 };
 
+// Compile one template instantiation (or several, separated by ';', into one cubin) with NVRTC, touching nothing of
+// Python's.
 inline NvrtcResult nvrtc_run(const std::string& source, const std::vector<std::string>& names,
-                      const std::vector<std::string>& options) {
+                             const std::vector<std::string>& options) {
   NvrtcResult out;
   NvrtcProgram holder;
   nvrtcResult r = nvrtcCreateProgram(&holder.prog, source.c_str(), "bagf_kernel.cu", 0, nullptr, nullptr);
