@@ -264,3 +264,37 @@ def orphan_parent(backend, start_from, status_path):
         json.dump({"good": None if good is None else good.status, "crashes": pool.crashes,
                    "restarts": pool.restarts, "worker": pool._proc.pid}, f)
     pool.checker().check(ws, built[1].handle)
+
+
+def teardown_waiter(returned: str, want: str, seconds: float) -> str:
+    """Python source for a child that is about to end with compiles still in NVRTC (tests/test_shutdown.py against a
+    stand-in NVRTC, tests/test_gpu.py against the real one): an object of a module that is torn down at finalization
+    (unlike ``__main__`` at times) whose destructor keeps the shutdown going until ``returned()[0]`` (an extension's
+    ``nvrtc_returned``: compiles returned, and parked) reaches ``want``, ``seconds`` at most, then writes
+    "teardown started" and "compiles returned: R of W, parked: P" to stderr (:func:`teardown_counts` reads them)."""
+    return f"""
+import os as _os, sys as _sys, time as _time, types as _types
+
+class _SlowTeardown:
+    def __del__(self, _sleep=_time.sleep, _write=_os.write, _returned={returned}, _clock=_time.monotonic,
+                _want={want}):
+        _write(2, b"teardown started\\n")
+        end = _clock() + {seconds!r}
+        while _returned()[0] < _want and _clock() < end:
+            _sleep(0.05)
+        done, parked = _returned()
+        _write(2, b"compiles returned: %d of %d, parked: %d\\n" % (done, _want, parked))
+
+_holder = _types.ModuleType("bagf_test_slow_teardown")
+_holder.keep = _SlowTeardown()
+_sys.modules[_holder.__name__] = _holder
+del _holder
+"""
+
+
+def teardown_counts(stderr: str) -> tuple[int, int, int] | None:
+    """(returned, wanted, parked) from a :func:`teardown_waiter` child's stderr; None when its teardown never ran."""
+    import re
+
+    m = re.search(r"compiles returned: (\d+) of (\d+), parked: (\d+)", stderr)
+    return None if m is None or "teardown started" not in stderr else tuple(map(int, m.groups()))

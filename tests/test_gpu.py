@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,8 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+
+import fault_helpers as fh  # tests/ is on sys.path (pytest's default prepend import mode)
 
 pytestmark = pytest.mark.cuda
 
@@ -688,7 +689,7 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
     destructor) until NVRTC has returned every compile (tests/test_shutdown.py does the same against a stand-in
     NVRTC on the CPU)."""
     script = textwrap.dedent(f"""
-        import os, sys, time, types
+        import sys
         sys.path.insert(0, {_PACKAGE_ROOT!r})
         import torch
         from bagf_torch import runtime
@@ -701,32 +702,17 @@ def test_process_ends_cleanly_with_compiles_still_running(tmp_path):
         got = compiler.compile_within(fam, configs, 0.3)
         print("unfinished", sum(g is None for g in got), flush=True)
         want = before + len(configs)
-
-        class SlowTeardown:
-            def __del__(self, _sleep=time.sleep, _write=os.write, _returned=ext.nvrtc_returned,
-                        _clock=time.monotonic, _want=want):
-                _write(2, b"teardown started\\n")
-                end = _clock() + 60
-                while _returned()[0] < _want and _clock() < end:
-                    _sleep(0.05)
-                returned, parked = _returned()
-                _write(2, b"compiles left in NVRTC at teardown's end: %d, parked: %d\\n" % (_want - returned, parked))
-
-        holder = types.ModuleType("bagf_test_slow_teardown")  # (torn down at finalization, unlike __main__ at times)
-        holder.keep = SlowTeardown()
-        sys.modules[holder.__name__] = holder
-        del holder
-        sys.exit(3)
-    """)
+    """) + fh.teardown_waiter("ext.nvrtc_returned", "want", 60) + "\nsys.exit(3)\n"
     env = dict(os.environ, BAGF_CACHE_DIR=str(tmp_path / "cache"))
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert "terminate called" not in res.stderr, res.stderr[-3000:]
     assert res.returncode == 3, (res.returncode, res.stderr[-3000:])
     unfinished = int(res.stdout.split("unfinished")[-1].split()[0])
     assert unfinished > 0, "every compile ended within 0.3 s: the exit did not race a running compile"
-    assert "teardown started" in res.stderr, res.stderr[-3000:]
-    left, parked = map(int, re.search(r"teardown's end: (\d+), parked: (\d+)", res.stderr).groups())
-    assert left == 0 and parked >= 1, res.stderr[-3000:]  # every compile returned, some while finalizing
+    counts = fh.teardown_counts(res.stderr)
+    assert counts is not None, res.stderr[-3000:]  # the teardown ran
+    returned, want, parked = counts
+    assert returned == want and parked >= 1, res.stderr[-3000:]  # every compile returned, some while finalizing
 
 
 def _compile_recording(model, x):

@@ -176,32 +176,17 @@ def test_nvrtc_compiles_that_end_during_shutdown_do_not_abort_the_process(tmp_pa
     down sleeps in its destructor) until every compile has returned."""
     where = _build_stub_nvrtc_module(tmp_path)
     child = textwrap.dedent(f"""
-        import functools, os, sys, threading, time, types
+        import functools, sys, threading, time
         sys.path.insert(0, {where!r})
         import bagf_nvrtc_stub as ext
         for _ in range(4):
             threading.Thread(target=functools.partial(ext.nvrtc_compile, "src", "k1;k2", ["-x"]), daemon=True).start()
         time.sleep(0.2)
-
-        class SlowTeardown:
-            def __del__(self, _sleep=time.sleep, _write=os.write, _returned=ext.nvrtc_returned,
-                        _clock=time.monotonic):
-                _write(2, b"teardown started\\n")
-                end = _clock() + 20
-                while _returned()[0] < 4 and _clock() < end:
-                    _sleep(0.05)
-                _write(2, b"compiles returned: %d, parked: %d\\n" % _returned())
-
-        holder = types.ModuleType("bagf_test_slow_teardown")  # (torn down at finalization, unlike __main__ at times)
-        holder.keep = SlowTeardown()
-        sys.modules[holder.__name__] = holder
-        del holder
         print("returned before exit", ext.nvrtc_returned()[0], flush=True)
-        sys.exit(3)
-    """)
+    """) + fh.teardown_waiter("ext.nvrtc_returned", "4", 20) + "\nsys.exit(3)\n"
     res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert "terminate called" not in res.stderr, res.stderr[-2000:]
     assert res.returncode == 3, (res.returncode, res.stderr[-2000:])
     assert "returned before exit 0" in res.stdout, res.stdout
     # every compile returned while the interpreter was finalizing, and parked there
-    assert "teardown started" in res.stderr and "compiles returned: 4, parked: 4" in res.stderr, res.stderr
+    assert fh.teardown_counts(res.stderr) == (4, 4, 4), res.stderr
