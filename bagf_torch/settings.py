@@ -19,7 +19,7 @@ BAGF_BUDGET                evaluations (candidates that reach the      80
 BAGF_TIME_BUDGET           seconds per tuned problem                   7
 BAGF_STRATEGY              ax | random | anneal | genetic | exhaustive ax
 BAGF_SEED                  seed of the search strategy                 0
-BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(8, CPU count)
+BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(16, usable CPUs)
 BAGF_LOG                   log level of the "bagf_torch" logger        warning
                            (debug, info, warning, error)
 BAGF_PRINT_TUNING          1: print one line per tuned problem         0
@@ -194,8 +194,27 @@ def seed() -> int:
     return get_int("BAGF_SEED", 0, minimum=0)
 
 
+MAX_DEFAULT_COMPILE_WORKERS = 16
+"""The most NVRTC threads the default takes. Compiles are most of a first call's tuning (one NVRTC run of a
+winograd_gemm configuration is 1-3 s of one core; ``benchmarks/probes/compile_scaling.py`` measures how a pool
+of each size does on a machine). More than 16 buys little: the tuner's batches and up-front waves rarely hold
+more candidates, and each thread's NVRTC holds memory."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset), not the host's
+    count, which ``os.cpu_count`` gives."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if count is not None:
+        return count() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 def compile_workers() -> int:
-    return get_int("BAGF_COMPILE_WORKERS", min(8, os.cpu_count() or 1), minimum=1, maximum=1024)
+    return get_int("BAGF_COMPILE_WORKERS", min(MAX_DEFAULT_COMPILE_WORKERS, usable_cpus()), minimum=1, maximum=1024)
 
 
 def log_level() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pickle
 
 import pytest
@@ -46,6 +47,20 @@ def test_cache_dir_setting(monkeypatch, tmp_path):
     monkeypatch.delenv("BAGF_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert settings.cache_dir() == tmp_path / "bagf_torch"
+
+
+def test_compile_workers_default_follows_the_cpus_this_process_may_use(monkeypatch):
+    """The default pool is the CPUs of the process's affinity mask (a container's cpuset, taskset), up to the cap:
+    a 4-CPU container on a 128-core host compiles on 4 threads, not 16 that would share its 4 cores."""
+    monkeypatch.delenv("BAGF_COMPILE_WORKERS", raising=False)
+    monkeypatch.delattr(os, "process_cpu_count", raising=False)  # (Python 3.13+ would answer from the same mask)
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert settings.usable_cpus() == 4 and settings.compile_workers() == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert settings.compile_workers() == settings.MAX_DEFAULT_COMPILE_WORKERS == 16
+    monkeypatch.setenv("BAGF_COMPILE_WORKERS", "3")
+    assert settings.compile_workers() == 3
 
 
 # ------------------------------------------------------------------------------------------- keys

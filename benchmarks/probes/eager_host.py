@@ -64,6 +64,29 @@ def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict
     return {n: statistics.median(v) for n, v in samples.items()}, statistics.median(whole)
 
 
+def layout(t) -> str:
+    """A tensor's memory format in a word: the same layout fed to the next module can cost it a conversion."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return "contiguous" if t.is_contiguous() else f"strides {tuple(t.stride())}"
+
+
+def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
+    """{leaf module name: its output's memory format} in one forward."""
+    seen: dict[str, str] = {}
+    hooks = [mod.register_forward_hook(lambda m, a, o, n=name: seen.__setitem__(n, layout(o)))
+             for name, mod in model.named_modules() if next(mod.children(), None) is None]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="alexnet")
@@ -88,6 +111,7 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = True
     plans = {layer: row.plan for row in report.rows for layer in row.layers}  # module name -> its plan
     rows, totals = {}, {}
+    formats = {"stock": output_layouts(stock, x), "bagf": output_layouts(tuned, x)}
     for label, model in (("stock", stock), ("bagf", tuned), ("stock again", stock), ("bagf again", tuned)):
         per, whole = host_times(model, x, args.runs)
         totals[label] = whole
@@ -103,31 +127,34 @@ def main(argv=None) -> int:
              f"{' channels_last' if args.channels_last else ''}; commit `{meta['commit']}`; `{meta['command']}`.", "",
              "Host us between each leaf module's forward pre-hook and forward hook, issued while a sleep kernel keeps "
              "the GPU busy (no call waits for the GPU), median of the runs; each model timed twice, interleaved.", "",
-             "| module | bagf plan | " + " | ".join(f"{k} us" for k in totals) + " |",
-             "|---|---|" + "---|" * len(totals)]
+             "| module | bagf plan | " + " | ".join(f"{k} us" for k in totals) + " | stock output | bagf output |",
+             "|---|---|" + "---|" * (len(totals) + 2)]
     for name, vals in rows.items():
         lines.append(f"| {name} | {plans.get(name, '')} | "
-                     + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals) + " |")
-    lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " |")
+                     + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals)
+                     + f" | {formats['stock'].get(name, '')} | {formats['bagf'].get(name, '')} |")
+    lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " | | |")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         for label, model in (("stock", stock), ("bagf", tuned)):
             torch.cuda.synchronize()
-            with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                               record_shapes=True) as prof:
                 torch.cuda._sleep(int(2e8))  # the GPU busy through the ten forwards: no call waits for it
                 for _ in range(10):
                     model(x)
             torch.cuda.synchronize()
-            lines += ["", f"torch.profiler, {label}, ten forwards, by self CPU time:", "", "```",
-                      prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), "```"]
+            lines += ["", f"torch.profiler, {label}, ten forwards, by self CPU time, per op and input shapes:", "",
+                      "```", prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
+                                                                                 row_limit=30), "```"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals}
+        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "output_layouts": formats}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0

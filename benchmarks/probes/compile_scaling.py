@@ -1,0 +1,96 @@
+"""How the tuner's NVRTC compiles scale with the compile pool's size on this machine.
+
+    python benchmarks/probes/compile_scaling.py [--workers 4,8,12,16] [--count 32] [--rounds 2]
+        [--families winograd_gemm,implicit_gemm_tc] [--out DIR]
+
+The same ``--count`` configurations of each family (a seeded sample of its space) are compiled through a
+``KernelCompiler`` with a pool of each size in turn, the sizes interleaved over ``--rounds`` rounds, through a
+cache that never hits and stores nothing, so every size compiles every configuration. Reported per family and
+size: the wall time of the whole set, compiles per second, and the mean seconds of one NVRTC call (how much
+each compile slows when more run at once). The tuner's budget is spent in such waves: a pool that finishes a
+wave sooner gives a problem more evaluations in the same seconds (``settings.compile_workers``). Writes
+``compile_scaling.json`` under ``--out`` when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+class NoCache:
+    """A cubin cache that never hits and keeps nothing: every compile runs NVRTC."""
+
+    def get_cubin(self, digest):
+        return None
+
+    def put_cubin(self, digest, name, lowered, cubin):
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", default="4,8,12,16", help="pool sizes, comma-separated")
+    ap.add_argument("--count", type=int, default=32, help="configurations per family")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--families", default="winograd_gemm,implicit_gemm_tc")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bagf_torch.jit import compiler as jc
+    from bagf_torch.kernels import FAMILIES
+    from bagf_torch.outcome import Outcome
+
+    torch.cuda.init()
+    sizes = [int(w) for w in args.workers.split(",")]
+    rng = random.Random(args.seed)
+    sets = {}
+    for name in args.families.split(","):
+        fam = FAMILIES[name]
+        valid = fam.space().valid_configs()
+        sets[name] = (fam, rng.sample(valid, min(args.count, len(valid))))
+    rows = []
+    for r in range(args.rounds):
+        order = sizes if r % 2 == 0 else sizes[::-1]
+        for name, (fam, configs) in sets.items():
+            for w in order:
+                comp = jc.KernelCompiler(NoCache(), 0, w)
+                t0 = time.perf_counter()
+                got = comp._cubins([jc.KernelSpec(fam, dict(c), comp.arch) for c in configs])
+                wall = time.perf_counter() - t0
+                times = [g[2] for g in got if not isinstance(g, Outcome) and g[2] > 0]
+                failed = sum(1 for g in got if isinstance(g, Outcome))
+                row = {"family": name, "workers": w, "round": r, "configs": len(configs), "compiled": len(times),
+                       "failed": failed, "wall_s": wall, "per_s": len(configs) / wall,
+                       "mean_nvrtc_s": statistics.mean(times) if times else None,
+                       "max_nvrtc_s": max(times) if times else None}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    summary = []
+    for name in sets:
+        for w in sizes:
+            mine = [x for x in rows if x["family"] == name and x["workers"] == w]
+            summary.append({"family": name, "workers": w, "wall_s_median": statistics.median(x["wall_s"] for x in mine),
+                            "mean_nvrtc_s_median": statistics.median(x["mean_nvrtc_s"] or 0 for x in mine)})
+            print(json.dumps(summary[-1]), flush=True)
+    if args.out is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from bench_overhead import write_probe_json
+
+        write_probe_json(args.out, "probes/compile_scaling.py", argv,
+                         {"cpu_count": os.cpu_count(), "sched_affinity": len(os.sched_getaffinity(0)),
+                          "rows": rows, "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
