@@ -27,7 +27,7 @@ _T = TypeVar("_T")
 
 TIMEOUT = datetime.timedelta(hours=4)
 """How long a rank waits for the others at the exchange. The fastest rank waits for the slowest one's whole
-share (AlexNet at three batch sizes: 15 problems of up to BAGF_TIME_BUDGET each, 7 s by default but a user may set
+share (AlexNet at three batch sizes: 15 problems of up to BAGF_TIME_BUDGET each, 6 s by default but a user may set
 hours, on one GPU); gloo's 30-minute default could cut that off. torchrun stops every rank when one fails, so a long wait never hangs."""
 
 

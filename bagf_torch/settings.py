@@ -16,7 +16,7 @@ BAGF_TUNE                  1: tune a new problem on its first call;    1
                            (serving never stalls on tuning)
 BAGF_BUDGET                evaluations (candidates that reach the      80
                            GPU) per tuned problem
-BAGF_TIME_BUDGET           seconds per tuned problem                   7
+BAGF_TIME_BUDGET           seconds per tuned problem                   6
 BAGF_STRATEGY              ax | random | anneal | genetic | exhaustive ax
 BAGF_SEED                  seed of the search strategy                 0
 BAGF_COMPILE_WORKERS       threads compiling candidates with NVRTC     min(16, usable CPUs)
@@ -164,14 +164,15 @@ def tune_enabled() -> bool:
     return get_bool("BAGF_TUNE", True)
 
 
-# The defaults bound a first call: a layer tuned in about 7 s of wall time (the time budget ends the search;
+# The defaults bound a first call: a layer tuned in about 6 s of wall time (the time budget ends the search;
 # the batch in flight and the finalists' re-timing follow it), with enough evaluations for every family that
-# applies (up to seven: six strict fp32, one more in TF32 mode). 7 s rather than 25, measured on the H200
-# (benchmarks/results/): AlexNet's 15 problems at 7 s each reached a geomean 0.993 of the 25 s plans' speed
-# (budgets_alexnet_h200.md); ResNet-18 at N=32 with tune's split by share (2-7 s a problem) took 61 s against
-# 228 s and kept 0.941 of the 25 s plans' speedup on one forward's convs (budgets_resnet18_n32_h200.md).
+# applies (up to seven: six strict fp32, one more in TF32 mode). 6 s rather than 25 or 7, measured on the H200
+# (benchmarks/results/budgets_*_h200.md, each problem's plans re-timed beside the 25 s plans): one forward's
+# convs kept 1.044 / 0.980 / 1.019 of the 25 s plans' speedup for AlexNet at N = 1 / 32 / 128 (74.8 s for its
+# 15 problems), 0.995 for ResNet-18 at N = 32 (53.8 s, tune's split by share giving 2-6 s a problem; 62.6 s and
+# 0.993 at 7 s in the same run) and 0.990 for ResNet-50 (108.0 s).
 DEFAULT_BUDGET = 80
-DEFAULT_TIME_BUDGET = 7.0
+DEFAULT_TIME_BUDGET = 6.0
 
 
 def budget_evaluations() -> int:

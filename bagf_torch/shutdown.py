@@ -28,7 +28,7 @@ from . import log
 
 EXIT_WAIT_S = 30.0
 """The longest the interpreter's exit waits for the tracked threads, in all: a search step takes 0.4 s on average
-(an Ax step on the H200's host), a background tuning up to its time budget (7 s by default)."""
+(an Ax step on the H200's host), a background tuning up to its time budget (6 s by default)."""
 
 QUIET_WAIT_S = 1.0
 """How long the exit waits before it says so (a warning naming the threads)."""
