@@ -170,7 +170,7 @@ def tune_enabled() -> bool:
 # (benchmarks/results/budgets_*_h200.md, each problem's plans re-timed beside the 25 s plans): one forward's
 # convs kept 1.044 / 0.980 / 1.019 of the 25 s plans' speedup for AlexNet at N = 1 / 32 / 128 (74.8 s for its
 # 15 problems), 0.995 for ResNet-18 at N = 32 (53.8 s, tune's split by share giving 2-6 s a problem; 62.6 s and
-# 0.993 at 7 s in the same run) and 0.990 for ResNet-50 (108.0 s).
+# 0.993 at 7 s on the same machine just before) and 0.990 for ResNet-50 (108.0 s).
 DEFAULT_BUDGET = 80
 DEFAULT_TIME_BUDGET = 6.0
 
@@ -197,9 +197,11 @@ def seed() -> int:
 
 MAX_DEFAULT_COMPILE_WORKERS = 16
 """The most NVRTC threads the default takes. Compiles are most of a first call's tuning (one NVRTC run of a
-winograd_gemm configuration is 1-3 s of one core; ``benchmarks/probes/compile_scaling.py`` measures how a pool
-of each size does on a machine). More than 16 buys little: the tuner's batches and up-front waves rarely hold
-more candidates, and each thread's NVRTC holds memory."""
+winograd_gemm configuration takes seconds of one core). A cap because a search batch holds at most 8 candidates (every strategy's default)
+and a model's up-front wave of start points 19-25, so more threads would mostly wait, while each running NVRTC
+holds memory. On the H200's 16-core host, ResNet-18's pre-tune at 7 s per problem took 62.6 s with 16 threads
+and 63.6 s with 8 in another run: no gain end to end that the runs' spread can show
+(``benchmarks/probes/compile_scaling.py`` times the pool itself)."""
 
 
 def usable_cpus() -> int:
