@@ -197,9 +197,9 @@ def seed() -> int:
 
 MAX_DEFAULT_COMPILE_WORKERS = 16
 """The most NVRTC threads the default takes. Compiles are most of a first call's tuning (one NVRTC run of a
-winograd_gemm configuration takes seconds of one core). A cap because a search batch holds at most 8 candidates (every strategy's default)
-and a model's up-front wave of start points 19-25, so more threads would mostly wait, while each running NVRTC
-holds memory. On the H200's 16-core host, ResNet-18's pre-tune at 7 s per problem took 62.6 s with 16 threads
+winograd_gemm configuration takes seconds of one core). A cap because a search batch holds at most 8 candidates
+(every strategy's default) and a model's up-front wave of start points 19-25, so more threads would mostly
+wait, while each running NVRTC holds memory. On the H200's 16-core host, ResNet-18's pre-tune at 7 s per problem took 62.6 s with 16 threads
 and 63.6 s with 8 in another run: no gain end to end that the runs' spread can show
 (``benchmarks/probes/compile_scaling.py`` times the pool itself)."""
 
