@@ -199,21 +199,52 @@ MAX_DEFAULT_COMPILE_WORKERS = 16
 """The most NVRTC threads the default takes. Compiles are most of a first call's tuning (one NVRTC run of a
 winograd_gemm configuration takes seconds of one core). A cap because a search batch holds at most 8 candidates
 (every strategy's default) and a model's up-front wave of start points 19-25, so more threads would mostly
-wait, while each running NVRTC holds memory. On the H200's 16-core host, ResNet-18's pre-tune at 7 s per problem took 62.6 s with 16 threads
-and 63.6 s with 8 in another run: no gain end to end that the runs' spread can show
-(``benchmarks/probes/compile_scaling.py`` times the pool itself)."""
+wait, while each running NVRTC holds memory. On the H200's 16-core host, ResNet-18's pre-tune at 7 s per
+problem took 62.6 s with 16 threads and 63.6 s with 8 in another run: no gain end to end that the runs' spread
+can show (``benchmarks/probes/compile_scaling.py`` times the pool itself)."""
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+"""Where a Linux process's own cgroup is mounted (a container's view): its CPU quota limits ``usable_cpus``."""
+
+
+def _cgroup_cpu_quota(root: str | None = None) -> int | None:
+    """CPUs the process's cgroup quota allows (rounded up), or None without a quota: cgroup v2's ``cpu.max``
+    ("max 100000" or "<quota> <period>"), else cgroup v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``. Docker's
+    ``--cpus`` and Kubernetes' CPU limits set this, and leave the affinity mask at every host CPU."""
+    base = Path(root or CGROUP_ROOT)
+    try:
+        quota, period = (base / "cpu.max").read_text().split()[:2]
+        if quota == "max":
+            return None
+        q, p = int(quota), int(period)
+    except (OSError, ValueError):
+        for v1 in (base / "cpu", base / "cpu,cpuacct"):
+            try:
+                q = int((v1 / "cpu.cfs_quota_us").read_text())
+                p = int((v1 / "cpu.cfs_period_us").read_text())
+                break
+            except (OSError, ValueError):
+                continue
+        else:
+            return None
+    if q <= 0 or p <= 0:  # v1 writes -1 for no quota
+        return None
+    return max(1, math.ceil(q / p))
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset), not the host's
-    count, which ``os.cpu_count`` gives."""
-    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    """The CPUs this process may use: its affinity mask (``taskset``, a container's cpuset), not the host's
+    count that ``os.cpu_count`` gives, and no more than its cgroup's CPU quota allows (``_cgroup_cpu_quota``)."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13+: the affinity mask's count
     if count is not None:
-        return count() or 1
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity call on this platform
-        return os.cpu_count() or 1
+        cpus = count() or 1
+    else:
+        try:
+            cpus = len(os.sched_getaffinity(0)) or 1
+        except (AttributeError, OSError):  # no affinity call on this platform
+            cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return min(cpus, quota) if quota is not None else cpus
 
 
 def compile_workers() -> int:

@@ -49,16 +49,38 @@ def test_cache_dir_setting(monkeypatch, tmp_path):
     assert settings.cache_dir() == tmp_path / "bagf_torch"
 
 
-def test_compile_workers_default_follows_the_cpus_this_process_may_use(monkeypatch):
-    """The default pool is the CPUs of the process's affinity mask (a container's cpuset, taskset), up to the cap:
-    a 4-CPU container on a 128-core host compiles on 4 threads, not 16 that would share its 4 cores."""
+def test_compile_workers_default_follows_the_cpus_this_process_may_use(monkeypatch, tmp_path):
+    """The default pool is the CPUs this process may use, up to the cap: its affinity mask (a container's cpuset,
+    taskset) and its cgroup's CPU quota (docker --cpus, a Kubernetes limit), not the host's count: a 4-CPU
+    container on a 128-core host compiles on 4 threads, not 16 that would share its 4 CPUs."""
     monkeypatch.delenv("BAGF_COMPILE_WORKERS", raising=False)
-    monkeypatch.delattr(os, "process_cpu_count", raising=False)  # (Python 3.13+ would answer from the same mask)
+    monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "none"))  # no cgroup files: no quota
     monkeypatch.setattr(os, "cpu_count", lambda: 128)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    # Python 3.13+ answers from process_cpu_count, older ones from sched_getaffinity: each path in turn
+    monkeypatch.setattr(os, "process_cpu_count", lambda: 4, raising=False)
     assert settings.usable_cpus() == 4 and settings.compile_workers() == 4
+    monkeypatch.delattr(os, "process_cpu_count")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    assert settings.usable_cpus() == 6
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert settings.compile_workers() == settings.MAX_DEFAULT_COMPILE_WORKERS == 16
+    monkeypatch.delattr(os, "sched_getaffinity")  # a platform without the call: the host's count
+    assert settings.usable_cpus() == 128
+    # a cgroup v2 quota of 2.5 CPUs (250000 us per 100000 us): 3 threads
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cpu.max").write_text("250000 100000\n")
+    monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "v2"))
+    assert settings.usable_cpus() == 3 and settings.compile_workers() == 3
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    assert settings.usable_cpus() == 128
+    # cgroup v1: a quota of 4 CPUs, and -1 for none
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "v1"))
+    assert settings.usable_cpus() == 4
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert settings.usable_cpus() == 128
     monkeypatch.setenv("BAGF_COMPILE_WORKERS", "3")
     assert settings.compile_workers() == 3
 
