@@ -257,8 +257,8 @@ if has firstcall; then
   # per-problem seconds (FIRSTCALL_ALEXNET_TIMEOUT: seconds per value, default 15 x (1.1 s + 9) + 120;
   # FIRSTCALL_ALEXNET_ARGS: more arguments for it, e.g. "--overshoot-frac 0.2").
   # Then, with FIRSTCALL_MODELS="torchvision:resnet18@32 torchvision:resnet50@32" (model@batches), its --model mode
-  # for each, once per value of FIRSTCALL_MODEL_SECONDS (default "7"); FIRSTCALL_MODEL_TIMEOUT as above (default
-  # 25 x (1.1 s + 9) + 120 per batch size).
+  # for each, once per value of FIRSTCALL_MODEL_SECONDS (default "default": the library's budget);
+  # FIRSTCALL_MODEL_TIMEOUT as above (default 25 x (1.1 s + 9) + 120 per batch size).
   # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet/--model results and the tune command's
   # output go into $OUT/first_call_models.tgz (a device call returns at most 8 files); the logs into logs.tgz.
   if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
@@ -291,7 +291,7 @@ if has firstcall; then
   done
   for spec in ${FIRSTCALL_MODELS:-}; do
     b=${spec#*@}
-    for s in ${FIRSTCALL_MODEL_SECONDS:-7}; do
+    for s in ${FIRSTCALL_MODEL_SECONDS:-default}; do
       firstcall_model "${spec%@*}" "$b" "$s" $((25 * $(echo "$b" | tr ',' '\n' | wc -l))) "${FIRSTCALL_MODEL_TIMEOUT:-}"
     done
   done

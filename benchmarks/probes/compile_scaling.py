@@ -5,9 +5,11 @@
 
 Each run compiles ``--count`` configurations of a family through a ``KernelCompiler`` with a pool of one size,
 the sizes interleaved over ``--rounds`` rounds, through a cache that never hits and stores nothing. Every run
-gets its own configurations (disjoint parts of one seeded sample of the space): compiling a configuration a
-second time in a process took a fraction of its first NVRTC run on the H200 (0.28 s against 2.81 s on average
-for winograd_gemm), which made sizes timed on a set compiled before look fast. Reported per family and
+gets its own kernels (disjoint parts of one seeded sample of the family's distinct kernels): compiling a
+configuration a second time in a process took a fraction of its first NVRTC run on the H200 (0.28 s against
+2.81 s on average for winograd_gemm), which made sizes timed on a set compiled before look fast. One untimed
+compile per family comes first (the process's first NVRTC run loads NVRTC), and the JSON is rewritten after
+every run, so a timeout keeps the runs that finished. Reported per family and
 size: the wall time of the whole set, compiles per second, and the mean seconds of one NVRTC call (how much
 each compile slows when more run at once). The tuner's budget is spent in such waves: a pool that finishes a
 wave sooner gives a problem more evaluations in the same seconds (``settings.compile_workers``). Writes
@@ -53,21 +55,45 @@ def main(argv=None) -> int:
     from bagf_torch.outcome import Outcome
 
     torch.cuda.init()
+    from bagf_torch import settings
+
     sizes = [int(w) for w in args.workers.split(",")]
     rng = random.Random(args.seed)
     runs = args.rounds * len(sizes)
+    probe = jc.KernelCompiler(NoCache(), 0, 1)  # names digests; compiles the untimed warm-up
     sets = {}
     for name in args.families.split(","):
         fam = FAMILIES[name]
-        valid = fam.space().valid_configs()
-        picked = rng.sample(valid, min(args.count * runs, len(valid)))
-        sets[name] = (fam, [picked[i::runs] for i in range(runs)])  # a fresh set for every run
-    rows = []
+        # one configuration per kernel: configurations that differ only in a launch parameter share one compile
+        kernels = {}
+        for c in fam.space().valid_configs():
+            kernels.setdefault(probe.digest(fam, c), c)
+        picked = rng.sample(list(kernels.values()), min(args.count * runs + 1, len(kernels)))
+        # The first NVRTC run of a process pays for loading NVRTC itself: one untimed compile per family first.
+        probe._cubins([jc.KernelSpec(fam, dict(picked[0]), probe.arch)])
+        sets[name] = (fam, [picked[1 + i::runs] for i in range(runs)])  # a fresh set for every run
+    rows: list[dict] = []
+    summary: list[dict] = []
+
+    def write() -> None:  # after every run: a timeout keeps what has finished
+        if args.out is not None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from bench_overhead import write_probe_json
+
+            write_probe_json(args.out, "probes/compile_scaling.py", argv,
+                             {"cpu_count": os.cpu_count(), "usable_cpus": settings.usable_cpus(),
+                              "rows": rows, "summary": summary})
+
     for r in range(args.rounds):
-        order = sizes if r % 2 == 0 else sizes[::-1]
+        order = list(enumerate(sizes))
+        if r % 2:
+            order.reverse()
         for name, (fam, parts) in sets.items():
-            for w in order:
-                configs = parts[r * len(sizes) + sizes.index(w)]
+            for j, w in order:
+                configs = parts[r * len(sizes) + j]
+                if not configs:
+                    print(f"{name}: the space has too few kernels for a run of {w} threads in round {r}", flush=True)
+                    continue
                 comp = jc.KernelCompiler(NoCache(), 0, w)
                 t0 = time.perf_counter()
                 got = comp._cubins([jc.KernelSpec(fam, dict(c), comp.arch) for c in configs])
@@ -80,20 +106,18 @@ def main(argv=None) -> int:
                        "max_nvrtc_s": max(times) if times else None}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    summary = []
+                write()
     for name in sets:
-        for w in sizes:
+        for w in dict.fromkeys(sizes):
             mine = [x for x in rows if x["family"] == name and x["workers"] == w]
-            summary.append({"family": name, "workers": w, "wall_s_median": statistics.median(x["wall_s"] for x in mine),
-                            "mean_nvrtc_s_median": statistics.median(x["mean_nvrtc_s"] or 0 for x in mine)})
+            means = [x["mean_nvrtc_s"] for x in mine if x["mean_nvrtc_s"] is not None]
+            if not mine:
+                continue
+            summary.append({"family": name, "workers": w, "runs": len(mine),
+                            "wall_s_median": statistics.median(x["wall_s"] for x in mine),
+                            "mean_nvrtc_s_median": statistics.median(means) if means else None})
             print(json.dumps(summary[-1]), flush=True)
-    if args.out is not None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from bench_overhead import write_probe_json
-
-        write_probe_json(args.out, "probes/compile_scaling.py", argv,
-                         {"cpu_count": os.cpu_count(), "sched_affinity": len(os.sched_getaffinity(0)),
-                          "rows": rows, "summary": summary})
+    write()
     return 0
 
 
