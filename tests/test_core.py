@@ -55,32 +55,57 @@ def test_compile_workers_default_follows_the_cpus_this_process_may_use(monkeypat
     container on a 128-core host compiles on 4 threads, not 16 that would share its 4 CPUs."""
     monkeypatch.delenv("BAGF_COMPILE_WORKERS", raising=False)
     monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "none"))  # no cgroup files: no quota
+    monkeypatch.setattr(settings, "PROC_SELF_CGROUP", str(tmp_path / "no_proc"))
     monkeypatch.setattr(os, "cpu_count", lambda: 128)
-    # Python 3.13+ answers from process_cpu_count, older ones from sched_getaffinity: each path in turn
+    # Python 3.13+ answers from process_cpu_count, older ones from sched_getaffinity: each path in turn, each
+    # with a count the other does not give
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
     monkeypatch.setattr(os, "process_cpu_count", lambda: 4, raising=False)
     assert settings.usable_cpus() == 4 and settings.compile_workers() == 4
     monkeypatch.delattr(os, "process_cpu_count")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
     assert settings.usable_cpus() == 6
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert settings.compile_workers() == settings.MAX_DEFAULT_COMPILE_WORKERS == 16
     monkeypatch.delattr(os, "sched_getaffinity")  # a platform without the call: the host's count
     assert settings.usable_cpus() == 128
-    # a cgroup v2 quota of 2.5 CPUs (250000 us per 100000 us): 3 threads
-    (tmp_path / "v2").mkdir()
-    (tmp_path / "v2" / "cpu.max").write_text("250000 100000\n")
-    monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "v2"))
+
+    def cgroup(root: str, files: dict[str, str], proc: str | None = None) -> None:
+        for name, text in files.items():
+            (tmp_path / root / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / root / name).write_text(text)
+        monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / root))
+        if proc is not None:
+            (tmp_path / f"{root}.proc").write_text(proc)
+        monkeypatch.setattr(settings, "PROC_SELF_CGROUP", str(tmp_path / f"{root}.proc"))
+
+    # cgroup v2 at the mount (a container's namespace): 2.5 CPUs (250000 us per 100000 us) gives 3 threads
+    cgroup("v2", {"cpu.max": "250000 100000\n"})
     assert settings.usable_cpus() == 3 and settings.compile_workers() == 3
-    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    cgroup("v2", {"cpu.max": "max 100000\n"})
     assert settings.usable_cpus() == 128
-    # cgroup v1: a quota of 4 CPUs, and -1 for none
-    (tmp_path / "v1" / "cpu").mkdir(parents=True)
-    (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
-    (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    monkeypatch.setattr(settings, "CGROUP_ROOT", str(tmp_path / "v1"))
+    cgroup("v2", {"cpu.max": "50000 100000\n"})  # half a CPU: one thread
+    assert settings.usable_cpus() == 1
+    # the quota above the mask leaves the mask: 8 CPUs of quota, 4 in the mask
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    cgroup("v2", {"cpu.max": "800000 100000\n"})
+    assert settings.usable_cpus() == 4
+    monkeypatch.delattr(os, "sched_getaffinity")
+    # the process's own cgroup (systemd's CPUQuota=, a host cgroup namespace) and its parents: the smallest quota
+    cgroup("v2p", {"cpu.max": "max 100000\n", "system.slice/cpu.max": "600000 100000\n",
+                   "system.slice/app.service/cpu.max": "max 100000\n"}, proc="0::/system.slice/app.service\n")
+    assert settings.usable_cpus() == 6
+    cgroup("v2q", {"cpu.max": "1200000 100000\n", "a/cpu.max": "300000 100000\n",
+                   "a/b/cpu.max": "600000 100000\n"}, proc="0::/a/b\n")
+    assert settings.usable_cpus() == 3
+    # cgroup v1: 4 CPUs, in either mount name, and -1 for none; a malformed v2 file is no quota
+    cgroup("v1", {"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"})
     assert settings.usable_cpus() == 4
     (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert settings.usable_cpus() == 128
+    cgroup("v1b", {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "200000\n",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n", "cpu.max": "garbage\n"},
+           proc="4:cpu,cpuacct:/docker/abc\n2:memory:/docker/abc\n")
+    assert settings.usable_cpus() == 2
     monkeypatch.setenv("BAGF_COMPILE_WORKERS", "3")
     assert settings.compile_workers() == 3
 
