@@ -75,11 +75,11 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     summary: list[dict] = []
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench_overhead import write_probe_json
+
     def write() -> None:  # after every run: a timeout keeps what has finished
         if args.out is not None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-            from bench_overhead import write_probe_json
-
             write_probe_json(args.out, "probes/compile_scaling.py", argv,
                              {"cpu_count": os.cpu_count(), "usable_cpus": settings.usable_cpus(),
                               "rows": rows, "summary": summary})
@@ -109,12 +109,15 @@ def main(argv=None) -> int:
                 write()
     for name in sets:
         for w in dict.fromkeys(sizes):
-            mine = [x for x in rows if x["family"] == name and x["workers"] == w]
+            # runs with a failed compile are left out: a failure ends sooner than a compile
+            mine = [x for x in rows if x["family"] == name and x["workers"] == w and not x["failed"]]
             means = [x["mean_nvrtc_s"] for x in mine if x["mean_nvrtc_s"] is not None]
             if not mine:
                 continue
             summary.append({"family": name, "workers": w, "runs": len(mine),
+                            "configs": sum(x["configs"] for x in mine),
                             "wall_s_median": statistics.median(x["wall_s"] for x in mine),
+                            "per_s_median": statistics.median(x["per_s"] for x in mine),
                             "mean_nvrtc_s_median": statistics.median(means) if means else None})
             print(json.dumps(summary[-1]), flush=True)
     write()
