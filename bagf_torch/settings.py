@@ -208,56 +208,51 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_SELF_CGROUP = "/proc/self/cgroup"
 
 
-def _read_quota(v2: Path | None, v1: Path | None) -> int | None:
+def _read_quota(directory: Path, v2: bool) -> int | None:
     """The CPUs one cgroup directory's quota allows (rounded up), None without one: cgroup v2's ``cpu.max``
     ("max 100000" or "<quota> <period>"), cgroup v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none)."""
     try:
-        if v2 is not None:
-            quota, period = (v2 / "cpu.max").read_text().split()[:2]
+        if v2:
+            quota, period = (directory / "cpu.max").read_text().split()[:2]
             if quota == "max":
                 return None
         else:
-            quota, period = ((v1 / name).read_text() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+            quota, period = ((directory / name).read_text() for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
         q, p = int(quota), int(period)
     except (OSError, ValueError):  # no such file (no cgroup, another version, not Linux) or one we cannot read
         return None
     return max(1, math.ceil(q / p)) if q > 0 and p > 0 else None
 
 
-def _cgroup_cpu_quota(root: str | None = None, self_cgroup: str | None = None) -> int | None:
+def _cgroup_cpu_quota() -> int | None:
     """The fewest CPUs that the CPU quota of the process's cgroup or of any cgroup above it allows, or None
     without a quota. Docker's ``--cpus``, Kubernetes' CPU limits and systemd's ``CPUQuota=`` set one, and leave the
     affinity mask at every host CPU. The process's cgroup is read from ``/proc/self/cgroup`` (cgroup v2's
-    "0::<path>", v1's "<n>:...cpu...:<path>") below the hierarchy's mount; inside a container whose cgroup
-    namespace hides the path, that is the mount itself."""
-    base = Path(root or CGROUP_ROOT)
+    "0::<path>", v1's "<n>:...cpu...:<path>") below the hierarchy's mount (``CGROUP_ROOT``); inside a container
+    whose cgroup namespace hides the path, that is the mount itself."""
+    base = Path(CGROUP_ROOT)
     try:
-        lines = Path(self_cgroup or PROC_SELF_CGROUP).read_text().splitlines()
+        lines = Path(PROC_SELF_CGROUP).read_text().splitlines()
     except OSError:
         lines = []
-    dirs: list[tuple[Path | None, Path | None]] = []
+    dirs: dict[tuple[Path, bool], None] = {}  # (directory, cgroup v2), each once, in order
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        rel = path.strip().lstrip("/")
+        rel = [p for p in path.strip().split("/") if p]
         if controllers == "":  # cgroup v2
-            dirs += [(d, None) for d in _and_parents(base, rel)]
+            mounts, v2 = [base], True
         elif "cpu" in controllers.split(","):  # cgroup v1's cpu controller
-            for mount in (base / controllers, base / "cpu", base / "cpu,cpuacct"):
-                dirs += [(None, d) for d in _and_parents(mount, rel)]
-    dirs += [(base, None), (None, base / "cpu"), (None, base / "cpu,cpuacct")]  # the mount itself
-    quotas = [q for q in (_read_quota(v2, v1) for v2, v1 in dirs) if q is not None]
+            mounts, v2 = [base / controllers, base / "cpu", base / "cpu,cpuacct"], False
+        else:
+            continue
+        for mount in mounts:  # the cgroup and each one above it, below the mount
+            dirs.update(((mount.joinpath(*rel[:i]), v2), None) for i in range(len(rel), 0, -1))
+    dirs.update({(base, True): None, (base / "cpu", False): None, (base / "cpu,cpuacct", False): None})  # the mounts
+    quotas = [q for q in (_read_quota(d, v2) for d, v2 in dirs) if q is not None]
     return min(quotas) if quotas else None
-
-
-def _and_parents(mount: Path, rel: str) -> list[Path]:
-    """``mount / rel`` and each directory above it up to ``mount``."""
-    out, parts = [], [p for p in rel.split("/") if p]
-    for i in range(len(parts), 0, -1):
-        out.append(mount.joinpath(*parts[:i]))
-    return out
 
 
 def usable_cpus() -> int:
