@@ -50,13 +50,12 @@ def main(argv=None) -> int:
 
     import torch
 
+    from bagf_torch import settings
     from bagf_torch.jit import compiler as jc
     from bagf_torch.kernels import FAMILIES
     from bagf_torch.outcome import Outcome
 
     torch.cuda.init()
-    from bagf_torch import settings
-
     sizes = [int(w) for w in args.workers.split(",")]
     rng = random.Random(args.seed)
     runs = args.rounds * len(sizes)

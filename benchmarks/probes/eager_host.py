@@ -34,14 +34,17 @@ from bagf_torch.nn import convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
 
 
+def leaves(model: torch.nn.Module):
+    """(name, module) of each leaf module: the ones whose forward hooks time or describe one layer."""
+    return [(name, mod) for name, mod in model.named_modules() if next(mod.children(), None) is None]
+
+
 def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict[str, float], float]:
     """{module name: median host us} over the leaf modules, and the median host us of the whole forward."""
     starts: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
     hooks = []
-    for name, mod in model.named_modules():
-        if next(mod.children(), None) is not None:
-            continue
+    for name, mod in leaves(model):
         hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: starts.__setitem__(n, time.perf_counter())))
         hooks.append(mod.register_forward_hook(
             lambda m, a, o, n=name: samples.setdefault(n, []).append((time.perf_counter() - starts[n]) * 1e6)))
@@ -77,7 +80,7 @@ def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
     """{leaf module name: its output's memory format} in one forward."""
     seen: dict[str, str] = {}
     hooks = [mod.register_forward_hook(lambda m, a, o, n=name: seen.__setitem__(n, layout(o)))
-             for name, mod in model.named_modules() if next(mod.children(), None) is None]
+             for name, mod in leaves(model)]
     try:
         with torch.no_grad():
             model(x)
