@@ -297,3 +297,46 @@ def test_h16_split_k_slices_match_python_on_host(tmp_path):
         assert bounds == [r.start for r in want] + [k], (k, s, bounds)
         assert all(want[z].stop == bounds[z + 1] for z in range(s))
         assert min(len(r) for r in want) == k // s
+
+
+def test_wgmma_h16_warp_specialized_tiles_compile_without_spills(tmp_path):
+    """implicit_gemm_wgmma_h16's warp-specialized kernel (WS = 1) on sm_90a: the tiles of 32-128 accumulators per
+    consumer thread with one and two consumer warpgroups, each without a stack frame or spills; the two-consumer tiles
+    of 128 accumulators move registers from the producer (setmaxnreg in their PTX, where 168 each would spill), the
+    others keep the launch's even share; every WS entry hands stages over by mbarriers."""
+    from bagf_torch.kernels import implicit_gemm_wgmma_h16 as wh
+
+    tiles = [dict(WN=64, MI=1, WG=1, STAGES=6, KS=2), dict(WN=128, MI=1, WG=2, STAGES=4, KS=1),
+             dict(WN=192, MI=1, WG=2, STAGES=5, KS=1), dict(WN=128, MI=2, WG=2, STAGES=4, KS=1),
+             dict(WN=256, MI=1, WG=2, STAGES=3, KS=1), dict(WN=256, MI=1, WG=1, STAGES=4, KS=1)]
+    configs = [dict(wh.DEFAULT, **t, WS=1) for t in tiles]
+    assert all(wh.space().is_valid(c) for c in configs)
+    exprs = [wh.name_expression(c) for c in configs]
+    src = tmp_path / "ws.cu"
+    src.write_text(f'#include "{wh.SOURCE}"\n' +
+                   "".join(f"template __global__ void {e}({wh.KERNEL_ARGS});\n" for e in exprs))
+    base = [shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", str(src)]
+    res = subprocess.run(base + ["-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-Xptxas", "-v", "-o",
+                                 str(tmp_path / "ws.cubin")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    info = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                      r"(\d+) bytes spill loads\n.*?Used (\d+) registers", res.stderr)
+    assert len(info) == len(configs), res.stderr[-3000:]
+    by_args = {tuple(int(v) for v in re.findall(r"Li(\d+)E", m)): (int(f), int(s), int(l), int(r))
+               for m, f, s, l, r in info}
+    for c in configs:
+        frame, stores, loads, regs = by_args[tuple(c[k] for k in wh.TEMPLATE_ORDER)]
+        assert (frame, stores, loads) == (0, 0, 0), (wh.name(c), frame, stores, loads)
+        assert regs * wh.threads(c) <= 65536 and abs(regs - wh.estimated_registers(c)) <= 16, (wh.name(c), regs)
+    res = subprocess.run(base + ["-arch=compute_90a", "-ptx", "-o", str(tmp_path / "ws.ptx")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    entries = {tuple(int(v) for v in re.findall(r"Li(\d+)E", e.split("(")[0])): e
+               for e in re.split(r"\.entry ", (tmp_path / "ws.ptx").read_text())[1:]}
+    assert len(entries) == len(configs)
+    for c in configs:
+        body = entries[tuple(c[k] for k in wh.TEMPLATE_ORDER)]
+        shifts = c["WG"] == 2 and c["MI"] * c["WN"] // 2 > 96
+        assert ("setmaxnreg.inc.sync.aligned.u32 184" in body) == shifts, wh.name(c)
+        assert ("setmaxnreg.dec.sync.aligned.u32 136" in body) == shifts, wh.name(c)
+        assert "mbarrier.try_wait.parity" in body and "bar.sync" in body and "wgmma.mma_async" in body

@@ -25,12 +25,16 @@ KS        1 2                 64-step sub-tiles per k tile: a stage, a barrier a
                               64*KS reduction steps
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
                               problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
+WS        0 1                 1: warp-specialized (``implicit_gemm_wgmma_h16_ws_conv2d``): a producer
+                              warpgroup copies, the WG warpgroups only issue wgmma, the ring's stages
+                              handed over by mbarriers (128 more threads, no block barrier per k tile)
 ========  ==================  ======================================================================
 
 On a problem (:func:`problem_rule`) the configuration's DT is the problem's and C % 8 == 0 (every copy a whole
 16-byte run). The kernel checks the 16-byte path again per launch (C and the pointers' alignment) and fills the
 tiles by 2-byte loads where it does not hold: slower, never a misaligned copy. Every access is bounds-checked
-against the run-time shape.
+against the run-time shape. WS = 1 issues the same products in the same order as WS = 0 with the same tile: the
+same bits.
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.
@@ -58,8 +62,11 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_wgmma_h16"
 SOURCE = "implicit_gemm_wgmma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_wgmma_h16_conv2d"
+KERNEL_WS = "bagf::implicit_gemm_wgmma_h16_ws_conv2d"
+"""The warp-specialized kernel (WS = 1), with the same template parameters."""
 TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "KS")
-"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
+"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin;
+WS picks the kernel."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
                "const bagf::Conv2dParams, float*")
@@ -79,18 +86,26 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "STAGES": (3, 4, 5, 6),
     "KS": (1, 2),
     "SPLIT": (1, 2, 4, 8, 16),
+    "WS": (0, 1),
 }
+LEGACY: Config = {"WS": 0}
+"""What a configuration recorded before the WS knob ran: the kernel without a producer warpgroup."""
 
 # 128 output channels x 128 pixels per block (two warpgroups, one m64n128k16 instruction each per k16 step), a
 # 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN, WG and SPLIT to the problem and deepens the
 # ring to 5 stages where it stays small.
-DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1}
+DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1, "WS": 0}
 
 RING5_LIMIT = 170 << 10
 """The start point's 5-stage ring where it takes at most this many bytes (WN = 128 and 64 tiles: 161 KB and 81 KB);
 WN = 192's 201 KB ring ran 14% slower than its 4-stage one on AlexNet conv2 (:func:`default_for`)."""
 STATIC_SMEM = 16
 """Static shared memory of the kernel (split-K's arrival flag), besides the dynamic ring."""
+
+
+def static_smem(c: Mapping[str, int]) -> int:
+    """Static shared memory: split-K's arrival flag, and with WS = 1 two 8-byte mbarriers per stage."""
+    return STATIC_SMEM + (16 * c["STAGES"] if c.get("WS") else 0)
 H200_SMS = 132
 SM90_SMEM_LIMIT = 232448
 INT32_MAX = 2**31 - 1
@@ -107,7 +122,8 @@ def bn(c: Mapping[str, int]) -> int:
 
 
 def threads(c: Mapping[str, int]) -> int:
-    return 128 * c["WG"]
+    """128 per consumer warpgroup, and the producer warpgroup's 128 with WS = 1."""
+    return 128 * (c["WG"] + c.get("WS", 0))
 
 
 def smem_bytes(c: Mapping[str, int]) -> int:
@@ -119,8 +135,17 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (MI*WN/2 per thread) plus 120 for the copy plan, the cursor and addressing, at most 255.
     ptxas with nvcc 13.0 on the space's 54 bf16 kernels: 114-143 registers at 32 accumulators, 148-219 at 64,
-    204-249 at 96, 252-255 at 128 (KS = 2 the upper ends), no spills."""
-    return min(255, c["MI"] * c["WN"] // 2 + 120)
+    204-249 at 96, 252-255 at 128 (KS = 2 the upper ends), no spills. With WS = 1 the kernel's count is the larger
+    of its two sides': the consumers' accumulators and descriptors (92 at 32 accumulators, 5/3 more per accumulator
+    after) and the producer's copy plan (80 + 6 per input row a producer thread copies, BN / 16), at most what a
+    block of 128 (WG + 1) threads may have per thread (168 at WG = 2, where 128 accumulators move registers from the
+    producer: see the kernel). ptxas with nvcc 13.0 on thirteen WS kernels: within 12 of this, no spills."""
+    nacc = c["MI"] * c["WN"] // 2
+    if c.get("WS"):
+        consumer = 92 + 5 * (nacc - 32) // 3
+        producer = 80 + 6 * bn(c) // 16
+        return min(168 if c["WG"] == 2 else 255, max(consumer, producer))
+    return min(255, nacc + 120)
 
 
 def applies(problem) -> str | None:
@@ -202,14 +227,17 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90``."""
+    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90``, ``..._s1_ws1_sm90`` with WS = 1 (the
+    names of configurations from before the WS knob are unchanged)."""
+    ws = "_ws1" if c.get("WS") else ""
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_ks{c['KS']}_s{c['SPLIT']}_{arch}")
+            f"_ks{c['KS']}_s{c['SPLIT']}{ws}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>`` (whatever SPLIT: a launch parameter),
+    ``bagf::implicit_gemm_wgmma_h16_ws_conv2d<...>`` with WS = 1."""
+    return template_expression(KERNEL_WS if c.get("WS") else KERNEL, TEMPLATE_ORDER, c)
 
 
 gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma needs the architecture-specific target
@@ -222,7 +250,7 @@ def _rules(smem_limit: int):
             return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
         return None
 
-    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (accumulators, shared_memory_rule(lambda c: smem_bytes(c) + static_smem(c), smem_limit),
             register_rule(threads, estimated_registers))
 
 
