@@ -5,7 +5,7 @@ tests/test_nvcc.py."""
 
 import pytest
 
-from bagf_torch.kernels import complete_config, family_refuses
+from bagf_torch.kernels import family_refuses
 from bagf_torch.kernels import implicit_gemm_wgmma_h16 as wh
 from bagf_torch.problem import ConvProblem
 
@@ -20,19 +20,14 @@ def test_every_valid_config_obeys_the_documented_rules():
     assert len(valid) > 300
     for c in valid:
         t, g = wh.threads(c), wh.launch(c)
-        assert t == 128 * (c["WG"] + c["WS"]) and g.threads == t
-        assert g.bn == 64 * c["MI"] * c["WG"] and g.bm == c["WN"]
+        assert t == 128 * c["WG"] and g.bn == 64 * c["MI"] * c["WG"] and g.bm == c["WN"] and g.threads == t
         assert (g.dtype, g.nhwc, g.split) == (1 + c["DT"], 1, c["SPLIT"])
-        copiers = 128 if c["WS"] else t  # the producer warpgroup copies alone with WS = 1
-        assert (8 * g.bn) % copiers == 0 and (8 * g.bm) % copiers == 0  # whole copy rounds of both tiles
+        assert (8 * g.bn) % t == 0 and (8 * g.bm) % t == 0  # the kernel's whole copy rounds of both tiles
         assert c["MI"] * c["WN"] // 2 <= 128 and c["STAGES"] >= 3
         ring = c["STAGES"] * c["KS"] * (g.bn + g.bm) * 128
-        static = wh.STATIC_SMEM + 16 * c["STAGES"] * c["WS"]  # WS's full and empty mbarriers per stage
-        assert wh.smem_bytes(c) == ring + 1024 and wh.smem_bytes(c) + static <= wh.SM90_SMEM_LIMIT
-        assert wh.estimated_registers(c) * t <= 65536
+        assert wh.smem_bytes(c) == ring + 1024 <= wh.SM90_SMEM_LIMIT - wh.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
-    assert {c["WS"] for c in valid} == {0, 1}
-    # one cubin per tile, dtype and kernel whatever the split
+    # one cubin per tile and dtype whatever the split
     assert len({wh.name_expression(c) for c in valid}) == len({wh.name(dict(c, SPLIT=1)) for c in valid})
 
 
@@ -40,25 +35,12 @@ def test_invalid_configs_say_why():
     s = wh.space()
     assert "accumulators" in s.invalid_reason(dict(wh.DEFAULT, WN=256, MI=2))
     assert "shared memory" in s.invalid_reason(dict(wh.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
-    # WS's mbarriers count against the same limit: a device whose limit the ring fits with 16 static bytes to spare
-    exact = wh.space(smem_limit=wh.smem_bytes(wh.DEFAULT) + wh.STATIC_SMEM)
-    assert exact.invalid_reason(wh.DEFAULT) is None
-    assert "shared memory" in exact.invalid_reason(dict(wh.DEFAULT, WS=1))
-    assert s.invalid_reason(dict(wh.DEFAULT, WS=1)) is None
     assert "not one of" in s.invalid_reason(dict(wh.DEFAULT, WN=96))
 
 
 def test_names_targets_and_formats():
     assert wh.name(wh.DEFAULT) == "implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90"
     assert wh.name_expression(dict(wh.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>"
-    ws = dict(wh.DEFAULT, WS=1, SPLIT=2)
-    assert wh.name(ws) == "implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s2_ws1_sm90"
-    assert wh.name_expression(ws) == "bagf::implicit_gemm_wgmma_h16_ws_conv2d<1, 128, 1, 2, 4, 1>"
-    assert wh.threads(ws) == 384 and wh.launch(ws).threads == 384
-    # a plan recorded before the knob (no WS) is the kernel without a producer, under its old name
-    old = {k: v for k, v in wh.DEFAULT.items() if k != "WS"}
-    assert complete_config(wh.FAMILY, old)["WS"] == 0 and wh.name(old) == wh.name(wh.DEFAULT)
-    assert wh.name_expression(old) == wh.name_expression(wh.DEFAULT) and wh.threads(old) == 256
     assert wh.gpu_arch(wh.DEFAULT, "sm_90") == "sm_90a" and wh.gpu_arch(wh.DEFAULT, "sm_80") == "sm_80"
     assert wh.arch_rule(wh.DEFAULT, "sm_90") is None and "sm_90" in wh.arch_rule(wh.DEFAULT, "sm_80")
     assert wh.applies(_problem(32, 192, 13, 384, 3)) is None

@@ -25,16 +25,12 @@ KS        1 2                 64-step sub-tiles per k tile: a stage, a barrier a
                               64*KS reduction steps
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
                               problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
-WS        0 1                 1: warp-specialized (``implicit_gemm_wgmma_h16_ws_conv2d``): a producer
-                              warpgroup copies, the WG warpgroups only issue wgmma, the ring's stages
-                              handed over by mbarriers (128 more threads, no block barrier per k tile)
 ========  ==================  ======================================================================
 
 On a problem (:func:`problem_rule`) the configuration's DT is the problem's and C % 8 == 0 (every copy a whole
 16-byte run). The kernel checks the 16-byte path again per launch (C and the pointers' alignment) and fills the
 tiles by 2-byte loads where it does not hold: slower, never a misaligned copy. Every access is bounds-checked
-against the run-time shape. WS = 1 issues the same products in the same order as WS = 0 with the same tile: the
-same bits.
+against the run-time shape.
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.
@@ -45,8 +41,15 @@ AlexNet's conv2-5 at N = 128: on par with cuDNN on conv2-3 (142.7 / 69.6 us; cuD
 three runs that day: 0.98-1.08x), 0.72-0.87x on conv4-5 (cuDNN 71.4-82.1 / 54.6-63.0 us); at N = 32 1.10x / 1.37x on
 conv2 / conv3 in the sweep (conv3 1.35x in the layer benchmark), 0.79x / 0.90x on conv4 / conv5; at N = 1, 64 x 64
 tiles split 4-8 ways, 0.81-1.03x. Every k tile costs each thread a cp.async wait and a block barrier before its
-wgmma group, and the copies are issued by the same warps that issue the products: a producer warpgroup signalling
-through mbarriers (warp specialization) is the next step for the layers where cuDNN stays ahead.
+wgmma group, and the copies are issued by the same warps that issue the products. Warp specialization with cp.async
+was built and measured, and is not here: a producer warpgroup copying the same tiles and signalling each stage through
+mbarriers (its threads fence their landed copies for the async proxy, then arrive), the consumer warpgroups only
+waiting and issuing wgmma, computed the same bits as this kernel but ran at a median 0.86-0.98x of it with the same
+tile on AlexNet's conv2-5 at N = 32 and 128, 0.65-0.77x with this kernel's usual best tile (128 x 128, two
+warpgroups), and never ahead of this kernel's best (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_
+bf16_nhwc_ws.md; signalling two tiles behind the last issue or as many as the ring allows made no difference). The
+gather itself (one 16-byte cp.async per 8 channels of a pixel, bounds-tested per thread) is what a faster variant
+would change: the Hopper TMA's im2col mode loads a whole tile of output pixels per instruction.
 """
 
 from __future__ import annotations
@@ -62,11 +65,8 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_wgmma_h16"
 SOURCE = "implicit_gemm_wgmma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_wgmma_h16_conv2d"
-KERNEL_WS = "bagf::implicit_gemm_wgmma_h16_ws_conv2d"
-"""The warp-specialized kernel (WS = 1), with the same template parameters."""
 TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "KS")
-"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin;
-WS picks the kernel."""
+"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const unsigned short*, const unsigned short*, const unsigned short*, unsigned short*, "
                "const bagf::Conv2dParams, float*")
@@ -86,26 +86,18 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "STAGES": (3, 4, 5, 6),
     "KS": (1, 2),
     "SPLIT": (1, 2, 4, 8, 16),
-    "WS": (0, 1),
 }
-LEGACY: Config = {"WS": 0}
-"""What a configuration recorded before the WS knob ran: the kernel without a producer warpgroup."""
 
 # 128 output channels x 128 pixels per block (two warpgroups, one m64n128k16 instruction each per k16 step), a
 # 4-deep ring (129 KB of shared memory); default_for sets DT, sizes WN, WG and SPLIT to the problem and deepens the
 # ring to 5 stages where it stays small.
-DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1, "WS": 0}
+DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "KS": 1, "SPLIT": 1}
 
 RING5_LIMIT = 170 << 10
 """The start point's 5-stage ring where it takes at most this many bytes (WN = 128 and 64 tiles: 161 KB and 81 KB);
 WN = 192's 201 KB ring ran 14% slower than its 4-stage one on AlexNet conv2 (:func:`default_for`)."""
 STATIC_SMEM = 16
 """Static shared memory of the kernel (split-K's arrival flag), besides the dynamic ring."""
-
-
-def static_smem(c: Mapping[str, int]) -> int:
-    """Static shared memory: split-K's arrival flag, and with WS = 1 two 8-byte mbarriers per stage."""
-    return STATIC_SMEM + (16 * c["STAGES"] if c.get("WS") else 0)
 H200_SMS = 132
 SM90_SMEM_LIMIT = 232448
 INT32_MAX = 2**31 - 1
@@ -122,8 +114,7 @@ def bn(c: Mapping[str, int]) -> int:
 
 
 def threads(c: Mapping[str, int]) -> int:
-    """128 per consumer warpgroup, and the producer warpgroup's 128 with WS = 1."""
-    return 128 * (c["WG"] + c.get("WS", 0))
+    return 128 * c["WG"]
 
 
 def smem_bytes(c: Mapping[str, int]) -> int:
@@ -135,17 +126,8 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 def estimated_registers(c: Mapping[str, int]) -> int:
     """The accumulators (MI*WN/2 per thread) plus 120 for the copy plan, the cursor and addressing, at most 255.
     ptxas with nvcc 13.0 on the space's 54 bf16 kernels: 114-143 registers at 32 accumulators, 148-219 at 64,
-    204-249 at 96, 252-255 at 128 (KS = 2 the upper ends), no spills. With WS = 1 the kernel's count is the larger
-    of its two sides': the consumers' accumulators and descriptors (92 at 32 accumulators, 5/3 more per accumulator
-    after) and the producer's copy plan (80 + 6 per input row a producer thread copies, BN / 16), at most what a
-    block of 128 (WG + 1) threads may have per thread (168 at WG = 2, where 128 accumulators move registers from the
-    producer: see the kernel). ptxas with nvcc 13.0 on thirteen WS kernels: within 12 of this, no spills."""
-    nacc = c["MI"] * c["WN"] // 2
-    if c.get("WS"):
-        consumer = 92 + 5 * (nacc - 32) // 3
-        producer = 80 + 6 * bn(c) // 16
-        return min(168 if c["WG"] == 2 else 255, max(consumer, producer))
-    return min(255, nacc + 120)
+    204-249 at 96, 252-255 at 128 (KS = 2 the upper ends), no spills."""
+    return min(255, c["MI"] * c["WN"] // 2 + 120)
 
 
 def applies(problem) -> str | None:
@@ -227,17 +209,14 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90``, ``..._s1_ws1_sm90`` with WS = 1 (the
-    names of configurations from before the WS knob are unchanged)."""
-    ws = "_ws1" if c.get("WS") else ""
+    """e.g. ``implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90``."""
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_ks{c['KS']}_s{c['SPLIT']}{ws}_{arch}")
+            f"_ks{c['KS']}_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>`` (whatever SPLIT: a launch parameter),
-    ``bagf::implicit_gemm_wgmma_h16_ws_conv2d<...>`` with WS = 1."""
-    return template_expression(KERNEL_WS if c.get("WS") else KERNEL, TEMPLATE_ORDER, c)
+    """e.g. ``bagf::implicit_gemm_wgmma_h16_conv2d<1, 128, 1, 2, 4, 1>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
 
 
 gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma needs the architecture-specific target
@@ -250,7 +229,7 @@ def _rules(smem_limit: int):
             return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
         return None
 
-    return (accumulators, shared_memory_rule(lambda c: smem_bytes(c) + static_smem(c), smem_limit),
+    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

@@ -169,106 +169,98 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
                "r"(v.v[3]) : "memory");
 }
 
-// mbarrier (shared::cta) primitives for the warp-specialized kernel: init with an arrival count, arrive (release),
-// and a spin on try_wait of a phase's parity (acquire).
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// bar.sync on a named barrier among `count` threads (the consumer warpgroups of the warp-specialized kernel)
-template <int ID, int COUNT>
-__device__ __forceinline__ void named_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(COUNT) : "memory");
-}
+}  // namespace wgh
 
-// The copy plan of one k tile's operands, fixed per copying thread: T copying threads, thread `tid` owns the 16-byte
-// column q = tid % 8 of the rows tid / 8 + i T / 8 of both operands' 64-step sub-tiles (BN input rows, BM weight
-// rows), and one cursor (c, s, r) per thread walks the reduction for both. load_sub copies the sub-tile the cursor
-// stands at and moves it on.
-template <int DT, int T, int BN, int BM>
-struct SubTileCopier {
-  static constexpr int BK = 64;
-  static constexpr int ROWS = T / 8;   // rows one copy round covers (eight threads per 128-byte row)
-  static constexpr int CA = BN / ROWS;  // input rows per thread
-  static constexpr int CB = BM / ROWS;  // weight rows per thread
+template <int DT, int WN, int MI, int WG, int STAGES, int KS>
+__global__ void __launch_bounds__(128 * WG, 1)
+    implicit_gemm_wgmma_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                                   const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
+                                   const Conv2dParams p, float* __restrict__ ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BK = 64;             // reduction steps per sub-tile: one 128-byte row per pixel and per channel
+  constexpr int T = 128 * WG;
+  constexpr int BM = WN;             // output channels per block (grid.y)
+  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x)
+  constexpr int A_BYTES = BN * 128;  // an input sub-tile, BN rows
+  constexpr int B_BYTES = BM * 128;  // a weight sub-tile, BM rows
+  constexpr int STAGE = KS * (A_BYTES + B_BYTES);  // a stage: KS input sub-tiles, then KS weight sub-tiles
+  constexpr int ROWS = T / 8;        // rows one copy round covers (eight threads per 128-byte row)
+  constexpr int CA = BN / ROWS;      // input rows per thread (= 4 MI)
+  constexpr int CB = BM / ROWS;      // weight rows per thread
+  constexpr int NACC = MI * WN / 2;  // accumulators per thread
+  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
+  static_assert(STAGES >= 3, "one group in flight needs a stage besides the two being read");
+  static_assert(KS == 1 || KS == 2, "one or two 64-step sub-tiles per stage");
   static_assert(BN % ROWS == 0 && BM % ROWS == 0 && ROWS % 8 == 0, "whole copy rounds; a thread's rows share m % 8");
+  static_assert(NACC <= 128, "accumulators fit the register file");
 
-  const Conv2dParams& p;
-  const unsigned short* x;
-  const unsigned short* w;
-  int CRS;
-  bool vec;
-  unsigned dst0;
+  extern __shared__ unsigned char smem_raw[];
+  // the ring's base, 1024-byte aligned (the swizzle's atom; the host asks for 1024 bytes more than the stages)
+  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
+  const int m0 = blockIdx.y * BM;  // first output channel
+  const int RS = p.R * p.S;
+  const int CRS = p.C * RS;
+  const int PQ = p.P * p.Q;
+  const int NPQ = p.N * PQ;
+  const bool vec = (p.C & 7) == 0 &&
+                   ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15ull) == 0;
+
+  // this block's share of the k tiles (split-K over gridDim.z slices: implicit_gemm_h16's even split)
+  const int num_k = (CRS + BK * KS - 1) / (BK * KS);  // k tiles (stages' worth) of the reduction
+  const int split = static_cast<int>(gridDim.z);
+  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
+  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
+
+  // Copy plan, fixed per thread: column q of rows row0 + i ROWS of both tiles, stored at the swizzled column.
+  const int q = tid & 7;
+  const int row0 = tid >> 3;
+  const unsigned dst0 = row0 * 128 + ((q ^ (row0 & 7)) << 4);
   int a_ih[CA], a_iw[CA], a_base[CA];
-  int b_src0, b_step;
-  unsigned b_ok;
-  int cur_kk, cur_c, cur_s, cur_r;
-  int d_c, d_s, d_r;
-
-  // n0: the block's first output pixel, m0 its first output channel, kk0 the first reduction index to copy
-  __device__ __forceinline__ SubTileCopier(const Conv2dParams& p_, const unsigned short* x_, const unsigned short* w_,
-                                           int tid, int n0, int m0, int kk0)
-      : p(p_), x(x_), w(w_) {
-    const int RS = p.R * p.S;
-    CRS = p.C * RS;
-    const int PQ = p.P * p.Q;
-    const int NPQ = p.N * PQ;
-    vec = (p.C & 7) == 0 &&
-          ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(w)) & 15ull) == 0;
-    const int q = tid & 7;
-    const int row0 = tid >> 3;
-    dst0 = row0 * 128 + ((q ^ (row0 & 7)) << 4);
 #pragma unroll
-    for (int i = 0; i < CA; ++i) {
-      const int npq = n0 + row0 + i * ROWS;
-      a_ih[i] = -0x40000000;  // a pixel past N*P*Q: a window no tap reaches (zeros)
-      a_iw[i] = 0;
-      a_base[i] = 0;
-      if (npq < NPQ) {
-        const int img = npq / PQ;
-        const int pq = npq - img * PQ;
-        const int oh = pq / p.Q;
-        const int ow = pq - oh * p.Q;
-        a_ih[i] = oh * p.stride_h - p.pad_h;
-        a_iw[i] = ow * p.stride_w - p.pad_w;
-        a_base[i] = ((img * p.H + a_ih[i]) * p.W + a_iw[i]) * p.C;  // the window's corner (may lie outside)
-      }
+  for (int i = 0; i < CA; ++i) {
+    const int npq = n0 + row0 + i * ROWS;
+    a_ih[i] = -0x40000000;  // a pixel past N*P*Q: a window no tap reaches (zeros)
+    a_iw[i] = 0;
+    a_base[i] = 0;
+    if (npq < NPQ) {
+      const int img = npq / PQ;
+      const int pq = npq - img * PQ;
+      const int oh = pq / p.Q;
+      const int ow = pq - oh * p.Q;
+      a_ih[i] = oh * p.stride_h - p.pad_h;
+      a_iw[i] = ow * p.stride_w - p.pad_w;
+      a_base[i] = ((img * p.H + a_ih[i]) * p.W + a_iw[i]) * p.C;  // the window's corner (may lie outside)
     }
-    // weight row m0 + row0 + i ROWS starts at b_src0 + i b_step (valid where bit i of b_ok is set)
-    b_src0 = (m0 + row0) * CRS;
-    b_step = ROWS * CRS;
-    b_ok = 0;
+  }
+  // weight row m0 + row0 + i ROWS starts at b_src0 + i b_step (valid where bit i of b_ok is set)
+  const int b_src0 = (m0 + row0) * CRS;
+  const int b_step = ROWS * CRS;
+  unsigned b_ok = 0;
 #pragma unroll
-    for (int i = 0; i < CB; ++i)
-      if (m0 + row0 + i * ROWS < p.K) b_ok |= 1u << i;
-    // the cursor: this thread's reduction index kk = kk0 + 8 q of the next sub-tile, as (r, s, c) digits
-    cur_kk = kk0 + 8 * q;
+  for (int i = 0; i < CB; ++i)
+    if (m0 + row0 + i * ROWS < p.K) b_ok |= 1u << i;
+  // the cursor: this thread's reduction index kk = t BK KS + 8 q of the next sub-tile to copy, as (r, s, c) digits
+  int cur_kk = t_begin * BK * KS + 8 * q;
+  int cur_c, cur_s, cur_r;
+  {
     const int tap = cur_kk / p.C;
     cur_c = cur_kk - tap * p.C;
     cur_r = tap / p.S;
     cur_s = tap - cur_r * p.S;
-    const int d_tap = BK / p.C;
-    d_c = BK - d_tap * p.C;
-    d_r = d_tap / p.S;
-    d_s = d_tap - d_r * p.S;
   }
+  const int d_tap = BK / p.C;
+  const int d_c = BK - d_tap * p.C;
+  const int d_r = d_tap / p.S;
+  const int d_s = d_tap - d_r * p.S;
 
   // Copy the next sub-tile (in order: the cursor stands at it): the input rows to byte address `sa`, the weight
   // rows to `sb`.
-  __device__ __forceinline__ void load_sub(unsigned sa, unsigned sb) {
+  auto load_sub = [&](unsigned sa, unsigned sb) {
     if (vec) {
       const bool kok = cur_kk < CRS;
       const int dr = cur_r * p.dil_h;
@@ -278,12 +270,12 @@ struct SubTileCopier {
       for (int i = 0; i < CA; ++i) {
         const bool ok = kok && static_cast<unsigned>(a_ih[i] + dr) < static_cast<unsigned>(p.H) &&
                         static_cast<unsigned>(a_iw[i] + ds) < static_cast<unsigned>(p.W);
-        cp16_ca(sa + dst0 + i * ROWS * 128, ok ? x + a_base[i] + off : x, ok ? 16 : 0);
+        wgh::cp16_ca(sa + dst0 + i * ROWS * 128, ok ? x + a_base[i] + off : x, ok ? 16 : 0);
       }
 #pragma unroll
       for (int i = 0; i < CB; ++i) {
         const bool ok = kok && ((b_ok >> i) & 1u);
-        cp16_cg(sb + dst0 + i * ROWS * 128, ok ? w + b_src0 + i * b_step + cur_kk : w, ok ? 16 : 0);
+        wgh::cp16_cg(sb + dst0 + i * ROWS * 128, ok ? w + b_src0 + i * b_step + cur_kk : w, ok ? 16 : 0);
       }
     } else {
       // 2-byte loads, each element's tap decoded on its own (any C, any alignment), one row at a time
@@ -302,7 +294,7 @@ struct SubTileCopier {
               static_cast<unsigned>(a_iw[i] + ds) < static_cast<unsigned>(p.W))
             h16::set_half(v, e, x[a_base[i] + (dr * p.W + ds) * p.C + c]);
         }
-        st_shared16(sa + dst0 + i * ROWS * 128, v);
+        wgh::st_shared16(sa + dst0 + i * ROWS * 128, v);
       }
 #pragma unroll
       for (int i = 0; i < CB; ++i) {
@@ -310,7 +302,7 @@ struct SubTileCopier {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
           if (cur_kk + e < CRS && ((b_ok >> i) & 1u)) h16::set_half(v, e, w[b_src0 + i * b_step + cur_kk + e]);
-        st_shared16(sb + dst0 + i * ROWS * 128, v);
+        wgh::st_shared16(sb + dst0 + i * ROWS * 128, v);
       }
     }
     cur_kk += BK;
@@ -319,72 +311,82 @@ struct SubTileCopier {
     cur_r += d_r;
     if (cur_c >= p.C) { cur_c -= p.C; ++cur_s; }
     if (cur_s >= p.S) { cur_s -= p.S; ++cur_r; }
+  };
+
+  // Copy the next k tile into the stage at byte address `st`.
+  auto load_tile = [&](unsigned st) {
+#pragma unroll
+    for (int h = 0; h < KS; ++h) load_sub(st + h * A_BYTES, st + KS * A_BYTES + h * B_BYTES);
+  };
+
+  float acc[MI][WN / 2];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) acc[mi][v] = 0.f;
+
+#pragma unroll
+  for (int st = 0; st < STAGES - 2; ++st) {
+    if (st < tiles) load_tile(smem0 + st * STAGE);
+    h16::cp_async_commit();
   }
 
-  // Copy the next k tile (KS sub-tiles) into the stage at byte address `st`: KS input sub-tiles of A_BYTES, then
-  // KS weight sub-tiles of B_BYTES.
-  template <int KS>
-  __device__ __forceinline__ void load_tile(unsigned st) {
+  // this warpgroup's MI blocks of 64 pixel rows in the input tile
+  const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);
+  int rd = 0;               // the stage tile i is in
+  int wr = STAGES - 2;      // the stage tile i + STAGES - 2 goes to
+  for (int i = 0; i < tiles; ++i) {
+    // tile i landed (this thread's copies), visible to the async proxy, and everyone's copies landed
+    h16::cp_async_wait<STAGES - 3>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    const unsigned sa = smem0 + rd * STAGE;
+    wg::fence();
 #pragma unroll
-    for (int h = 0; h < KS; ++h) load_sub(st + h * BN * 128, st + KS * BN * 128 + h * BM * 128);
+    for (int h = 0; h < KS; ++h)
+#pragma unroll
+      for (int s = 0; s < BK / 16; ++s)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          wgh::mma<DT, WN>(acc[mi], wgh::desc128(sa + h * A_BYTES + a_rows + mi * (64 * 128) + 32 * s),
+                           wgh::desc128(sa + KS * A_BYTES + h * B_BYTES + 32 * s));
+    wg::commit();
+    // the stage tile i - 2 was read from: every warpgroup waited for that group before this step's barrier
+    if (i + STAGES - 2 < tiles) load_tile(smem0 + wr * STAGE);
+    h16::cp_async_commit();
+    wg::wait<1>();
+    rd = rd == STAGES - 1 ? 0 : rd + 1;
+    wr = wr == STAGES - 1 ? 0 : wr + 1;
   }
-};
+  wg::wait<0>();
+  h16::cp_async_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// One k tile's products of a warpgroup: KS sub-tiles x 4 k16 steps x MI row blocks, from the stage at `sa` (the
-// input sub-tiles, then the weight sub-tiles); a_rows is the warpgroup's first input row's byte offset.
-template <int DT, int WN, int MI, int BN, int KS>
-__device__ __forceinline__ void tile_products(float (&acc)[MI][WN / 2], unsigned sa, unsigned a_rows) {
-  constexpr int A_BYTES = BN * 128;
-  constexpr int B_BYTES = WN * 128;
-#pragma unroll
-  for (int h = 0; h < KS; ++h)
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-        mma<DT, WN>(acc[mi], desc128(sa + h * A_BYTES + a_rows + mi * (64 * 128) + 32 * s),
-                    desc128(sa + KS * A_BYTES + h * B_BYTES + 32 * s));
-}
-#endif
-
-// The block's output: split-K's sum across slices (implicit_gemm_h16.cuh's protocol: each slice's sums in its own
-// BM*BN floats of the workspace, element v of thread ctid at v*T + ctid, the last slice of the tile to arrive adds
-// them all in slice order), then bias and the rounding to the output dtype, written as channel pairs into the
-// channels_last output. T threads hold the accumulators (ctid 0..T-1, warps of 32 in warpgroups of 128: row block
-// mi of warpgroup ctid / 128 is pixels n0 + (ctid / 128) MI 64 + mi 64); they synchronise with BAR: 0 for
-// __syncthreads (every thread of the block holds accumulators), else a named barrier among the T.
-template <int DT, int WN, int MI, int T, int BAR>
-__device__ __forceinline__ void store_output(float (&acc)[MI][WN / 2], const Conv2dParams& p,
-                                             const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
-                                             float* __restrict__ ws, int ctid, int n0, int m0) {
-  constexpr int BM = WN;
-  constexpr int BN = 64 * MI * (T / 128);
-  constexpr int NACC = MI * WN / 2;
-  static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
-  const int lane = ctid & 31;
-  const int warp = ctid >> 5;
-  const int NPQ = p.N * p.P * p.Q;
-  const int split = static_cast<int>(gridDim.z);
   if (split > 1) {
+    // implicit_gemm_h16.cuh's split-K: each slice's sums in its own BM*BN floats of the workspace (element v of
+    // thread tid at v*T + tid), the last slice of the tile to arrive adds them all in slice order
+    static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
     const long long ntiles = static_cast<long long>(gridDim.x) * gridDim.y;
     const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-    float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + ctid;
+    float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + tid;
     unsigned* counter = reinterpret_cast<unsigned*>(ws + split * ntiles * (BM * BN)) + tile;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
     __threadfence();
+    __syncthreads();
     __shared__ unsigned arrived;
-    if constexpr (BAR == 0) __syncthreads(); else named_sync<BAR, T>();
-    if (ctid == 0) arrived = atomicAdd(counter, 1u);
-    if constexpr (BAR == 0) __syncthreads(); else named_sync<BAR, T>();
-    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the T threads) another slice finishes
+    if (tid == 0) arrived = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
     __threadfence();
     // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
     // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
-    const float* part = ws + tile * (BM * BN) + ctid;
+    const float* part = ws + tile * (BM * BN) + tid;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -398,8 +400,8 @@ __device__ __forceinline__ void store_output(float (&acc)[MI][WN / 2], const Con
     }
   }
 
-  // Accumulator 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4 + 8 h,
-  // channel 8 j + 2 (lane % 4) + e.
+  // Epilogue. Accumulator 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4
+  // + 8 h, channel 8 j + 2 (lane % 4) + e.
   const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & 3ull) == 0;
   const int tig = lane & 3;
 #pragma unroll
@@ -430,203 +432,8 @@ __device__ __forceinline__ void store_output(float (&acc)[MI][WN / 2], const Con
         }
       }
     }
-}
-
-}  // namespace wgh
-
-template <int DT, int WN, int MI, int WG, int STAGES, int KS>
-__global__ void __launch_bounds__(128 * WG, 1)
-    implicit_gemm_wgmma_h16_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                                   const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
-                                   const Conv2dParams p, float* __restrict__ ws) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = 64;             // reduction steps per sub-tile: one 128-byte row per pixel and per channel
-  constexpr int T = 128 * WG;
-  constexpr int BM = WN;             // output channels per block (grid.y)
-  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x)
-  constexpr int STAGE = KS * (BN + BM) * 128;  // a stage: KS input sub-tiles, then KS weight sub-tiles
-  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
-  static_assert(STAGES >= 3, "one group in flight needs a stage besides the two being read");
-  static_assert(KS == 1 || KS == 2, "one or two 64-step sub-tiles per stage");
-  static_assert(MI * WN / 2 <= 128, "accumulators fit the register file");
-
-  extern __shared__ unsigned char smem_raw[];
-  // the ring's base, 1024-byte aligned (the swizzle's atom; the host asks for 1024 bytes more than the stages)
-  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
-  const int m0 = blockIdx.y * BM;  // first output channel
-
-  // this block's share of the k tiles (split-K over gridDim.z slices: implicit_gemm_h16's even split)
-  const int CRS = p.C * p.R * p.S;
-  const int num_k = (CRS + BK * KS - 1) / (BK * KS);  // k tiles (stages' worth) of the reduction
-  const int split = static_cast<int>(gridDim.z);
-  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
-  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
-
-  wgh::SubTileCopier<DT, T, BN, BM> copier(p, x, w, tid, n0, m0, t_begin * BK * KS);
-
-  float acc[MI][WN / 2];
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) acc[mi][v] = 0.f;
-
-#pragma unroll
-  for (int st = 0; st < STAGES - 2; ++st) {
-    if (st < tiles) copier.template load_tile<KS>(smem0 + st * STAGE);
-    h16::cp_async_commit();
-  }
-
-  // this warpgroup's MI blocks of 64 pixel rows in the input tile
-  const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);
-  int rd = 0;               // the stage tile i is in
-  int wr = STAGES - 2;      // the stage tile i + STAGES - 2 goes to
-  for (int i = 0; i < tiles; ++i) {
-    // tile i landed (this thread's copies), visible to the async proxy, and everyone's copies landed
-    h16::cp_async_wait<STAGES - 3>();
-    wg::fence_proxy_async();
-    __syncthreads();
-    wg::fence();
-    wgh::tile_products<DT, WN, MI, BN, KS>(acc, smem0 + rd * STAGE, a_rows);
-    wg::commit();
-    // the stage tile i - 2 was read from: every warpgroup waited for that group before this step's barrier
-    if (i + STAGES - 2 < tiles) copier.template load_tile<KS>(smem0 + wr * STAGE);
-    h16::cp_async_commit();
-    wg::wait<1>();
-    rd = rd == STAGES - 1 ? 0 : rd + 1;
-    wr = wr == STAGES - 1 ? 0 : wr + 1;
-  }
-  wg::wait<0>();
-  h16::cp_async_wait<0>();
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
-  wgh::store_output<DT, WN, MI, T, 0>(acc, p, bias, y, ws, tid, n0, m0);
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_wgmma_h16_conv2d needs sm_90a (wgmma): compile with --gpu-architecture=sm_90a");
-#endif
-}
-
-// The same tiles, products and output, warp-specialized: one producer warpgroup (threads 0-127) only copies, WG
-// consumer warpgroups only issue wgmma. The ring's stages are handed over by mbarriers instead of a block barrier
-// per k tile: full[s] (128 arrivals: each producer thread, once its own copies of the stage's tile have landed and
-// been fenced for the async proxy) and empty[s] (one arrival per consumer warp, once its warpgroup's products on the
-// stage have completed). A producer thread keeps up to LAG + 1 tiles of copies in flight (it signals tile t - LAG
-// after issuing tile t), so the copies of later tiles overlap the products of earlier ones without any consumer
-// waiting on the copying threads' issue. The products are issued in the same order as implicit_gemm_wgmma_h16_conv2d's,
-// so a tile computes the same bits either way. With two consumer warpgroups of 128 accumulators each, the producer
-// gives registers back (setmaxnreg): 168 per thread at launch, 136 for the producer and 184 for the consumers after
-// (ptxas with nvcc 13.0: no spills on either side, where 168 each spills 8-20 bytes and 72 / 216 spills the
-// producer's copy plan).
-template <int DT, int WN, int MI, int WG, int STAGES, int KS>
-__global__ void __launch_bounds__(128 * (WG + 1), 1)
-    implicit_gemm_wgmma_h16_ws_conv2d(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                                      const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
-                                      const Conv2dParams p, float* __restrict__ ws) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = 64;
-  constexpr int TC = 128 * WG;       // consumer threads
-  constexpr int BM = WN;
-  constexpr int BN = 64 * MI * WG;
-  constexpr int STAGE = KS * (BN + BM) * 128;
-  constexpr int NACC = MI * WN / 2;
-  constexpr int LAG = STAGES - 2 < 2 ? STAGES - 2 : 2;  // tiles a producer thread signals behind its last issue
-  constexpr bool SHIFT_REGS = WG == 2 && NACC > 96;
-  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
-  static_assert(STAGES >= 3, "one group in flight needs a stage besides the two being read");
-  static_assert(KS == 1 || KS == 2, "one or two 64-step sub-tiles per stage");
-  static_assert(NACC <= 128, "accumulators fit the register file");
-  // a producer signals tile t - LAG once it has issued tile t, which waits for tile t - STAGES's release; consumers
-  // release tile j after issuing tile j + 1, so LAG <= STAGES - 2 keeps the ring from waiting on itself
-  static_assert(LAG >= 1 && LAG <= STAGES - 2, "the signal lag fits the ring");
-
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[0..STAGES), then empty[0..STAGES)
-  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
-  const unsigned empty0 = full0 + 8 * STAGES;
-
-  const int tid = threadIdx.x;
-  const int n0 = blockIdx.x * BN;
-  const int m0 = blockIdx.y * BM;
-  const int CRS = p.C * p.R * p.S;
-  const int num_k = (CRS + BK * KS - 1) / (BK * KS);
-  const int split = static_cast<int>(gridDim.z);
-  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
-  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
-
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      wgh::mbar_init(full0 + 8 * s, 128);
-      wgh::mbar_init(empty0 + 8 * s, 4 * WG);
-    }
-  }
-  __syncthreads();
-
-  if (tid < 128) {
-    // the producer warpgroup
-    if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 136;\n" ::: "memory");
-    wgh::SubTileCopier<DT, 128, BN, BM> copier(p, x, w, tid, n0, m0, t_begin * BK * KS);
-    int wr = 0;           // the stage tile t goes to
-    unsigned wrap = 0;    // parity of tile t's pass over the ring
-    int sig = 0;          // the stage of tile t - LAG, the next to signal
-    for (int t = 0; t < tiles; ++t) {
-      if (t >= STAGES) wgh::mbar_wait(empty0 + 8 * wr, wrap ^ 1u);  // tile t - STAGES's products completed
-      copier.template load_tile<KS>(smem0 + wr * STAGE);
-      h16::cp_async_commit();
-      if (t >= LAG) {
-        h16::cp_async_wait<LAG>();  // this thread's copies of tile t - LAG landed
-        wg::fence_proxy_async();
-        wgh::mbar_arrive(full0 + 8 * sig);
-        sig = sig == STAGES - 1 ? 0 : sig + 1;
-      }
-      if (++wr == STAGES) { wr = 0; wrap ^= 1u; }
-    }
-    h16::cp_async_wait<0>();
-    wg::fence_proxy_async();
-    for (int t = tiles > LAG ? tiles - LAG : 0; t < tiles; ++t) {
-      wgh::mbar_arrive(full0 + 8 * sig);
-      sig = sig == STAGES - 1 ? 0 : sig + 1;
-    }
-    return;
-  }
-
-  // the consumer warpgroups
-  if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
-  const int ctid = tid - 128;
-  const int lane = ctid & 31;
-  const unsigned a_rows = (ctid >> 7) * (MI * 64 * 128);
-  float acc[MI][WN / 2];
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) acc[mi][v] = 0.f;
-  int rd = 0;          // the stage tile i is in
-  unsigned wrap = 0;   // parity of tile i's pass over the ring
-  int prev = 0;        // the stage of tile i - 1
-  for (int i = 0; i < tiles; ++i) {
-    wgh::mbar_wait(full0 + 8 * rd, wrap);
-    wg::fence();
-    wgh::tile_products<DT, WN, MI, BN, KS>(acc, smem0 + rd * STAGE, a_rows);
-    wg::commit();
-    wg::wait<1>();  // tile i - 1's products completed: its stage goes back to the producer
-    if (i > 0 && lane == 0) wgh::mbar_arrive(empty0 + 8 * prev);
-    prev = rd;
-    if (++rd == STAGES) { rd = 0; wrap ^= 1u; }
-  }
-  wg::wait<0>();
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
-  wgh::store_output<DT, WN, MI, TC, 1>(acc, p, bias, y, ws, ctid, n0, m0);
-#elif defined(__CUDA_ARCH__)
-  static_assert(WN < 0, "implicit_gemm_wgmma_h16_ws_conv2d needs sm_90a (wgmma): compile with --gpu-architecture=sm_90a");
 #endif
 }
 
