@@ -67,6 +67,43 @@ def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict
     return {n: statistics.median(v) for n, v in samples.items()}, statistics.median(whole)
 
 
+def call_host_us(mod: torch.nn.Module, inp: torch.Tensor, runs: int) -> float:
+    """Median host us of ``mod(inp)`` alone, issued while a sleep kernel keeps the GPU busy."""
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            mod(inp)
+        torch.cuda.synchronize()
+        for _ in range(runs):
+            torch.cuda._sleep(int(2e7))
+            t0 = time.perf_counter()
+            mod(inp)
+            times.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def cross_inputs(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, dict]:
+    """Whether a layer's extra host cost follows the layer or its input: each conv of the models' ``features``
+    (a Sequential) called alone, stock's and bagf's module each on the input stock's and bagf's earlier layers
+    produced (same values to rounding, each producer's own tensor: its pointer, strides and allocation).
+    {module name: {"stock on stock": us, "stock on bagf": us, "bagf on stock": us, "bagf on bagf": us}}; empty for a
+    model without ``features``."""
+    if not isinstance(getattr(stock, "features", None), torch.nn.Sequential):
+        return {}
+    out: dict[str, dict] = {}
+    with torch.no_grad():
+        a, b = x, x
+        for i, (ms, mt) in enumerate(zip(stock.features, tuned.features)):
+            if isinstance(ms, torch.nn.Conv2d):
+                out[f"features.{i}"] = {"stock on stock": call_host_us(ms, a, runs),
+                                        "stock on bagf": call_host_us(ms, b, runs),
+                                        "bagf on stock": call_host_us(mt, a, runs),
+                                        "bagf on bagf": call_host_us(mt, b, runs)}
+            a, b = ms(a), mt(b)
+    return out
+
+
 def layout(t) -> str:
     """A tensor's memory format in a word: the same layout fed to the next module can cost it a conversion."""
     if not isinstance(t, torch.Tensor):
@@ -137,6 +174,13 @@ def main(argv=None) -> int:
                      + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals)
                      + f" | {formats['stock'].get(name, '')} | {formats['bagf'].get(name, '')} |")
     lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " | | |")
+    crossed = cross_inputs(stock, tuned, x, args.runs)
+    if crossed:
+        kinds = list(next(iter(crossed.values())))
+        lines += ["", "Each conv called alone (host us, median of the runs, GPU kept busy): stock's and bagf's module, "
+                  "each on the input stock's and bagf's earlier layers produced:", "",
+                  "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" for k in kinds) + " |" for name, v in crossed.items()]
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -157,7 +201,8 @@ def main(argv=None) -> int:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "output_layouts": formats}
+        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "output_layouts": formats,
+               "cross_inputs": crossed}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
