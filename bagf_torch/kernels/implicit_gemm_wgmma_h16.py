@@ -46,8 +46,8 @@ was built and measured, and is not here: a producer warpgroup copying the same t
 mbarriers (its threads fence their landed copies for the async proxy, then arrive), the consumer warpgroups only
 waiting and issuing wgmma, computed the same bits as this kernel but ran at a median 0.86-0.98x of it with the same
 tile on AlexNet's conv2-5 at N = 32 and 128, 0.65-0.77x with this kernel's usual best tile (128 x 128, two
-warpgroups), and never ahead of this kernel's best (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_
-bf16_nhwc_ws.md; signalling two tiles behind the last issue or as many as the ring allows made no difference). The
+warpgroups), and never ahead of this kernel's best; signalling two tiles behind the last issue or as many as the ring
+allows made no difference (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc_ws.md). The
 gather itself (one 16-byte cp.async per 8 channels of a pixel, bounds-tested per thread) is what a faster variant
 would change: the Hopper TMA's im2col mode loads a whole tile of output pixels per instruction.
 """
