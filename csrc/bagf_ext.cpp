@@ -50,6 +50,7 @@ struct LaunchGeometry {
   int gemm_smem = 0;
   int dtype = 0;  // 0 float32, 1 float16, 2 bfloat16
   int nhwc = 0;   // 1: channels_last input and output, KRSC weight
+  int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers
 };
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
@@ -196,10 +197,14 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
                ((geo.dtype != 0 || geo.nhwc != 0) &&
                 ((geo.split != 1 && (geo.dtype == 0 || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
-                 geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8))))) {
+                 geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
+               geo.tma < 0 || geo.tma > 1 ||
+               (geo.tma && (geo.dtype == 0 || !geo.nhwc || geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
+                            geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit implicit "
-                "GEMM; staged outputs NCHW only)");
+                "GEMM; staged outputs NCHW only; TMA maps only in a 16-bit channels_last implicit GEMM of tiles of at "
+                "most 256 x 256)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -369,6 +374,22 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
       if (stride[i] > 65535 || dilation[i] > 65535 || padding[i] > 65535)
         return "stride, padding or dilation above 65535 for a 16-bit plan";
   }
+  if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
+    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+    const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);  // (else converted: a fresh allocation)
+    if (x.size(1) % 8 != 0) return "a TMA plan reads 8 channels (16 bytes) at a time; C is not a multiple of 8";
+    if ((reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0 ||
+        (w_direct && (reinterpret_cast<uintptr_t>(w.const_data_ptr()) & 15) != 0))
+      return "input or weight is not 16-byte aligned (a TMA plan's maps need it)";
+    for (int i = 0; i < 2; ++i) {
+      const int64_t extent = x.size(2 + i), out = i == 0 ? P : Q;
+      const int64_t upper = (out - 1) * stride[i] + 1 - extent - padding[i];
+      if (stride[i] > 8 || padding[i] > 128 || upper < -128 || upper > 127 ||
+          (w.size(2 + i) - 1) * dilation[i] > 127)
+        return "stride above 8, padding above 128 or a window the TMA unit's im2col box cannot describe";
+    }
+  }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
   if (geo.split > 1 && geo.dtype != 0) {
@@ -450,6 +471,34 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   stage(2, (geo.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
 }
 
+// The TMA maps of a channels_last 16-bit implicit-GEMM plan (implicit_gemm_tma_h16.cuh), encoded per call from the
+// tensors (unsupported_reason has checked every range): the input as an im2col map over (C, W, H, N) whose box walks
+// the output pixels' window corners (64 channels x geo.bn pixels per copy), the KRSC weight as a tiled map over
+// (C, R*S, K) (64 channels x geo.bm output channels per copy), both at the 128-byte swizzle.
+void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, const void* xp, const void* wp,
+                     CUtensorMap& xm, CUtensorMap& wm) {
+  const CUtensorMapDataType type = geo.dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t C = static_cast<cuuint64_t>(p.C);
+  const cuuint64_t xdim[4] = {C, static_cast<cuuint64_t>(p.W), static_cast<cuuint64_t>(p.H),
+                              static_cast<cuuint64_t>(p.N)};
+  const cuuint64_t xstride[3] = {C * 2, C * 2 * p.W, C * 2 * p.W * p.H};
+  const int lower[2] = {-p.pad_w, -p.pad_h};
+  const int upper[2] = {(p.Q - 1) * p.stride_w + 1 - p.W - p.pad_w, (p.P - 1) * p.stride_h + 1 - p.H - p.pad_h};
+  const cuuint32_t xsteps[4] = {1, static_cast<cuuint32_t>(p.stride_w), static_cast<cuuint32_t>(p.stride_h), 1};
+  BAGF_CU_CHECK(cuTensorMapEncodeIm2col(&xm, type, 4, const_cast<void*>(xp), xdim, xstride, lower, upper, 64,
+                                        static_cast<cuuint32_t>(geo.bn), xsteps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  const cuuint64_t RS = static_cast<cuuint64_t>(p.R) * p.S;
+  const cuuint64_t wdim[3] = {C, RS, static_cast<cuuint64_t>(p.K)};
+  const cuuint64_t wstride[2] = {C * 2, C * 2 * RS};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(geo.bm)};
+  const cuuint32_t wsteps[3] = {1, 1, 1};
+  BAGF_CU_CHECK(cuTensorMapEncodeTiled(&wm, type, 3, const_cast<void*>(wp), wdim, wstride, box, wsteps,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor& y, at::IntArrayRef stride,
                  at::IntArrayRef padding, at::IntArrayRef dilation) {
@@ -508,7 +557,13 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   } else if (geo.split > 1) {
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
+  CUtensorMap xm, wm;
   void* args[] = {&xp, &wp, &bp, &yp, &p, &wsp};
+  if (geo.tma) {
+    encode_tma_maps(geo, p, xp, wp, xm, wm);
+    args[0] = &xm;
+    args[1] = &wm;
+  }
   BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
                                static_cast<unsigned>(smem),
                                stream, args, nullptr));
@@ -675,15 +730,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
-                       int gemm_threads, int gemm_smem, int dtype, int nhwc) {
+                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma) {
              return LaunchGeometry{bm, bn, threads, smem, split, tile, tile_w, smem_patch, smem_taps, gemm,
-                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem, dtype, nhwc};
+                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
-           py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0)
+           py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -702,7 +757,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("gemm_threads", &LaunchGeometry::gemm_threads)
       .def_readwrite("gemm_smem", &LaunchGeometry::gemm_smem)
       .def_readwrite("dtype", &LaunchGeometry::dtype)
-      .def_readwrite("nhwc", &LaunchGeometry::nhwc);
+      .def_readwrite("nhwc", &LaunchGeometry::nhwc)
+      .def_readwrite("tma", &LaunchGeometry::tma);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -318,7 +318,11 @@ def _misaligned_16bit(compiler, fam):
         aligned = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         off = torch.ops.bagf.conv2d(xm, wm, b, [1, 1], [1, 1], [1, 1], handle)
         assert aligned.dtype is dt and aligned.is_contiguous(memory_format=fmt)
-        assert torch.equal(aligned, off), (dtype, layout)
+        if fam.launch(fam.DEFAULT).tma:  # the TMA maps need 16-byte bases: the call goes to ATen, correct
+            _assert_within_cudnn(off, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
+            assert off.dtype is dt and off.is_contiguous(memory_format=fmt)
+        else:
+            assert torch.equal(aligned, off), (dtype, layout)
         ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
         _assert_within_cudnn(aligned, ref, F.conv2d(x, w, b, 1, 1), (dtype, layout))
 
@@ -1043,6 +1047,89 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
     with torch.no_grad():
         got = torch.compile(compiled_fn, fullgraph=True)(x)
     assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
+
+
+_TMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
+                  dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=4),
+                  dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3)]
+
+
+def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compiler):
+    """implicit_gemm_tma_h16 in bf16 and fp16 channels_last: six tiles (every WN, MI and WG, rings of 3-6) with split-K
+    1, 2 and 8 on odd NHWC shapes with C % 8 == 0 (non-square images, unequal strides, padding and dilation, K and
+    N*P*Q off every tile, C not a multiple of 64: the maps' zero fill), NaN-poisoned output within twice cuDNN's error
+    against float64 wherever the tuner would run them. Where C % 64 == 0 its k tiles are implicit_gemm_wgmma_h16's
+    (a tap's 64 channels): the same products in the same order, so the same bits as that family's twin tile (KS = 1).
+    A grid of many waves gives the same bits on every call; a split-K plan the same eager and in a CUDA graph;
+    opcheck passes; torch.compile(fullgraph=True) gives the eager bits."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("implicit_gemm_tma_h16")
+    twin_fam = _family("implicit_gemm_wgmma_h16")
+    fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_H16_TILES
+               for sp in (1, 2, 8)]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
+                                                           if not fam.space().is_valid(c)]
+    shapes = PIPE_SHAPES + H16_SHAPES + [
+        (1, 16, 13, 11, 33, 3, 3, (3, 2), (0, 1), (2, 2), False),   # unequal stride, padding; dilation 2
+        (2, 128, 9, 12, 70, 3, 3, (1, 1), (2, 1), (1, 1), True),    # C = 2 x 64, padding above the filter's half
+        (3, 64, 11, 10, 20, 5, 3, (2, 1), (2, 1), (1, 2), True)]    # 5 x 3 filter, unequal dilation
+    for sp in (1, 2, 8):
+        assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in shapes for f in fmts)
+    built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, shapes, fmts)))
+    twins = {fam.name(c): dict(twin_fam.DEFAULT, **{k: c[k] for k in ("DT", "WN", "MI", "WG", "STAGES", "SPLIT")},
+                               KS=1) for c in configs}
+    twin_cfgs = [t for t in twins.values() if twin_fam.space().is_valid(t)]
+    twin_built = dict(zip(map(twin_fam.name, twin_cfgs), compiler.compile(twin_fam, twin_cfgs)))
+    differ, compared = [], 0
+    for fmt in fmts:
+        for shape in shapes:
+            if shape[1] % 64:
+                continue
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            for c in configs:
+                t = twins[fam.name(c)]
+                if (c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt) or not _runs(twin_fam, t, shape, fmt)
+                        or twin_fam.name(t) not in twin_built):
+                    continue
+                with torch.no_grad():
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle)
+                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, twin_built[twin_fam.name(t)].handle)
+                compared += 1
+                if not torch.equal(got, want):
+                    differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
+    assert compared > 0 and not differ, (compared, differ[:10])
+    checker = CudaChecker(compiler.ext)
+    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
+    ws = Workspace(big, torch.device("cuda", 0))
+    start = fam.default_for(big)
+    h = compiler.compile(fam, [start])[0].handle
+    assert checker.check(ws, h) is None
+    with torch.no_grad():
+        first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
+        assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
+                   for _ in range(50)), fam.name(start)
+    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(384, device="cuda").to(torch.bfloat16)
+    handle = built[fam.name(dict(fam.DEFAULT, **_TMA_H16_TILES[1], SPLIT=8, DT=1))].handle
+    op = torch.ops.bagf.conv2d.default
+    with torch.no_grad():
+        first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
+        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first)
+    torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], handle))
+    torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], handle))
+
+    def compiled_fn(a):
+        return op(a, w, b, [1, 1], [1, 1], [1, 1], handle)
+
+    with torch.no_grad():
+        got = torch.compile(compiled_fn, fullgraph=True)(x)
+    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())
 
 
 def _h16_model(dtype, layout):

@@ -183,18 +183,19 @@ def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():
     tuner.families = list(FAMILIES.values())
     tuner.compiler = type("C", (), {"arch": "sm_90"})()
     assert [f.FAMILY for f in tuner.families_for(_p())] == ["winograd_gemm", "implicit_gemm_h16",
-                                                            "implicit_gemm_wgmma_h16"]
+                                                            "implicit_gemm_wgmma_h16", "implicit_gemm_tma_h16"]
     assert [f.FAMILY for f in tuner.families_for(_p("float16", "nchw"))] == ["winograd_gemm", "implicit_gemm_h16"]
     assert [f.FAMILY for f in tuner.families_for(_p("bfloat16", "nhwc", r=1, s=1, padding=(0, 0)))] == [
-        "implicit_gemm_h16", "implicit_gemm_wgmma_h16"]  # (a 1x1 conv: no Winograd)
-    # the wgmma family's copies are 8 channels: C = 12 is implicit_gemm_h16's alone; on an sm_80 GPU too
+        "implicit_gemm_h16", "implicit_gemm_wgmma_h16", "implicit_gemm_tma_h16"]  # (a 1x1 conv: no Winograd)
+    # the wgmma families' copies are 8 channels: C = 12 is implicit_gemm_h16's alone; on an sm_80 GPU too
     assert [f.FAMILY for f in tuner.families_for(_p("bfloat16", "nhwc", c=12))] == ["winograd_gemm",
                                                                                  "implicit_gemm_h16"]
     tuner.compiler = type("C", (), {"arch": "sm_80"})()
-    assert "implicit_gemm_wgmma_h16" not in [f.FAMILY for f in tuner.families_for(_p())]
+    assert {"implicit_gemm_wgmma_h16", "implicit_gemm_tma_h16"}.isdisjoint(f.FAMILY for f in tuner.families_for(_p()))
     tuner.compiler = type("C", (), {"arch": "sm_90"})()
     fp32 = [f.FAMILY for f in tuner.families_for(_p("float32", "nchw"))]
     assert "implicit_gemm_h16" not in fp32 and "implicit_gemm_wgmma_h16" not in fp32 and "implicit_gemm_tc" in fp32
+    assert "implicit_gemm_tma_h16" not in fp32
     assert [f.FAMILY for f in tuner.families_for(_p("float32", "nhwc"))] == ["winograd_gemm"]
 
 

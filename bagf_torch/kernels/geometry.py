@@ -87,6 +87,11 @@ class LaunchGeometry:
     channels_last weight, converting one that is not); 0: all contiguous NCHW. The host sends a call in the other
     format to ATen, and to a channels_last plan also an input that is both contiguous and channels_last (C = 1 or
     H = W = 1: NCHW to TunedConv2d's key and to the op's output rule)."""
+    tma: int = 0
+    """1: the kernel takes the TMA maps of the input and the weight (encoded by the host per call, in place of their
+    pointers): a 16-bit channels_last implicit GEMM (``nhwc`` = 1, ``gemm`` = 0) of ``bm``, ``bn`` <= 256. The host
+    sends to ATen a call the maps cannot describe (C % 8 != 0, a tensor off 16-byte alignment, stride above 8,
+    padding above 128, a window wider than the im2col box's range)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

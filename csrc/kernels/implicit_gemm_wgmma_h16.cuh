@@ -169,6 +169,94 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
                "r"(v.v[3]) : "memory");
 }
 
+
+// The end of a block of either kernel: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's
+// protocol: each slice's sums in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the
+// last slice of the tile to arrive adds them all in slice order, so the output does not depend on the schedule),
+// then bias in fp32 and the one rounding to the output dtype, stored into the channels_last output. Accumulator
+// 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4 + 8 h, channel
+// 8 j + 2 (lane % 4) + e. The block's threads 0 .. 128 WG - 1 hold the accumulators and run this; with ALL false
+// the block has other threads (a producer warpgroup after them) that do not, and the split-K hand-over meets at a
+// named barrier of the 128 WG instead of the block's.
+template <int DT, int WN, int MI, int WG, bool ALL>
+__device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                       const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
+                                       float* __restrict__ ws, int n0, int m0) {
+  constexpr int T = 128 * WG;
+  constexpr int BM = WN;
+  constexpr int BN = 64 * MI * WG;
+  constexpr int NACC = MI * WN / 2;
+  const int tid = threadIdx.x;
+  auto sync = [] {
+    if constexpr (ALL) __syncthreads(); else asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory");
+  };
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int split = static_cast<int>(gridDim.z);
+  const int NPQ = p.N * p.P * p.Q;
+  if (split > 1) {
+    static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
+    const long long ntiles = static_cast<long long>(gridDim.x) * gridDim.y;
+    const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+    float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + tid;
+    unsigned* counter = reinterpret_cast<unsigned*>(ws + split * ntiles * (BM * BN)) + tile;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
+    __threadfence();
+    sync();
+    __shared__ unsigned arrived;
+    if (tid == 0) arrived = atomicAdd(counter, 1u);
+    sync();
+    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
+    __threadfence();
+    // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
+    // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
+    const float* part = ws + tile * (BM * BN) + tid;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
+    for (int z = 1; z < split; ++z) {
+      part += ntiles * (BM * BN);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
+    }
+  }
+  const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & 3ull) == 0;
+  const int tig = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
+      if (npq >= NPQ) continue;
+      unsigned short* yrow = y + npq * p.K;
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const int ch = m0 + 8 * j + 2 * tig;
+        if (ch >= p.K) continue;
+        float v0 = acc[mi][4 * j + 2 * h];
+        float v1 = acc[mi][4 * j + 2 * h + 1];
+        const bool two = ch + 1 < p.K;
+        if (p.has_bias) {
+          v0 += h16::to_f32<DT>(__ldg(bias + ch));
+          if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
+        }
+        const unsigned short o0 = h16::from_f32<DT>(v0);
+        if (pairs && two) {
+          const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
+          *reinterpret_cast<unsigned*>(yrow + ch) = o;
+        } else {
+          yrow[ch] = o0;
+          if (two) yrow[ch + 1] = h16::from_f32<DT>(v1);
+        }
+      }
+    }
+}
 }  // namespace wgh
 
 template <int DT, int WN, int MI, int WG, int STAGES, int KS>
@@ -199,7 +287,6 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
   const int warp = tid >> 5;
   const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
   const int m0 = blockIdx.y * BM;  // first output channel
@@ -365,73 +452,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
 #pragma unroll
     for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
 
-  if (split > 1) {
-    // implicit_gemm_h16.cuh's split-K: each slice's sums in its own BM*BN floats of the workspace (element v of
-    // thread tid at v*T + tid), the last slice of the tile to arrive adds them all in slice order
-    static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
-    const long long ntiles = static_cast<long long>(gridDim.x) * gridDim.y;
-    const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-    float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + tid;
-    unsigned* counter = reinterpret_cast<unsigned*>(ws + split * ntiles * (BM * BN)) + tile;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned arrived;
-    if (tid == 0) arrived = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
-    __threadfence();
-    // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
-    // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
-    const float* part = ws + tile * (BM * BN) + tid;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
-    for (int z = 1; z < split; ++z) {
-      part += ntiles * (BM * BN);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
-    }
-  }
-
-  // Epilogue. Accumulator 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4
-  // + 8 h, channel 8 j + 2 (lane % 4) + e.
-  const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & 3ull) == 0;
-  const int tig = lane & 3;
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
-      if (npq >= NPQ) continue;
-      unsigned short* yrow = y + npq * p.K;
-#pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const int ch = m0 + 8 * j + 2 * tig;
-        if (ch >= p.K) continue;
-        float v0 = acc[mi][4 * j + 2 * h];
-        float v1 = acc[mi][4 * j + 2 * h + 1];
-        const bool two = ch + 1 < p.K;
-        if (p.has_bias) {
-          v0 += h16::to_f32<DT>(__ldg(bias + ch));
-          if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
-        }
-        const unsigned short o0 = h16::from_f32<DT>(v0);
-        if (pairs && two) {
-          const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
-          *reinterpret_cast<unsigned*>(yrow + ch) = o;
-        } else {
-          yrow[ch] = o0;
-          if (two) yrow[ch + 1] = h16::from_f32<DT>(v1);
-        }
-      }
-    }
+  wgh::finish<DT, WN, MI, WG, true>(acc, p, bias, y, ws, n0, m0);
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_wgmma_h16_conv2d needs sm_90a (wgmma): compile with --gpu-architecture=sm_90a");
 #endif

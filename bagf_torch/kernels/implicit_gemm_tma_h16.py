@@ -1,0 +1,232 @@
+"""Kernel family ``implicit_gemm_tma_h16``: fp16 and bf16 implicit-GEMM convolution of channels_last tensors on
+Hopper's wgmma with both operand tiles copied by the TMA unit (csrc/kernels/implicit_gemm_tma_h16.cuh).
+
+The arithmetic, tiles, products and epilogue of ``implicit_gemm_wgmma_h16`` (fp32 sums, bias in fp32 before the one
+rounding to the output dtype, split-K's ordered hand-over), with another data path: the input's im2col tile is one
+im2col-mode TMA copy (BN output pixels x 64 channels of one filter tap; the TMA unit walks the pixels across rows
+and images and fills the padding with zeros) and the weight's tile one tiled copy, issued by one thread of a
+producer warpgroup into a STAGES-deep ring whose stages are handed over by mbarriers; the WG consumer warpgroups
+only wait and issue wgmma. The reduction runs tap by tap in blocks of 64 channels (channels past C are zeros), so
+any C % 8 == 0 is served by whole copies. The host encodes the two maps per call (csrc/bagf_ext.cpp
+``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor off 16-byte alignment, stride above 8,
+padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems out of the
+space.
+
+Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
+
+========  ==================  ======================================================================
+knob      values              rule
+========  ==================  ======================================================================
+DT        0 1                 the problem's dtype: 0 float16, 1 bfloat16
+WN        64 128 192 256      wgmma's N: output channels per block (one weight copy's rows)
+MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/2 fp32 accumulators
+                              per thread, at most 128
+WG        1 2                 consumer warpgroups: BN = 64*MI*WG output pixels per block (one im2col
+                              copy), 128*(WG + 1) threads
+STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
+                              device's opt-in limit
+SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
+                              problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
+========  ==================  ======================================================================
+
+The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
+cuDNN's own convolution in the same dtype and format misses by on the same data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from . import implicit_gemm_h16 as _h16
+from . import implicit_gemm_wgmma as _wgmma
+from . import implicit_gemm_wgmma_h16 as _wh
+from .geometry import LaunchGeometry
+from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
+
+FAMILY = "implicit_gemm_tma_h16"
+SOURCE = "implicit_gemm_tma_h16.cuh"
+KERNEL = "bagf::implicit_gemm_tma_h16_conv2d"
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES")
+"""The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
+MIN_ARCH = 90
+KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
+               "unsigned short*, const bagf::Conv2dParams, float*")
+"""The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
+short), the shape, the split-K workspace."""
+BK = 64
+"""Channels per k tile: one 128-byte swizzle row of 16-bit values per pixel and per output channel."""
+
+DTYPES = _wh.DTYPES
+FORMATS = _wh.FORMATS
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "DT": (0, 1),
+    "WN": (64, 128, 192, 256),
+    "MI": (1, 2),
+    "WG": (1, 2),
+    "STAGES": (3, 4, 5, 6),
+    "SPLIT": (1, 2, 4, 8, 16),
+}
+
+# 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
+# and sizes WN, WG, STAGES and SPLIT to the problem.
+DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1}
+
+STATIC_SMEM = 16 + 2 * 8 * 6
+"""Static shared memory (split-K's arrival flag, the deepest ring's full and empty mbarriers), besides the ring."""
+H200_SMS = _wh.H200_SMS
+SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
+INT32_MAX = _wh.INT32_MAX
+SHIFTED_REGISTERS = 168
+"""With two consumer warpgroups (384 threads) each thread gets 168 registers at launch; the producer gives its back
+(setmaxnreg 40) and the consumers take 232."""
+
+
+def bm(c: Mapping[str, int]) -> int:
+    """Output channels per block (grid.y)."""
+    return c["WN"]
+
+
+def bn(c: Mapping[str, int]) -> int:
+    """Output pixels per block (grid.x)."""
+    return 64 * c["MI"] * c["WG"]
+
+
+def threads(c: Mapping[str, int]) -> int:
+    """The consumer warpgroups and the producer warpgroup."""
+    return 128 * (c["WG"] + 1)
+
+
+def smem_bytes(c: Mapping[str, int]) -> int:
+    """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, and 1024 bytes to align it to the swizzle's
+    atom."""
+    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024
+
+
+def estimated_registers(c: Mapping[str, int]) -> int:
+    """Registers per thread at launch: 168 with two consumer warpgroups (the consumers take 232 after the producer
+    gives its back); with one, the accumulators plus 80 for addressing and the epilogue, at most 255. ptxas with
+    nvcc 13.0: 140 registers at 64 accumulators with one consumer warpgroup, no spills at 128 with two."""
+    if c["WG"] == 2:
+        return SHIFTED_REGISTERS
+    return min(255, c["MI"] * c["WN"] // 2 + 80)
+
+
+def applies(problem) -> str | None:
+    """None for a float16 or bfloat16 channels_last problem with C % 8 == 0 (the maps' 16-byte strides)."""
+    return _wh.applies(problem)
+
+
+def k_tiles(problem) -> int:
+    """k tiles (one filter tap's block of 64 channels each) in ``problem``'s reduction: R*S*ceil(C / 64)."""
+    return problem.r * problem.s * -(-problem.c // BK)
+
+
+def tiles(c: Mapping[str, int], problem) -> int:
+    """Output tiles (blocks per slice) of ``c`` on ``problem``."""
+    p, q = problem.out_hw
+    return -(-(problem.n * p * q) // bn(c)) * -(-problem.k // bm(c))
+
+
+def workspace_bytes(c: Mapping[str, int], problem) -> int:
+    """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
+    return _h16.split_workspace_bytes(c.get("SPLIT", 1), tiles(c, problem), bm(c), bn(c))
+
+
+def map_refuses(problem) -> str | None:
+    """Why the host could not encode the TMA maps of ``problem`` (csrc/bagf_ext.cpp ``encode_tma_maps``), or None:
+    stride at most 8 (the im2col traversal step), padding at most 128 and the far corner of the output pixels'
+    window corners within [-128, 127] (the im2col box's corners), the filter's extent (R - 1) * dilation at most 127
+    (the taps' offsets)."""
+    p, q = problem.out_hw
+    dims = ((problem.h, p, problem.r, problem.stride[0], problem.padding[0], problem.dilation[0]),
+            (problem.w, q, problem.s, problem.stride[1], problem.padding[1], problem.dilation[1]))
+    for extent, out, k, s, pad, d in dims:
+        upper = (out - 1) * s + 1 - extent - pad
+        if s > 8 or pad > 128 or not -128 <= upper <= 127 or (k - 1) * d > 127:
+            return ("the TMA maps cannot describe this window: stride above 8, padding above 128, or a filter "
+                    "extent or far corner out of the im2col box's range")
+    return None
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` was compiled for the problem's dtype, C % 8 == 0, the maps can describe the window
+    (:func:`map_refuses`), the epilogue's 32-bit indices hold for the last blocks (N*P*Q + BN and N*P*Q*K below
+    2^31), and a split-K configuration gives every slice 2 k tiles or more within implicit_gemm_h16's
+    ``SPLIT_WORKSPACE_LIMIT`` bytes."""
+    if c["DT"] != DTYPES.get(problem.dtype):
+        return f"compiled for {'bfloat16' if c['DT'] else 'float16'}; this problem is {problem.dtype}"
+    if problem.c % 8:
+        return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    why = map_refuses(problem)
+    if why is not None:
+        return why
+    p, q = problem.out_hw
+    if problem.n * p * q + bn(c) > INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > INT32_MAX:
+        return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
+    return _h16.split_refuses(c.get("SPLIT", 1), k_tiles(problem), tiles(c, problem), bm(c), bn(c), "k tiles")
+
+
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """DEFAULT with the problem's DT and implicit_gemm_wgmma_h16's tile rule (the instruction width WN that pads K
+    least; 64 x 64 tiles of one warpgroup where the grid has under a quarter of the SMs in tiles); the deepest ring
+    of at most 5 stages that fits the device; then the largest SPLIT whose slices still fit one wave."""
+    c = dict(DEFAULT)
+    c["DT"] = DTYPES.get(problem.dtype, 1)
+    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
+    if tiles(c, problem) < sms // 4:
+        c.update(WN=64, WG=1)
+    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 5 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
+                      - STATIC_SMEM)
+    blocks = tiles(c, problem)
+    fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
+    c["SPLIT"] = max(fits, default=1)
+    return c
+
+
+def blocks_per_sm(c: Mapping[str, int]) -> int:
+    return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
+
+
+def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
+    """What a configuration means for ``problem`` beyond its knobs, for ax's model: grid blocks per SM (split
+    slices included), k tiles per slice, and blocks one SM holds at once, each log2."""
+    return {"log2_blocks_per_sm": math.log2(tiles(c, problem) * c["SPLIT"] / sms),
+            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem) // c["SPLIT"]))),
+            "log2_resident": math.log2(blocks_per_sm(c))}
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
+                          dtype=1 + c["DT"], nhwc=1, tma=1)
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90``."""
+    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
+            f"_s{c['SPLIT']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+
+
+gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma and the TMA need the architecture-specific target
+arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
+
+
+def _rules(smem_limit: int):
+    def accumulators(c):
+        if c["MI"] * c["WN"] > 256:
+            return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
+        return None
+
+    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+            register_rule(threads, estimated_registers))
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    """The family's search space for a device with ``smem_limit`` bytes of opt-in shared memory per block."""
+    return Space(FAMILY, PARAMS, _rules(smem_limit))

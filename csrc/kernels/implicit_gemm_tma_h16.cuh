@@ -1,0 +1,247 @@
+// fp16 / bf16 convolution of channels_last tensors as an implicit GEMM on Hopper's wgmma (sm_90a) with both operand
+// tiles brought into shared memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one
+// im2col-mode copy, the weight's tile by one tiled copy, each stage's arrival counted by an mbarrier.
+//
+// Why: implicit_gemm_wgmma_h16.cuh gathers its input tile per thread, one 16-byte cp.async per 8 channels of a
+// pixel with its own address and bounds test, then waits and meets at a block barrier before every wgmma group;
+// on AlexNet's conv4-5 at N = 128 it runs at 0.72-0.87x of cuDNN. Here one thread issues two copies per stage and
+// the TMA unit computes the addresses, the padding (zero fill outside the image) and the walk over output pixels
+// across rows and images; the warps only wait on the stage's mbarrier and issue wgmma. The products, their order
+// and the epilogue are implicit_gemm_wgmma_h16's (wgh::mma, wgh::finish).
+//
+// GEMM view as there: D[npq][k] = sum_kk X[npq][kk] W[k][kk] (+ bias[k]), but the reduction runs tap by tap and
+// 64 channels at a time: k tile t is tap (r, s) = t / CB and channels 64 (t % CB) .. + 63, CB = ceil(C / 64)
+// (channels past C are zeros in both tiles: the maps' out-of-bounds fill), so any C % 8 == 0 works (the maps'
+// 16-byte strides).
+//  - The input map (host: cuTensorMapEncodeIm2col) views x as (C, W, H, N) with the bounding box of the output
+//    pixels' windows' corners: lower corner (-pad_w, -pad_h), upper corner ((Q - 1) stride_w + 1 - W - pad_w, same
+//    for H), traversal strides (stride_w, stride_h); one copy loads BN consecutive output pixels (walking W, then
+//    H, then the image) x 64 channels, starting at the block's first pixel's window corner, shifted by the tap's
+//    offsets (s dil_w, r dil_h); a pixel past the last image reads zeros.
+//  - The weight map (cuTensorMapEncodeTiled) views a KRSC weight as (C, R*S, K); one copy loads WN output channels
+//    x 64 channels of one tap.
+// Both land as 128-byte rows at the 128-byte swizzle wgmma's descriptors read (wgh::desc128), in STAGES-deep rings.
+//
+// Schedule: thread 0 fills the ring, then, each time every warp has released the stage of the tile before (its
+// wgmma group done: an arrival on that stage's "empty" mbarrier), issues the copies of the tile STAGES ahead into
+// it. Every warp waits on the stage's "full" mbarrier (the copies' bytes arrived), issues its wgmma group, waits
+// for the one before, and releases that one's stage. No block barrier in the loop.
+//
+// Template parameters (bagf_torch/kernels/implicit_gemm_tma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
+// WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
+// warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2. Split-K is the
+// launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+//
+// Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
+// encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
+// pointers off 16-byte alignment, strides or corners out of the hardware's ranges. The epilogue's stores are
+// bounds-checked against the run-time shape (32-bit indices, as implicit_gemm_wgmma_h16). Compiled for anything but
+// sm_90a the kernel fails to compile (a static_assert). Includes nothing from torch or the CUDA headers.
+#pragma once
+#include "implicit_gemm_wgmma_h16.cuh"
+
+namespace bagf {
+
+// A CUtensorMap's 128 opaque bytes, 64-byte aligned as the driver writes them (cuda.h is not included here).
+struct alignas(64) TmaMap {
+  unsigned long long v[16];
+};
+
+namespace wgt {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// the barriers' initialisation made visible to the TMA unit (the async proxy) before any copy signals one
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// an arrival where `pred` is nonzero, predicated in the instruction (no branch: a branch between a wgmma group's
+// issue and its wait made ptxas serialize the groups)
+__device__ __forceinline__ void mbar_arrive_if(unsigned bar, unsigned pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "}\n" ::"r"(bar),
+      "r"(pred)
+      : "memory");
+}
+// this thread's arrival, and `bytes` more transaction bytes the phase waits for (the copies signal them)
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// spin until the phase of parity `parity` has completed (acquire); a C++ loop around try_wait (a branch inside
+// the asm made ptxas serialize the wgmma groups around it)
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// im2col-mode copy of a 4-d map (C, W, H, N): coordinates (c, w, h, n) of the first pixel's window corner, the
+// tap's offsets (ow, oh), completion counted on `bar`
+__device__ __forceinline__ void tma_im2col(unsigned dst, const TmaMap* map, int c, int w, int h, int n,
+                                           unsigned short ow, unsigned short oh, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(ow), "h"(oh)
+      : "memory");
+}
+// tiled copy of a 3-d map's box at coordinates (a, b, c), completion counted on `bar`
+__device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a, int b, int c, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(a), "r"(b), "r"(c), "r"(bar)
+      : "memory");
+}
+#endif
+
+}  // namespace wgt
+
+template <int DT, int WN, int MI, int WG, int STAGES>
+__global__ void __launch_bounds__(128 * (WG + 1), 1)
+    implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
+                                 const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
+                                 const Conv2dParams p, float* __restrict__ ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BK = 64;             // channels per k tile: one 128-byte row per pixel and per output channel
+  constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
+  constexpr int BM = WN;             // output channels per block (grid.y)
+  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
+  constexpr int A_BYTES = BN * 128;
+  constexpr int B_BYTES = BM * 128;
+  constexpr int STAGE = A_BYTES + B_BYTES;
+  constexpr int NACC = MI * WN / 2;
+  constexpr bool SHIFT_REGS = WG == 2;  // 384 threads get 168 registers each at launch
+  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
+  static_assert(BN <= 256, "one im2col copy loads at most 256 pixels here");
+  static_assert(STAGES >= 2, "a stage being read and one being filled");
+  static_assert(NACC <= 128, "accumulators fit the register file");
+
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
+  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
+  const unsigned empty0 = full0 + 8 * STAGES;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
+  const int m0 = blockIdx.y * BM;  // first output channel
+  const int cb_n = (p.C + BK - 1) / BK;  // 64-channel blocks per tap
+  const int num_k = p.R * p.S * cb_n;
+  const int split = static_cast<int>(gridDim.z);
+  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
+  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
+
+  if (tid == TC) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
+      wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
+    }
+    wgt::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= TC) {
+    // The producer warpgroup: one thread issues every copy; the others give their registers to the consumers.
+    if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == TC) {
+      // the block's first output pixel's window corner (the map's traversal walks on from there)
+      const int img = n0 / (p.P * p.Q);
+      const int pq = n0 - img * (p.P * p.Q);
+      const int oh = pq / p.Q;
+      const int ow = pq - oh * p.Q;
+      const int base_h = oh * p.stride_h - p.pad_h;
+      const int base_w = ow * p.stride_w - p.pad_w;
+      int tap = t_begin / cb_n;
+      int cb = t_begin - tap * cb_n;
+      int r = tap / p.S;
+      int s = tap - r * p.S;
+      int slot = 0;
+      unsigned phase = 0;
+      for (int t = 0; t < tiles; ++t) {
+        if (t >= STAGES) wgt::mbar_wait(empty0 + 8 * slot, phase ^ 1u);  // the tile STAGES before released it
+        const unsigned st = smem0 + slot * STAGE;
+        const unsigned bar = full0 + 8 * slot;
+        wgt::mbar_arrive_expect_tx(bar, STAGE);
+        wgt::tma_im2col(st, &xmap, cb * BK, base_w, base_h, img, static_cast<unsigned short>(s * p.dil_w),
+                        static_cast<unsigned short>(r * p.dil_h), bar);
+        wgt::tma_tile3(st + A_BYTES, &wmap, cb * BK, tap, m0, bar);
+        if (++cb == cb_n) {
+          cb = 0;
+          ++tap;
+          if (++s == p.S) {
+            s = 0;
+            ++r;
+          }
+        }
+        if (++slot == STAGES) {
+          slot = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    return;  // (the consumers' split-K hand-over meets at a named barrier of their own)
+  }
+  if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+
+  float acc[MI][WN / 2];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) {
+      acc[mi][v] = 0.f;
+      wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
+    }
+
+  const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);  // this warpgroup's MI blocks of 64 pixel rows
+  int slot = 0;
+  unsigned phase = 0;
+  int prev = STAGES - 1;
+  for (int i = 0; i < tiles; ++i) {
+    wgt::mbar_wait(full0 + 8 * slot, phase);
+    const unsigned sa = smem0 + slot * STAGE;
+    wg::fence();
+#pragma unroll
+    for (int s = 0; s < BK / 16; ++s)
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        wgh::mma<DT, WN>(acc[mi], wgh::desc128(sa + a_rows + mi * (64 * 128) + 32 * s),
+                         wgh::desc128(sa + A_BYTES + 32 * s));
+    wg::commit();
+    wg::wait<1>();  // this warpgroup's group of tile i - 1 is done: its stage may be refilled
+    wgt::mbar_arrive_if(empty0 + 8 * prev, i > 0 && (tid & 31) == 0);
+    prev = slot;
+    if (++slot == STAGES) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+  wg::wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
+
+  wgh::finish<DT, WN, MI, WG, false>(acc, p, bias, y, ws, n0, m0);
+#elif defined(__CUDA_ARCH__)
+  static_assert(WN < 0, "implicit_gemm_tma_h16_conv2d needs sm_90a (wgmma, TMA): compile with --gpu-architecture=sm_90a");
+#endif
+}
+
+}  // namespace bagf

@@ -1,0 +1,64 @@
+"""The TMA wgmma implicit-GEMM family's space, start point, problem rule and launch (CPU); its kernel is checked on
+the GPU by tests/test_gpu.py (odd channels_last shapes in bf16 and fp16 within twice cuDNN's error, the same bits
+as implicit_gemm_wgmma_h16's twin tile where C % 64 == 0, split-K in CUDA graphs, opcheck, torch.compile) and
+compiled by tests/test_nvcc.py."""
+
+from bagf_torch.kernels import family_refuses
+from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+from bagf_torch.problem import ConvProblem
+
+
+def _problem(n, c, h, k, r, dtype="bfloat16", layout="nhwc", stride=1, pad=None, dil=1):
+    pad = r // 2 if pad is None else pad
+    return ConvProblem(n=n, c=c, h=h, w=h, k=k, r=r, s=r, stride=(stride, stride), padding=(pad, pad),
+                       dilation=(dil, dil), bias=True, dtype=dtype, layout=layout)
+
+
+def test_every_valid_config_obeys_the_documented_rules():
+    valid = th.space().valid_configs()
+    assert len(valid) > 300
+    for c in valid:
+        g = th.launch(c)
+        assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
+        assert (g.dtype, g.nhwc, g.tma, g.split) == (1 + c["DT"], 1, 1, c["SPLIT"])
+        assert c["MI"] * c["WN"] // 2 <= 128
+        assert th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
+    assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
+    assert len({th.name_expression(c) for c in valid}) == len({th.name(dict(c, SPLIT=1)) for c in valid})
+    s = th.space()
+    assert "accumulators" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=2))
+    assert "shared memory" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
+
+
+def test_names_formats_and_the_problem_rule():
+    assert th.name(th.DEFAULT) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90"
+    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5>"
+    assert th.gpu_arch(th.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in th.arch_rule(th.DEFAULT, "sm_80")
+    conv3 = _problem(32, 192, 13, 384, 3)
+    assert th.applies(conv3) is None and "channels_last" in th.applies(_problem(32, 192, 13, 384, 3, layout="nchw"))
+    assert "multiple of 8" in th.applies(_problem(32, 3, 224, 64, 11, stride=4))
+    assert th.problem_rule(th.DEFAULT, conv3) is None
+    assert "compiled for bfloat16" in th.problem_rule(th.DEFAULT, _problem(32, 192, 13, 384, 3, "float16"))
+    # k tiles are a tap's 64 channels: C = 72 takes 2 per tap (the second mostly zeros)
+    assert th.k_tiles(conv3) == 27 and th.k_tiles(_problem(1, 72, 13, 64, 3)) == 18
+    # what the TMA maps cannot describe stays out of the space (the host would send it to ATen)
+    assert "TMA" in th.problem_rule(th.DEFAULT, _problem(2, 16, 64, 16, 3, stride=9))
+    assert "TMA" in th.problem_rule(th.DEFAULT, _problem(2, 16, 300, 16, 3, pad=129))
+    assert "TMA" in th.problem_rule(th.DEFAULT, _problem(2, 16, 300, 16, 3, dil=64))
+    assert th.problem_rule(th.DEFAULT, _problem(2, 16, 300, 16, 3, dil=63)) is None
+    assert th.problem_rule(th.DEFAULT, _problem(2, 16, 64, 16, 11, stride=4, pad=2)) is None
+    conv3_1 = _problem(1, 192, 13, 384, 3)
+    assert th.problem_rule(dict(th.DEFAULT, SPLIT=8), conv3_1) is None  # 27 // 8 = 3 k tiles per slice
+    assert "under 2" in th.problem_rule(dict(th.DEFAULT, SPLIT=16), conv3_1)
+    assert family_refuses(th.FAMILY, dict(th.DEFAULT, DT=0), conv3_1) is not None
+
+
+def test_the_start_point_follows_the_grid():
+    # AlexNet conv3 at N = 128: 128 x 128 tiles, 5 stages, no split; at N = 1: 64 x 64 tiles split to fill the SMs
+    big = th.default_for(_problem(128, 192, 13, 384, 3))
+    assert (big["WN"], big["WG"], big["STAGES"], big["SPLIT"]) == (128, 2, 5, 1)
+    one = th.default_for(_problem(1, 192, 13, 384, 3))
+    assert (one["WN"], one["WG"], one["MI"]) == (64, 1, 1) and one["SPLIT"] > 1
+    assert th.tiles(one, _problem(1, 192, 13, 384, 3)) * one["SPLIT"] <= th.H200_SMS
+    assert th.default_for(_problem(32, 64, 27, 192, 5))["WN"] == 192
+    assert th.default_for(_problem(32, 192, 13, 384, 3, "float16"))["DT"] == 0
