@@ -199,12 +199,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 ((geo.split != 1 && (geo.dtype == 0 || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
                geo.tma < 0 || geo.tma > 1 ||
-               (geo.tma && (geo.dtype == 0 || !geo.nhwc || geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
+               (geo.tma && (geo.dtype == 0 || geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit implicit "
-                "GEMM; staged outputs NCHW only; TMA maps only in a 16-bit channels_last implicit GEMM of tiles of at "
-                "most 256 x 256)");
+                "GEMM; staged outputs NCHW only; TMA maps only in a 16-bit implicit GEMM of tiles of at most 256 x 256)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -377,9 +376,11 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
     const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-    const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);  // (else converted: a fresh allocation)
+    // (an input or weight in another format is copied first: a fresh allocation, aligned)
+    const bool x_direct = geo.nhwc != 0;
+    const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);
     if (x.size(1) % 8 != 0) return "a TMA plan reads 8 channels (16 bytes) at a time; C is not a multiple of 8";
-    if ((reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0 ||
+    if ((x_direct && (reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0) ||
         (w_direct && (reinterpret_cast<uintptr_t>(w.const_data_ptr()) & 15) != 0))
       return "input or weight is not 16-byte aligned (a TMA plan's maps need it)";
     for (int i = 0; i < 2; ++i) {
@@ -521,11 +522,14 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   p.dil_w = static_cast<int>(dilation[1]);
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
-  // The kernels read the weight in the plan's format (KRSC for a channels_last plan): a weight in the other format
-  // is converted for this call. unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get
-  // a contiguous weight, so for them this is the weight itself.
-  const at::Tensor wf = w.is_contiguous(plan_format(geo)) ? w : w.contiguous(plan_format(geo));
-  const void* xp = x.const_data_ptr();
+  // The kernels read the weight in the plan's format (KRSC for a channels_last plan and for every TMA plan): a
+  // weight in another format is converted for this call. unsupported_reason has checked dtypes and shapes, and that
+  // fp32 and NCHW plans get a contiguous weight, so for them (TMA plans aside) this is the weight itself. An NCHW
+  // TMA plan reads a channels_last copy of the input (its maps view channels innermost) and writes NCHW.
+  const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
+  const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
+  const at::Tensor xf = geo.tma && !geo.nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+  const void* xp = xf.const_data_ptr();
   const void* wp = wf.const_data_ptr();
   const void* bp = has_bias ? b->const_data_ptr() : nullptr;
   void* yp = y.mutable_data_ptr();

@@ -1055,12 +1055,12 @@ _TMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, ST
 
 
 def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compiler):
-    """implicit_gemm_tma_h16 in bf16 and fp16 channels_last: six tiles (every WN, MI and WG, rings of 3-6) with split-K
-    1, 2 and 8 on odd NHWC shapes with C % 8 == 0 (non-square images, unequal strides, padding and dilation, K and
+    """implicit_gemm_tma_h16 in bf16 and fp16, channels_last and NCHW: six tiles (every WN, MI and WG, rings of 3-6) with
+    split-K 1, 2 and 8 on odd shapes with C % 8 == 0 (non-square images, unequal strides, padding and dilation, K and
     N*P*Q off every tile, C not a multiple of 64: the maps' zero fill), NaN-poisoned output within twice cuDNN's error
     against float64 wherever the tuner would run them. Where C % 64 == 0 its k tiles are implicit_gemm_wgmma_h16's
-    (a tap's 64 channels): the same products in the same order, so the same bits as that family's twin tile (KS = 1).
-    A grid of many waves gives the same bits on every call; a split-K plan the same eager and in a CUDA graph;
+    (a tap's 64 channels): the same products in the same order, so the same bits as that family's twin tile (KS = 1);
+    an NCHW plan gives its channels_last twin's bits in NCHW. A grid of many waves gives the same bits on every call; a split-K plan the same eager and in a CUDA graph;
     opcheck passes; torch.compile(fullgraph=True) gives the eager bits."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
@@ -1099,6 +1099,29 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
                 compared += 1
                 if not torch.equal(got, want):
                     differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
+    assert compared > 0 and not differ, (compared, differ[:10])
+    # NCHW: the same kernels on a channels_last copy of the input, writing NCHW; correct on the odd shapes, and the
+    # channels_last plan's values, bit for bit, in the other layout
+    nchw_fmts = [("bfloat16", "nchw"), ("float16", "nchw")]
+    nchw_cfgs = [dict(c, NHWC=0) for c in configs if c["SPLIT"] != 2]
+    nchw_built = dict(zip(map(fam.name, nchw_cfgs), _compile_and_check(compiler, fam, nchw_cfgs, shapes, nchw_fmts)))
+    differ, compared = [], 0
+    for fmt in nchw_fmts:
+        for shape in shapes:
+            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+            x_cl, w_cl = ws.x.contiguous(memory_format=torch.channels_last), ws.w.contiguous(
+                memory_format=torch.channels_last)
+            for c in nchw_cfgs:
+                if c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt):
+                    continue
+                with torch.no_grad():
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, nchw_built[fam.name(c)].handle)
+                    want = compiler.ext.conv2d_inference(x_cl, w_cl, ws.b, *ws.args,
+                                                         built[fam.name(dict(c, NHWC=1))].handle)
+                assert got.is_contiguous() and want.is_contiguous(memory_format=torch.channels_last)
+                compared += 1
+                if not torch.equal(got, want.contiguous()):
+                    differ.append((shape, fmt, fam.name(c)))
     assert compared > 0 and not differ, (compared, differ[:10])
     checker = CudaChecker(compiler.ext)
     big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))

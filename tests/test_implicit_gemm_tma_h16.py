@@ -20,7 +20,7 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = th.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split) == (1 + c["DT"], 1, 1, c["SPLIT"])
+        assert (g.dtype, g.nhwc, g.tma, g.split) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"])
         assert c["MI"] * c["WN"] // 2 <= 128
         assert th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
@@ -32,10 +32,19 @@ def test_every_valid_config_obeys_the_documented_rules():
 
 def test_names_formats_and_the_problem_rule():
     assert th.name(th.DEFAULT) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90"
-    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5>"
+    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1>"
+    assert th.name(dict(th.DEFAULT, NHWC=0, DT=0)) == "implicit_gemm_tma_h16_fp16_nchw_wn128_mi1_wg2_st5_s1_sm90"
+    # a configuration recorded before the knob is a channels_last one
+    legacy = {k: v for k, v in th.DEFAULT.items() if k != "NHWC"}
+    assert th.name(legacy) == th.name(th.DEFAULT) and th.launch(legacy) == th.launch(th.DEFAULT)
+    assert th.name_expression(legacy) == th.name_expression(th.DEFAULT)
     assert th.gpu_arch(th.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in th.arch_rule(th.DEFAULT, "sm_80")
     conv3 = _problem(32, 192, 13, 384, 3)
-    assert th.applies(conv3) is None and "channels_last" in th.applies(_problem(32, 192, 13, 384, 3, layout="nchw"))
+    nchw = _problem(32, 192, 13, 384, 3, layout="nchw")
+    assert th.applies(conv3) is None and th.applies(nchw) is None
+    assert "float32" in th.applies(_problem(32, 192, 13, 384, 3, "float32", layout="nchw"))
+    assert "nchw" in th.problem_rule(th.DEFAULT, nchw) and th.problem_rule(th.default_for(nchw), nchw) is None
+    assert th.default_for(nchw)["NHWC"] == 0
     assert "multiple of 8" in th.applies(_problem(32, 3, 224, 64, 11, stride=4))
     assert th.problem_rule(th.DEFAULT, conv3) is None
     assert "compiled for bfloat16" in th.problem_rule(th.DEFAULT, _problem(32, 192, 13, 384, 3, "float16"))

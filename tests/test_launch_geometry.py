@@ -28,11 +28,13 @@ from bagf_torch.kernels.geometry import FIELDS, LaunchGeometry
 
 EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
     'implicit_gemm_tma_h16': [
-        ({'DT': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1},
+        ({'DT': 1, 'NHWC': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1},
          (128, 128, 384, 164864, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1)),
-        ({'DT': 0, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8},
+        ({'DT': 1, 'NHWC': 0, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1},
+         (192, 128, 384, 123904, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 1)),
+        ({'DT': 0, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8},
          (64, 64, 256, 50176, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1)),
-        ({'DT': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2},
+        ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2},
          (256, 128, 384, 148480, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1)),
     ],
     'implicit_gemm_tc': [

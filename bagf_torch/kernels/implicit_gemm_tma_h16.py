@@ -1,5 +1,5 @@
-"""Kernel family ``implicit_gemm_tma_h16``: fp16 and bf16 implicit-GEMM convolution of channels_last tensors on
-Hopper's wgmma with both operand tiles copied by the TMA unit (csrc/kernels/implicit_gemm_tma_h16.cuh).
+"""Kernel family ``implicit_gemm_tma_h16``: fp16 and bf16 implicit-GEMM convolution on Hopper's wgmma with both operand
+tiles copied by the TMA unit (csrc/kernels/implicit_gemm_tma_h16.cuh), channels_last and NCHW.
 
 The arithmetic, tiles, products and epilogue of ``implicit_gemm_wgmma_h16`` (fp32 sums, bias in fp32 before the one
 rounding to the output dtype, split-K's ordered hand-over), with another data path: the input's im2col tile is one
@@ -10,7 +10,9 @@ only wait and issue wgmma. The reduction runs tap by tap in blocks of 64 channel
 any C % 8 == 0 is served by whole copies. The host encodes the two maps per call (csrc/bagf_ext.cpp
 ``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor off 16-byte alignment, stride above 8,
 padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems out of the
-space.
+space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
+channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input that the host makes per call
+(and a KRSC copy of the weight), and the epilogue writes the NCHW output directly.
 
 Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
 
@@ -18,6 +20,8 @@ Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules en
 knob      values              rule
 ========  ==================  ======================================================================
 DT        0 1                 the problem's dtype: 0 float16, 1 bfloat16
+NHWC      0 1                 the problem's memory format: 0 NCHW (the output written NCHW), 1
+                              channels_last
 WN        64 128 192 256      wgmma's N: output channels per block (one weight copy's rows)
 MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/2 fp32 accumulators
                               per thread, at most 128
@@ -47,7 +51,7 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_tma_h16"
 SOURCE = "implicit_gemm_tma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_tma_h16_conv2d"
-TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES")
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
@@ -58,10 +62,16 @@ BK = 64
 """Channels per k tile: one 128-byte swizzle row of 16-bit values per pixel and per output channel."""
 
 DTYPES = _wh.DTYPES
-FORMATS = _wh.FORMATS
+LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
+"""The problem's memory format (``ConvProblem.layout``) -> NHWC."""
+FORMATS: tuple[tuple[str, str], ...] = tuple((d, layout) for d in DTYPES for layout in LAYOUTS)
+"""The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
+LEGACY: Config = {"NHWC": 1}
+"""Configurations recorded before the NCHW kernels were channels_last ones."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "DT": (0, 1),
+    "NHWC": (0, 1),
     "WN": (64, 128, 192, 256),
     "MI": (1, 2),
     "WG": (1, 2),
@@ -71,7 +81,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
 
 # 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
 # and sizes WN, WG, STAGES and SPLIT to the problem.
-DEFAULT: Config = {"DT": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
 """Static shared memory (split-K's arrival flag, the deepest ring's full and empty mbarriers), besides the ring."""
@@ -114,8 +124,13 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 
 
 def applies(problem) -> str | None:
-    """None for a float16 or bfloat16 channels_last problem with C % 8 == 0 (the maps' 16-byte strides)."""
-    return _wh.applies(problem)
+    """None for a float16 or bfloat16 problem (NCHW or channels_last) with C % 8 == 0 (the maps' 16-byte
+    strides)."""
+    if (problem.dtype, problem.layout) not in FORMATS:
+        return f"computes float16 and bfloat16; this problem is {problem.dtype} {problem.layout}"
+    if problem.c % 8:
+        return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    return None
 
 
 def k_tiles(problem) -> int:
@@ -155,8 +170,10 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     (:func:`map_refuses`), the epilogue's 32-bit indices hold for the last blocks (N*P*Q + BN and N*P*Q*K below
     2^31), and a split-K configuration gives every slice 2 k tiles or more within implicit_gemm_h16's
     ``SPLIT_WORKSPACE_LIMIT`` bytes."""
-    if c["DT"] != DTYPES.get(problem.dtype):
-        return f"compiled for {'bfloat16' if c['DT'] else 'float16'}; this problem is {problem.dtype}"
+    c = {**LEGACY, **c}
+    if (c["DT"], c["NHWC"]) != (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout)):
+        return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; this "
+                f"problem is {problem.dtype} {problem.layout}")
     if problem.c % 8:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
     why = map_refuses(problem)
@@ -174,6 +191,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     of at most 5 stages that fits the device; then the largest SPLIT whose slices still fit one wave."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
+    c["NHWC"] = LAYOUTS.get(problem.layout, 1)
     c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
@@ -198,19 +216,21 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
-                          dtype=1 + c["DT"], nhwc=1, tma=1)
+                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90``."""
-    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
+    """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``."""
+    c = {**LEGACY, **c}
+    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
 
 
 gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma and the TMA need the architecture-specific target

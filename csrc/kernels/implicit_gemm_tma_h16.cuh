@@ -1,6 +1,8 @@
-// fp16 / bf16 convolution of channels_last tensors as an implicit GEMM on Hopper's wgmma (sm_90a) with both operand
-// tiles brought into shared memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one
-// im2col-mode copy, the weight's tile by one tiled copy, each stage's arrival counted by an mbarrier.
+// fp16 / bf16 convolution as an implicit GEMM on Hopper's wgmma (sm_90a) with both operand tiles brought into shared
+// memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one im2col-mode copy of a channels_last
+// input, the weight's tile by one tiled copy of a KRSC weight, each stage's arrival counted by an mbarrier. The
+// output is channels_last (NHWC = 1) or NCHW (NHWC = 0: the host hands an NCHW call's input over as a channels_last
+// copy, and the epilogue writes NCHW).
 //
 // Why: implicit_gemm_wgmma_h16.cuh gathers its input tile per thread, one 16-byte cp.async per 8 channels of a
 // pixel with its own address and bounds test, then waits and meets at a block barrier before every wgmma group;
@@ -29,8 +31,8 @@
 //
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
 // WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
-// warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2. Split-K is the
-// launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+// warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2, NHWC the output's
+// format. Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
@@ -111,7 +113,7 @@ __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a
 
 }  // namespace wgt
 
-template <int DT, int WN, int MI, int WG, int STAGES>
+template <int DT, int WN, int MI, int WG, int STAGES, int NHWC>
 __global__ void __launch_bounds__(128 * (WG + 1), 1)
     implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
                                  const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
 #pragma unroll
     for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
 
-  wgh::finish<DT, WN, MI, WG, false>(acc, p, bias, y, ws, n0, m0);
+  wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, n0, m0);
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_tma_h16_conv2d needs sm_90a (wgmma, TMA): compile with --gpu-architecture=sm_90a");
 #endif

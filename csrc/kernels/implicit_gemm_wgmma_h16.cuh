@@ -173,12 +173,13 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
 // The end of a block of either kernel: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's
 // protocol: each slice's sums in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the
 // last slice of the tile to arrive adds them all in slice order, so the output does not depend on the schedule),
-// then bias in fp32 and the one rounding to the output dtype, stored into the channels_last output. Accumulator
+// then bias in fp32 and the one rounding to the output dtype, stored into the channels_last output (NHWC true) or
+// the NCHW one (NHWC false: each of a warp's stores then covers 8 runs of 8 pixels of one channel). Accumulator
 // 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4 + 8 h, channel
 // 8 j + 2 (lane % 4) + e. The block's threads 0 .. 128 WG - 1 hold the accumulators and run this; with ALL false
 // the block has other threads (a producer warpgroup after them) that do not, and the split-K hand-over meets at a
 // named barrier of the 128 WG instead of the block's.
-template <int DT, int WN, int MI, int WG, bool ALL>
+template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
 __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                        const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
                                        float* __restrict__ ws, int n0, int m0) {
@@ -228,31 +229,51 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
   }
   const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & 3ull) == 0;
   const int tig = lane & 3;
+  const int PQ = p.P * p.Q;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
       if (npq >= NPQ) continue;
-      unsigned short* yrow = y + npq * p.K;
+      if constexpr (NHWC) {
+        unsigned short* yrow = y + npq * p.K;
 #pragma unroll
-      for (int j = 0; j < WN / 8; ++j) {
-        const int ch = m0 + 8 * j + 2 * tig;
-        if (ch >= p.K) continue;
-        float v0 = acc[mi][4 * j + 2 * h];
-        float v1 = acc[mi][4 * j + 2 * h + 1];
-        const bool two = ch + 1 < p.K;
-        if (p.has_bias) {
-          v0 += h16::to_f32<DT>(__ldg(bias + ch));
-          if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
+        for (int j = 0; j < WN / 8; ++j) {
+          const int ch = m0 + 8 * j + 2 * tig;
+          if (ch >= p.K) continue;
+          float v0 = acc[mi][4 * j + 2 * h];
+          float v1 = acc[mi][4 * j + 2 * h + 1];
+          const bool two = ch + 1 < p.K;
+          if (p.has_bias) {
+            v0 += h16::to_f32<DT>(__ldg(bias + ch));
+            if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
+          }
+          const unsigned short o0 = h16::from_f32<DT>(v0);
+          if (pairs && two) {
+            const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
+            *reinterpret_cast<unsigned*>(yrow + ch) = o;
+          } else {
+            yrow[ch] = o0;
+            if (two) yrow[ch + 1] = h16::from_f32<DT>(v1);
+          }
         }
-        const unsigned short o0 = h16::from_f32<DT>(v0);
-        if (pairs && two) {
-          const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
-          *reinterpret_cast<unsigned*>(yrow + ch) = o;
-        } else {
-          yrow[ch] = o0;
-          if (two) yrow[ch + 1] = h16::from_f32<DT>(v1);
+      } else {
+        const int img = npq / PQ;
+        unsigned short* ypix = y + img * p.K * PQ + (npq - img * PQ);  // channel ch at ypix[ch * PQ]
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) {
+          const int ch = m0 + 8 * j + 2 * tig;
+          if (ch >= p.K) continue;
+          float v0 = acc[mi][4 * j + 2 * h];
+          float v1 = acc[mi][4 * j + 2 * h + 1];
+          const bool two = ch + 1 < p.K;
+          if (p.has_bias) {
+            v0 += h16::to_f32<DT>(__ldg(bias + ch));
+            if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
+          }
+          ypix[ch * PQ] = h16::from_f32<DT>(v0);
+          if (two) ypix[(ch + 1) * PQ] = h16::from_f32<DT>(v1);
         }
       }
     }
