@@ -35,6 +35,17 @@ SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.
+
+Speed on the H200, bf16 channels_last, the whole space timed against cuDNN in CUDA graphs
+(benchmarks/results/family_sweep_implicit_gemm_tma_h16_h200_bf16_nhwc.md): the best tiles run AlexNet's conv2-5 at
+484-546 TFLOP/s at N = 128 (1.21-1.37x cuDNN; ``implicit_gemm_wgmma_h16``'s best, gathering per thread, reached
+354-412) and at 1.18-1.74x cuDNN at N = 32; 128 x 128 tiles of two consumer warpgroups with 4-5 stages are the best
+on conv3-5, WN = 192 with 3 stages on conv2 (K = 192). Tuned with the library's defaults
+(bench_layers_h200_{bf16_nhwc,fp16_nhwc,bf16_nchw}.md) it takes conv2-5 at N = 32 and 128 and, split 4 ways in
+64 x 64 tiles, conv3-5 at N = 1. In NCHW its plans on AlexNet's conv2-3 at N = 128 took 23-25 us more than the
+channels_last ones (140.6 / 84.6 us against 117.1 / 59.4), and cuDNN's NCHW kernels kept conv4-5 there. Not measured
+apart: the input's copy (8-17 MB each way) and the epilogue's NCHW stores (each warp store writes 8 runs of 16 bytes);
+an epilogue staged through shared memory would write whole rows.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ tile on AlexNet's conv2-5 at N = 32 and 128, 0.65-0.77x with this kernel's usual
 warpgroups), and never ahead of this kernel's best; signalling two tiles behind the last issue or as many as the ring
 allows made no difference (benchmarks/results/family_sweep_implicit_gemm_wgmma_h16_h200_bf16_nhwc_ws.md). The
 gather itself (one 16-byte cp.async per 8 channels of a pixel, bounds-tested per thread) is what a faster variant
-would change: the Hopper TMA's im2col mode loads a whole tile of output pixels per instruction.
+would change: ``implicit_gemm_tma_h16`` computes the same products with the TMA unit's im2col-mode copies (one per
+tile of output pixels) and reaches 484-546 TFLOP/s on the same layers.
 """
 
 from __future__ import annotations
