@@ -960,6 +960,44 @@ def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compile
                         assert torch.equal(off, aligned), (dtype, c_in, fam.name(c), xi is xm, wi is wm)
 
 
+def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle):
+    """The start point of a 16-bit wgmma family on a grid of many waves (AlexNet conv3 at N = 128) gives the same bits
+    on every call (a stage overwritten while a warpgroup still reads it would show as a call that differs); the
+    split-K plan ``split_handle`` (bf16 channels_last) is within twice cuDNN's error and gives the same bits eager and
+    in a CUDA graph, passes opcheck, and gives the eager bits under torch.compile(fullgraph=True)."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    checker = CudaChecker(compiler.ext)
+    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
+    ws = Workspace(big, torch.device("cuda", 0))
+    start = fam.default_for(big)
+    h = compiler.compile(fam, [start])[0].handle
+    assert checker.check(ws, h) is None
+    with torch.no_grad():
+        first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
+        assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
+                   for _ in range(50)), fam.name(start)
+    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(384, device="cuda").to(torch.bfloat16)
+    op = torch.ops.bagf.conv2d.default
+    with torch.no_grad():
+        first = op(x, w, b, [1, 1], [1, 1], [1, 1], split_handle)
+        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
+        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], split_handle), first)
+    torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], split_handle))
+    torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], split_handle))
+
+    def compiled_fn(a):
+        return op(a, w, b, [1, 1], [1, 1], [1, 1], split_handle)
+
+    with torch.no_grad():
+        got = torch.compile(compiled_fn, fullgraph=True)(x)
+    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
+
+
 # implicit_gemm_wgmma_h16's tiles: every WN, MI, WG and KS and the shallowest and deepest rings
 _WGMMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3, KS=2), dict(WN=128, MI=2, WG=2, STAGES=4, KS=1),
                     dict(WN=192, MI=1, WG=2, STAGES=5, KS=1), dict(WN=256, MI=1, WG=1, STAGES=5, KS=1),
@@ -1016,37 +1054,8 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
                 if not torch.equal(got, want):
                     differ.append((shape, fmt, fam.name(c)))
     assert not differ, differ[:10]
-    # a grid of many waves (AlexNet conv3 at N = 128, the start point): the same bits on every call (a stage
-    # overwritten while a warpgroup still reads it would show as a call that differs)
-    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
-    ws = Workspace(big, torch.device("cuda", 0))
-    start = fam.default_for(big)
-    h = compiler.compile(fam, [start])[0].handle
-    assert checker.check(ws, h) is None
-    with torch.no_grad():
-        first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
-        assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
-                   for _ in range(50)), fam.name(start)
-    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
-    w = w.contiguous(memory_format=torch.channels_last)
-    b = torch.randn(384, device="cuda").to(torch.bfloat16)
-    handle = built[fam.name(dict(fam.DEFAULT, **_WGMMA_H16_TILES[1], SPLIT=8, DT=1))].handle
-    op = torch.ops.bagf.conv2d.default
-    with torch.no_grad():
-        first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
-        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
-        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first)
-    torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], handle))
-    torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], handle))
-
-    def compiled_fn(a):
-        return op(a, w, b, [1, 1], [1, 1], [1, 1], handle)
-
-    with torch.no_grad():
-        got = torch.compile(compiled_fn, fullgraph=True)(x)
-    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
+    _wgmma_h16_schedule_and_op_checks(
+        compiler, fam, built[fam.name(dict(fam.DEFAULT, **_WGMMA_H16_TILES[1], SPLIT=8, DT=1))].handle)
 
 
 _TMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
@@ -1060,9 +1069,9 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     N*P*Q off every tile, C not a multiple of 64: the maps' zero fill), NaN-poisoned output within twice cuDNN's error
     against float64 wherever the tuner would run them. Where C % 64 == 0 its k tiles are implicit_gemm_wgmma_h16's
     (a tap's 64 channels): the same products in the same order, so the same bits as that family's twin tile (KS = 1);
-    an NCHW plan gives its channels_last twin's bits in NCHW. A grid of many waves gives the same bits on every call; a split-K plan the same eager and in a CUDA graph;
-    opcheck passes; torch.compile(fullgraph=True) gives the eager bits."""
-    from bagf_torch.tuning.measure import CudaChecker, Workspace
+    an NCHW plan gives its channels_last twin's bits in NCHW. Then _wgmma_h16_schedule_and_op_checks: many waves,
+    CUDA graphs, opcheck, torch.compile."""
+    from bagf_torch.tuning.measure import Workspace
 
     fam = _family("implicit_gemm_tma_h16")
     twin_fam = _family("implicit_gemm_wgmma_h16")
@@ -1123,36 +1132,8 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
                 if not torch.equal(got, want.contiguous()):
                     differ.append((shape, fmt, fam.name(c)))
     assert compared > 0 and not differ, (compared, differ[:10])
-    checker = CudaChecker(compiler.ext)
-    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
-    ws = Workspace(big, torch.device("cuda", 0))
-    start = fam.default_for(big)
-    h = compiler.compile(fam, [start])[0].handle
-    assert checker.check(ws, h) is None
-    with torch.no_grad():
-        first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
-        assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
-                   for _ in range(50)), fam.name(start)
-    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
-    w = w.contiguous(memory_format=torch.channels_last)
-    b = torch.randn(384, device="cuda").to(torch.bfloat16)
-    handle = built[fam.name(dict(fam.DEFAULT, **_TMA_H16_TILES[1], SPLIT=8, DT=1))].handle
-    op = torch.ops.bagf.conv2d.default
-    with torch.no_grad():
-        first = op(x, w, b, [1, 1], [1, 1], [1, 1], handle)
-        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
-        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
-        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], handle), first)
-    torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], handle))
-    torch.library.opcheck(op, (x, w, None, [2, 2], [0, 0], [1, 1], handle))
-
-    def compiled_fn(a):
-        return op(a, w, b, [1, 1], [1, 1], [1, 1], handle)
-
-    with torch.no_grad():
-        got = torch.compile(compiled_fn, fullgraph=True)(x)
-    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())
+    _wgmma_h16_schedule_and_op_checks(
+        compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_H16_TILES[1], SPLIT=8, DT=1))].handle)
 
 
 def _h16_model(dtype, layout):

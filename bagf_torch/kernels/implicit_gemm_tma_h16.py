@@ -203,7 +203,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
     c["NHWC"] = LAYOUTS.get(problem.layout, 1)
-    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
+    c["WN"] = _wh.instruction_width(problem.k)
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
     c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 5 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
@@ -249,12 +249,7 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def _rules(smem_limit: int):
-    def accumulators(c):
-        if c["MI"] * c["WN"] > 256:
-            return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
-        return None
-
-    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

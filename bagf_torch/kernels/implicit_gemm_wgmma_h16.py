@@ -182,7 +182,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     N = 1."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
-    c["WN"] = min(PARAMS["WN"], key=lambda wn: (-(-problem.k // wn) * wn, abs(wn - 128), -wn))
+    c["WN"] = instruction_width(problem.k)
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
     c["STAGES"] = 5 if smem_bytes(dict(c, STAGES=5)) <= RING5_LIMIT else 4
@@ -224,13 +224,21 @@ gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma needs the architecture-specific targ
 arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
-def _rules(smem_limit: int):
-    def accumulators(c):
-        if c["MI"] * c["WN"] > 256:
-            return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
-        return None
+def accumulator_rule(c: Mapping[str, int]) -> str | None:
+    """MI*WN/2 fp32 accumulators per thread fit the registers (at most 128); also implicit_gemm_tma_h16's rule."""
+    if c["MI"] * c["WN"] > 256:
+        return f"MI*WN/2 = {c['MI'] * c['WN'] // 2} accumulators per thread; at most 128 fit the registers"
+    return None
 
-    return (accumulators, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+
+def instruction_width(k: int) -> int:
+    """The wgmma N (a WN value) that pads K output channels least, the nearest to 128 on a tie (the wider of two as
+    near): K = 384 and 256 take 128, K = 192 takes 192, K = 64 takes 64. Also implicit_gemm_tma_h16's start."""
+    return min(PARAMS["WN"], key=lambda wn: (-(-k // wn) * wn, abs(wn - 128), -wn))
+
+
+def _rules(smem_limit: int):
+    return (accumulator_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 
