@@ -263,6 +263,35 @@ def test_h16_pipeline_stages_compile_without_spills(tmp_path):
         assert has == (args[-1] >= 3), (args, has)
 
 
+def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
+    """implicit_gemm_tma_h16 at its start point, its largest accumulator tiles (128 per consumer thread, one and two
+    consumer warpgroups) and its deepest rings, channels_last and NCHW, compiled for sm_90a: no stack frame, no spills,
+    and no "wgmma ... serialized" performance warning from ptxas (C7515: where anything but a wgmma defines the
+    accumulators between a group's issue and its wait -- an accumulator zeroed by plain moves that ptxas re-creates
+    inside the loop did -- ptxas makes every wgmma wait for the one before). Two consumer warpgroups run at 168
+    registers per thread at launch, which the producer's setmaxnreg hands over."""
+    from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+
+    space = th.space()
+    configs = [th.DEFAULT, dict(th.DEFAULT, NHWC=0, DT=0), dict(th.DEFAULT, WN=256, STAGES=3),
+               dict(th.DEFAULT, WN=128, MI=2, STAGES=4), dict(th.DEFAULT, WN=256, WG=1, STAGES=4),
+               dict(th.DEFAULT, WN=64, WG=1, STAGES=6)]
+    assert all(space.is_valid(c) for c in configs), [th.name(c) for c in configs if not space.is_valid(c)]
+    exprs = list(dict.fromkeys(th.name_expression(c) for c in configs))
+    src = tmp_path / "tma.cu"
+    src.write_text(f'#include "{th.SOURCE}"\n' +
+                   "".join(f"template __global__ void {e}({th.KERNEL_ARGS});\n" for e in exprs))
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "tma.cubin")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "C7515" not in res.stderr and "serialized" not in res.stderr, res.stderr[-3000:]
+    info = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "
+                      r"registers", res.stderr)
+    assert len(info) == len(exprs), res.stderr[-3000:]
+    assert all(tuple(map(int, i[:3])) == (0, 0, 0) for i in info), info
+
+
 _SLICE_HOST = r"""
 #include <cstdio>
 #include <cstdlib>
