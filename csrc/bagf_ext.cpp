@@ -376,8 +376,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
     const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-    // (an input or weight in another format is copied first: a fresh allocation, aligned)
-    const bool x_direct = geo.nhwc != 0;
+    // (an input or weight not already channels_last is copied first: a fresh allocation, aligned; an NCHW input
+    // with H = W = 1 is channels_last as it is, and read in place)
+    const bool x_direct = geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast);
     const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);
     if (x.size(1) % 8 != 0) return "a TMA plan reads 8 channels (16 bytes) at a time; C is not a multiple of 8";
     if ((x_direct && (reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0) ||

@@ -318,9 +318,13 @@ def _misaligned_16bit(compiler, fam):
         aligned = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         off = torch.ops.bagf.conv2d(xm, wm, b, [1, 1], [1, 1], [1, 1], handle)
         assert aligned.dtype is dt and aligned.is_contiguous(memory_format=fmt)
-        if fam.launch(fam.DEFAULT).tma:  # the TMA maps need 16-byte bases: the call goes to ATen, correct
+        if fam.launch(fam.DEFAULT).tma and layout == "nhwc":
+            # the TMA maps need 16-byte bases: a channels_last plan sends the call to ATen (correct, and launching it
+            # strictly is refused); an NCHW plan copies both tensors to channels_last first and runs
             _assert_within_cudnn(off, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
             assert off.dtype is dt and off.is_contiguous(memory_format=fmt)
+            with pytest.raises(RuntimeError, match="16-byte aligned"):
+                compiler.ext.conv2d_inference(xm, wm, b, [1, 1], [1, 1], [1, 1], handle, torch.empty_like(aligned))
         else:
             assert torch.equal(aligned, off), (dtype, layout)
         ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
@@ -1102,9 +1106,11 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
                 if (c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt) or not _runs(twin_fam, t, shape, fmt)
                         or twin_fam.name(t) not in twin_built):
                     continue
-                with torch.no_grad():
-                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle)
-                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, twin_built[twin_fam.name(t)].handle)
+                with torch.no_grad():  # launched into ``out``: a plan that cannot take the call raises, never ATen
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle,
+                                                        torch.full_like(ws.out, float("nan")))
+                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, twin_built[twin_fam.name(t)].handle,
+                                                         torch.full_like(ws.out, float("nan")))
                 compared += 1
                 if not torch.equal(got, want):
                     differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
@@ -1123,10 +1129,12 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
             for c in nchw_cfgs:
                 if c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt):
                     continue
-                with torch.no_grad():
-                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, nchw_built[fam.name(c)].handle)
-                    want = compiler.ext.conv2d_inference(x_cl, w_cl, ws.b, *ws.args,
-                                                         built[fam.name(dict(c, NHWC=1))].handle)
+                with torch.no_grad():  # (strict, as above)
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, nchw_built[fam.name(c)].handle,
+                                                        torch.full_like(ws.out, float("nan")))
+                    want = compiler.ext.conv2d_inference(
+                        x_cl, w_cl, ws.b, *ws.args, built[fam.name(dict(c, NHWC=1))].handle,
+                        torch.full_like(ws.out, float("nan")).contiguous(memory_format=torch.channels_last))
                 assert got.is_contiguous() and want.is_contiguous(memory_format=torch.channels_last)
                 compared += 1
                 if not torch.equal(got, want.contiguous()):

@@ -89,9 +89,10 @@ class LaunchGeometry:
     H = W = 1: NCHW to TunedConv2d's key and to the op's output rule)."""
     tma: int = 0
     """1: the kernel takes the TMA maps of the input and the weight (encoded by the host per call, in place of their
-    pointers): a 16-bit channels_last implicit GEMM (``nhwc`` = 1, ``gemm`` = 0) of ``bm``, ``bn`` <= 256. The host
-    sends to ATen a call the maps cannot describe (C % 8 != 0, a tensor off 16-byte alignment, stride above 8,
-    padding above 128, a window wider than the im2col box's range)."""
+    pointers): a 16-bit implicit GEMM (``gemm`` = 0) of ``bm``, ``bn`` <= 256 whose maps view a channels_last input
+    and a KRSC weight (the host copies an NCHW plan's input, and any weight in another format, per call). The host
+    sends to ATen a call the maps cannot describe (C % 8 != 0, a tensor read in place off 16-byte alignment, stride
+    above 8, padding above 128, a window wider than the im2col box's range)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

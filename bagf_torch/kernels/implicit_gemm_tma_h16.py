@@ -8,9 +8,9 @@ and images and fills the padding with zeros) and the weight's tile one tiled cop
 producer warpgroup into a STAGES-deep ring whose stages are handed over by mbarriers; the WG consumer warpgroups
 only wait and issue wgmma. The reduction runs tap by tap in blocks of 64 channels (channels past C are zeros), so
 any C % 8 == 0 is served by whole copies. The host encodes the two maps per call (csrc/bagf_ext.cpp
-``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor off 16-byte alignment, stride above 8,
-padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems out of the
-space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
+``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor read in place off 16-byte alignment,
+stride above 8, padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems
+out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
 channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input that the host makes per call
 (and a KRSC copy of the weight), and the epilogue writes the NCHW output directly.
 

@@ -24,9 +24,9 @@
 //    x 64 channels of one tap.
 // Both land as 128-byte rows at the 128-byte swizzle wgmma's descriptors read (wgh::desc128), in STAGES-deep rings.
 //
-// Schedule: thread 0 fills the ring, then, each time every warp has released the stage of the tile before (its
-// wgmma group done: an arrival on that stage's "empty" mbarrier), issues the copies of the tile STAGES ahead into
-// it. Every warp waits on the stage's "full" mbarrier (the copies' bytes arrived), issues its wgmma group, waits
+// Schedule: the first thread of the producer warpgroup (the block's last 128 threads) fills the ring, then, each
+// time every consumer warp has released a stage (its wgmma group on it done: an arrival on that stage's "empty"
+// mbarrier), issues the copies of the tile STAGES ahead into it. Every warp waits on the stage's "full" mbarrier (the copies' bytes arrived), issues its wgmma group, waits
 // for the one before, and releases that one's stage. No block barrier in the loop.
 //
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
