@@ -22,7 +22,7 @@ def test_every_valid_config_obeys_the_documented_rules():
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
         assert (g.dtype, g.nhwc, g.tma, g.split) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"])
         assert c["MI"] * c["WN"] // 2 <= 128
-        assert th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
+        assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
     assert len({th.name_expression(c) for c in valid}) == len({th.name(dict(c, SPLIT=1)) for c in valid})
     s = th.space()

@@ -1,7 +1,8 @@
 """Each family hands the host exactly the launch values listed here, for a sample of its configurations.
 
-``EXPECTED`` holds, for every family, its DEFAULT, ``random.Random(0).sample`` of 12 of
-``space().valid_configs()``, and the configurations that set the rarer fields (winograd_gemm's GEMM kinds,
+``EXPECTED`` holds, for every family listed, its DEFAULT, ``random.Random(0).sample`` of 12 of
+``space().valid_configs()`` (implicit_gemm_tma_h16: three picked by hand, its NCHW and split-K ones among them),
+and the configurations that set the rarer fields (winograd_gemm's GEMM kinds,
 staging and layouts at MT = 5, TB = 128; direct's specialised geometries G = 1-4), each with the integers
 the host's ``load_plan`` receives in its ``LaunchGeometry``, in ``FIELD_ORDER``. They are literals, computed
 once from the families' launch rules (bm, bn, threads and smem always given; split and tile 1 and every other
