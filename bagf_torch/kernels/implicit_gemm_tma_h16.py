@@ -50,7 +50,6 @@ an epilogue staged through shared memory would write whole rows.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from . import implicit_gemm_h16 as _h16
@@ -208,9 +207,7 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
         c.update(WN=64, WG=1)
     c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 5 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
                       - STATIC_SMEM)
-    blocks = tiles(c, problem)
-    fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
-    c["SPLIT"] = max(fits, default=1)
+    c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: problem_rule(dict(c, SPLIT=s), problem), sms)
     return c
 
 
@@ -219,11 +216,8 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
 
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
-    """What a configuration means for ``problem`` beyond its knobs, for ax's model: grid blocks per SM (split
-    slices included), k tiles per slice, and blocks one SM holds at once, each log2."""
-    return {"log2_blocks_per_sm": math.log2(tiles(c, problem) * c["SPLIT"] / sms),
-            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem) // c["SPLIT"]))),
-            "log2_resident": math.log2(blocks_per_sm(c))}
+    """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem``."""
+    return _wh.grid_features(tiles(c, problem), k_tiles(problem), c["SPLIT"], blocks_per_sm(c), sms)
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:

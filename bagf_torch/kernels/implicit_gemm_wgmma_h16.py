@@ -186,10 +186,23 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
     c["STAGES"] = 5 if smem_bytes(dict(c, STAGES=5)) <= RING5_LIMIT else 4
-    blocks = tiles(c, problem)
-    fits = [s for s in PARAMS["SPLIT"] if s * blocks <= sms and problem_rule(dict(c, SPLIT=s), problem) is None]
-    c["SPLIT"] = max(fits, default=1)
+    c["SPLIT"] = one_wave_split(c, tiles(c, problem), lambda s: problem_rule(dict(c, SPLIT=s), problem), sms)
     return c
+
+
+def one_wave_split(c: Mapping[str, int], blocks: int, refuses, sms: int = H200_SMS) -> int:
+    """The largest SPLIT whose slices of ``blocks`` output tiles still fit one wave (SPLIT x blocks <= SMs) and that
+    ``refuses`` (SPLIT -> reason or None) lets through; 1 where none does. Also implicit_gemm_tma_h16's start."""
+    return max((s for s in PARAMS["SPLIT"] if s * blocks <= sms and refuses(s) is None), default=1)
+
+
+def grid_features(blocks: int, k_steps: int, split: int, resident: int, sms: int = H200_SMS) -> dict[str, float]:
+    """What a configuration means for a problem beyond its knobs, for ax's model: grid blocks per SM (``blocks``
+    output tiles x ``split`` slices), k tiles per slice (of ``k_steps``), and blocks one SM holds at once
+    (``resident``), each log2. Also implicit_gemm_tma_h16's."""
+    return {"log2_blocks_per_sm": math.log2(blocks * split / sms),
+            "log2_k_tiles": math.log2(max(1, -(-k_steps // split))),
+            "log2_resident": math.log2(resident)}
 
 
 def blocks_per_sm(c: Mapping[str, int]) -> int:
@@ -197,11 +210,8 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
 
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
-    """What a configuration means for ``problem`` beyond its knobs, for ax's model: grid blocks per SM (split
-    slices included), k tiles per slice, and blocks one SM holds at once, each log2."""
-    return {"log2_blocks_per_sm": math.log2(tiles(c, problem) * c["SPLIT"] / sms),
-            "log2_k_tiles": math.log2(max(1, -(-k_tiles(problem, c) // c["SPLIT"]))),
-            "log2_resident": math.log2(blocks_per_sm(c))}
+    """:func:`grid_features` of ``c`` on ``problem``."""
+    return grid_features(tiles(c, problem), k_tiles(problem, c), c["SPLIT"], blocks_per_sm(c), sms)
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
