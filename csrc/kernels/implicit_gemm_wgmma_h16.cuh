@@ -236,44 +236,28 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
     for (int h = 0; h < 2; ++h) {
       const int npq = n0 + (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
       if (npq >= NPQ) continue;
-      if constexpr (NHWC) {
-        unsigned short* yrow = y + npq * p.K;
+      const int img = npq / PQ;
+      // channel ch of this pixel at yout[ch * cstride]: channels_last rows of K, or NCHW planes of P*Q
+      unsigned short* yout = NHWC ? y + npq * p.K : y + img * p.K * PQ + (npq - img * PQ);
+      const int cstride = NHWC ? 1 : PQ;
 #pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-          const int ch = m0 + 8 * j + 2 * tig;
-          if (ch >= p.K) continue;
-          float v0 = acc[mi][4 * j + 2 * h];
-          float v1 = acc[mi][4 * j + 2 * h + 1];
-          const bool two = ch + 1 < p.K;
-          if (p.has_bias) {
-            v0 += h16::to_f32<DT>(__ldg(bias + ch));
-            if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
-          }
-          const unsigned short o0 = h16::from_f32<DT>(v0);
-          if (pairs && two) {
-            const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
-            *reinterpret_cast<unsigned*>(yrow + ch) = o;
-          } else {
-            yrow[ch] = o0;
-            if (two) yrow[ch + 1] = h16::from_f32<DT>(v1);
-          }
+      for (int j = 0; j < WN / 8; ++j) {
+        const int ch = m0 + 8 * j + 2 * tig;
+        if (ch >= p.K) continue;
+        float v0 = acc[mi][4 * j + 2 * h];
+        float v1 = acc[mi][4 * j + 2 * h + 1];
+        const bool two = ch + 1 < p.K;
+        if (p.has_bias) {
+          v0 += h16::to_f32<DT>(__ldg(bias + ch));
+          if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
         }
-      } else {
-        const int img = npq / PQ;
-        unsigned short* ypix = y + img * p.K * PQ + (npq - img * PQ);  // channel ch at ypix[ch * PQ]
-#pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-          const int ch = m0 + 8 * j + 2 * tig;
-          if (ch >= p.K) continue;
-          float v0 = acc[mi][4 * j + 2 * h];
-          float v1 = acc[mi][4 * j + 2 * h + 1];
-          const bool two = ch + 1 < p.K;
-          if (p.has_bias) {
-            v0 += h16::to_f32<DT>(__ldg(bias + ch));
-            if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
-          }
-          ypix[ch * PQ] = h16::from_f32<DT>(v0);
-          if (two) ypix[(ch + 1) * PQ] = h16::from_f32<DT>(v1);
+        const unsigned short o0 = h16::from_f32<DT>(v0);
+        if (NHWC && pairs && two) {
+          const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
+          *reinterpret_cast<unsigned*>(yout + ch) = o;
+        } else {
+          yout[ch * cstride] = o0;
+          if (two) yout[(ch + 1) * cstride] = h16::from_f32<DT>(v1);
         }
       }
     }
