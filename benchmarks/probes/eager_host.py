@@ -39,6 +39,25 @@ def leaves(model: torch.nn.Module):
     return [(name, mod) for name, mod in model.named_modules() if next(mod.children(), None) is None]
 
 
+def busy_host_us(call, runs: int, after_warmup=None) -> list[float]:
+    """Host us of each of ``runs`` calls of ``call()`` (without grad), each issued while a sleep kernel keeps the GPU
+    busy, after 5 untimed calls (and ``after_warmup()``, if given)."""
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        if after_warmup is not None:
+            after_warmup()
+        for _ in range(runs):
+            torch.cuda._sleep(int(2e7))  # ~10 ms of GPU work: the call is issued while the GPU is busy
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    return times
+
+
 def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict[str, float], float]:
     """{module name: median host us} over the leaf modules, and the median host us of the whole forward."""
     starts: dict[str, float] = {}
@@ -48,19 +67,8 @@ def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict
         hooks.append(mod.register_forward_pre_hook(lambda m, a, n=name: starts.__setitem__(n, time.perf_counter())))
         hooks.append(mod.register_forward_hook(
             lambda m, a, o, n=name: samples.setdefault(n, []).append((time.perf_counter() - starts[n]) * 1e6)))
-    whole = []
     try:
-        with torch.no_grad():
-            for _ in range(5):
-                model(x)
-            torch.cuda.synchronize()
-            samples.clear()
-            for _ in range(runs):
-                torch.cuda._sleep(int(2e7))  # ~10 ms of GPU work: the forward is issued while the GPU is busy
-                t0 = time.perf_counter()
-                model(x)
-                whole.append((time.perf_counter() - t0) * 1e6)
-                torch.cuda.synchronize()
+        whole = busy_host_us(lambda: model(x), runs, after_warmup=samples.clear)  # (the hooks' warm-up samples out)
     finally:
         for h in hooks:
             h.remove()
@@ -69,18 +77,7 @@ def host_times(model: torch.nn.Module, x: torch.Tensor, runs: int) -> tuple[dict
 
 def call_host_us(mod: torch.nn.Module, inp: torch.Tensor, runs: int) -> float:
     """Median host us of ``mod(inp)`` alone, issued while a sleep kernel keeps the GPU busy."""
-    times = []
-    with torch.no_grad():
-        for _ in range(5):
-            mod(inp)
-        torch.cuda.synchronize()
-        for _ in range(runs):
-            torch.cuda._sleep(int(2e7))
-            t0 = time.perf_counter()
-            mod(inp)
-            times.append((time.perf_counter() - t0) * 1e6)
-            torch.cuda.synchronize()
-    return statistics.median(times)
+    return statistics.median(busy_host_us(lambda: mod(inp), runs))
 
 
 def cross_inputs(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, dict]:
