@@ -50,7 +50,8 @@ struct LaunchGeometry {
   int gemm_smem = 0;
   int dtype = 0;  // 0 float32, 1 float16, 2 bfloat16
   int nhwc = 0;   // 1: channels_last input and output, KRSC weight
-  int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers
+  int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
+                  // fp32 with TF32 products)
 };
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
@@ -196,14 +197,14 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
                ((geo.dtype != 0 || geo.nhwc != 0) &&
-                ((geo.split != 1 && (geo.dtype == 0 || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
+                ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
                geo.tma < 0 || geo.tma > 1 ||
-               (geo.tma && (geo.dtype == 0 || geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
+               (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
-                "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit implicit "
-                "GEMM; staged outputs NCHW only; TMA maps only in a 16-bit implicit GEMM of tiles of at most 256 x 256)");
+                "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
+                "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -327,8 +328,10 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
 
 // A 16-bit split-K plan's workspace for a call (launch_plan's grid): each slice's fp32 sums of each BM x BN tile, then
 // one counter per tile (kernels/implicit_gemm_h16.cuh); 0 for other plans.
+// The split-K workspace of a plan whose slices hand their sums over in order (16-bit and TMA plans; other fp32 plans
+// add atomically into a zeroed output): each slice's partial tiles, then one arrival counter per tile.
 int64_t split_workspace_floats(const LaunchGeometry& geo, int64_t cols, int64_t k) {
-  if (geo.split <= 1 || geo.dtype == 0) return 0;
+  if (geo.split <= 1 || (geo.dtype == 0 && !geo.tma)) return 0;
   const int64_t tiles = ((cols + geo.bn - 1) / geo.bn) * ((k + geo.bm - 1) / geo.bm);
   return tiles * geo.split * geo.bm * geo.bn + tiles;
 }
@@ -354,7 +357,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     return geo.nhwc ? "input is not channels_last only (the plan's memory format)" : "input is not contiguous NCHW";
   // fp32 and NCHW 16-bit plans read the weight contiguous (KCRS); a channels_last plan reads it KRSC and the host
   // converts one in another format
-  if (!w.is_contiguous() && !geo.nhwc) return "weight not contiguous NCHW";
+  if (!w.is_contiguous() && !geo.nhwc && !geo.tma) return "weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
   if (geo.tile > 1 && geo.tile_w == 0 && geo.gemm == 1) {
     // the non-fused plan also takes stride s > 1 with R, S <= 3s, as 3x3 over the s x s polyphase components
@@ -368,7 +371,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
               dilation[1] != 1)) {
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
   }
-  if (geo.dtype != 0 || geo.nhwc) {  // the 16-bit kernels' int32 window arithmetic, as the direct plans'
+  if (geo.dtype != 0 || geo.nhwc || geo.tma) {  // the 16-bit kernels' int32 window arithmetic, as the direct plans'
     for (int i = 0; i < 2; ++i)
       if (stride[i] > 65535 || dilation[i] > 65535 || padding[i] > 65535)
         return "stride, padding or dilation above 65535 for a 16-bit plan";
@@ -380,7 +383,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     // with H = W = 1 is channels_last as it is, and read in place)
     const bool x_direct = geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast);
     const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);
-    if (x.size(1) % 8 != 0) return "a TMA plan reads 8 channels (16 bytes) at a time; C is not a multiple of 8";
+    if (x.size(1) % (16 / x.element_size()) != 0)
+      return "a TMA plan reads channels 16 bytes at a time; C is not a multiple of 8 (16-bit) or 4 (fp32)";
     if ((x_direct && (reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0) ||
         (w_direct && (reinterpret_cast<uintptr_t>(w.const_data_ptr()) & 15) != 0))
       return "input or weight is not 16-byte aligned (a TMA plan's maps need it)";
@@ -394,7 +398,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
-  if (geo.split > 1 && geo.dtype != 0) {
+  if (geo.split > 1 && (geo.dtype != 0 || geo.tma)) {
     const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
     const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
     if (P > 0 && Q > 0 && split_workspace_floats(geo, x.size(0) * P * Q, w.size(0)) > kMaxSplitWorkspaceFloats)
@@ -473,28 +477,33 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   stage(2, (geo.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
 }
 
-// The TMA maps of a channels_last 16-bit implicit-GEMM plan (implicit_gemm_tma_h16.cuh), encoded per call from the
-// tensors (unsupported_reason has checked every range): the input as an im2col map over (C, W, H, N) whose box walks
-// the output pixels' window corners (64 channels x geo.bn pixels per copy), the KRSC weight as a tiled map over
-// (C, R*S, K) (64 channels x geo.bm output channels per copy), both at the 128-byte swizzle.
+// The TMA maps of an implicit-GEMM TMA plan (implicit_gemm_tma_h16.cuh), encoded per call from the channels_last
+// input and KRSC weight (unsupported_reason has checked every range): the input as an im2col map over (C, W, H, N)
+// whose box walks the output pixels' window corners (one 128-byte row of channels -- 64 16-bit or 32 fp32 values --
+// x geo.bn pixels per copy), the weight as a tiled map over (C, R*S, K) (the same channels x geo.bm output channels
+// per copy), both at the 128-byte swizzle. fp32 tensors are mapped as TF32 (the plan's products are TF32).
 void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, const void* xp, const void* wp,
                      CUtensorMap& xm, CUtensorMap& wm) {
-  const CUtensorMapDataType type = geo.dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = geo.dtype == 2   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : geo.dtype == 1 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                    : CU_TENSOR_MAP_DATA_TYPE_TFLOAT32;
+  const cuuint64_t bytes = geo.dtype == 0 ? 4 : 2;   // per element
+  const cuuint32_t row = static_cast<cuuint32_t>(128 / bytes);  // channels per 128-byte row
   const cuuint64_t C = static_cast<cuuint64_t>(p.C);
   const cuuint64_t xdim[4] = {C, static_cast<cuuint64_t>(p.W), static_cast<cuuint64_t>(p.H),
                               static_cast<cuuint64_t>(p.N)};
-  const cuuint64_t xstride[3] = {C * 2, C * 2 * p.W, C * 2 * p.W * p.H};
+  const cuuint64_t xstride[3] = {C * bytes, C * bytes * p.W, C * bytes * p.W * p.H};
   const int lower[2] = {-p.pad_w, -p.pad_h};
   const int upper[2] = {(p.Q - 1) * p.stride_w + 1 - p.W - p.pad_w, (p.P - 1) * p.stride_h + 1 - p.H - p.pad_h};
   const cuuint32_t xsteps[4] = {1, static_cast<cuuint32_t>(p.stride_w), static_cast<cuuint32_t>(p.stride_h), 1};
-  BAGF_CU_CHECK(cuTensorMapEncodeIm2col(&xm, type, 4, const_cast<void*>(xp), xdim, xstride, lower, upper, 64,
+  BAGF_CU_CHECK(cuTensorMapEncodeIm2col(&xm, type, 4, const_cast<void*>(xp), xdim, xstride, lower, upper, row,
                                         static_cast<cuuint32_t>(geo.bn), xsteps, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   const cuuint64_t RS = static_cast<cuuint64_t>(p.R) * p.S;
   const cuuint64_t wdim[3] = {C, RS, static_cast<cuuint64_t>(p.K)};
-  const cuuint64_t wstride[2] = {C * 2, C * 2 * RS};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(geo.bm)};
+  const cuuint64_t wstride[2] = {C * bytes, C * bytes * RS};
+  const cuuint32_t box[3] = {row, 1, static_cast<cuuint32_t>(geo.bm)};
   const cuuint32_t wsteps[3] = {1, 1, 1};
   BAGF_CU_CHECK(cuTensorMapEncodeTiled(&wm, type, 3, const_cast<void*>(wp), wdim, wstride, box, wsteps,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -548,9 +557,9 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
   BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  // A 16-bit split-K plan sums its slices in a workspace whose per-tile counters start at zero; an fp32 one adds
-  // them atomically into a zeroed output. (The 16-bit kernels take the workspace as a sixth argument, null
-  // without split-K; the fp32 kernels have five, and the driver reads only those.)
+  // A 16-bit or TMA split-K plan sums its slices in a workspace whose per-tile counters start at zero; another fp32
+  // one adds them atomically into a zeroed output. (The 16-bit and TMA kernels take the workspace as a sixth
+  // argument, null without split-K; the other fp32 kernels have five, and the driver reads only those.)
   at::Tensor ws;
   float* wsp = nullptr;
   if (const int64_t floats = split_workspace_floats(geo, cols, p.K); floats > 0) {

@@ -63,10 +63,12 @@ def _formats(fam):
 
 
 def _tf32_only(fam) -> bool:
-    """A family that computes TF32 mode only (implicit_gemm_tf32): one TF32 product per multiply."""
+    """A family that computes TF32 mode only (implicit_gemm_tf32, implicit_gemm_tma_tf32): one TF32 product per
+    multiply; it takes some odd shape in TF32 mode and refuses it in strict fp32."""
     applies = getattr(fam, "applies", None)
-    return (applies is not None and applies(_problem(ODD_SHAPES[0])) is not None
-            and applies(_problem(ODD_SHAPES[0], tf32=True)) is None)
+    fmt = _formats(fam)[0]
+    return applies is not None and any(applies(_problem(s, fmt=fmt)) is not None
+                                       and applies(_problem(s, tf32=True, fmt=fmt)) is None for s in ODD_SHAPES)
 
 
 def _tf32_reference(ws, x=None, w=None, b=None):
@@ -207,7 +209,7 @@ def test_sampled_configs_correct_on_odd_shapes(compiler, family):
 @pytest.mark.parametrize("shape", [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
                                    (2, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
                                    (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)])
-@pytest.mark.parametrize("family", ["implicit_gemm_tf32", "implicit_gemm_wgmma"])
+@pytest.mark.parametrize("family", ["implicit_gemm_tf32", "implicit_gemm_wgmma", "implicit_gemm_tma_tf32"])
 def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
     """In TF32 mode the tuner's check bounds a candidate by twice cuDNN's own TF32 error on the same data: each TF32
     family passes it there and fails the strict-fp32 check of the same problem, which is how a TF32 plan never
@@ -964,15 +966,19 @@ def test_h16_pipeline_plan_on_a_misaligned_input_takes_the_register_path(compile
                         assert torch.equal(off, aligned), (dtype, c_in, fam.name(c), xi is xm, wi is wm)
 
 
-def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle):
-    """The start point of a 16-bit wgmma family on a grid of many waves (AlexNet conv3 at N = 128) gives the same bits
-    on every call (a stage overwritten while a warpgroup still reads it would show as a call that differs); the
-    split-K plan ``split_handle`` (bf16 channels_last) is within twice cuDNN's error and gives the same bits eager and
-    in a CUDA graph, passes opcheck, and gives the eager bits under torch.compile(fullgraph=True)."""
+def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle, fmt=("bfloat16", "nhwc")):
+    """The start point of a wgmma family on a grid of many waves (AlexNet conv3 at N = 128) gives the same bits on
+    every call (a stage overwritten while a warpgroup still reads it would show as a call that differs); the split-K
+    plan ``split_handle`` (of ``fmt``: dtype, layout) is within twice cuDNN's error (TF32 on, torch's default, for
+    float32) and gives the same bits eager and in a CUDA graph, passes opcheck, and gives the eager bits under
+    torch.compile(fullgraph=True)."""
+    from bagf_torch.problem import cudnn_conv_mode
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
+    dtype, mf = getattr(torch, fmt[0]), _memory_format(fmt[1])
+    tf32 = dtype is torch.float32
     checker = CudaChecker(compiler.ext)
-    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), fmt=("bfloat16", "nhwc"))
+    big = _problem((128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), tf32=tf32, fmt=fmt)
     ws = Workspace(big, torch.device("cuda", 0))
     start = fam.default_for(big)
     h = compiler.compile(fam, [start])[0].handle
@@ -981,14 +987,14 @@ def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle):
         first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
         assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
                    for _ in range(50)), fam.name(start)
-    x = torch.randn(1, 192, 13, 13, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(torch.bfloat16)
-    w = w.contiguous(memory_format=torch.channels_last)
-    b = torch.randn(384, device="cuda").to(torch.bfloat16)
+    x = torch.randn(1, 192, 13, 13, device="cuda").to(dtype).contiguous(memory_format=mf)
+    w = (torch.randn(384, 192, 3, 3, device="cuda") / 16).to(dtype)
+    w = w.contiguous(memory_format=mf)
+    b = torch.randn(384, device="cuda").to(dtype)
     op = torch.ops.bagf.conv2d.default
-    with torch.no_grad():
+    with torch.no_grad(), cudnn_conv_mode(tf32=True):
         first = op(x, w, b, [1, 1], [1, 1], [1, 1], split_handle)
-        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        assert first.dtype is dtype and first.is_contiguous(memory_format=mf)
         _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 1, 1), F.conv2d(x, w, b, 1, 1))
         _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, [1, 1], [1, 1], [1, 1], split_handle), first)
     torch.library.opcheck(op, (x, w, b, [1, 1], [1, 1], [1, 1], split_handle))
@@ -1142,6 +1148,62 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     assert compared > 0 and not differ, (compared, differ[:10])
     _wgmma_h16_schedule_and_op_checks(
         compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_H16_TILES[1], SPLIT=8, DT=1))].handle)
+
+
+_TMA_TF32_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
+                   dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=4),
+                   dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3)]
+
+
+def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
+    """implicit_gemm_tma_tf32, NCHW and channels_last: six tiles (every WN, MI and WG, rings of 3-6) with split-K 1,
+    2 and 8 on odd shapes with C % 4 == 0 (non-square images, unequal strides, padding and dilation, K and N*P*Q
+    off every tile, C not a multiple of 32: the maps' zero fill), NaN-poisoned output against the float64
+    convolution of the operands rounded to TF32 to nearest (cvt.rna) within fp32's bound: the stages are rounded
+    as cuDNN's TF32 rounds them, not truncated. The same plan without the rounding (DT 3, outside the space) misses
+    by over twice as much on AlexNet-like layers, where the rounded plan stays within twice cuDNN's TF32 error. A
+    NaN reaches the outputs it reaches in cuDNN. Then _wgmma_h16_schedule_and_op_checks in float32 NCHW: many
+    waves, CUDA graphs, opcheck, torch.compile."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace, output_error
+
+    fam = _family("implicit_gemm_tma_tf32")
+    fmts = [("float32", "nchw"), ("float32", "nhwc")]
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TF32_TILES for sp in (1, 2, 8)]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
+                                                           if not fam.space().is_valid(c)]
+    shapes = [s for s in PIPE_SHAPES + H16_SHAPES if s[1] % 4 == 0] + [
+        (1, 16, 13, 11, 33, 3, 3, (3, 2), (0, 1), (2, 2), False),   # unequal stride, padding; dilation 2
+        (2, 12, 20, 17, 129, 3, 5, (2, 1), (1, 2), (1, 3), True),   # C = 12, 3 x 5 filter, unequal dilation
+        (2, 96, 9, 12, 70, 3, 3, (1, 1), (2, 1), (1, 1), True),     # C = 3 x 32, padding above the filter's half
+        (1, 4, 30, 29, 9, 11, 11, (4, 4), (2, 2), (1, 1), True)]    # C = 4 (one 16-byte copy), 11 x 11 at stride 4
+    for sp in (1, 2, 8):
+        assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in shapes for f in fmts)
+    built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, shapes, fmts)))
+    # unrounded against rounded, and both against cuDNN's own TF32 error (the tuner's bound in TF32 mode)
+    rounded, rz = fam.DEFAULT, dict(fam.DEFAULT, DT=3)
+    handles = [b.handle for b in compiler.compile(fam, [rounded, rz])]
+    checker = CudaChecker(compiler.ext)
+    for shape in [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
+                  (2, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
+                  (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)]:
+        ws = Workspace(_problem(shape, tf32=True), torch.device("cuda", 0))
+        assert ws.cudnn_error is not None and ws.cudnn_error[0] > 1e-5, ws.cudnn_error  # cuDNN used TF32 here
+        errs = [output_error(ws.op_call(h)(), ws.ref, ws.ref_norm, ws.ref_max) for h in handles]
+        print(f"{ws.problem.short()}: cuDNN TF32 {ws.cudnn_error[0]:.2e} (max {ws.cudnn_error[1]:.2e}), rounded "
+              f"{errs[0][0]:.2e} (max {errs[0][1]:.2e}), unrounded {errs[1][0]:.2e} (max {errs[1][1]:.2e})")
+        assert checker.check(ws, handles[0]) is None
+        assert errs[1][0] > 2 * errs[0][0], errs
+    # NaNs (GPU arithmetic's 0x7fffffff, whose rounding carry would end it) reach exactly cuDNN's outputs
+    x = torch.randn(2, 8, 11, 13, device="cuda")
+    x.view(torch.int32)[0, 1, 3, 4] = 0x7FFFFFFF
+    w = torch.randn(7, 8, 3, 3, device="cuda")
+    w.view(torch.int32)[3, 2, 1, 1] = -1
+    out = torch.zeros(2, 7, 11, 13, device="cuda")
+    compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handles[0], out)  # strict: never ATen
+    ref = F.conv2d(x, w, None, 1, 1)
+    assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
+    _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TF32_TILES[1], SPLIT=8))]
+                                      .handle, fmt=("float32", "nchw"))
 
 
 def _h16_model(dtype, layout):

@@ -1,7 +1,8 @@
 """Each family hands the host exactly the launch values listed here, for a sample of its configurations.
 
 ``EXPECTED`` holds, for every family listed, its DEFAULT, ``random.Random(0).sample`` of 12 of
-``space().valid_configs()`` (implicit_gemm_tma_h16: three picked by hand, its NCHW and split-K ones among them),
+``space().valid_configs()`` (implicit_gemm_tma_h16 and implicit_gemm_tma_tf32: a few picked by hand, their NCHW and
+split-K ones among them),
 and the configurations that set the rarer fields (winograd_gemm's GEMM kinds,
 staging and layouts at MT = 5, TB = 128; direct's specialised geometries G = 1-4), each with the integers
 the host's ``load_plan`` receives in its ``LaunchGeometry``, in ``FIELD_ORDER``. They are literals, computed
@@ -37,6 +38,14 @@ EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
          (64, 64, 256, 50176, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1)),
         ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2},
          (256, 128, 384, 148480, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1)),
+    ],
+    'implicit_gemm_tma_tf32': [
+        ({'DT': 2, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1},
+         (128, 128, 384, 132096, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1)),
+        ({'DT': 2, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 6, 'SPLIT': 4},
+         (64, 64, 256, 99328, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1)),
+        ({'DT': 2, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1},
+         (256, 128, 384, 148480, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1)),
     ],
     'implicit_gemm_tc': [
         ({'BM': 64, 'BN': 64, 'BK': 16, 'WM': 2, 'WN': 2, 'STAGES': 3, 'SPLIT': 1},
@@ -282,9 +291,9 @@ def _host_values(fam, config) -> tuple[int, ...]:
 
 
 def test_the_recording_covers_the_families_it_was_taken_from():
-    """The eight families listed are all registered (a family added later has no entry here)."""
+    """The nine families listed are all registered (a family added later has no entry here)."""
     assert set(EXPECTED) == {"implicit_gemm", "implicit_gemm_tc", "winograd", "winograd_tc", "winograd_gemm", "direct",
-                             "implicit_gemm_h16", "implicit_gemm_tma_h16"}
+                             "implicit_gemm_h16", "implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"}
     assert set(EXPECTED) <= set(FAMILIES)
 
 

@@ -263,24 +263,17 @@ def test_h16_pipeline_stages_compile_without_spills(tmp_path):
         assert has == (args[-1] >= 3), (args, has)
 
 
-def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
-    """implicit_gemm_tma_h16 at its start point, its largest accumulator tiles (128 per consumer thread, one and two
-    consumer warpgroups) and its deepest rings, channels_last and NCHW, compiled for sm_90a: no stack frame, no spills,
-    and no "wgmma ... serialized" performance warning from ptxas (C7515: where anything but a wgmma defines the
-    accumulators between a group's issue and its wait -- an accumulator zeroed by plain moves that ptxas re-creates
-    inside the loop did -- ptxas makes every wgmma wait for the one before). Two consumer warpgroups run at 168
-    registers per thread at launch, which the producer's setmaxnreg hands over."""
-    from bagf_torch.kernels import implicit_gemm_tma_h16 as th
-
-    space = th.space()
-    configs = [th.DEFAULT, dict(th.DEFAULT, NHWC=0, DT=0), dict(th.DEFAULT, WN=256, STAGES=3),
-               dict(th.DEFAULT, WN=128, MI=2, STAGES=4), dict(th.DEFAULT, WN=256, WG=1, STAGES=4),
-               dict(th.DEFAULT, WN=64, WG=1, STAGES=6)]
-    assert all(space.is_valid(c) for c in configs), [th.name(c) for c in configs if not space.is_valid(c)]
-    exprs = list(dict.fromkeys(th.name_expression(c) for c in configs))
+def _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, fam, configs):
+    """``configs`` of a TMA family compiled for sm_90a: no stack frame, no spills, and no "wgmma ... serialized"
+    performance warning from ptxas (C7515: where anything but a wgmma defines the accumulators between a group's
+    issue and its wait -- an accumulator zeroed by plain moves that ptxas re-creates inside the loop did -- ptxas
+    makes every wgmma wait for the one before)."""
+    space = fam.space()
+    assert all(space.is_valid(c) for c in configs), [fam.name(c) for c in configs if not space.is_valid(c)]
+    exprs = list(dict.fromkeys(fam.name_expression(c) for c in configs))
     src = tmp_path / "tma.cu"
-    src.write_text(f'#include "{th.SOURCE}"\n' +
-                   "".join(f"template __global__ void {e}({th.KERNEL_ARGS});\n" for e in exprs))
+    src.write_text(f'#include "{fam.SOURCE}"\n' +
+                   "".join(f"template __global__ void {e}({fam.KERNEL_ARGS});\n" for e in exprs))
     res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
                           f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "tma.cubin")],
                          capture_output=True, text=True, timeout=600)
@@ -290,6 +283,38 @@ def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
                       r"registers", res.stderr)
     assert len(info) == len(exprs), res.stderr[-3000:]
     assert all(tuple(map(int, i[:3])) == (0, 0, 0) for i in info), info
+
+
+def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
+    """implicit_gemm_tma_h16 at its start point, its largest accumulator tiles (128 per consumer thread, one and two
+    consumer warpgroups) and its deepest rings, channels_last and NCHW. Two consumer warpgroups run at 168 registers
+    per thread at launch, which the producer's setmaxnreg hands over."""
+    from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+
+    _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, th, [
+        th.DEFAULT, dict(th.DEFAULT, NHWC=0, DT=0), dict(th.DEFAULT, WN=256, STAGES=3),
+        dict(th.DEFAULT, WN=128, MI=2, STAGES=4), dict(th.DEFAULT, WN=256, WG=1, STAGES=4),
+        dict(th.DEFAULT, WN=64, WG=1, STAGES=6)])
+
+
+def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
+    """implicit_gemm_tma_tf32 (the same kernel with fp32 stages rounded by the producer warpgroup, k8 TF32 wgmma) at
+    its start point, its largest accumulator tiles and deepest rings, NCHW and channels_last; also the unrounded
+    probe (DT 3)."""
+    from bagf_torch.kernels import implicit_gemm_tma_tf32 as tt
+
+    _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, tt, [
+        tt.DEFAULT, dict(tt.DEFAULT, NHWC=1, SPLIT=4), dict(tt.DEFAULT, WN=256, STAGES=3),
+        dict(tt.DEFAULT, WN=128, MI=2, STAGES=4), dict(tt.DEFAULT, WN=256, WG=1, STAGES=4),
+        dict(tt.DEFAULT, WN=64, WG=1, STAGES=6), dict(tt.DEFAULT, WN=192, STAGES=3)])
+    # (DT 3 is outside the space: compiled through the same instantiation text)
+    src = tmp_path / "rz.cu"
+    src.write_text(f'#include "{tt.SOURCE}"\ntemplate __global__ void '
+                   f'{tt.name_expression(dict(tt.DEFAULT, DT=3))}({tt.KERNEL_ARGS});\n')
+    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "rz.cubin")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "C7515" not in res.stderr, res.stderr[-3000:]
 
 
 _SLICE_HOST = r"""

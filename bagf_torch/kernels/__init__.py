@@ -11,7 +11,7 @@ in ``FAMILIES`` below (docs/adding-a-family.md).
 """
 
 from . import (direct, implicit_gemm, implicit_gemm_h16, implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_tma_h16,
-               implicit_gemm_wgmma, implicit_gemm_wgmma_h16, winograd, winograd_gemm, winograd_tc)
+               implicit_gemm_tma_tf32, implicit_gemm_wgmma, implicit_gemm_wgmma_h16, winograd, winograd_gemm, winograd_tc)
 from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
@@ -19,7 +19,7 @@ from .space import Config, Space, config_key
 FAMILIES: dict[str, KernelFamily] = {
     f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd,
                           winograd_gemm, implicit_gemm, direct, implicit_gemm_h16, implicit_gemm_wgmma_h16,
-                          implicit_gemm_tma_h16)}
+                          implicit_gemm_tma_h16, implicit_gemm_tma_tf32)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
@@ -92,5 +92,5 @@ def family_name(family: str, config) -> str:
 __all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry", "OPTIONAL", "REQUIRED", "Space",
            "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses",
            "format_refuses", "formats", "implicit_gemm", "implicit_gemm_h16", "supported_formats", "implicit_gemm_tc",
-           "implicit_gemm_tf32", "implicit_gemm_tma_h16", "implicit_gemm_wgmma", "implicit_gemm_wgmma_h16", "winograd",
+           "implicit_gemm_tf32", "implicit_gemm_tma_h16", "implicit_gemm_tma_tf32", "implicit_gemm_wgmma", "implicit_gemm_wgmma_h16", "winograd",
            "winograd_gemm", "winograd_tc"]

@@ -101,6 +101,22 @@ __device__ __forceinline__ void tma_im2col(unsigned dst, const TmaMap* map, int 
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(ow), "h"(oh)
       : "memory");
 }
+// fp32 -> TF32 to nearest, ties away from zero, as cvt.rna.tf32.f32 (NaN kept as it is; the low 13 bits cleared)
+__device__ __forceinline__ unsigned rna_tf32(unsigned u) {
+  return (u & 0x7fffffffu) > 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
+}
+// Rounds the `bytes` of shared memory from `base` to TF32 in place, 16 bytes per step, thread `i` of `n` taking
+// every n-th step; then makes the writes visible to the async proxy (wgmma's reads).
+__device__ __forceinline__ void round_tf32_smem(unsigned base, int bytes, int i, int n) {
+  for (int off = 16 * i; off < bytes; off += 16 * n) {
+    unsigned a, b, c, d;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(base + off));
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + off), "r"(rna_tf32(a)), "r"(rna_tf32(b)),
+                 "r"(rna_tf32(c)), "r"(rna_tf32(d))
+                 : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // tiled copy of a 3-d map's box at coordinates (a, b, c), completion counted on `bar`
 __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a, int b, int c, unsigned bar) {
   asm volatile(
@@ -116,10 +132,13 @@ __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a
 template <int DT, int WN, int MI, int WG, int STAGES, int NHWC>
 __global__ void __launch_bounds__(128 * (WG + 1), 1)
     implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
-                                 const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
-                                 const Conv2dParams p, float* __restrict__ ws) {
+                                 const typename wgh::Elem<DT>::T* __restrict__ bias,
+                                 typename wgh::Elem<DT>::T* __restrict__ y, const Conv2dParams p,
+                                 float* __restrict__ ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = 64;             // channels per k tile: one 128-byte row per pixel and per output channel
+  constexpr bool TF32 = DT >= 2;     // fp32 tensors, TF32 products
+  constexpr bool ROUND = DT == 2;    // the producer warpgroup's other warps round each stage to TF32 in place
+  constexpr int BK = TF32 ? 32 : 64; // channels per k tile: one 128-byte row per pixel and per output channel
   constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
   constexpr int BM = WN;             // output channels per block (grid.y)
   constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
@@ -134,10 +153,12 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   static_assert(NACC <= 128, "accumulators fit the register file");
 
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
+  // full[STAGES], empty[STAGES], and with ROUND ready[STAGES] (the stage rounded)
+  __shared__ __align__(8) unsigned long long bars[(ROUND ? 3 : 2) * STAGES];
   const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned empty0 = full0 + 8 * STAGES;
+  const unsigned ready0 = empty0 + 8 * STAGES;  // (ROUND only)
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -154,6 +175,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
     for (int s = 0; s < STAGES; ++s) {
       wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
       wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
+      if constexpr (ROUND) wgt::mbar_init(ready0 + 8 * s, 3);  // one arrival per rounding warp
     }
     wgt::fence_barrier_init();
   }
@@ -197,6 +219,21 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
           phase ^= 1u;
         }
       }
+    } else if constexpr (ROUND) {
+      // warps 1-3 of the producer warpgroup: each stage, once its copies landed, rounded to TF32 in place (the
+      // tensor cores would read an fp32 operand's top 19 bits: truncation), then handed to the consumers
+      int slot = 0;
+      unsigned phase = 0;
+      for (int t = 0; t < tiles; ++t) {
+        wgt::mbar_wait(full0 + 8 * slot, phase);
+        wgt::round_tf32_smem(smem0 + slot * STAGE, STAGE, tid - TC - 32, 96);
+        __syncwarp();
+        wgt::mbar_arrive_if(ready0 + 8 * slot, (tid & 31) == 0);
+        if (++slot == STAGES) {
+          slot = 0;
+          phase ^= 1u;
+        }
+      }
     }
     return;  // (the consumers' split-K hand-over meets at a named barrier of their own)
   }
@@ -216,11 +253,11 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   unsigned phase = 0;
   int prev = STAGES - 1;
   for (int i = 0; i < tiles; ++i) {
-    wgt::mbar_wait(full0 + 8 * slot, phase);
+    wgt::mbar_wait((ROUND ? ready0 : full0) + 8 * slot, phase);
     const unsigned sa = smem0 + slot * STAGE;
     wg::fence();
 #pragma unroll
-    for (int s = 0; s < BK / 16; ++s)
+    for (int s = 0; s < 4; ++s)  // four k steps of 32 bytes per 128-byte row
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
         wgh::mma<DT, WN>(acc[mi], wgh::desc128(sa + a_rows + mi * (64 * 128) + 32 * s),

@@ -47,14 +47,15 @@ namespace bagf {
 namespace wgh {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// D (64 x N fp32 accumulators) += A (64 x 16, shared memory, descriptor da) * B (16 x N, shared memory, db), both
-// K-major (no transpose), TY the 16-bit type ("bf16" or "f16").
-#define BAGF_WGMMA_H16_N64(TY)                                                         \
+// D (64 x N fp32 accumulators) += A (64 x k, shared memory, descriptor da) * B (k x N, shared memory, db), both
+// K-major, KS the k step ("k16" of a 16-bit type TY, "bf16" or "f16"; "k8" of "tf32"), TR the transpose flags a
+// 16-bit type takes (", 0, 0": none) and tf32 does not ("").
+#define BAGF_WGMMA_H16_N64(KS, TY, TR)                                                         \
   asm volatile(                                                                         \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" \
+    "wgmma.mma_async.sync.aligned.m64n64" KS ".f32." TY "." TY " {" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-    "}, %32, %33, 1, 1, 1, 0, 0;\n"                                                     \
+    "}, %32, %33, 1, 1, 1" TR ";\n"                                                     \
     : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -62,14 +63,14 @@ namespace wgh {
     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
     : "l"(da), "l"(db))
 
-#define BAGF_WGMMA_H16_N128(TY)                                                         \
+#define BAGF_WGMMA_H16_N128(KS, TY, TR)                                                         \
   asm volatile(                                                                         \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {" \
+    "wgmma.mma_async.sync.aligned.m64n128" KS ".f32." TY "." TY " {" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
-    "}, %64, %65, 1, 1, 1, 0, 0;\n"                                                     \
+    "}, %64, %65, 1, 1, 1" TR ";\n"                                                     \
     : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -81,16 +82,16 @@ namespace wgh {
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
     : "l"(da), "l"(db))
 
-#define BAGF_WGMMA_H16_N192(TY)                                                         \
+#define BAGF_WGMMA_H16_N192(KS, TY, TR)                                                         \
   asm volatile(                                                                         \
-    "wgmma.mma_async.sync.aligned.m64n192k16.f32." TY "." TY " {" \
+    "wgmma.mma_async.sync.aligned.m64n192" KS ".f32." TY "." TY " {" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
-    "}, %96, %97, 1, 1, 1, 0, 0;\n"                                                     \
+    "}, %96, %97, 1, 1, 1" TR ";\n"                                                     \
     : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -106,9 +107,9 @@ namespace wgh {
     "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]) \
     : "l"(da), "l"(db))
 
-#define BAGF_WGMMA_H16_N256(TY)                                                         \
+#define BAGF_WGMMA_H16_N256(KS, TY, TR)                                                         \
   asm volatile(                                                                         \
-    "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {" \
+    "wgmma.mma_async.sync.aligned.m64n256" KS ".f32." TY "." TY " {" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
@@ -117,7 +118,7 @@ namespace wgh {
     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-    "}, %128, %129, 1, 1, 1, 0, 0;\n"                                                     \
+    "}, %128, %129, 1, 1, 1" TR ";\n"                                                     \
     : \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -137,16 +138,23 @@ namespace wgh {
     "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
     : "l"(da), "l"(db))
 
+// One k step of 32 bytes per operand row: k16 of a 16-bit type (DT 0 fp16, 1 bf16, no transpose), or k8 of TF32
+// (DT >= 2: fp32 operands, whose low 13 mantissa bits the tensor cores do not read; tf32 takes no transpose flags).
+#define BAGF_WGMMA_H16_BY_DT(N)                                                                      \
+  if constexpr (DT >= 2) BAGF_WGMMA_H16_N##N("k8", "tf32", "");                                     \
+  else if constexpr (DT == 1) BAGF_WGMMA_H16_N##N("k16", "bf16", ", 0, 0");                        \
+  else BAGF_WGMMA_H16_N##N("k16", "f16", ", 0, 0")
+
 template <int DT, int WN>
 __device__ __forceinline__ void mma(float (&d)[WN / 2], unsigned long long da, unsigned long long db) {
   if constexpr (WN == 64) {
-    if constexpr (DT == 1) BAGF_WGMMA_H16_N64("bf16"); else BAGF_WGMMA_H16_N64("f16");
+    BAGF_WGMMA_H16_BY_DT(64);
   } else if constexpr (WN == 128) {
-    if constexpr (DT == 1) BAGF_WGMMA_H16_N128("bf16"); else BAGF_WGMMA_H16_N128("f16");
+    BAGF_WGMMA_H16_BY_DT(128);
   } else if constexpr (WN == 192) {
-    if constexpr (DT == 1) BAGF_WGMMA_H16_N192("bf16"); else BAGF_WGMMA_H16_N192("f16");
+    BAGF_WGMMA_H16_BY_DT(192);
   } else {
-    if constexpr (DT == 1) BAGF_WGMMA_H16_N256("bf16"); else BAGF_WGMMA_H16_N256("f16");
+    BAGF_WGMMA_H16_BY_DT(256);
   }
 }
 #endif
@@ -170,6 +178,30 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
 }
 
 
+// The output and bias element of DT: 16-bit values (DT 0 fp16, 1 bf16) as unsigned short, widened to fp32 exactly
+// and narrowed by one rounding to nearest; fp32 (DT >= 2, the TF32 kernels) as it is.
+template <int DT>
+struct Elem {
+  using T = unsigned short;
+  static __device__ __forceinline__ float widen(T v) { return h16::to_f32<DT>(v); }
+  static __device__ __forceinline__ T narrow(float f) { return h16::from_f32<DT>(f); }
+  // two neighbouring channels in one 4-byte store (dst 4-byte aligned)
+  static __device__ __forceinline__ void store_pair(T* dst, T a, T b) {
+    *reinterpret_cast<unsigned*>(dst) = static_cast<unsigned>(a) | (static_cast<unsigned>(b) << 16);
+  }
+};
+template <>
+struct Elem<2> {
+  using T = float;
+  static __device__ __forceinline__ float widen(float v) { return v; }
+  static __device__ __forceinline__ float narrow(float f) { return f; }
+  static __device__ __forceinline__ void store_pair(float* dst, float a, float b) {
+    *reinterpret_cast<float2*>(dst) = make_float2(a, b);
+  }
+};
+template <>
+struct Elem<3> : Elem<2> {};
+
 // The end of a block of either kernel: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's
 // protocol: each slice's sums in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the
 // last slice of the tile to arrive adds them all in slice order, so the output does not depend on the schedule),
@@ -181,8 +213,9 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
 // named barrier of the 128 WG instead of the block's.
 template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
 __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
-                                       const unsigned short* __restrict__ bias, unsigned short* __restrict__ y,
+                                       const typename Elem<DT>::T* __restrict__ bias, typename Elem<DT>::T* __restrict__ y,
                                        float* __restrict__ ws, int n0, int m0) {
+  using E = typename Elem<DT>::T;
   constexpr int T = 128 * WG;
   constexpr int BM = WN;
   constexpr int BN = 64 * MI * WG;
@@ -227,7 +260,7 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
         for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
     }
   }
-  const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & 3ull) == 0;
+  const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & (2 * sizeof(E) - 1)) == 0;
   const int tig = lane & 3;
   const int PQ = p.P * p.Q;
 #pragma unroll
@@ -238,7 +271,7 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
       if (npq >= NPQ) continue;
       const int img = npq / PQ;
       // channel ch of this pixel at yout[ch * cstride]: channels_last rows of K, or NCHW planes of P*Q
-      unsigned short* yout = NHWC ? y + npq * p.K : y + img * p.K * PQ + (npq - img * PQ);
+      E* yout = NHWC ? y + npq * p.K : y + img * p.K * PQ + (npq - img * PQ);
       const int cstride = NHWC ? 1 : PQ;
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
@@ -248,16 +281,15 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
         float v1 = acc[mi][4 * j + 2 * h + 1];
         const bool two = ch + 1 < p.K;
         if (p.has_bias) {
-          v0 += h16::to_f32<DT>(__ldg(bias + ch));
-          if (two) v1 += h16::to_f32<DT>(__ldg(bias + ch + 1));
+          v0 += Elem<DT>::widen(__ldg(bias + ch));
+          if (two) v1 += Elem<DT>::widen(__ldg(bias + ch + 1));
         }
-        const unsigned short o0 = h16::from_f32<DT>(v0);
+        const E o0 = Elem<DT>::narrow(v0);
         if (NHWC && pairs && two) {
-          const unsigned o = static_cast<unsigned>(o0) | (static_cast<unsigned>(h16::from_f32<DT>(v1)) << 16);
-          *reinterpret_cast<unsigned*>(yout + ch) = o;
+          Elem<DT>::store_pair(yout + ch, o0, Elem<DT>::narrow(v1));
         } else {
           yout[ch * cstride] = o0;
-          if (two) yout[(ch + 1) * cstride] = h16::from_f32<DT>(v1);
+          if (two) yout[(ch + 1) * cstride] = Elem<DT>::narrow(v1);
         }
       }
     }

@@ -1,0 +1,177 @@
+"""Kernel family ``implicit_gemm_tma_tf32``: fp32 implicit-GEMM convolution with one TF32 product per multiply on
+Hopper's wgmma, both operand tiles copied by the TMA unit, for TF32 mode (PyTorch's default for fp32 convolutions),
+NCHW and channels_last (csrc/kernels/implicit_gemm_tma_h16.cuh with DT = 2).
+
+``implicit_gemm_tma_h16``'s kernel, data path, schedule and epilogue on fp32 tensors: a 128-byte swizzle row holds
+32 fp32 channels where it held 64 16-bit ones, so a k tile is one filter tap's block of 32 channels and a stage's
+four 32-byte k steps are ``wgmma ... m64nNk8.f32.tf32.tf32`` instead of k16. The tensor cores read an fp32
+shared-memory operand's top 19 bits (truncation to TF32), and truncating both operands misses by about 2.6x what
+rounding them to nearest does (0.77e-3 against 0.29e-3 of the output's norm on AlexNet-like layers, emulated on the
+CPU), past the check's bound of twice cuDNN's TF32 error. So the producer warpgroup's three other warps round each
+stage in place (to nearest, ties away, as ``cvt.rna.tf32.f32``) once its copies have landed, and hand it to the
+consumers through a third ring of mbarriers: the arithmetic of ``implicit_gemm_tf32`` and of cuDNN's TF32
+convolutions. It applies only to problems tuned in TF32 mode (``ConvProblem.tf32``, part of every plan's key), so a
+strict-fp32 caller never gets one of its plans; the correctness check's tolerance is twice what cuDNN's own TF32
+convolution misses by on the same data (``tuning.measure.Workspace``).
+
+Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
+
+========  ==================  ======================================================================
+knob      values              rule
+========  ==================  ======================================================================
+DT        2                   fp32 tensors, TF32 products, each stage rounded in shared memory
+NHWC      0 1                 the problem's memory format: 0 NCHW (the host makes a channels_last copy
+                              of the input per call, the output is written NCHW), 1 channels_last
+WN        64 128 192 256      wgmma's N: output channels per block (one weight copy's rows)
+MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/2 fp32 accumulators
+                              per thread, at most 128
+WG        1 2                 consumer warpgroups: BN = 64*MI*WG output pixels per block (one im2col
+                              copy), 128*(WG + 1) threads
+STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
+                              device's opt-in limit
+SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand-over: on a problem
+                              every slice gets >= 2 k tiles and the partial sums fit 32 MiB
+========  ==================  ======================================================================
+
+Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps can describe
+(``implicit_gemm_tma_h16.map_refuses``); others go to the other families or cuDNN.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from . import implicit_gemm_h16 as _h16
+from . import implicit_gemm_tma_h16 as _th
+from . import implicit_gemm_wgmma_h16 as _wh
+from .geometry import LaunchGeometry
+from .space import Config, Space, register_rule, shared_memory_rule, template_expression
+
+FAMILY = "implicit_gemm_tma_tf32"
+SOURCE = _th.SOURCE
+KERNEL = _th.KERNEL
+TEMPLATE_ORDER = _th.TEMPLATE_ORDER
+MIN_ARCH = 90
+KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const float*, float*, "
+               "const bagf::Conv2dParams, float*")
+"""The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y, the shape, the split-K
+workspace."""
+BK = 32
+"""Channels per k tile: one 128-byte swizzle row of fp32 values per pixel and per output channel."""
+
+LAYOUTS = _th.LAYOUTS
+FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in LAYOUTS)
+"""The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
+ROUNDED = (2,)
+"""DT values whose stages are rounded to TF32 to nearest in shared memory (the space's). The kernel's DT = 3 skips
+the rounding (both operands truncated by the tensor cores): a probe of that error, never searched."""
+
+PARAMS: dict[str, tuple[int, ...]] = {
+    "DT": ROUNDED,
+    "NHWC": (0, 1),
+    "WN": (64, 128, 192, 256),
+    "MI": (1, 2),
+    "WG": (1, 2),
+    "STAGES": (3, 4, 5, 6),
+    "SPLIT": (1, 2, 4, 8, 16),
+}
+
+DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
+
+STATIC_SMEM = 16 + 3 * 8 * 6
+"""Static shared memory (split-K's arrival flag, the deepest ring's full, empty and ready mbarriers)."""
+SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
+H200_SMS = _wh.H200_SMS
+
+bm = _th.bm
+bn = _th.bn
+threads = _th.threads
+smem_bytes = _th.smem_bytes
+estimated_registers = _th.estimated_registers  # the producer warpgroup's rounding loop fits its 40 registers
+blocks_per_sm = _th.blocks_per_sm
+tiles = _th.tiles
+workspace_bytes = _th.workspace_bytes
+gpu_arch = _th.gpu_arch
+arch_rule = _th.arch_rule
+
+
+def applies(problem) -> str | None:
+    """None for a float32 problem tuned in TF32 mode with C % 4 == 0."""
+    if (problem.dtype, problem.layout) not in FORMATS:
+        return f"computes float32; this problem is {problem.dtype} {problem.layout}"
+    if not getattr(problem, "tf32", False):
+        return ("one TF32 product per multiply is for TF32 mode only (torch.backends.cudnn.allow_tf32 = True when "
+                "tuned); this problem is strict fp32")
+    if problem.c % 4:
+        return f"copies 4 channels (16 bytes) at a time; C = {problem.c} is not a multiple of 4"
+    return None
+
+
+def k_tiles(problem) -> int:
+    """k tiles (one filter tap's block of 32 channels each) in ``problem``'s reduction: R*S*ceil(C / 32)."""
+    return problem.r * problem.s * -(-problem.c // BK)
+
+
+def problem_rule(c: Mapping[str, int], problem) -> str | None:
+    """None when ``c`` was compiled for the problem's memory format, C % 4 == 0, the maps can describe the window,
+    the epilogue's 32-bit output offsets hold, and a split-K configuration gives every slice 2 k tiles or more
+    within implicit_gemm_h16's workspace limit. (The TF32 mode is :func:`applies`'s; ``kernels.family_refuses``
+    asks both.)"""
+    if c["NHWC"] != LAYOUTS.get(problem.layout):
+        return f"compiled for {'nhwc' if c['NHWC'] else 'nchw'}; this problem is {problem.layout}"
+    if problem.c % 4:
+        return f"copies 4 channels (16 bytes) at a time; C = {problem.c} is not a multiple of 4"
+    why = _th.map_refuses(problem)
+    if why is not None:
+        return why
+    p, q = problem.out_hw
+    if problem.n * p * q + bn(c) > _th.INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > _th.INT32_MAX:
+        return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
+    return _h16.split_refuses(c.get("SPLIT", 1), k_tiles(problem), tiles(c, problem), bm(c), bn(c), "k tiles")
+
+
+def default_for(problem, sms: int = H200_SMS) -> Config:
+    """implicit_gemm_tma_h16's start rule on this family's fp32 stages: the instruction width WN that pads K least,
+    64 x 64 tiles of one warpgroup where the grid has under a quarter of the SMs in tiles, the deepest ring of at
+    most 4 stages that fits, then the largest SPLIT whose slices still fit one wave."""
+    c = dict(DEFAULT)
+    c["NHWC"] = LAYOUTS.get(problem.layout, 0)
+    c["WN"] = _wh.instruction_width(problem.k)
+    if tiles(c, problem) < sms // 4:
+        c.update(WN=64, WG=1)
+    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 4 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
+                      - STATIC_SMEM)
+    c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: problem_rule(dict(c, SPLIT=s), problem), sms)
+    return c
+
+
+def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
+    """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem``."""
+    return _wh.grid_features(tiles(c, problem), k_tiles(problem), c["SPLIT"], blocks_per_sm(c), sms)
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
+                          nhwc=c["NHWC"], tma=1)
+
+
+def name(c: Mapping[str, int], arch: str = "sm90") -> str:
+    """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``;
+    ``_rz`` for the unrounded probe (DT 3)."""
+    return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}{'' if c['DT'] in ROUNDED else '_rz'}_wn{c['WN']}_mi{c['MI']}"
+            f"_wg{c['WG']}_st{c['STAGES']}_s{c['SPLIT']}_{arch}")
+
+
+def name_expression(c: Mapping[str, int]) -> str:
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+
+
+def _rules(smem_limit: int):
+    return (_wh.accumulator_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+            register_rule(threads, estimated_registers))
+
+
+def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:
+    """The family's search space for a device with ``smem_limit`` bytes of opt-in shared memory per block."""
+    return Space(FAMILY, PARAMS, _rules(smem_limit))

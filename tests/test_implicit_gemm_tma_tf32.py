@@ -1,0 +1,98 @@
+"""The TF32 TMA implicit-GEMM family's space, start point, problem rule and launch (CPU); its kernel is checked on the
+GPU by tests/test_gpu.py (odd shapes NCHW and channels_last within twice cuDNN's TF32 error, split-K, CUDA graphs)
+and compiled by tests/test_nvcc.py."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from bagf_torch.kernels import FAMILIES, family_refuses, format_refuses
+from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+from bagf_torch.kernels import implicit_gemm_tma_tf32 as tt
+from bagf_torch.problem import ConvProblem
+from bagf_torch.winograd_math import tf32_round
+
+
+def _problem(n, c, h, k, r, layout="nchw", tf32=True, stride=1, pad=None, dil=1, dtype="float32"):
+    pad = r // 2 if pad is None else pad
+    return ConvProblem(n=n, c=c, h=h, w=h, k=k, r=r, s=r, stride=(stride, stride), padding=(pad, pad),
+                       dilation=(dil, dil), bias=True, dtype=dtype, layout=layout, tf32=tf32)
+
+
+def test_every_valid_config_obeys_the_documented_rules():
+    valid = tt.space().valid_configs()
+    assert len(valid) > 150
+    for c in valid:
+        g = tt.launch(c)
+        assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
+        assert (g.dtype, g.nhwc, g.tma, g.split) == (0, c["NHWC"], 1, c["SPLIT"]) and c["DT"] == 2
+        assert c["MI"] * c["WN"] // 2 <= 128
+        assert g.smem == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM
+    assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["NHWC"] for c in valid} == {0, 1}
+    assert len({tt.name_expression(c) for c in valid}) == len({tt.name(dict(c, SPLIT=1)) for c in valid})
+    # the same kernel template as the 16-bit family, DT 2; never one of its instantiations
+    h16 = {th.name_expression(c) for c in th.space().valid_configs()}
+    assert h16.isdisjoint(tt.name_expression(c) for c in valid)
+    assert FAMILIES[tt.FAMILY] is tt and tt.STATIC_SMEM > th.STATIC_SMEM  # (a third ring of mbarriers)
+
+
+def test_names_and_who_it_takes():
+    assert tt.name(tt.DEFAULT) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_s1_sm90"
+    assert tt.name(dict(tt.DEFAULT, NHWC=1, SPLIT=4)) == "implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s4_sm90"
+    assert tt.name(dict(tt.DEFAULT, DT=3)) == "implicit_gemm_tma_tf32_nchw_rz_wn128_mi1_wg2_st4_s1_sm90"
+    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0>"
+    assert tt.gpu_arch(tt.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in tt.arch_rule(tt.DEFAULT, "sm_80")
+    conv3 = _problem(32, 192, 13, 384, 3)
+    assert tt.applies(conv3) is None and format_refuses(tt, conv3) is None
+    assert tt.applies(_problem(32, 192, 13, 384, 3, layout="nhwc")) is None
+    assert "TF32 mode only" in tt.applies(_problem(32, 192, 13, 384, 3, tf32=False))
+    assert tt.problem_rule(tt.DEFAULT, _problem(32, 192, 13, 384, 3, tf32=False)) is None  # (applies' to say)
+    assert "float32" in tt.applies(_problem(32, 192, 13, 384, 3, dtype="bfloat16"))
+    assert format_refuses(tt, _problem(32, 192, 13, 384, 3, dtype="float16")) is not None
+    assert "multiple of 4" in tt.applies(_problem(32, 3, 224, 64, 11, stride=4))
+    assert "multiple of 4" in tt.problem_rule(tt.DEFAULT, _problem(32, 6, 224, 64, 11, stride=4))
+    assert tt.applies(_problem(32, 4, 224, 64, 11, stride=4)) is None  # (fp32: 4 channels are 16 bytes)
+    # an imported plan is held to the rules: a TF32 plan under a strict problem, a layout it was not built for
+    assert family_refuses(tt.FAMILY, tt.DEFAULT, _problem(32, 192, 13, 384, 3, tf32=False)) is not None
+    assert "compiled for nchw" in tt.problem_rule(tt.DEFAULT, _problem(32, 192, 13, 384, 3, layout="nhwc"))
+    assert tt.problem_rule(tt.DEFAULT, conv3) is None
+    # k tiles are a tap's 32 channels: C = 40 takes 2 per tap
+    assert tt.k_tiles(conv3) == 54 and tt.k_tiles(_problem(1, 40, 13, 64, 3)) == 18
+    assert "TMA" in tt.problem_rule(tt.DEFAULT, _problem(2, 16, 64, 16, 3, stride=9))
+    conv3_1 = _problem(1, 192, 13, 384, 3)
+    assert tt.problem_rule(dict(tt.DEFAULT, SPLIT=16), conv3_1) is None  # 54 // 16 = 3 k tiles per slice
+    assert "under 2" in tt.problem_rule(dict(tt.DEFAULT, SPLIT=16), _problem(1, 16, 13, 64, 1))
+
+
+def test_the_start_point_follows_the_grid():
+    big = tt.default_for(_problem(128, 192, 13, 384, 3))
+    assert (big["WN"], big["WG"], big["STAGES"], big["SPLIT"], big["NHWC"]) == (128, 2, 4, 1, 0)
+    one = tt.default_for(_problem(1, 192, 13, 384, 3, layout="nhwc"))
+    assert (one["WN"], one["WG"], one["MI"], one["NHWC"]) == (64, 1, 1, 1) and one["SPLIT"] > 1
+    assert tt.tiles(one, _problem(1, 192, 13, 384, 3)) * one["SPLIT"] <= tt.H200_SMS
+    assert tt.default_for(_problem(32, 64, 27, 192, 5))["WN"] == 192
+    for p in (_problem(128, 192, 13, 384, 3), _problem(1, 192, 13, 384, 3, layout="nhwc"), _problem(32, 64, 27, 192, 5)):
+        c = tt.default_for(p)
+        assert tt.space().is_valid(c) and tt.problem_rule(c, p) is None
+
+
+def _tf32_trunc(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> TF32 by dropping the low 13 bits: what the tensor cores read of an fp32 operand."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def test_rounding_both_operands_is_what_keeps_tf32_within_the_check():
+    """Why the kernel rounds each stage in shared memory: on an AlexNet-like layer, truncating both operands to TF32
+    (what the tensor cores do with an fp32 operand) misses by over 2x what rounding both to nearest does, and the
+    check allows twice cuDNN's TF32 error; rounding to nearest matches its arithmetic."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, 13, 13, generator=g)
+    w = torch.randn(96, 64, 3, 3, generator=g) / math.sqrt(64 * 9)
+    ref = F.conv2d(x.double(), w.double(), padding=1)
+
+    def err(a, b):
+        return float((F.conv2d(a.double(), b.double(), padding=1) - ref).norm() / ref.norm())
+
+    rn, rz = err(tf32_round(x), tf32_round(w)), err(_tf32_trunc(x), _tf32_trunc(w))
+    assert 1e-4 < rn < 5e-4 and rz > 2 * rn
