@@ -21,6 +21,8 @@
 #   "--family implicit_gemm_wgmma_h16 --dtype bfloat16 --channels-last --tag h200_bf16_nhwc").
 #   e2e = benchmarks/bench_alexnet.py with $E2E_ARGS alone (pre-tuning what the cache lacks first), e.g.
 #   E2E_ARGS="--tf32 --seconds 7 --no-compile --runs 100 --tag h200_tf32": AlexNet end to end with PyTorch's TF32.
+#   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point within $SMOKE_TIMEOUT s; the call stops if
+#   it fails or hangs (run it before the long stages after a kernel change).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
@@ -45,7 +47,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|tests|sweep|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -72,6 +74,12 @@ if has build; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-cache-dir . 2>&1 | tee "$OUT/build.log" || rc=1
   (cd /tmp && python3 -c "import bagf_torch; from bagf_torch import jit; print('bagf_torch', bagf_torch.__file__); print('extension', jit.load().__file__)") 2>&1 | tee -a "$OUT/build.log" || rc=1
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
+fi
+if has smoke; then
+  # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here
+  (cd /tmp && timeout ${SMOKE_TIMEOUT:-120} python3 "$OLDPWD/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc}) 2>&1 \
+    | tee "$OUT/smoke.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed: stopping"; exit 1; }
 fi
 if has alexnet; then
   t=${ALEXNET_TIMEOUT:-300}

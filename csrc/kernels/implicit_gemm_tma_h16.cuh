@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   const int warp = tid >> 5;
   const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
   const int m0 = blockIdx.y * BM;  // first output channel
-  const int cb_n = (p.C + BK - 1) / BK;  // 64-channel blocks per tap
+  const int cb_n = (p.C + BK - 1) / BK;  // BK-channel blocks per tap
   const int num_k = p.R * p.S * cb_n;
   const int split = static_cast<int>(gridDim.z);
   const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
@@ -219,9 +219,10 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
           phase ^= 1u;
         }
       }
-    } else if constexpr (ROUND) {
-      // warps 1-3 of the producer warpgroup: each stage, once its copies landed, rounded to TF32 in place (the
-      // tensor cores would read an fp32 operand's top 19 bits: truncation), then handed to the consumers
+    } else if (ROUND && tid >= TC + 32) {
+      // warps 1-3 of the producer warpgroup (the rest of warp 0 has nothing to do): each stage, once its copies
+      // landed, rounded to TF32 in place (the tensor cores would read an fp32 operand's top 19 bits: truncation),
+      // then handed to the consumers
       int slot = 0;
       unsigned phase = 0;
       for (int t = 0; t < tiles; ++t) {
