@@ -298,23 +298,14 @@ def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
 
 
 def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
-    """implicit_gemm_tma_tf32 (the same kernel with fp32 stages rounded by the producer warpgroup, k8 TF32 wgmma) at
-    its start point, its largest accumulator tiles and deepest rings, NCHW and channels_last; also the unrounded
-    probe (DT 3)."""
+    """implicit_gemm_tma_tf32 (the same kernel on fp32 stages, k8 TF32 wgmma) at its start point, its largest
+    accumulator tiles and deepest rings, NCHW and channels_last."""
     from bagf_torch.kernels import implicit_gemm_tma_tf32 as tt
 
     _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, tt, [
         tt.DEFAULT, dict(tt.DEFAULT, NHWC=1, SPLIT=4), dict(tt.DEFAULT, WN=256, STAGES=3),
         dict(tt.DEFAULT, WN=128, MI=2, STAGES=4), dict(tt.DEFAULT, WN=256, WG=1, STAGES=4),
         dict(tt.DEFAULT, WN=64, WG=1, STAGES=6), dict(tt.DEFAULT, WN=192, STAGES=3)])
-    # (DT 3 is outside the space: compiled through the same instantiation text)
-    src = tmp_path / "rz.cu"
-    src.write_text(f'#include "{tt.SOURCE}"\ntemplate __global__ void '
-                   f'{tt.name_expression(dict(tt.DEFAULT, DT=3))}({tt.KERNEL_ARGS});\n')
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
-                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "rz.cubin")],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0 and "C7515" not in res.stderr, res.stderr[-3000:]
 
 
 _SLICE_HOST = r"""

@@ -4,13 +4,14 @@ NCHW and channels_last (csrc/kernels/implicit_gemm_tma_h16.cuh with DT = 2).
 
 ``implicit_gemm_tma_h16``'s kernel, data path, schedule and epilogue on fp32 tensors: a 128-byte swizzle row holds
 32 fp32 channels where it held 64 16-bit ones, so a k tile is one filter tap's block of 32 channels and a stage's
-four 32-byte k steps are ``wgmma ... m64nNk8.f32.tf32.tf32`` instead of k16. The tensor cores read an fp32
-shared-memory operand's top 19 bits (truncation to TF32), and truncating both operands misses by about 2.6x what
-rounding them to nearest does (0.77e-3 against 0.29e-3 of the output's norm on AlexNet-like layers, emulated on the
-CPU), past the check's bound of twice cuDNN's TF32 error. So the producer warpgroup's three other warps round each
-stage in place (to nearest, ties away, as ``cvt.rna.tf32.f32``) once its copies have landed, and hand it to the
-consumers through a third ring of mbarriers: the arithmetic of ``implicit_gemm_tf32`` and of cuDNN's TF32
-convolutions. It applies only to problems tuned in TF32 mode (``ConvProblem.tf32``, part of every plan's key), so a
+four 32-byte k steps are ``wgmma ... m64nNk8.f32.tf32.tf32`` instead of k16. The host maps the fp32 tensors as TF32
+(``CU_TENSOR_MAP_DATA_TYPE_TFLOAT32``) and the TMA unit rounds every value to TF32 to nearest as it copies: on the
+H200 these plans miss the float64 convolution by exactly cuDNN's TF32 error (1.97e-4 of the output's norm on AlexNet
+conv3 at N = 2, both), the same as with each stage rounded once more in shared memory (``cvt.rna``, by the producer
+warpgroup's idle warps: that pass cost more than half the speed and changed nothing, so it is gone). Truncating both
+operands, what the tensor cores do with operands read as plain fp32, would miss by 2.6x as much (emulated on the CPU),
+past the check's bound of twice cuDNN's error. So the arithmetic is ``implicit_gemm_tf32``'s and cuDNN's. It applies
+only to problems tuned in TF32 mode (``ConvProblem.tf32``, part of every plan's key), so a
 strict-fp32 caller never gets one of its plans; the correctness check's tolerance is twice what cuDNN's own TF32
 convolution misses by on the same data (``tuning.measure.Workspace``).
 
@@ -19,7 +20,7 @@ Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules en
 ========  ==================  ======================================================================
 knob      values              rule
 ========  ==================  ======================================================================
-DT        2                   fp32 tensors, TF32 products, each stage rounded in shared memory
+DT        2                   fp32 tensors rounded to TF32 by the copies, TF32 products
 NHWC      0 1                 the problem's memory format: 0 NCHW (the host makes a channels_last copy
                               of the input per call, the output is written NCHW), 1 channels_last
 WN        64 128 192 256      wgmma's N: output channels per block (one weight copy's rows)
@@ -62,12 +63,8 @@ BK = 32
 LAYOUTS = _th.LAYOUTS
 FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-ROUNDED = (2,)
-"""DT values whose stages are rounded to TF32 to nearest in shared memory (the space's). The kernel's DT = 3 skips
-the rounding (both operands truncated by the tensor cores): a probe of that error, never searched."""
-
 PARAMS: dict[str, tuple[int, ...]] = {
-    "DT": ROUNDED,
+    "DT": (2,),
     "NHWC": (0, 1),
     "WN": (64, 128, 192, 256),
     "MI": (1, 2),
@@ -78,8 +75,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
 
 DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
 
-STATIC_SMEM = 16 + 3 * 8 * 6
-"""Static shared memory (split-K's arrival flag, the deepest ring's full, empty and ready mbarriers)."""
+STATIC_SMEM = _th.STATIC_SMEM
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
 H200_SMS = _wh.H200_SMS
 
@@ -87,7 +83,7 @@ bm = _th.bm
 bn = _th.bn
 threads = _th.threads
 smem_bytes = _th.smem_bytes
-estimated_registers = _th.estimated_registers  # the producer warpgroup's rounding loop fits its 40 registers
+estimated_registers = _th.estimated_registers
 blocks_per_sm = _th.blocks_per_sm
 tiles = _th.tiles
 workspace_bytes = _th.workspace_bytes
@@ -156,10 +152,9 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``;
-    ``_rz`` for the unrounded probe (DT 3)."""
-    return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}{'' if c['DT'] in ROUNDED else '_rz'}_wn{c['WN']}_mi{c['MI']}"
-            f"_wg{c['WG']}_st{c['STAGES']}_s{c['SPLIT']}_{arch}")
+    """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``."""
+    return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
+            f"_s{c['SPLIT']}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:

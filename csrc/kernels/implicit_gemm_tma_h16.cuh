@@ -1,5 +1,5 @@
-// fp16 / bf16 convolution as an implicit GEMM on Hopper's wgmma (sm_90a) with both operand tiles brought into shared
-// memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one im2col-mode copy of a channels_last
+// fp16 / bf16 convolution (DT 0 / 1), and fp32 with one TF32 product per multiply (DT 2), as an implicit GEMM on
+// Hopper's wgmma (sm_90a) with both operand tiles brought into shared memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one im2col-mode copy of a channels_last
 // input, the weight's tile by one tiled copy of a KRSC weight, each stage's arrival counted by an mbarrier. The
 // output is channels_last (NHWC = 1) or NCHW (NHWC = 0: the host hands an NCHW call's input over as a channels_last
 // copy, and the epilogue writes NCHW).
@@ -29,7 +29,14 @@
 // mbarrier), issues the copies of the tile STAGES ahead into it. Every warp waits on the stage's "full" mbarrier (the copies' bytes arrived), issues its wgmma group, waits
 // for the one before, and releases that one's stage. No block barrier in the loop.
 //
-// Template parameters (bagf_torch/kernels/implicit_gemm_tma_h16.py has the validity rules): DT (0 fp16, 1 bf16),
+// TF32 (DT 2): a 128-byte row holds 32 fp32 channels (BK = 32) and a stage's four 32-byte k steps are
+// m64nNk8.tf32 instead of k16. The host maps fp32 tensors as CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, and the TMA unit rounds
+// each value to TF32 to nearest as it copies: measured on the H200, these plans' error against float64 equals cuDNN's
+// TF32 error to three digits, as it did with each stage rounded again in shared memory (cvt.rna); operands the
+// tensor cores read as plain fp32 would be truncated to TF32 (2.6x that error, emulated on the CPU).
+//
+// Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16, 1 bf16,
+// 2 fp32 with TF32 products),
 // WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
 // warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2, NHWC the output's
 // format. Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
@@ -101,22 +108,6 @@ __device__ __forceinline__ void tma_im2col(unsigned dst, const TmaMap* map, int 
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(ow), "h"(oh)
       : "memory");
 }
-// fp32 -> TF32 to nearest, ties away from zero, as cvt.rna.tf32.f32 (NaN kept as it is; the low 13 bits cleared)
-__device__ __forceinline__ unsigned rna_tf32(unsigned u) {
-  return (u & 0x7fffffffu) > 0x7f800000u ? u : (u + 0x1000u) & 0xffffe000u;
-}
-// Rounds the `bytes` of shared memory from `base` to TF32 in place, 16 bytes per step, thread `i` of `n` taking
-// every n-th step; then makes the writes visible to the async proxy (wgmma's reads).
-__device__ __forceinline__ void round_tf32_smem(unsigned base, int bytes, int i, int n) {
-  for (int off = 16 * i; off < bytes; off += 16 * n) {
-    unsigned a, b, c, d;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(base + off));
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + off), "r"(rna_tf32(a)), "r"(rna_tf32(b)),
-                 "r"(rna_tf32(c)), "r"(rna_tf32(d))
-                 : "memory");
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 // tiled copy of a 3-d map's box at coordinates (a, b, c), completion counted on `bar`
 __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a, int b, int c, unsigned bar) {
   asm volatile(
@@ -136,9 +127,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
                                  typename wgh::Elem<DT>::T* __restrict__ y, const Conv2dParams p,
                                  float* __restrict__ ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool TF32 = DT >= 2;     // fp32 tensors, TF32 products
-  constexpr bool ROUND = DT == 2;    // the producer warpgroup's other warps round each stage to TF32 in place
-  constexpr int BK = TF32 ? 32 : 64; // channels per k tile: one 128-byte row per pixel and per output channel
+  constexpr int BK = DT == 2 ? 32 : 64;  // channels per k tile: one 128-byte row per pixel and per output channel
   constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
   constexpr int BM = WN;             // output channels per block (grid.y)
   constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
@@ -153,12 +142,10 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   static_assert(NACC <= 128, "accumulators fit the register file");
 
   extern __shared__ unsigned char smem_raw[];
-  // full[STAGES], empty[STAGES], and with ROUND ready[STAGES] (the stage rounded)
-  __shared__ __align__(8) unsigned long long bars[(ROUND ? 3 : 2) * STAGES];
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
   const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned empty0 = full0 + 8 * STAGES;
-  const unsigned ready0 = empty0 + 8 * STAGES;  // (ROUND only)
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -175,7 +162,6 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
     for (int s = 0; s < STAGES; ++s) {
       wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
       wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
-      if constexpr (ROUND) wgt::mbar_init(ready0 + 8 * s, 3);  // one arrival per rounding warp
     }
     wgt::fence_barrier_init();
   }
@@ -219,22 +205,6 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
           phase ^= 1u;
         }
       }
-    } else if (ROUND && tid >= TC + 32) {
-      // warps 1-3 of the producer warpgroup (the rest of warp 0 has nothing to do): each stage, once its copies
-      // landed, rounded to TF32 in place (the tensor cores would read an fp32 operand's top 19 bits: truncation),
-      // then handed to the consumers
-      int slot = 0;
-      unsigned phase = 0;
-      for (int t = 0; t < tiles; ++t) {
-        wgt::mbar_wait(full0 + 8 * slot, phase);
-        wgt::round_tf32_smem(smem0 + slot * STAGE, STAGE, tid - TC - 32, 96);
-        __syncwarp();
-        wgt::mbar_arrive_if(ready0 + 8 * slot, (tid & 31) == 0);
-        if (++slot == STAGES) {
-          slot = 0;
-          phase ^= 1u;
-        }
-      }
     }
     return;  // (the consumers' split-K hand-over meets at a named barrier of their own)
   }
@@ -254,7 +224,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   unsigned phase = 0;
   int prev = STAGES - 1;
   for (int i = 0; i < tiles; ++i) {
-    wgt::mbar_wait((ROUND ? ready0 : full0) + 8 * slot, phase);
+    wgt::mbar_wait(full0 + 8 * slot, phase);
     const unsigned sa = smem0 + slot * STAGE;
     wg::fence();
 #pragma unroll

@@ -139,9 +139,9 @@ namespace wgh {
     : "l"(da), "l"(db))
 
 // One k step of 32 bytes per operand row: k16 of a 16-bit type (DT 0 fp16, 1 bf16, no transpose), or k8 of TF32
-// (DT >= 2: fp32 operands, whose low 13 mantissa bits the tensor cores do not read; tf32 takes no transpose flags).
+// (DT 2: fp32 operands already rounded to TF32 in shared memory; tf32 takes no transpose flags).
 #define BAGF_WGMMA_H16_BY_DT(N)                                                                      \
-  if constexpr (DT >= 2) BAGF_WGMMA_H16_N##N("k8", "tf32", "");                                     \
+  if constexpr (DT == 2) BAGF_WGMMA_H16_N##N("k8", "tf32", "");                                     \
   else if constexpr (DT == 1) BAGF_WGMMA_H16_N##N("k16", "bf16", ", 0, 0");                        \
   else BAGF_WGMMA_H16_N##N("k16", "f16", ", 0, 0")
 
@@ -179,7 +179,7 @@ __device__ __forceinline__ void st_shared16(unsigned dst, const h16::Chunk& v) {
 
 
 // The output and bias element of DT: 16-bit values (DT 0 fp16, 1 bf16) as unsigned short, widened to fp32 exactly
-// and narrowed by one rounding to nearest; fp32 (DT >= 2, the TF32 kernels) as it is.
+// and narrowed by one rounding to nearest; fp32 (DT 2, the TF32 kernels) as it is.
 template <int DT>
 struct Elem {
   using T = unsigned short;
@@ -199,8 +199,6 @@ struct Elem<2> {
     *reinterpret_cast<float2*>(dst) = make_float2(a, b);
   }
 };
-template <>
-struct Elem<3> : Elem<2> {};
 
 // The end of a block of either kernel: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's
 // protocol: each slice's sums in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the
