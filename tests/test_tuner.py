@@ -515,19 +515,20 @@ def test_tf32_mode_bounds_candidates_by_twice_cudnns_own_tf32_error(monkeypatch)
 
 
 def test_the_tf32_families_are_searched_in_tf32_mode_only():
-    """implicit_gemm_tf32 and implicit_gemm_wgmma compute TF32 products: the tuner takes them for a TF32-mode
-    problem (beside the 3xTF32 family, which stays for problems where cuDNN itself does not use TF32) and never for
-    a strict one."""
+    """implicit_gemm_tf32, implicit_gemm_wgmma and implicit_gemm_tma_tf32 compute TF32 products: the tuner takes them
+    for a TF32-mode problem (beside the 3xTF32 family, which stays for problems where cuDNN itself does not use TF32)
+    and never for a strict one."""
     import dataclasses
 
     from bagf_torch.kernels import FAMILIES, implicit_gemm_tc as tc, implicit_gemm_tf32 as t32
+    from bagf_torch.kernels import implicit_gemm_tma_tf32 as tma
     from bagf_torch.kernels import implicit_gemm_wgmma as wg
 
     tuner = Tuner(fake_backend(FakeCompiler()), list(FAMILIES.values()), budget=Budget(4))
     strict = [f.FAMILY for f in tuner.families_for(PROBLEM)]
     tf32 = [f.FAMILY for f in tuner.families_for(dataclasses.replace(PROBLEM, tf32=True))]
-    assert t32.FAMILY not in strict and wg.FAMILY not in strict and tc.FAMILY in strict
-    assert tf32 == [tc.FAMILY, t32.FAMILY, wg.FAMILY] + strict[1:]
+    assert t32.FAMILY not in strict and wg.FAMILY not in strict and tma.FAMILY not in strict and tc.FAMILY in strict
+    assert tf32 == [tc.FAMILY, t32.FAMILY, wg.FAMILY] + strict[1:] + [tma.FAMILY]
     for arch, has_wgmma in (("sm_90", True), ("sm_80", False), ("sm_100", False)):  # wgmma: sm_90a only
         compiler = FakeCompiler()
         compiler.arch = arch
@@ -836,3 +837,33 @@ def test_a_compile_wave_cut_short_raises_the_wave_estimate_to_what_it_took_at_le
     assert d.wave_s["f"] == 3.0
     d.compiled(["f"], 0, 1.0, unfinished=4)  # one wave of at least 1 s: says nothing new
     assert d.wave_s["f"] == 3.0
+
+
+def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_measured():
+    """A cold process's first problem: the prefetch wave of the families' start points runs to (past) the end of the
+    seconds budget. Each family's compiled start point is still checked and timed (one evaluation each, a small
+    overshoot), the fastest wins against cuDNN, and nothing else is measured; before, the problem ended with no
+    evaluation and kept cuDNN."""
+    now = [0.0]
+    fast, slow = _family(), _family()
+    fast.FAMILY, slow.FAMILY = "fast", "slow"
+    slow.DEFAULT = {"A": 8, "B": 4, "C": 0}
+
+    class Wave(FakeCompiler):
+        def prefetch(self, items):
+            now[0] += 7.0  # NVRTC compiling every start point: more than the whole 6 s budget
+            return {fam.FAMILY: 7.0 for fam, _ in items}
+
+    class Ticking(FakeBench):
+        def measure(self, ws, handle, cutoff_us=None):
+            now[0] += 0.01
+            return super().measure(ws, handle, cutoff_us)
+
+    comp = Wave()
+    tuner = Tuner(fake_backend(comp, bench=Ticking(comp, 50.0)), [fast, slow], strategy="random",
+                  budget=Budget(40, 6.0), clock=lambda: now[0])
+    r = tuner.tune(PROBLEM)
+    measured = [(t.family, t.config) for t in r.trials if t.config is not None]
+    assert measured == [("fast", fast.DEFAULT), ("slow", slow.DEFAULT)] and r.evaluations == 2
+    assert r.family == "fast" and r.config == fast.DEFAULT
+    assert now[0] < 7.5  # past the budget by the two evaluations only (and one re-timing round)

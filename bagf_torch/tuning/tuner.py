@@ -87,6 +87,7 @@ class _Deadline:
 
     MAX_ROUNDS = 5
     RESERVE_FRACTION = 0.2
+    MIN_EVAL_S = 0.05  # the room ``one_start`` leaves for a family's first evaluation, whose cost is not yet known
 
     def __init__(self, clock: Callable[[], float], end: float, seconds: float, workers: int, finalists: int,
                  waves: dict[str, float] | None = None):
@@ -150,6 +151,15 @@ class _Deadline:
         re-timing rounds 2 to 5 (on the H200 AlexNet conv1 at N=128 kept implicit_gemm_tc at 768 us, 2.1x the
         unmeasured winograd_gemm start, after a 6 s wave of a 7 s budget)."""
         return self.end - (self._round() if math.isfinite(self.end) else 0.0)
+
+    def one_start(self, family: str) -> float:
+        """The end of the measuring of ``family``'s start point compiled by the prefetch wave: ``start_end``, or, when
+        the wave has run past it, room from now for that one check and timing (its cost as seen so far). A family's
+        start point is measured even then: the overshoot is one evaluation per family (milliseconds each), and
+        unmeasured every family is out of the running (on the H200 AlexNet conv1 at N = 1, the first problem of a
+        process with a cold cubin cache, ended with no evaluation and cuDNN's 1.00x after a 4.9 s wave of its
+        6.4 s, where its start points would have run at 1.47x)."""
+        return max(self.start_end(), self.clock() + max(self._cost(self.eval_s, family), self.MIN_EVAL_S))
 
     def fits(self, family: str, n: int, end: float, built: int = 0) -> int:
         """How many of ``n`` candidates of ``family`` can be compiled, checked and timed before ``end``, the
@@ -764,9 +774,10 @@ class Tuner:
                 phases["strategy"] += clock() - t
         defaults: dict[str, float | None] = {}
         for fam in families:  # (an evaluation budget below their number: the first families only, measured_families)
-            # (the reserve grows with the first timings); a prefetched start point needs no compile
+            # (the reserve grows with the first timings); a prefetched start point needs no compile, and is measured
+            # even when the wave ran to the end of the budget (``one_start``)
             prefetched_start = (fam.FAMILY, config_key(starts[fam.FAMILY])) in prefetched
-            limit[0] = deadline.start_end() if prefetched_start else deadline.search_end()
+            limit[0] = deadline.one_start(fam.FAMILY) if prefetched_start else deadline.search_end()
             try:
                 o = evaluator(fam, "start")([starts[fam.FAMILY]])[0]
             except BudgetSpent:
