@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for bench_overhead's helpers
 import bagf_torch  # noqa: E402
+from bench_overhead import command_line, git_commit  # noqa: E402
 from bagf_torch import bench, cli, runtime  # noqa: E402
 from bagf_torch.jit.compiler import STATS  # noqa: E402
 
@@ -75,6 +77,7 @@ def main(argv=None) -> int:
         "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
         "dtype": args.dtype, "channels_last": args.channels_last,
         "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
+        "commit": git_commit(), "command": command_line("bench_alexnet.py", sys.argv[1:] if argv is None else argv),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +101,8 @@ def main(argv=None) -> int:
                  "other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
-                 "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "", *bench.table(results), ""]
+                 "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "",
+                 f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "", *bench.table(results), ""]
         for n, r in sorted(results.items()):
             if "compile_max_autotune" in r:
                 lines.append(f"torch.compile(mode='max-autotune') at N={n}: compile {r['compile_max_autotune']['compile_seconds']:.0f} s")
