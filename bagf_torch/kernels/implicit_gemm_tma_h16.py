@@ -186,28 +186,38 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
                 f"problem is {problem.dtype} {problem.layout}")
     if problem.c % 8:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
-    why = map_refuses(problem)
-    if why is not None:
-        return why
+    return map_refuses(problem) or grid_refuses(c, problem, k_tiles(problem))
+
+
+def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
+    """Why ``c``'s grid cannot run ``problem`` of ``k`` k tiles, or None: the epilogue's 32-bit indices must hold for
+    the last blocks (N*P*Q + BN and N*P*Q*K below 2^31), and a split-K configuration must give every slice 2 k tiles
+    or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes. Also implicit_gemm_tma_tf32's."""
     p, q = problem.out_hw
     if problem.n * p * q + bn(c) > INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > INT32_MAX:
         return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
-    return _h16.split_refuses(c.get("SPLIT", 1), k_tiles(problem), tiles(c, problem), bm(c), bn(c), "k tiles")
+    return _h16.split_refuses(c.get("SPLIT", 1), k, tiles(c, problem), bm(c), bn(c), "k tiles")
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with the problem's DT and implicit_gemm_wgmma_h16's tile rule (the instruction width WN that pads K
-    least; 64 x 64 tiles of one warpgroup where the grid has under a quarter of the SMs in tiles); the deepest ring
-    of at most 5 stages that fits the device; then the largest SPLIT whose slices still fit one wave."""
+    """DEFAULT with the problem's DT and :func:`sized_start`'s tiles, ring (at most 5 stages) and split."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
     c["NHWC"] = LAYOUTS.get(problem.layout, 1)
+    return sized_start(c, problem, 5, problem_rule, sms)
+
+
+def sized_start(c: Config, problem, max_stages: int, rule, sms: int = H200_SMS) -> Config:
+    """``c`` with implicit_gemm_wgmma_h16's tile rule (the instruction width WN that pads K least; 64 x 64 tiles of
+    one warpgroup where the grid has under a quarter of the SMs in tiles), the deepest ring of at most
+    ``max_stages`` stages that fits the device, then the largest SPLIT whose slices still fit one wave and that the
+    family's problem ``rule`` lets through. Also implicit_gemm_tma_tf32's start."""
     c["WN"] = _wh.instruction_width(problem.k)
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
-    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 5 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
-                      - STATIC_SMEM)
-    c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: problem_rule(dict(c, SPLIT=s), problem), sms)
+    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= max_stages and smem_bytes(dict(c, STAGES=s))
+                      <= SM90_SMEM_LIMIT - STATIC_SMEM)
+    c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: rule(dict(c, SPLIT=s), problem), sms)
     return c
 
 

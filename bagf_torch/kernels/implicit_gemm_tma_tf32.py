@@ -71,15 +71,7 @@ BK = 32
 LAYOUTS = _th.LAYOUTS
 FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-PARAMS: dict[str, tuple[int, ...]] = {
-    "DT": (2,),
-    "NHWC": (0, 1),
-    "WN": (64, 128, 192, 256),
-    "MI": (1, 2),
-    "WG": (1, 2),
-    "STAGES": (3, 4, 5, 6),
-    "SPLIT": (1, 2, 4, 8, 16),
-}
+PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
 
 DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
 
@@ -125,28 +117,17 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
         return f"compiled for {'nhwc' if c['NHWC'] else 'nchw'}; this problem is {problem.layout}"
     if problem.c % 4:
         return f"copies 4 channels (16 bytes) at a time; C = {problem.c} is not a multiple of 4"
-    why = _th.map_refuses(problem)
-    if why is not None:
-        return why
-    p, q = problem.out_hw
-    if problem.n * p * q + bn(c) > _th.INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > _th.INT32_MAX:
-        return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
-    return _h16.split_refuses(c.get("SPLIT", 1), k_tiles(problem), tiles(c, problem), bm(c), bn(c), "k tiles")
+    return _th.map_refuses(problem) or _th.grid_refuses(c, problem, k_tiles(problem))
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """implicit_gemm_tma_h16's start rule on this family's fp32 stages: the instruction width WN that pads K least,
-    64 x 64 tiles of one warpgroup where the grid has under a quarter of the SMs in tiles, the deepest ring of at
-    most 4 stages that fits, then the largest SPLIT whose slices still fit one wave."""
+    """implicit_gemm_tma_h16's start rule (``sized_start``: the instruction width WN that pads K least, 64 x 64 tiles
+    of one warpgroup where the grid has under a quarter of the SMs in tiles, the deepest ring of at most 4 stages
+    that fits -- 4 was the best depth on AlexNet's conv3-5 -- then the largest SPLIT whose slices still fit one
+    wave)."""
     c = dict(DEFAULT)
     c["NHWC"] = LAYOUTS.get(problem.layout, 0)
-    c["WN"] = _wh.instruction_width(problem.k)
-    if tiles(c, problem) < sms // 4:
-        c.update(WN=64, WG=1)
-    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= 4 and smem_bytes(dict(c, STAGES=s)) <= SM90_SMEM_LIMIT
-                      - STATIC_SMEM)
-    c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: problem_rule(dict(c, SPLIT=s), problem), sms)
-    return c
+    return _th.sized_start(c, problem, 4, problem_rule, sms)
 
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
