@@ -844,26 +844,32 @@ def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_mea
     seconds budget. Each family's compiled start point is still checked and timed (one evaluation each, a small
     overshoot), the fastest wins against cuDNN, and nothing else is measured; before, the problem ended with no
     evaluation and kept cuDNN."""
-    now = [0.0]
-    fast, slow = _family(), _family()
-    fast.FAMILY, slow.FAMILY = "fast", "slow"
-    slow.DEFAULT = {"A": 8, "B": 4, "C": 0}
+    for step in (0.01, 0.08):  # an evaluation below and above one_start's slack; the clock moves on every read
+        now = [0.0]
+        fast, slow, third = _family(), _family(), _family()
+        fast.FAMILY, slow.FAMILY, third.FAMILY = "fast", "slow", "third"
+        slow.DEFAULT = {"A": 8, "B": 4, "C": 0}
+        third.DEFAULT = {"A": 2, "B": 8, "C": 0}
 
-    class Wave(FakeCompiler):
-        def prefetch(self, items):
-            now[0] += 7.0  # NVRTC compiling every start point: more than the whole 6 s budget
-            return {fam.FAMILY: 7.0 for fam, _ in items}
+        def clock():
+            now[0] += 1e-6
+            return now[0]
 
-    class Ticking(FakeBench):
-        def measure(self, ws, handle, cutoff_us=None):
-            now[0] += 0.01
-            return super().measure(ws, handle, cutoff_us)
+        class Wave(FakeCompiler):
+            def prefetch(self, items):
+                now[0] += 7.0  # NVRTC compiling every start point: more than the whole 6 s budget
+                return {fam.FAMILY: 7.0 for fam, _ in items}
 
-    comp = Wave()
-    tuner = Tuner(fake_backend(comp, bench=Ticking(comp, 50.0)), [fast, slow], strategy="random",
-                  budget=Budget(40, 6.0), clock=lambda: now[0])
-    r = tuner.tune(PROBLEM)
-    measured = [(t.family, t.config) for t in r.trials if t.config is not None]
-    assert measured == [("fast", fast.DEFAULT), ("slow", slow.DEFAULT)] and r.evaluations == 2
-    assert r.family == "fast" and r.config == fast.DEFAULT
-    assert now[0] < 7.5  # past the budget by the two evaluations only (and one re-timing round)
+        class Ticking(FakeBench):
+            def measure(self, ws, handle, cutoff_us=None):
+                now[0] += step
+                return super().measure(ws, handle, cutoff_us)
+
+        comp = Wave()
+        tuner = Tuner(fake_backend(comp, bench=Ticking(comp, 50.0)), [fast, slow, third], strategy="random",
+                      budget=Budget(40, 6.0), clock=clock)
+        r = tuner.tune(PROBLEM)
+        measured = [(t.family, t.config) for t in r.trials if t.config is not None]
+        assert measured == [("fast", fast.DEFAULT), ("slow", slow.DEFAULT), ("third", third.DEFAULT)], (step, measured)
+        assert r.evaluations == 3 and r.family == "fast" and r.config == fast.DEFAULT
+        assert now[0] < 7.0 + 4 * step + 0.01  # past the budget by the three evaluations (and one re-timing round)

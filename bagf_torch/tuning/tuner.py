@@ -83,11 +83,13 @@ class _Deadline:
     The finalists' interleaved re-timing keeps a reserve: at least one round of every finalist and cuDNN, up to
     ``MAX_ROUNDS`` rounds within ``RESERVE_FRACTION`` of the budget; it runs as many rounds as are left
     (``finalist_rounds``, at least one). Until a cost has been seen once it is taken as zero, so the overshoot
-    is bounded by one step: one compile wave, one check and timing, or one round of re-timing."""
+    is bounded by one step: one compile wave, one check and timing, or one round of re-timing; and when the
+    prefetch wave of the start points runs past the end, by one check and timing per family (``one_start``: about
+    30-35 ms each on the H200, so about 0.3 s over nine families) and one round of re-timing."""
 
     MAX_ROUNDS = 5
     RESERVE_FRACTION = 0.2
-    MIN_EVAL_S = 0.05  # the room ``one_start`` leaves for a family's first evaluation, whose cost is not yet known
+    MIN_EVAL_S = 0.05  # the slack ``one_start`` leaves beyond an evaluation's cost seen so far (none, at first)
 
     def __init__(self, clock: Callable[[], float], end: float, seconds: float, workers: int, finalists: int,
                  waves: dict[str, float] | None = None):
@@ -159,7 +161,7 @@ class _Deadline:
         unmeasured every family is out of the running (on the H200 AlexNet conv1 at N = 1, the first problem of a
         process with a cold cubin cache, ended with no evaluation and cuDNN's 1.00x after a 4.9 s wave of its
         6.4 s, where its start points would have run at 1.47x)."""
-        return max(self.start_end(), self.clock() + max(self._cost(self.eval_s, family), self.MIN_EVAL_S))
+        return max(self.start_end(), self.clock() + self._cost(self.eval_s, family) + self.MIN_EVAL_S)
 
     def fits(self, family: str, n: int, end: float, built: int = 0) -> int:
         """How many of ``n`` candidates of ``family`` can be compiled, checked and timed before ``end``, the
