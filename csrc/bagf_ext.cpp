@@ -196,7 +196,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
-               ((geo.dtype != 0 || geo.nhwc != 0) &&
+               ((geo.dtype != 0 || geo.nhwc != 0 || geo.tma != 0) &&
                 ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
                geo.tma < 0 || geo.tma > 1 ||
@@ -326,10 +326,9 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
   return y.is_contiguous(fmt) ? y : y.contiguous(fmt);
 }
 
-// A 16-bit split-K plan's workspace for a call (launch_plan's grid): each slice's fp32 sums of each BM x BN tile, then
-// one counter per tile (kernels/implicit_gemm_h16.cuh); 0 for other plans.
-// The split-K workspace of a plan whose slices hand their sums over in order (16-bit and TMA plans; other fp32 plans
-// add atomically into a zeroed output): each slice's partial tiles, then one arrival counter per tile.
+// The split-K workspace of a call (launch_plan's grid) for a plan whose slices hand their sums over in order (16-bit
+// and TMA plans, kernels/implicit_gemm_h16.cuh's protocol): each slice's fp32 sums of each BM x BN tile, then one
+// arrival counter per tile; 0 for other plans (other fp32 split-K plans add atomically into a zeroed output).
 int64_t split_workspace_floats(const LaunchGeometry& geo, int64_t cols, int64_t k) {
   if (geo.split <= 1 || (geo.dtype == 0 && !geo.tma)) return 0;
   const int64_t tiles = ((cols + geo.bn - 1) / geo.bn) * ((k + geo.bm - 1) / geo.bm);
@@ -355,8 +354,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     // (an input both contiguous and channels_last, C = 1 or H = W = 1, is NCHW to every rule here: the output's
     // format, the fake's, TunedConv2d's key)
     return geo.nhwc ? "input is not channels_last only (the plan's memory format)" : "input is not contiguous NCHW";
-  // fp32 and NCHW 16-bit plans read the weight contiguous (KCRS); a channels_last plan reads it KRSC and the host
-  // converts one in another format
+  // fp32 and NCHW 16-bit plans read the weight contiguous (KCRS); a channels_last plan and every TMA plan read it
+  // KRSC, and the host converts one in another format
   if (!w.is_contiguous() && !geo.nhwc && !geo.tma) return "weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
   if (geo.tile > 1 && geo.tile_w == 0 && geo.gemm == 1) {
@@ -371,10 +370,10 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
               dilation[1] != 1)) {
     return "a Winograd plan takes only 3x3 stride-1 dilation-1 convolutions";
   }
-  if (geo.dtype != 0 || geo.nhwc || geo.tma) {  // the 16-bit kernels' int32 window arithmetic, as the direct plans'
+  if (geo.dtype != 0 || geo.nhwc || geo.tma) {  // the 16-bit and TMA kernels' int32 window arithmetic
     for (int i = 0; i < 2; ++i)
       if (stride[i] > 65535 || dilation[i] > 65535 || padding[i] > 65535)
-        return "stride, padding or dilation above 65535 for a 16-bit plan";
+        return "stride, padding or dilation above 65535 for a 16-bit, channels_last or TMA plan";
   }
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);

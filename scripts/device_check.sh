@@ -77,7 +77,8 @@ if has build; then
 fi
 if has smoke; then
   # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here
-  (cd /tmp && timeout ${SMOKE_TIMEOUT:-120} python3 "$OLDPWD/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc}) 2>&1 \
+  repo=$PWD
+  (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc}) 2>&1 \
     | tee "$OUT/smoke.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed: stopping"; exit 1; }
 fi

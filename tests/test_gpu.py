@@ -1209,6 +1209,23 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle, out=out)  # strict: never ATen
     ref = F.conv2d(x, w, None, 1, 1)
     assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
+    # what the maps cannot take: a strict launch raises, the op answers through ATen (C % 4 != 0; a channels_last
+    # input read in place 4 bytes off 16-byte alignment)
+    h = built[fam.name(dict(fam.DEFAULT, **_TMA_TF32_TILES[0], SPLIT=1, NHWC=1))].handle
+    cl = torch.channels_last
+    x6, w6 = torch.randn(2, 6, 9, 9, device="cuda").contiguous(memory_format=cl), torch.randn(8, 6, 3, 3, device="cuda")
+    with pytest.raises(RuntimeError, match="multiple of"):
+        compiler.ext.conv2d_inference(x6, w6, None, [1, 1], [1, 1], [1, 1], h,
+                                      out=torch.empty(2, 8, 9, 9, device="cuda").contiguous(memory_format=cl))
+    x8, w8 = torch.randn(2, 8, 9, 9, device="cuda").contiguous(memory_format=cl), torch.randn(8, 8, 3, 3, device="cuda")
+    xm = _shifted(x8)
+    assert xm.data_ptr() % 16 and xm.is_contiguous(memory_format=cl)
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        compiler.ext.conv2d_inference(xm, w8, None, [1, 1], [1, 1], [1, 1], h,
+                                      out=torch.empty(2, 8, 9, 9, device="cuda").contiguous(memory_format=cl))
+    for xi, wi in ((x6, w6), (xm, w8)):
+        torch.testing.assert_close(torch.ops.bagf.conv2d(xi, wi, None, [1, 1], [1, 1], [1, 1], h),
+                                   F.conv2d(xi, wi, None, 1, 1))
     _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TF32_TILES[1], SPLIT=8))]
                                       .handle, fmt=("float32", "nchw"))
 

@@ -39,10 +39,10 @@ class LaunchGeometry:
     """Dynamic shared memory per block in bytes, set as the kernel's maximum at load; an ordinary plan's launches
     ask for exactly this unless ``smem_patch`` or ``smem_taps`` is set (a ``gemm`` plan's stages ask for none)."""
     split: int = 1
-    """Split-K slices, grid.z (1 to 65535); > 1 in a float32 plan: the host zeroes the output and the slices add
-    atomically; in a 16-bit one (an implicit GEMM only): the host passes a workspace of ``split`` fp32 sums per
-    bm x bn tile and a zeroed counter per tile, the last slice of a tile adds them up in order (and refuses, to
-    ATen, a call whose workspace would pass 1 GiB)."""
+    """Split-K slices, grid.z (1 to 65535); > 1 in a float32 plan without ``tma``: the host zeroes the output and
+    the slices add atomically; in a 16-bit or ``tma`` one (an implicit GEMM only): the host passes a workspace of
+    ``split`` fp32 sums per bm x bn tile and a zeroed counter per tile, the last slice of a tile adds them up in
+    order (and refuses, to ATen, a call whose workspace would pass 1 GiB)."""
     tile: int = 1
     """1: the columns are output pixels (N*P*Q). m > 1 with ``tile_w`` = 0: Winograd F(m x m, 3x3), the columns
     are m x m output tiles (N * ceil(P/m) * ceil(Q/m)) and the host takes only 3x3 stride-1 dilation-1 calls
@@ -80,8 +80,8 @@ class LaunchGeometry:
     """Its dynamic shared memory per block in bytes, set as its maximum at load and asked for by each launch."""
     dtype: int = 0
     """The tensors' dtype: 0 float32, 1 float16, 2 bfloat16 (input, weight, bias and output alike); the host
-    sends a call of another dtype to ATen and allocates the output in this one. Only ordinary plans (``gemm`` = 0,
-    ``split`` = 1) take a 16-bit dtype."""
+    sends a call of another dtype to ATen and allocates the output in this one. A 16-bit plan is one implicit-GEMM
+    launch (``gemm`` = 0, ``tile`` = 1, split-K as ``split`` says) or a non-fused Winograd plan (``gemm`` = 1)."""
     nhwc: int = 0
     """1: the input and output are channels_last (NHWC) and the kernel reads the weight as KRSC (the host passes a
     channels_last weight, converting one that is not); 0: all contiguous NCHW. The host sends a call in the other
@@ -89,10 +89,12 @@ class LaunchGeometry:
     H = W = 1: NCHW to TunedConv2d's key and to the op's output rule)."""
     tma: int = 0
     """1: the kernel takes the TMA maps of the input and the weight (encoded by the host per call, in place of their
-    pointers): a 16-bit implicit GEMM (``gemm`` = 0) of ``bm``, ``bn`` <= 256 whose maps view a channels_last input
-    and a KRSC weight (the host copies an NCHW plan's input, and any weight in another format, per call). The host
-    sends to ATen a call the maps cannot describe (C % 8 != 0, a tensor read in place off 16-byte alignment, stride
-    above 8, padding above 128, a window wider than the im2col box's range)."""
+    pointers): an implicit GEMM (``gemm`` = 0) of ``bm``, ``bn`` <= 256 whose maps view a channels_last input and a
+    KRSC weight (the host copies an NCHW plan's input, and any weight in another format, per call), in a 16-bit
+    dtype or in float32 (mapped as TF32: the TMA unit rounds each value to TF32 as it copies; TF32-mode plans only).
+    The host sends to ATen a call the maps cannot describe (channels not a whole number of 16 bytes: C % 8 != 0 in
+    16 bits, C % 4 != 0 in float32; a tensor read in place off 16-byte alignment, stride above 8, padding above
+    128, a window wider than the im2col box's range)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

@@ -12,16 +12,17 @@
 // and the epilogue are implicit_gemm_wgmma_h16's (wgh::mma, wgh::finish).
 //
 // GEMM view as there: D[npq][k] = sum_kk X[npq][kk] W[k][kk] (+ bias[k]), but the reduction runs tap by tap and
-// 64 channels at a time: k tile t is tap (r, s) = t / CB and channels 64 (t % CB) .. + 63, CB = ceil(C / 64)
-// (channels past C are zeros in both tiles: the maps' out-of-bounds fill), so any C % 8 == 0 works (the maps'
-// 16-byte strides).
+// BK channels at a time (one 128-byte row: 64 16-bit or 32 fp32 values): k tile t is tap (r, s) = t / CB and
+// channels BK (t % CB) .. + BK - 1, CB = ceil(C / BK) (channels past C are zeros in both tiles: the maps'
+// out-of-bounds fill), so any C whose channels make whole 16 bytes works (C % 8 == 0 in 16 bits, C % 4 == 0 in
+// fp32: the maps' strides).
 //  - The input map (host: cuTensorMapEncodeIm2col) views x as (C, W, H, N) with the bounding box of the output
 //    pixels' windows' corners: lower corner (-pad_w, -pad_h), upper corner ((Q - 1) stride_w + 1 - W - pad_w, same
 //    for H), traversal strides (stride_w, stride_h); one copy loads BN consecutive output pixels (walking W, then
-//    H, then the image) x 64 channels, starting at the block's first pixel's window corner, shifted by the tap's
+//    H, then the image) x BK channels, starting at the block's first pixel's window corner, shifted by the tap's
 //    offsets (s dil_w, r dil_h); a pixel past the last image reads zeros.
 //  - The weight map (cuTensorMapEncodeTiled) views a KRSC weight as (C, R*S, K); one copy loads WN output channels
-//    x 64 channels of one tap.
+//    x BK channels of one tap.
 // Both land as 128-byte rows at the 128-byte swizzle wgmma's descriptors read (wgh::desc128), in STAGES-deep rings.
 //
 // Schedule: the first thread of the producer warpgroup (the block's last 128 threads) fills the ring, then, each

@@ -139,7 +139,7 @@ namespace wgh {
     : "l"(da), "l"(db))
 
 // One k step of 32 bytes per operand row: k16 of a 16-bit type (DT 0 fp16, 1 bf16, no transpose), or k8 of TF32
-// (DT 2: fp32 operands already rounded to TF32 in shared memory; tf32 takes no transpose flags).
+// (DT 2: fp32 operands, rounded to TF32 by the TMA copies that brought them; tf32 takes no transpose flags).
 #define BAGF_WGMMA_H16_BY_DT(N)                                                                      \
   if constexpr (DT == 2) BAGF_WGMMA_H16_N##N("k8", "tf32", "");                                     \
   else if constexpr (DT == 1) BAGF_WGMMA_H16_N##N("k16", "bf16", ", 0, 0");                        \
