@@ -469,6 +469,60 @@ def implicit_gemm_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int])
     )
 
 
+def implicit_gemm_tma_tf32_fast_memory_words(config: Mapping[str, int]) -> int:
+    """The ring, ``STAGES * (BN + BM)`` 128-byte rows of 32 words (the 1024 bytes the kernel allocates to align it
+    are not counted), + the accumulator registers (``BM * BN`` over the consumer threads)."""
+    bm, bn = config["WN"], 64 * config["MI"] * config["WG"]
+    return config["STAGES"] * (bn + bm) * 32 + bm * bn
+
+
+def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Closed-form global-memory traffic of ``implicit_gemm_tma_tf32`` (csrc/kernels/implicit_gemm_tma_h16.cuh with
+    DT = 2; fp32 words).
+
+    Grid ceil(NPQ/BN) x ceil(K/BM) x SPLIT, BM = WN, BN = 64*MI*WG. The TMA copies read only what lies inside the
+    tensors (the maps fill the rest with zeros): per block and k tile (a tap and 32 channels), the in-image taps of
+    its BN pixels, so the input is ``ceil(K/BM) * N * C * sum_rs |P_r| * |Q_s|`` words as ``implicit_gemm_wgmma``'s,
+    and the weight's BM x 32 panel within K and C, ``ceil(NPQ/BN) * K * CRS``. The epilogue reads the bias once per
+    output element (the finishing slice only) and writes the output once. With SPLIT > 1 the slices hand over in
+    order through a workspace: every slice writes its whole BM x BN partial tile, the last to arrive reads all
+    SPLIT of them, and each tile's counter is zeroed by the host and incremented once per slice (an atomic: a read
+    and a write). An NCHW plan adds the host's per-call copies, counted as workspaces: the input to channels_last
+    (N*C*H*W words read and written) and the weight to KRSC (K*CRS; a channels_last plan is taken to get a
+    channels_last weight, which is read in place)."""
+    _check_problem(problem)
+    p, q = problem.out_hw
+    crs = problem.c * problem.r * problem.s
+    npq = problem.n * p * q
+    split = config["SPLIT"]
+    bm, bn = config["WN"], 64 * config["MI"] * config["WG"]
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
+    cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
+    out = problem.k * npq
+    written, read = [], []
+    if not config.get("NHWC", 1):
+        x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * crs
+        written += [("x channels_last", x_words), ("w KRSC", w_words)]
+        read += [("x channels_last", x_words), ("w KRSC", w_words)]
+    if split > 1:
+        tiles = gx * gy
+        written += [("split-K partials", split * tiles * bm * bn), ("split-K counters", tiles + split * tiles)]
+        read += [("split-K partials", split * tiles * bm * bn), ("split-K counters", split * tiles)]
+    return Traffic(
+        words_read_input=gy * problem.n * problem.c * int(rows_ok.sum() * cols_ok.sum()),
+        words_read_weight=gx * problem.k * crs,
+        words_read_bias=out if problem.bias else 0,
+        words_written=out,
+        fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config),
+        blocks=gx * gy * split,
+        grid=(gx, gy, split),
+        workspace_written=tuple(written),
+        workspace_read=tuple(read),
+    )
+
+
 def _check_winograd_gemm_problem(problem: ConvProblem) -> None:
     from .kernels import winograd_gemm as wgg
 
@@ -753,6 +807,7 @@ _MODELS = {
     "implicit_gemm_tc": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),
     "implicit_gemm_tf32": (implicit_gemm_tc_traffic, implicit_gemm_tc_fast_memory_words),  # the same kernel's loads
     "implicit_gemm_wgmma": (implicit_gemm_wgmma_traffic, implicit_gemm_wgmma_fast_memory_words),
+    "implicit_gemm_tma_tf32": (implicit_gemm_tma_tf32_traffic, implicit_gemm_tma_tf32_fast_memory_words),
     "winograd": (winograd_traffic, winograd_fast_memory_words),
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),

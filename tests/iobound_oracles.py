@@ -26,6 +26,7 @@ from bagf_torch.iobound import (
     direct_fast_memory_words,
     implicit_gemm_fast_memory_words,
     implicit_gemm_tc_fast_memory_words,
+    implicit_gemm_tma_tf32_fast_memory_words,
     implicit_gemm_wgmma_fast_memory_words,
     winograd_fast_memory_words,
     winograd_gemm_fast_memory_words,
@@ -34,7 +35,8 @@ from bagf_torch.iobound import (
 from bagf_torch.problem import ConvProblem
 
 __all__ = [
-    "brute_force_traffic", "brute_force_tc_traffic", "brute_force_wgmma_traffic", "brute_force_winograd_traffic",
+    "brute_force_traffic", "brute_force_tc_traffic", "brute_force_wgmma_traffic", "brute_force_tma_tf32_traffic",
+    "brute_force_winograd_traffic",
     "brute_force_winograd_gemm_traffic", "brute_force_direct_traffic",
 ]
 
@@ -281,6 +283,78 @@ def brute_force_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int]) -
                                     n_out += sum(col_ok)
     out = problem.k * npq
     return _counted(n_in, n_w, n_b, n_out, out, implicit_gemm_wgmma_fast_memory_words(config), (gx, gy, split))
+
+
+def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
+    """Replay implicit_gemm_tma_h16.cuh (DT = 2) in Python - every block (x, y, z), its slice's k tiles (the even
+    split's ``slice_begin``), each tile's two TMA boxes element by element (the im2col box: BN pixels walked from the
+    block's first, 32 channels of one tap, read where pixel, channel and tap lie inside the tensor; the weight box:
+    WN rows x 32 channels), and the epilogue per consumer thread (split-K's partial tile, counter and, on the last
+    slice to arrive, every slice's partials; the bias and output of each in-bounds element) - counting words. The
+    host's per-call copies of an NCHW plan are counted as ``implicit_gemm_tma_tf32_traffic`` counts them. Small
+    shapes only."""
+    _check_problem(problem)
+    wn, mi, wg, split = config["WN"], config["MI"], config["WG"], config["SPLIT"]
+    bm, bn, bk = wn, 64 * mi * wg, 32
+    p, q = problem.out_hw
+    pq, npq = p * q, problem.n * p * q
+    (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
+    cb_n = -(-problem.c // bk)
+    num_k = problem.r * problem.s * cb_n
+    gx, gy = -(-npq // bn), -(-problem.k // bm)
+    n_in = n_w = n_b = n_out = 0
+    partials_w = partials_r = counter_atomics = 0
+    for bz in range(split):
+        t_begin, t_end = bz * num_k // split, (bz + 1) * num_k // split
+        for by in range(gy):
+            for bx in range(gx):
+                m0, n0 = by * bm, bx * bn
+                for t in range(t_begin, t_end):
+                    tap, cb = divmod(t, cb_n)
+                    r, s = divmod(tap, problem.s)
+                    chans = min(bk, problem.c - cb * bk)
+                    for i in range(bn):
+                        pix = n0 + i
+                        if pix >= npq:
+                            continue  # past the last image: the map's zero fill
+                        rem = pix % pq
+                        ih = (rem // q) * sh - ph + r * dh
+                        iw = (rem % q) * sw - pw + s * dw
+                        if 0 <= ih < problem.h and 0 <= iw < problem.w:
+                            n_in += chans
+                    n_w += chans * max(0, min(bm, problem.k - m0))
+                finishing = split == 1 or bz == split - 1  # (the last slice to arrive: one per tile)
+                if split > 1:
+                    partials_w += bm * bn
+                    counter_atomics += 1
+                    if finishing:
+                        partials_r += split * bm * bn
+                if finishing:
+                    for tid in range(128 * wg):  # wgh::finish's rows and channels of each consumer thread
+                        warp, lane = tid >> 5, tid & 31
+                        for m in range(mi):
+                            for h in range(2):
+                                pix = n0 + (warp >> 2) * (mi * 64) + m * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h
+                                if pix >= npq:
+                                    continue
+                                for j in range(wn // 8):
+                                    ch = m0 + 8 * j + 2 * (lane & 3)
+                                    for c in (ch, ch + 1):
+                                        if c < problem.k:
+                                            n_b += 1 if problem.bias else 0
+                                            n_out += 1
+    written, read = [], []
+    if not config.get("NHWC", 1):
+        x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * problem.c * problem.r * problem.s
+        written += [("x channels_last", x_words), ("w KRSC", w_words)]
+        read += [("x channels_last", x_words), ("w KRSC", w_words)]
+    if split > 1:
+        tiles = gx * gy
+        written += [("split-K partials", partials_w), ("split-K counters", tiles + counter_atomics)]
+        read += [("split-K partials", partials_r), ("split-K counters", counter_atomics)]
+    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b, words_written=n_out,
+                   fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config), blocks=gx * gy * split,
+                   grid=(gx, gy, split), workspace_written=tuple(written), workspace_read=tuple(read))
 
 
 def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int],

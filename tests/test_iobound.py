@@ -4,6 +4,7 @@ loop nest; the lower bounds never exceed any configuration's modelled traffic; b
 from __future__ import annotations
 
 import math
+import dataclasses
 import random
 import zlib
 
@@ -223,6 +224,45 @@ def test_wgmma_bound_below_every_config():
         for config in WGMMA_VALID[::4] + [wgk.DEFAULT]:
             t = iobound.traffic("implicit_gemm_wgmma", problem, config)
             assert t.fast_memory_words == iobound.fast_memory_words(wgk, config)
+            assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
+
+
+# ------------------------------------------------------------------------------- implicit_gemm_tma_tf32
+TMA_SMALL = [  # C % 4 == 0 (the family's rule): C below, at and past one 32-channel tile; K and N*P*Q off the tiles
+    ConvProblem(n=2, c=8, h=10, w=9, k=70, r=3, s=3, padding=(1, 1), tf32=True),
+    ConvProblem(n=1, c=36, h=12, w=11, k=40, r=3, s=3, stride=(2, 2), padding=(1, 1), bias=False, tf32=True),
+    ConvProblem(n=1, c=4, h=15, w=13, k=9, r=5, s=5, stride=(2, 2), padding=(2, 2), tf32=True, layout="nhwc"),
+    ConvProblem(n=2, c=12, h=12, w=9, k=17, r=3, s=5, stride=(2, 1), padding=(1, 2), dilation=(1, 2), tf32=True),
+    ConvProblem(n=1, c=128, h=7, w=7, k=130, r=1, s=1, tf32=True, layout="nhwc"),
+]
+
+
+@pytest.mark.parametrize("problem", TMA_SMALL, ids=lambda p: p.short())
+def test_tma_tf32_model_equals_brute_force(problem):
+    from bagf_torch.kernels import implicit_gemm_tma_tf32 as tt
+
+    rng = random.Random(zlib.crc32(problem.short().encode()))
+    nhwc = int(problem.layout == "nhwc")
+    valid = [c for c in tt.space().valid_configs() if c["NHWC"] == nhwc and tt.problem_rule(c, problem) is None]
+    configs = [tt.default_for(problem)] + rng.sample([c for c in valid if c["WN"] <= 128], 3)
+    configs += [c for c in valid if c["SPLIT"] > 1][:1]
+    assert any(c["SPLIT"] > 1 for c in configs)
+    for config in configs:
+        model = iobound.implicit_gemm_tma_tf32_traffic(problem, config)
+        brute = iobound_oracles.brute_force_tma_tf32_traffic(problem, config)
+        assert model == brute, (config, model, brute)
+
+
+def test_tma_tf32_bound_below_every_config():
+    from bagf_torch.kernels import implicit_gemm_tma_tf32 as tt
+
+    valid = tt.space().valid_configs()
+    for problem in [dataclasses.replace(p, tf32=True) for p in alexnet(32)[1:]] + TMA_SMALL:
+        for config in valid[::5]:
+            if tt.problem_rule(config, problem) is not None:
+                continue
+            t = iobound.traffic("implicit_gemm_tma_tf32", problem, config)
+            assert t.fast_memory_words == iobound.fast_memory_words(tt, config)
             assert iobound.direct_lower_bound(problem, t.fast_memory_words) <= t.total, (problem, config)
 
 
