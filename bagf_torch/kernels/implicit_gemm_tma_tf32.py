@@ -42,7 +42,8 @@ Speed on the H200 against cuDNN's TF32 kernels, NCHW (PyTorch's default layout),
 conv3 1.07-1.38x faster at N = 32 and 128 (186-236 TFLOP/s), conv4-5 at 0.85-1.03x; 128 x 128 tiles of two consumer
 warpgroups with 4 stages (5 on conv5 at N = 128) are the best on conv3-5 (the start point), WN = 192 on conv2.
 Those times include the host's copies on every call: the input to channels_last (17-33 MB each way at N = 128), which
-a channels_last caller does not pay, and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5). Tuned with the library's defaults (bench_layers_h200_tf32.md) it takes conv2 at every N and conv3,
+a channels_last caller does not pay, and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5).
+Tuned with the library's defaults (bench_layers_h200_tf32.md) it takes conv2 at every N and conv3,
 conv5 at N = 32 and conv3 at N = 128.
 """
 

@@ -1,8 +1,8 @@
 // fp16 / bf16 convolution (DT 0 / 1), and fp32 with one TF32 product per multiply (DT 2), as an implicit GEMM on
-// Hopper's wgmma (sm_90a) with both operand tiles brought into shared memory by the Tensor Memory Accelerator (TMA): the input's im2col tile by one im2col-mode copy of a channels_last
-// input, the weight's tile by one tiled copy of a KRSC weight, each stage's arrival counted by an mbarrier. The
-// output is channels_last (NHWC = 1) or NCHW (NHWC = 0: the host hands an NCHW call's input over as a channels_last
-// copy, and the epilogue writes NCHW).
+// Hopper's wgmma (sm_90a) with both operand tiles brought into shared memory by the Tensor Memory Accelerator (TMA):
+// the input's im2col tile by one im2col-mode copy of a channels_last input, the weight's tile by one tiled copy of a
+// KRSC weight, each stage's arrival counted by an mbarrier. The output is channels_last (NHWC = 1) or NCHW (NHWC = 0:
+// the host hands an NCHW call's input over as a channels_last copy, and the epilogue writes NCHW).
 //
 // Why: implicit_gemm_wgmma_h16.cuh gathers its input tile per thread, one 16-byte cp.async per 8 channels of a
 // pixel with its own address and bounds test, then waits and meets at a block barrier before every wgmma group;
@@ -36,11 +36,10 @@
 // TF32 error to three digits, as it did with each stage rounded again in shared memory (cvt.rna); operands the
 // tensor cores read as plain fp32 would be truncated to TF32 (2.6x that error, emulated on the CPU).
 //
-// Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16, 1 bf16,
-// 2 fp32 with TF32 products),
-// WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per warpgroup and WG
-// warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2, NHWC the output's
-// format. Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+// Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
+// 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
+// blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
+// STAGES >= 2, NHWC the output's format. Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:

@@ -211,8 +211,8 @@ struct Elem<2> {
 // named barrier of the 128 WG instead of the block's.
 template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
 __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
-                                       const typename Elem<DT>::T* __restrict__ bias, typename Elem<DT>::T* __restrict__ y,
-                                       float* __restrict__ ws, int n0, int m0) {
+                                       const typename Elem<DT>::T* __restrict__ bias,
+                                       typename Elem<DT>::T* __restrict__ y, float* __restrict__ ws, int n0, int m0) {
   using E = typename Elem<DT>::T;
   constexpr int T = 128 * WG;
   constexpr int BM = WN;
