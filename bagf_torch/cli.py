@@ -356,7 +356,7 @@ def report_command(args) -> int:
                              "--batch 1,32,128 first")
         if ceilings is None:
             ceilings = report.measure_ceilings()
-            print(f"ceilings on {ceilings.device}: fp32 {ceilings.fp32_flops / 1e12:.1f} TFLOP/s (torch.mm, TF32 off), "
+            print(f"ceilings on {ceilings.device}: fp32 {ceilings.flops / 1e12:.1f} TFLOP/s (torch.mm, TF32 off), "
                   f"copy {ceilings.bandwidth / 1e9:.0f} GB/s")
         report.plot_roofline(report.points_from_plans(plans), ceilings, args.plot)
         sixteen = sum(1 for p in plans if isinstance(p.get("problem"), dict)

@@ -26,28 +26,58 @@ __all__ = ["Ceilings", "LayerPoint", "layer_analysis", "measure_ceilings", "plot
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Measured (or given) ceilings of one device."""
+    """Measured (or given) ceilings of one device: the arithmetic peak in one precision and the bandwidth."""
 
-    fp32_flops: float        # FLOP/s
+    flops: float             # FLOP/s, in ``precision``
     bandwidth: float         # bytes/s
     device: str = ""
     how: str = "measured"
+    precision: str = "fp32"  # what ``flops`` is the peak of: one of PRECISIONS
 
     @property
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) where the two ceilings meet."""
-        return self.fp32_flops / self.bandwidth
+        return self.flops / self.bandwidth
 
     def attainable(self, intensity: float) -> float:
-        return min(self.fp32_flops, self.bandwidth * intensity)
+        return min(self.flops, self.bandwidth * intensity)
 
 
-def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 << 30, reps: int = 10) -> Ceilings:
-    """fp32 FFMA peak (``torch.mm`` of two ``mm_size``^2 fp32 matrices, TF32 off: 2 n^3 FLOPs per call) and
-    copy bandwidth (``copy_bytes`` read + written per ``Tensor.copy_``), medians of ``reps`` CUDA-event timings.
-    A large SGEMM is the best fp32 throughput torch reaches (cuBLAS, ~80-90% of the FFMA datasheet peak);
-    a copy the best bandwidth (~90% of the HBM datasheet figure)."""
+PRECISIONS: dict[str, str] = {
+    "fp32": "fp32 with TF32 off (the FFMA pipe)",
+    "tf32": "fp32 with TF32 on (the tensor cores' TF32 rate)",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+}
+"""The precisions a ceiling is measured in (``torch.mm`` of that dtype and TF32 mode) and what each is."""
+
+
+def precision_of(dtype: str, tf32: bool) -> str:
+    """The ceiling's precision for convolutions in ``dtype`` (a ConvProblem's name) and TF32 mode ``tf32``: the
+    rate their products run at.
+
+    >>> precision_of("float32", False), precision_of("float32", True), precision_of("bfloat16", True)
+    ('fp32', 'tf32', 'bfloat16')
+    """
+    if dtype == "float32":
+        return "tf32" if tf32 else "fp32"
+    if dtype not in PRECISIONS:
+        raise ValueError(f"no ceiling for dtype {dtype!r}; one of float32, float16, bfloat16")
+    return dtype
+
+
+def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 << 30, reps: int = 10,
+                     precision: str = "fp32") -> Ceilings:
+    """The arithmetic peak in ``precision`` (``torch.mm`` of two ``mm_size``^2 matrices of its dtype, TF32 on only
+    for "tf32": 2 n^3 FLOPs per call) and copy bandwidth (``copy_bytes`` read + written per ``Tensor.copy_``),
+    medians of ``reps`` CUDA-event timings. A large cuBLAS GEMM is the best throughput torch reaches in a precision
+    (fp32: ~80-90% of the FFMA datasheet peak); a copy the best bandwidth (~90% of the HBM datasheet figure). A
+    layer report compares convolutions with the peak of the precision they compute in (``precision_of``)."""
     import torch
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(precision, torch.float32)
 
     def median_ms(fn) -> float:
         fn()
@@ -64,20 +94,20 @@ def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 <
 
     dev = torch.device("cuda", device)
     saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     try:
-        a = torch.randn(mm_size, mm_size, device=dev)
-        b = torch.randn(mm_size, mm_size, device=dev)
-        c = torch.empty(mm_size, mm_size, device=dev)
+        a = torch.randn(mm_size, mm_size, device=dev).to(dtype)
+        b = torch.randn(mm_size, mm_size, device=dev).to(dtype)
+        c = torch.empty(mm_size, mm_size, device=dev, dtype=dtype)
         mm_ms = median_ms(lambda: torch.mm(a, b, out=c))
         src = torch.empty(copy_bytes // 4, device=dev)
         dst = torch.empty_like(src)
         copy_ms = median_ms(lambda: dst.copy_(src))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    return Ceilings(fp32_flops=2 * mm_size**3 / (mm_ms / 1e3), bandwidth=2 * copy_bytes / (copy_ms / 1e3),
-                    device=torch.cuda.get_device_name(dev),
-                    how=f"measured: torch.mm {mm_size}^2 fp32 TF32 off, copy of {copy_bytes >> 20} MiB")
+    return Ceilings(flops=2 * mm_size**3 / (mm_ms / 1e3), bandwidth=2 * copy_bytes / (copy_ms / 1e3),
+                    device=torch.cuda.get_device_name(dev), precision=precision,
+                    how=f"measured: torch.mm {mm_size}^2 in {PRECISIONS[precision]}, copy of {copy_bytes >> 20} MiB")
 
 
 def compulsory_bytes(p: ConvProblem) -> int:
@@ -114,7 +144,7 @@ def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | No
         attainable = ceilings.attainable(out["intensity"])
         out["roofline_tflops"] = attainable / 1e12
         out["fraction_of_roofline"] = out["tflops"] * 1e12 / attainable
-        out["fraction_of_fp32_peak"] = out["tflops"] * 1e12 / ceilings.fp32_flops
+        out["fraction_of_peak"] = out["tflops"] * 1e12 / ceilings.flops
     if family is not None and config is not None and iobound.has_model(family):
         words = iobound.traffic(family, problem, config).total
         fast = iobound.fast_memory_words(family, config)
@@ -217,7 +247,7 @@ def plot_roofline(points: Sequence[LayerPoint], ceilings: Ceilings, path, title:
     fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(grid, [ceilings.attainable(x) / 1e12 for x in grid], color="black", lw=2,
-            label=f"roofline: {ceilings.fp32_flops / 1e12:.1f} TFLOP/s fp32, {ceilings.bandwidth / 1e9:.0f} GB/s")
+            label=f"roofline: {ceilings.flops / 1e12:.1f} TFLOP/s {ceilings.precision}, {ceilings.bandwidth / 1e9:.0f} GB/s")
     ax.axvline(ceilings.ridge, color="grey", ls=":", lw=1)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     batches = sorted({pt.problem.n for pt in points})

@@ -34,7 +34,7 @@ import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402
 from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_h16 as h16, implicit_gemm_tc as tc  # noqa: E402
 from bagf_torch.problem import ConvProblem, cudnn_conv_mode  # noqa: E402
-from bagf_torch.report import layer_analysis, measure_ceilings  # noqa: E402
+from bagf_torch.report import PRECISIONS, layer_analysis, measure_ceilings, precision_of  # noqa: E402
 from bagf_torch.tuning.backend import cuda_backend  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
@@ -227,8 +227,11 @@ def main(argv=None) -> int:
         return 2
     default_handle = dev.compiler.compile(ig, [ig.DEFAULT])[0].handle if fp32 else None
     tc_default_handle = dev.compiler.compile(tc, [tc.DEFAULT])[0].handle if fp32 or args.overhead else None
-    ceilings = measure_ceilings(0)  # fp32 SGEMM (TF32 off) and copy bandwidth, this run, this GPU
-    print(f"ceilings: fp32 {ceilings.fp32_flops / 1e12:.1f} TFLOP/s, copy {ceilings.bandwidth / 1e9:.0f} GB/s", flush=True)
+    # the peak of the precision the layers compute in (cuBLAS in that dtype and TF32 mode) and copy bandwidth, this
+    # run, this GPU
+    ceilings = measure_ceilings(0, precision=precision_of(args.dtype, args.tf32))
+    print(f"ceilings: {ceilings.precision} {ceilings.flops / 1e12:.1f} TFLOP/s, copy {ceilings.bandwidth / 1e9:.0f} GB/s",
+          flush=True)
     optima = recorded_optima(args.data if args.data is not None else sorted(DATA.glob("*.json.gz")))
     stored = []  # cache-like rows of this run's winners, for the warm start
     rows = []
@@ -243,8 +246,8 @@ def main(argv=None) -> int:
             "warm_start": not args.cold,
             "tf32": args.tf32, "cudnn_benchmark": True, "dtype": args.dtype, "channels_last": args.channels_last,
             "commit": git_commit(), "command": command_line("bench_layers.py", sys.argv[1:] if argv is None else argv),
-            "ceilings": {"fp32_tflops": ceilings.fp32_flops / 1e12, "copy_gbs": ceilings.bandwidth / 1e9,
-                         "how": ceilings.how},
+            "ceilings": {"precision": ceilings.precision, "peak_tflops": ceilings.flops / 1e12,
+                         "copy_gbs": ceilings.bandwidth / 1e9, "how": ceilings.how},
         }
         with_opt = [r for r in rows if r.get("fraction_of_optimum") is not None]
         summary = {
@@ -297,10 +300,12 @@ def main(argv=None) -> int:
             lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {e['plan'][0]:.2e} (max {e['plan'][1]:.2e}) | "
                          f"{e['cudnn'][0]:.2e} (max {e['cudnn'][1]:.2e}) | {e['plan'][0] / max(e['cudnn'][0], 1e-30):.2f} | "
                          f"{e['check_bound'][0]:.1e} / {e['check_bound'][1]:.1e} |")
-        lines += ["", f"Roofline and I/O bound (ceilings measured in this run: fp32 "
-                  f"{meta['ceilings']['fp32_tflops']:.1f} TFLOP/s from an SGEMM with TF32 off, copy "
+        lines += ["", f"Roofline and I/O bound (ceilings measured in this run: "
+                  f"{meta['ceilings']['peak_tflops']:.1f} TFLOP/s from a torch.mm in "
+                  f"{PRECISIONS[meta['ceilings']['precision']]}, the precision these layers compute in, copy "
                   f"{meta['ceilings']['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
-                  "cuDNN's Winograd/FFT can exceed the fp32 roof. Traffic is the iobound model of our best "
+                  "cuDNN's Winograd/FFT and ours can exceed the roof. Traffic (fp32 layers only: the models count 4-byte "
+                  "words) is the iobound model of our best "
                   "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
                   "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
                   "Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound: fused=True for the fused "
@@ -310,12 +315,12 @@ def main(argv=None) -> int:
                   "| traffic / Winograd bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            if r.get("analysis_cudnn") is None:  # 16-bit: the fp32 roof says nothing
+            if r.get("analysis_cudnn") is None:  # (a row written before the roof followed the layers' precision)
                 continue
             a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
             lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
                          + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
-                            f"{o.get('traffic_over_bound', float('nan')):.2f} | "
+                            + (f"{o['traffic_over_bound']:.2f} | " if "traffic_over_bound" in o else "- | ")
                             + (f"{o['traffic_over_winograd_bound']:.2f} |" if "traffic_over_winograd_bound" in o
                                else "- |") if o else "- | - | - | - |"))
         if with_opt:
@@ -405,7 +410,7 @@ def main(argv=None) -> int:
                         else output_error(ws.op_call(result.handle)(), ws.ref, ws.ref_norm, ws.ref_max))
             row["error"] = {"cudnn": cudnn_err, "plan": plan_err, "check_bound": [ws.rel_tol, ws.max_tol]}
             row["family_defaults_us"] = result.defaults
-            row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings) if fp32 else None
+            row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings)
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]
             if ours:  # our fastest kernel even when cuDNN won (first measurement, not re-timed)
                 fastest = min(ours, key=lambda t: t.outcome.time_us)
@@ -413,9 +418,9 @@ def main(argv=None) -> int:
                 row["best_candidate_us"] = fastest.outcome.time_us
                 fam, cfg, us = ((result.family, result.config, tuned_us) if result.config is not None
                                 else (fastest.family, fastest.config, fastest.outcome.time_us))
-                if fp32:
-                    row["analysis_ours"] = dict(layer_analysis(p, us, ceilings, fam, cfg),
-                                                config_name=family_name(fam, cfg))
+                # (the traffic models count fp32 words: 16-bit layers get the roofline only)
+                row["analysis_ours"] = dict(layer_analysis(p, us, ceilings, *((fam, cfg) if fp32 else (None, None))),
+                                            config_name=family_name(fam, cfg))
             rows.append(row)
             print(f"{layer[0]} N={n:<4} cuDNN {cudnn_us:9.1f} us  default {default_us:9.1f}  tuned {tuned_us:9.1f}"
                   f"  x{row['speedup_vs_cudnn']:.2f} vs cuDNN (graph x{row['speedup_vs_cudnn_graph']:.2f})  x{row['speedup_vs_default']:.2f} vs default"

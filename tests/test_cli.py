@@ -239,7 +239,7 @@ def test_report_table_and_plot_with_given_ceilings(tmp_path, monkeypatch, capsys
 def test_roofline_points_and_ceilings():
     from bagf_torch import report
 
-    c = report.Ceilings(fp32_flops=60e12, bandwidth=4e12)
+    c = report.Ceilings(flops=60e12, bandwidth=4e12)
     assert c.ridge == 15.0 and c.attainable(1.0) == 4e12 and c.attainable(100.0) == 60e12
     p = ConvProblem(n=1, c=1, h=3, w=3, k=1, r=3, s=3, bias=False)  # one output: 9 MACs
     assert report.compulsory_bytes(p) == 4 * (9 + 9 + 1)

@@ -326,10 +326,10 @@ def test_layer_analysis_reports_roofline_and_traffic_against_the_bound():
     from bagf_torch.report import Ceilings, layer_analysis
 
     p = ConvProblem(n=1, c=384, h=13, w=13, k=256, r=3, s=3, padding=(1, 1))
-    ceil = Ceilings(fp32_flops=50e12, bandwidth=4e12)
+    ceil = Ceilings(flops=50e12, bandwidth=4e12)
     a = layer_analysis(p, 30.0, ceil, tc.FAMILY, tc.default_for(p))
     assert a["tflops"] == pytest.approx(2 * p.macs / 30e-6 / 1e12)
-    assert a["roofline_tflops"] <= 50 and 0 < a["fraction_of_roofline"] and a["fraction_of_fp32_peak"] <= 1
+    assert a["roofline_tflops"] <= 50 and 0 < a["fraction_of_roofline"] and a["fraction_of_peak"] <= 1
     assert a["traffic_over_bound"] >= 1.0 and a["lower_bound_words"] > 0
     cudnn = layer_analysis(p, 86.8, ceil)  # no family: no traffic columns
     assert "traffic_words" not in cudnn and cudnn["fraction_of_roofline"] < a["fraction_of_roofline"]
@@ -703,10 +703,10 @@ def test_layer_analysis_takes_winograd_gemm():
     from bagf_torch.report import Ceilings, layer_analysis
 
     p = alexnet(32)[3]
-    a = layer_analysis(p, 300.0, Ceilings(fp32_flops=50e12, bandwidth=4e12), wgg.FAMILY, wgg.DEFAULT)
+    a = layer_analysis(p, 300.0, Ceilings(flops=50e12, bandwidth=4e12), wgg.FAMILY, wgg.DEFAULT)
     assert a["traffic_words"] == iobound.traffic(wgg, p, wgg.DEFAULT).total and a["traffic_over_bound"] >= 1.0
     # conv1 through the polyphase form: against the direct bound and its own (polyphase, unfused) bound
     c1 = alexnet(32)[0]
-    a = layer_analysis(c1, 100.0, Ceilings(fp32_flops=50e12, bandwidth=4e12), wgg.FAMILY, dict(wgg.DEFAULT, MT=5))
+    a = layer_analysis(c1, 100.0, Ceilings(flops=50e12, bandwidth=4e12), wgg.FAMILY, dict(wgg.DEFAULT, MT=5))
     assert a["traffic_over_bound"] >= 1.0 and a["traffic_over_winograd_bound"] >= 1.0
     assert a["winograd_bound_form"] == "unfused"
