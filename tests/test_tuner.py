@@ -844,7 +844,9 @@ def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_mea
     seconds budget. Each family's compiled start point is still checked and timed (one evaluation each, a small
     overshoot), the fastest wins against cuDNN, and nothing else is measured; before, the problem ended with no
     evaluation and kept cuDNN."""
-    for step in (0.01, 0.08):  # an evaluation below and above one_start's slack; the clock moves on every read
+    # an evaluation below and above one_start's slack, and a module load longer than the slack; the clock moves on
+    # every read
+    for step, load in ((0.01, 0.0), (0.08, 0.0), (0.01, 0.2)):
         now = [0.0]
         fast, slow, third = _family(), _family(), _family()
         fast.FAMILY, slow.FAMILY, third.FAMILY = "fast", "slow", "third"
@@ -860,6 +862,10 @@ def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_mea
                 now[0] += 7.0  # NVRTC compiling every start point: more than the whole 6 s budget
                 return {fam.FAMILY: 7.0 for fam, _ in items}
 
+            def compile(self, family, configs):  # (a prefetched cubin: loading the module takes ``load``)
+                now[0] += load * len(configs)
+                return super().compile(family, configs)
+
         class Ticking(FakeBench):
             def measure(self, ws, handle, cutoff_us=None):
                 now[0] += step
@@ -872,4 +878,4 @@ def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_mea
         measured = [(t.family, t.config) for t in r.trials if t.config is not None]
         assert measured == [("fast", fast.DEFAULT), ("slow", slow.DEFAULT), ("third", third.DEFAULT)], (step, measured)
         assert r.evaluations == 3 and r.family == "fast" and r.config == fast.DEFAULT
-        assert now[0] < 7.0 + 4 * step + 0.01  # past the budget by the three evaluations (and one re-timing round)
+        assert now[0] < 7.0 + 3 * (load + step) + step + 0.01  # past the budget by the three loads and evaluations

@@ -84,8 +84,9 @@ class _Deadline:
     ``MAX_ROUNDS`` rounds within ``RESERVE_FRACTION`` of the budget; it runs as many rounds as are left
     (``finalist_rounds``, at least one). Until a cost has been seen once it is taken as zero, so the overshoot
     is bounded by one step: one compile wave, one check and timing, or one round of re-timing; and when the
-    prefetch wave of the start points runs past the end, by one check and timing per family (``one_start``: about
-    30-35 ms each on the H200, so about 0.3 s over nine families) and one round of re-timing."""
+    prefetch wave of the start points runs past the end, by one load, check and timing per family (``one_start``:
+    28-38 ms each on the H200 in TF32 mode, up to about 90 ms in 16 bits: 0.3-0.8 s over nine families) and one
+    round of re-timing."""
 
     MAX_ROUNDS = 5
     RESERVE_FRACTION = 0.2
@@ -727,6 +728,10 @@ class Tuner:
                     kept = [(c, b) for c, b in zip(fresh, built) if b is not None]
                     fresh, built, cut = [c for c, _ in kept], [b for _, b in kept], True
                 out: list[Outcome] = []
+                if phase == "start" and ready:
+                    # a start point the prefetch wave compiled is measured once loaded, however long the load took
+                    # (``one_start``'s window covers its check and timing, not a slow cache read or module load)
+                    end = max(end, clock() + deadline.MIN_EVAL_S)
                 try:
                     measured = self._measure_batch(family, ws, fresh, built, out, handles, best, phases, deadline,
                                                    end, phase)
@@ -783,7 +788,7 @@ class Tuner:
             try:
                 o = evaluator(fam, "start")([starts[fam.FAMILY]])[0]
             except BudgetSpent:
-                break  # no time left even for this family's start point: the others stay unmeasured
+                continue  # no time left for this family's start point (the next family's may be compiled already)
             defaults[fam.FAMILY] = o.time_us if o.ok else None
         families = [f for f in families if f.FAMILY in defaults]
         by_name = {f.FAMILY: f for f in families}
