@@ -359,10 +359,10 @@ def report_command(args) -> int:
             print(f"ceilings on {ceilings.device}: fp32 {ceilings.flops / 1e12:.1f} TFLOP/s (torch.mm, TF32 off), "
                   f"copy {ceilings.bandwidth / 1e9:.0f} GB/s")
         report.plot_roofline(report.points_from_plans(plans), ceilings, args.plot)
-        sixteen = sum(1 for p in plans if isinstance(p.get("problem"), dict)
-                      and p["problem"].get("dtype", "float32") != "float32")
-        print(f"roofline written to {args.plot}" + (f" ({sixteen} float16/bfloat16 plans are in the table, not in the "
-                                                       "plot: its ceilings are float32's)" if sixteen else ""))
+        others = sum(1 for p in plans if isinstance(p.get("problem"), dict)
+                     and (p["problem"].get("dtype", "float32") != "float32" or p["problem"].get("tf32", False)))
+        print(f"roofline written to {args.plot}" + (f" ({others} TF32-mode or float16/bfloat16 plans are in the table, "
+                                                       "not in the plot: its ceilings are strict fp32's)" if others else ""))
     return 0
 
 

@@ -12,6 +12,9 @@ Everything is counted in *words* (one fp32 element = one word) of global-memory 
   filters, split over input channels);
 * :func:`direct_traffic` - the same for the ``direct`` kernel (2-D output tiles, the input patch with its halo
   once per channel chunk, split over input channels);
+* :func:`implicit_gemm_wgmma_traffic` and :func:`implicit_gemm_tma_tf32_traffic` - the same for the Hopper
+  kernels (the TMA copies read only what lies inside the tensors; the TMA kernel's split-K partials and an NCHW
+  plan's per-call copies in ``Traffic.workspace_*``);
 * :func:`winograd_gemm_traffic` - the same for the non-fused ``winograd_gemm`` pipeline (transform stages, a
   batched SGEMM through cuBLAS modelled with an assumed block tile, :data:`GEMM_TILE`, and the inverse
   transform; the U, V, M workspaces in ``Traffic.workspace_*``);
@@ -220,10 +223,12 @@ class Traffic:
     words_memset: int = 0
     """Split-K: the zeroing of the output before the launch (also included in ``words_written``)."""
     workspace_written: tuple[tuple[str, int], ...] = ()
-    """A non-fused pipeline (``winograd_gemm``): words stored to each global workspace between its launches,
-    ``(("U", words), ("V", words), ("M", words))``; () for the fused kernels, which keep them on chip."""
+    """Words stored to global workspaces, by name: a non-fused pipeline's between its launches (``winograd_gemm``:
+    ``(("U", words), ("V", words), ("M", words))``), ``implicit_gemm_tma_tf32``'s split-K partials and counters
+    and an NCHW plan's per-call copies; () for kernels that keep everything on chip."""
     workspace_read: tuple[tuple[str, int], ...] = ()
-    """Its loads from those workspaces (the GEMM's U and V operand tiles, the inverse transform's M), same form."""
+    """The loads from those workspaces (the GEMM's U and V operand tiles, the inverse transform's M; the split-K
+    partials the finishing slice adds; the originals the per-call copies read), same form."""
 
     @property
     def words_written_workspace(self) -> int:
@@ -502,7 +507,7 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
     out = problem.k * npq
     written, read = [], []
-    if not config.get("NHWC", 1):
+    if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * crs
         written += [("x channels_last", x_words), ("w KRSC", w_words)]
         read += [("x channels_last", x_words), ("w KRSC", w_words)]

@@ -12,6 +12,7 @@ matplotlib is an optional extra (``pip install bagf_torch[plot]``); the tables n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from dataclasses import dataclass
@@ -66,6 +67,31 @@ def precision_of(dtype: str, tf32: bool) -> str:
     return dtype
 
 
+@contextlib.contextmanager
+def matmul_tf32(on: bool):
+    """cuBLAS's TF32 for fp32 matmuls set to ``on`` inside, restored after, through the API the process uses: the
+    legacy ``torch.backends.cuda.matmul.allow_tf32`` while it can be read, else ``matmul.fp32_precision`` (torch
+    raises on "a mix of the legacy and new APIs" once a program has set the newer one)."""
+    import torch
+
+    mm = torch.backends.cuda.matmul
+    try:
+        old, legacy = mm.allow_tf32, True
+    except RuntimeError:
+        old, legacy = mm.fp32_precision, False
+    try:
+        if legacy:
+            mm.allow_tf32 = on
+        else:
+            mm.fp32_precision = "tf32" if on else "ieee"
+        yield
+    finally:
+        if legacy:
+            mm.allow_tf32 = old
+        else:
+            mm.fp32_precision = old
+
+
 def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 << 30, reps: int = 10,
                      precision: str = "fp32") -> Ceilings:
     """The arithmetic peak in ``precision`` (``torch.mm`` of two ``mm_size``^2 matrices of its dtype, TF32 on only
@@ -93,9 +119,7 @@ def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 <
         return statistics.median(times)
 
     dev = torch.device("cuda", device)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
+    with matmul_tf32(precision == "tf32"):
         a = torch.randn(mm_size, mm_size, device=dev).to(dtype)
         b = torch.randn(mm_size, mm_size, device=dev).to(dtype)
         c = torch.empty(mm_size, mm_size, device=dev, dtype=dtype)
@@ -103,8 +127,6 @@ def measure_ceilings(device: int = 0, mm_size: int = 8192, copy_bytes: int = 1 <
         src = torch.empty(copy_bytes // 4, device=dev)
         dst = torch.empty_like(src)
         copy_ms = median_ms(lambda: dst.copy_(src))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
     return Ceilings(flops=2 * mm_size**3 / (mm_ms / 1e3), bandwidth=2 * copy_bytes / (copy_ms / 1e3),
                     device=torch.cuda.get_device_name(dev), precision=precision,
                     how=f"measured: torch.mm {mm_size}^2 in {PRECISIONS[precision]}, copy of {copy_bytes >> 20} MiB")
@@ -199,12 +221,13 @@ def plan_name(plan: dict) -> str:
     return fam.name(complete_config(plan["family"], plan["config"]))  # an older plan may lack newer knobs
 
 
-def points_from_plans(plans: Sequence[dict], dtypes: Sequence[str] = ("float32",)) -> list[LayerPoint]:
-    """One point per cached plan (cache rows: problem, family, config, time_us, aten_us) of the ``dtypes`` (the
-    roofline's ceilings are measured in float32: a 16-bit plan's point would stand against the wrong roof)."""
+def points_from_plans(plans: Sequence[dict], precision: str = "fp32") -> list[LayerPoint]:
+    """One point per cached plan (cache rows: problem, family, config, time_us, aten_us) whose problem computes in
+    ``precision`` (``precision_of`` its dtype and TF32 mode): the roofline's ceilings are measured in one precision,
+    and a TF32 or 16-bit plan's point would stand against another's roof."""
     points = []
     for plan, p in _checked(plans):
-        if not plan["time_us"] or p.dtype not in dtypes:
+        if not plan["time_us"] or precision_of(p.dtype, p.tf32) != precision:
             continue  # a zero time has no FLOP/s to plot
         aten = plan.get("aten_us")
         points.append(LayerPoint(problem=p, label=f"N{p.n} C{p.c}->K{p.k} {p.r}x{p.s}", plan=plan_name(plan),

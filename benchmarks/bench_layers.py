@@ -315,8 +315,6 @@ def main(argv=None) -> int:
                   "| traffic / Winograd bound |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            if r.get("analysis_cudnn") is None:  # (a row written before the roof followed the layers' precision)
-                continue
             a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
             lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
                          + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "

@@ -344,7 +344,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
                                             n_b += 1 if problem.bias else 0
                                             n_out += 1
     written, read = [], []
-    if not config.get("NHWC", 1):
+    if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * problem.c * problem.r * problem.s
         written += [("x channels_last", x_words), ("w KRSC", w_words)]
         read += [("x channels_last", x_words), ("w KRSC", w_words)]

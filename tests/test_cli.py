@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -246,6 +247,12 @@ def test_roofline_points_and_ceilings():
     plan = {"problem": p.as_dict(), "family": "aten", "config": None, "time_us": 2.0, "aten_us": 2.0}
     (pt,) = report.points_from_plans([plan])
     assert pt.intensity == 18 / 76 and pt.plan_flops == 18 / 2e-6 and pt.plan == "aten (cuDNN)"
+    # a TF32-mode plan stands against the TF32 roof only, a bf16 one against bf16's
+    tf32 = dict(plan, problem=dict(p.as_dict(), tf32=True))
+    bf16 = dict(plan, problem=dict(p.as_dict(), dtype="bfloat16"))
+    assert len(report.points_from_plans([plan, tf32, bf16])) == 1
+    assert len(report.points_from_plans([plan, tf32, bf16], "tf32")) == 1
+    assert len(report.points_from_plans([plan, tf32, bf16], "bfloat16")) == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process's age comes from Linux's /proc")
@@ -256,3 +263,30 @@ def test_the_tune_reports_process_start_is_its_age():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     age = float(out.stdout.strip())
     assert 0.45 <= age < 60, age
+
+
+def test_matmul_tf32_sets_and_restores_through_the_api_the_process_uses():
+    """``report.matmul_tf32`` (the ceilings' TF32 switch) works under the legacy flag and, in a process that has set
+    ``torch.backends.cuda.matmul.fp32_precision`` (where reading the legacy flag raises), under the new one;
+    either way it restores what was there."""
+    code = textwrap.dedent("""
+        import torch
+        from bagf_torch.report import matmul_tf32
+        mm = torch.backends.cuda.matmul
+        mm.allow_tf32 = False
+        with matmul_tf32(True):
+            assert mm.allow_tf32
+        assert not mm.allow_tf32
+        mm.fp32_precision = "tf32"
+        try:
+            mm.allow_tf32
+            raise SystemExit("the legacy flag could be read after the new API set TF32: nothing tested below")
+        except RuntimeError:
+            pass
+        with matmul_tf32(False):
+            assert mm.fp32_precision == "ieee"
+        assert mm.fp32_precision == "tf32"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]
