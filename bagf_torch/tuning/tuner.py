@@ -157,11 +157,12 @@ class _Deadline:
 
     def one_start(self, family: str) -> float:
         """The end of the measuring of ``family``'s start point compiled by the prefetch wave: ``start_end``, or, when
-        the wave has run past it, room from now for that one check and timing (its cost as seen so far). A family's
-        start point is measured even then: the overshoot is one evaluation per family (milliseconds each), and
-        unmeasured every family is out of the running (on the H200 AlexNet conv1 at N = 1, the first problem of a
-        process with a cold cubin cache, ended with no evaluation and cuDNN's 1.00x after a 4.9 s wave of its
-        6.4 s, where its start points would have run at 1.47x)."""
+        the wave has run past it, room from now for that one check and timing (its cost as seen so far) plus
+        ``MIN_EVAL_S`` (the evaluator also lets a start that is loading finish its measurement). A family's start
+        point is measured even then: the overshoot is one load and evaluation per family (tens of milliseconds
+        each), and unmeasured every family is out of the running (on the H200 AlexNet conv1 at N = 1, the first
+        problem of a process with a cold cubin cache, ended with no evaluation and cuDNN's 1.00x after a 4.9 s wave
+        of its 6.4 s, where its start points would have run at 1.47x)."""
         return max(self.start_end(), self.clock() + self._cost(self.eval_s, family) + self.MIN_EVAL_S)
 
     def fits(self, family: str, n: int, end: float, built: int = 0) -> int:
