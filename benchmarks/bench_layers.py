@@ -176,6 +176,98 @@ HOST_CALLS = 200  # well inside the launch queue (a call enqueues at most a mems
 HOST_SLEEP_CYCLES = 2e8  # ~100 ms at the H200's clock: longer than 200 host calls take
 
 
+def markdown(doc: dict) -> list[str]:
+    """The Markdown report of a run's JSON (``{"meta", "summary", "rows"}``, as ``main`` writes it); also what
+    ``--from-json`` prints (on the CPU). Rows of a run before the roofline followed the layers' precision (16-bit
+    rows without an analysis, ceilings as ``fp32_tflops``) render too."""
+    meta, summary, rows = dict(doc["meta"]), doc["summary"], doc["rows"]
+    for key, value in (("dtype", "float32"), ("channels_last", False), ("tf32", False), ("commit", "?"),
+                       ("command", "?"), ("env", {})):
+        meta.setdefault(key, value)  # (older runs did not record them: fp32 NCHW, TF32 off)
+    fp32 = meta["dtype"] == "float32"
+    overhead = summary.get("host_overhead_us_n1")
+    with_opt = [r for r in rows if r.get("fraction_of_optimum") is not None]
+    ceil = meta["ceilings"]
+    peak, precision = ceil.get("peak_tflops", ceil.get("fp32_tflops")), ceil.get("precision", "fp32")
+    mode = (f"fp32, TF32 {'on' if meta['tf32'] else 'off'}" if fp32 else
+            f"{meta['dtype']}, {'channels_last' if meta['channels_last'] else 'NCHW'}")
+    lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
+             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
+             f"NVRTC {meta['env'].get('nvrtc', '?')}, driver {meta['env'].get('driver', '?')}; {mode}, "
+             "cudnn.benchmark=True; "
+             f"strategy {meta['strategy']}, budget {meta['budget']} evaluations / {meta['seconds']:.0f} s per layer. "
+             "Times are medians (us) of interleaved re-timing in one run.", "",
+             f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
+             "Graph columns: GPU time per call in a CUDA graph (cuDNN and the tuned plan, interleaved rounds, "
+             "median); the other columns are eager calls.", "",
+             "| layer | N | cuDNN graph us | tuned graph us | vs cuDNN (graph) | cuDNN us | default us | TC default us "
+             "| tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_graph_us']:.1f} | {r['tuned_graph_us']:.1f} | "
+                     f"{r['speedup_vs_cudnn_graph']:.2f}x | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | "
+                     f"{_us(r['tc_default_us'])} | {r['tuned_us']:.1f} | "
+                     f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
+                     f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
+    lines += ["", f"Geomean speedup vs cuDNN in CUDA graphs: {summary['geomean_speedup_vs_cudnn_graph']:.2f}x "
+              f"(lowest {summary['min_speedup_vs_cudnn_graph']:.2f}x); eager: "
+              f"{summary['geomean_speedup_vs_cudnn']:.2f}x; "
+              f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
+    lines += ["", "Error against float64 on fresh data (error norm / reference norm, and largest error / largest "
+              "reference magnitude), the plan's beside cuDNN's in the same mode, and the bound the tuner's check "
+              "sets on this data" + (" (in TF32 mode: twice cuDNN's error, never below fp32's 1e-4 / 1e-3; "
+              "the tuning set its own on its own data)" if meta['tf32'] else " (fp32: 1e-4 / 1e-3)" if fp32 else
+              " (twice cuDNN's error in the same dtype and format, never below fp32's 1e-4 / 1e-3; the tuning set "
+              "its own on its own data)") + ".", "",
+              "| layer | N | plan | plan error | cuDNN error | plan / cuDNN | check bound |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["error"]
+        lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {e['plan'][0]:.2e} (max {e['plan'][1]:.2e}) | "
+                     f"{e['cudnn'][0]:.2e} (max {e['cudnn'][1]:.2e}) | {e['plan'][0] / max(e['cudnn'][0], 1e-30):.2f} | "
+                     f"{e['check_bound'][0]:.1e} / {e['check_bound'][1]:.1e} |")
+    lines += ["", f"Roofline and I/O bound (ceilings measured in this run: "
+              f"{peak:.1f} TFLOP/s from a torch.mm in {PRECISIONS[precision]}, the precision these layers "
+              f"compute in, copy {ceil['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
+              "cuDNN's Winograd/FFT and ours can exceed the roof. Traffic (fp32 layers only: the models count 4-byte "
+              "words) is the iobound model of our best "
+              "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
+              "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
+              "Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound: fused=True for the fused "
+              "families, fused=False for winograd_gemm, which stores its transformed operands; at stride s "
+              "> 1 the bound of its polyphase form over C s^2 channels).", "",
+              "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound "
+              "| traffic / Winograd bound |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("analysis_cudnn") is None:  # (a 16-bit row of a run before the roof followed the layers' precision)
+            continue
+        a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
+        lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
+                     + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
+                        + (f"{o['traffic_over_bound']:.2f} | " if "traffic_over_bound" in o else "- | ")
+                        + (f"{o['traffic_over_winograd_bound']:.2f} |" if "traffic_over_winograd_bound" in o
+                           else "- |") if o else "- | - | - | - |"))
+    if with_opt:
+        lines += ["", "First-call tuning against the recorded optimum: the best configuration of the "
+                  "complete recording (benchmarks/data) is re-timed in the same interleaved rounds; fraction = "
+                  "min(optimum kernel, cuDNN) / tuned (the tuner may keep cuDNN). Tune s is the whole first "
+                  "call: setup (float64 reference, cuDNN's baseline), compile, check, measure, strategy, finalists (the "
+                  "re-timing).", "",
+                  "| layer | N | tuned us | recorded optimum | optimum us (this run) | fraction | tune s | seeds | phases s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in with_opt:
+            ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+            lines.append(f"| {r['layer']} | {r['n']} | {r['tuned_us']:.1f} | `{r['recorded_optimum']}` | "
+                         f"{r['recorded_optimum_us']:.1f} | {r['fraction_of_optimum']:.3f} | {r['tune_seconds']:.1f} | "
+                         f"{r['seeds']} | {ph} |")
+    if overhead:
+        lines += ["", "Host overhead per call at N=1 (16->16 3x3 on 8x8: wall us per call in a tight loop, and "
+                  "'(host issue)': us per call issued while a sleep kernel keeps the GPU busy, the host's cost "
+                  f"alone; ours run `{overhead['plan']}`): " + ", ".join(
+                      f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan")]
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1,32,128", help="comma-separated batch sizes")
@@ -202,9 +294,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the layers' dtype (cuDNN in the same dtype; --tf32 only for float32)")
     ap.add_argument("--channels-last", action="store_true", help="channels_last (NHWC) inputs, weights and outputs")
+    ap.add_argument("--from-json", default=None, help="rewrite the Markdown of a run's JSON beside it (CPU) and exit")
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
+    if args.from_json:
+        src = Path(args.from_json)
+        src.with_suffix(".md").write_text("\n".join(markdown(json.loads(src.read_text()))) + "\n")
+        return 0
     if args.watchdog > 0:
         faulthandler.dump_traceback_later(args.watchdog, repeat=True)
     if not torch.cuda.is_available():
@@ -264,81 +361,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         stem = out / f"bench_layers_{args.tag}"
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
-        mode = (f"fp32, TF32 {'on' if args.tf32 else 'off'}" if fp32 else
-                f"{args.dtype}, {'channels_last' if args.channels_last else 'NCHW'}")
-        lines = [f"# AlexNet conv layers: cuDNN vs default vs tuned ({meta['gpu']})", "",
-                 f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
-                 f"NVRTC {dev.env['nvrtc']}, driver {dev.env['driver']}; {mode}, "
-                 "cudnn.benchmark=True; "
-                 f"strategy {args.strategy}, budget {args.budget} evaluations / {args.seconds:.0f} s per layer. "
-                 "Times are medians (us) of interleaved re-timing in one run.", "",
-                 f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
-                 "Graph columns: GPU time per call in a CUDA graph (cuDNN and the tuned plan, interleaved rounds, "
-                 "median); the other columns are eager calls.", "",
-                 "| layer | N | cuDNN graph us | tuned graph us | vs cuDNN (graph) | cuDNN us | default us | TC default us "
-                 "| tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['layer']} | {r['n']} | {r['cudnn_graph_us']:.1f} | {r['tuned_graph_us']:.1f} | "
-                         f"{r['speedup_vs_cudnn_graph']:.2f}x | {r['cudnn_us']:.1f} | {r['default_us']:.1f} | "
-                         f"{_us(r['tc_default_us'])} | {r['tuned_us']:.1f} | "
-                         f"{r['speedup_vs_cudnn']:.2f}x | {r['speedup_vs_default']:.2f}x | {r['tuned_tflops']:.1f} | "
-                         f"`{r['plan']}` | {r['evaluations']} | {r['tune_seconds']:.1f} |")
-        lines += ["", f"Geomean speedup vs cuDNN in CUDA graphs: {summary['geomean_speedup_vs_cudnn_graph']:.2f}x "
-                  f"(lowest {summary['min_speedup_vs_cudnn_graph']:.2f}x); eager: "
-                  f"{summary['geomean_speedup_vs_cudnn']:.2f}x; "
-                  f"vs our default configuration: {summary['geomean_speedup_vs_default']:.2f}x."]
-        lines += ["", "Error against float64 on fresh data (error norm / reference norm, and largest error / largest "
-                  "reference magnitude), the plan's beside cuDNN's in the same mode, and the bound the tuner's check "
-                  "sets on this data" + (" (in TF32 mode: twice cuDNN's error, never below fp32's 1e-4 / 1e-3; "
-                  "the tuning set its own on its own data)" if args.tf32 else " (fp32: 1e-4 / 1e-3)" if fp32 else
-                  " (twice cuDNN's error in the same dtype and format, never below fp32's 1e-4 / 1e-3; the tuning set "
-                  "its own on its own data)") + ".", "",
-                  "| layer | N | plan | plan error | cuDNN error | plan / cuDNN | check bound |", "|---|---|---|---|---|---|---|"]
-        for r in rows:
-            e = r["error"]
-            lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {e['plan'][0]:.2e} (max {e['plan'][1]:.2e}) | "
-                         f"{e['cudnn'][0]:.2e} (max {e['cudnn'][1]:.2e}) | {e['plan'][0] / max(e['cudnn'][0], 1e-30):.2f} | "
-                         f"{e['check_bound'][0]:.1e} / {e['check_bound'][1]:.1e} |")
-        lines += ["", f"Roofline and I/O bound (ceilings measured in this run: "
-                  f"{meta['ceilings']['peak_tflops']:.1f} TFLOP/s from a torch.mm in "
-                  f"{PRECISIONS[meta['ceilings']['precision']]}, the precision these layers compute in, copy "
-                  f"{meta['ceilings']['copy_gbs']:.0f} GB/s). FLOP/s are direct-convolution FLOPs over time, so "
-                  "cuDNN's Winograd/FFT and ours can exceed the roof. Traffic (fp32 layers only: the models count 4-byte "
-                  "words) is the iobound model of our best "
-                  "configuration (the winner, or our fastest candidate when cuDNN won) over the direct-convolution "
-                  "lower bound with that configuration's fast memory; for a Winograd configuration also over the "
-                  "Winograd bound of its F(m x m, 3 x 3) (iobound.winograd_lower_bound: fused=True for the fused "
-                  "families, fused=False for winograd_gemm, which stores its transformed operands; at stride s "
-                  "> 1 the bound of its polyphase form over C s^2 channels).", "",
-                  "| layer | N | roofline TFLOP/s | cuDNN % of roof | ours % of roof | our config | traffic / bound "
-                  "| traffic / Winograd bound |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            a, o = r["analysis_cudnn"], r.get("analysis_ours") or {}
-            lines.append(f"| {r['layer']} | {r['n']} | {a['roofline_tflops']:.1f} | {100 * a['fraction_of_roofline']:.0f}% | "
-                         + (f"{100 * o['fraction_of_roofline']:.0f}% | `{o['config_name']}` | "
-                            + (f"{o['traffic_over_bound']:.2f} | " if "traffic_over_bound" in o else "- | ")
-                            + (f"{o['traffic_over_winograd_bound']:.2f} |" if "traffic_over_winograd_bound" in o
-                               else "- |") if o else "- | - | - | - |"))
-        if with_opt:
-            lines += ["", "First-call tuning against the recorded optimum: the best configuration of the "
-                      "complete recording (benchmarks/data) is re-timed in the same interleaved rounds; fraction = "
-                      "min(optimum kernel, cuDNN) / tuned (the tuner may keep cuDNN). Tune s is the whole first "
-                      "call: setup (float64 reference, cuDNN's baseline), compile, check, measure, strategy, finalists (the "
-                      "re-timing).", "",
-                      "| layer | N | tuned us | recorded optimum | optimum us (this run) | fraction | tune s | seeds | phases s |",
-                      "|---|---|---|---|---|---|---|---|---|"]
-            for r in with_opt:
-                ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
-                lines.append(f"| {r['layer']} | {r['n']} | {r['tuned_us']:.1f} | `{r['recorded_optimum']}` | "
-                             f"{r['recorded_optimum_us']:.1f} | {r['fraction_of_optimum']:.3f} | {r['tune_seconds']:.1f} | "
-                             f"{r['seeds']} | {ph} |")
-        if overhead:
-            lines += ["", "Host overhead per call at N=1 (16->16 3x3 on 8x8: wall us per call in a tight loop, and "
-                      "'(host issue)': us per call issued while a sleep kernel keeps the GPU busy, the host's cost "
-                      f"alone; ours run `{overhead['plan']}`): " + ", ".join(
-                          f"{k} {v:.1f}" for k, v in overhead.items() if k != "plan")]
+        lines = markdown({"meta": meta, "summary": summary, "rows": rows})
         stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
         return lines
 

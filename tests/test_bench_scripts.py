@@ -607,3 +607,30 @@ def test_record_space_times_short_calls_by_gpu_time_as_the_tuner_does():
     long = Bench([5.0])
     assert rec.gpu_timing(long, lambda: None, HOST_PACED_US) is None and long.asked == []
     assert rec.gpu_timing(Bench([]), lambda: None, 10.0) is None
+
+
+def test_bench_layers_markdown_renders_every_committed_run(tmp_path):
+    """bench_layers' report is a function of its JSON (``markdown``, also ``--from-json``): every committed
+    ``bench_layers_*.json`` that records its commit (the runs since the report's present columns: every dtype and
+    mode, rows written before the roofline followed the layers' precision among them) renders on the CPU, with the
+    per-layer table and the summary line of the committed Markdown, line for line. (The report is written only on
+    the GPU machine, where a formatting error would lose a run.)"""
+    bl = _script("bench_layers")
+    runs = [p for p in sorted((BENCHMARKS / "results").glob("bench_layers_*.json"))
+            if "commit" in json.loads(p.read_text())["meta"]]  # (runs since the report's present columns)
+    assert len(runs) >= 5
+    checked = 0
+    for path in runs:
+        doc = json.loads(path.read_text())
+        lines = bl.markdown(doc)
+        assert lines[0].startswith("# AlexNet conv layers") and any(line.startswith("Geomean") for line in lines)
+        committed = (path.with_suffix(".md")).read_text().splitlines()
+        table = [line for line in lines if line.startswith(f"| {doc['rows'][0]['layer']} |")][:len(doc["rows"])]
+        geomean = [line for line in lines if line.startswith("Geomean")]
+        if all(line in committed for line in table + geomean):
+            checked += 1
+    assert checked >= 3, checked  # (older runs' Markdown came from older wording of the other sections)
+    src = tmp_path / "bench_layers_x.json"
+    src.write_text((BENCHMARKS / "results" / "bench_layers_h200_tf32.json").read_text())
+    assert bl.main(["--from-json", str(src)]) == 0
+    assert src.with_suffix(".md").read_text().splitlines() == bl.markdown(json.loads(src.read_text()))
