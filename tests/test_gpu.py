@@ -1068,9 +1068,10 @@ def test_wgmma_h16_tiles_and_splits_correct_on_odd_shapes_and_schedule_independe
         compiler, fam, built[fam.name(dict(fam.DEFAULT, **_WGMMA_H16_TILES[1], SPLIT=8, DT=1))].handle)
 
 
-_TMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
-                  dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=4),
-                  dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3)]
+# both TMA families' tiles (every WN, MI and WG, rings of 3-6)
+_TMA_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
+              dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=4),
+              dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3)]
 
 
 def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compiler):
@@ -1086,7 +1087,7 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     fam = _family("implicit_gemm_tma_h16")
     twin_fam = _family("implicit_gemm_wgmma_h16")
     fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
-    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_H16_TILES
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES
                for sp in (1, 2, 8)]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
@@ -1147,12 +1148,7 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
                     differ.append((shape, fmt, fam.name(c)))
     assert compared > 0 and not differ, (compared, differ[:10])
     _wgmma_h16_schedule_and_op_checks(
-        compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_H16_TILES[1], SPLIT=8, DT=1))].handle)
-
-
-_TMA_TF32_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4),
-                   dict(WN=192, MI=1, WG=2, STAGES=5), dict(WN=256, MI=1, WG=1, STAGES=4),
-                   dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3)]
+        compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8, DT=1))].handle)
 
 
 def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
@@ -1168,7 +1164,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
 
     fam = _family("implicit_gemm_tma_tf32")
     fmts = [("float32", "nchw"), ("float32", "nhwc")]
-    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TF32_TILES for sp in (1, 2, 8)]
+    configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES for sp in (1, 2, 8)]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = [s for s in PIPE_SHAPES + H16_SHAPES if s[1] % 4 == 0] + [
@@ -1211,7 +1207,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
     # what the maps cannot take: a strict launch raises, the op answers through ATen (C % 4 != 0; a channels_last
     # input read in place 4 bytes off 16-byte alignment)
-    h = built[fam.name(dict(fam.DEFAULT, **_TMA_TF32_TILES[0], SPLIT=1, NHWC=1))].handle
+    h = built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[0], SPLIT=1, NHWC=1))].handle
     cl = torch.channels_last
     x6, w6 = torch.randn(2, 6, 9, 9, device="cuda").contiguous(memory_format=cl), torch.randn(8, 6, 3, 3, device="cuda")
     with pytest.raises(RuntimeError, match="multiple of"):
@@ -1226,7 +1222,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     for xi, wi in ((x6, w6), (xm, w8)):
         torch.testing.assert_close(torch.ops.bagf.conv2d(xi, wi, None, [1, 1], [1, 1], [1, 1], h),
                                    F.conv2d(xi, wi, None, 1, 1))
-    _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TF32_TILES[1], SPLIT=8))]
+    _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8))]
                                       .handle, fmt=("float32", "nchw"))
 
 

@@ -26,6 +26,21 @@ def _sample(fam, n=16, seed=0):
     return list({fam.name(c): c for c in picked}.values())  # an explicit instantiation may appear only once
 
 
+def _instantiations(fam, exprs) -> str:
+    """A source that includes ``fam``'s kernel header and instantiates each of ``exprs`` with its KERNEL_ARGS."""
+    return f'#include "{fam.SOURCE}"\n' + "".join(f"template __global__ void {e}({fam.KERNEL_ARGS});\n" for e in exprs)
+
+
+def _ptxas(tmp_path, stem: str, source: str, target: str) -> subprocess.CompletedProcess:
+    """``source`` compiled by nvcc to a cubin for ``target`` (e.g. "sm_90a") with ptxas's verbose report in stderr."""
+    src = tmp_path / f"{stem}.cu"
+    src.write_text(source)
+    num = target.split("_")[1]
+    return subprocess.run([shutil.which("nvcc"), "-std=c++17", f"-gencode=arch=compute_{num},code={target}",
+                           f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o",
+                           str(tmp_path / f"{stem}.cubin")], capture_output=True, text=True, timeout=600)
+
+
 def _host_program(tmp_path, name: str, source: str):
     """``source`` built with nvcc as a host program (it includes the kernels' headers): the executable's path."""
     src = tmp_path / f"{name}.cu"
@@ -52,7 +67,6 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
         by_target.setdefault(gpu_arch(c, "sm_90"), []).append(c)
     frames = {}
     for target, group in sorted(by_target.items()):
-        src = tmp_path / f"inst_{target}.cu"
         lines = [f'#include "{fam.SOURCE}"']
         seen = set()
         for c in group:
@@ -65,11 +79,7 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
                 if expr not in seen:
                     seen.add(expr)
                     lines.append(f"template __global__ void {expr}({args});")
-        src.write_text("\n".join(lines) + "\n")
-        num = target.split("_")[1]
-        cmd = [shutil.which("nvcc"), "-std=c++17", f"-gencode=arch=compute_{num},code={target}", f"-I{kernels_dir()}",
-               "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / f"inst_{target}.cubin")]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        res = _ptxas(tmp_path, f"inst_{target}", "\n".join(lines) + "\n", target)
         assert res.returncode == 0, res.stderr[-4000:]
         # every instantiation was emitted; the default configuration keeps its tiles in registers (a spill is a
         # speed problem the tuner measures, not a correctness one: implicit_gemm's bm128_bn64_bk32_tm8_tn2_db1_v1
@@ -91,19 +101,15 @@ def test_gemm_wgmma_tiles_compile_for_sm90a_only(tmp_path):
     a launch)."""
     from bagf_torch.kernels import winograd_gemm as wgg
 
-    src = tmp_path / "wgmma.cu"
-    src.write_text('#include "gemm_wgmma.cuh"\n' + "".join(
+    source = '#include "gemm_wgmma.cuh"\n' + "".join(
         f"template __global__ void {wgg.WGMMA_GEMM_KERNEL}<{', '.join(map(str, t))}>({wgg.GEMM_KERNEL_ARGS});\n"
-        for t in wgg.WGMMA_GEMMS.values()))
-    base = [shutil.which("nvcc"), "-std=c++17", f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o",
-            str(tmp_path / "wgmma.cubin")]
-    res = subprocess.run(base + ["-gencode=arch=compute_90a,code=sm_90a"], capture_output=True, text=True,
-                         timeout=600)
+        for t in wgg.WGMMA_GEMMS.values())
+    res = _ptxas(tmp_path, "wgmma", source, "sm_90a")
     assert res.returncode == 0, res.stderr[-4000:]
     assert "C7515" not in res.stderr and "serialized" not in res.stderr, res.stderr[-3000:]
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores", res.stderr)
     assert len(frames) == len(wgg.WGMMA_GEMMS) and all(f == ("0", "0") for f in frames), frames
-    res = subprocess.run(base + ["-gencode=arch=compute_90,code=sm_90"], capture_output=True, text=True, timeout=600)
+    res = _ptxas(tmp_path, "wgmma", source, "sm_90")
     assert res.returncode != 0 and "needs sm_90a" in res.stderr, res.stderr[-2000:]
 
 
@@ -232,12 +238,7 @@ def test_h16_pipeline_stages_compile_without_spills(tmp_path):
     configs = plain + [largest, smallest, dict(smallest, NHWC=1, ST=4)]
     assert largest["ST"] == 4 and all(h16.space().is_valid(c) for c in configs)
     exprs = list(dict.fromkeys(h16.name_expression(c) for c in configs))
-    src = tmp_path / "h16.cu"
-    src.write_text(f'#include "{h16.SOURCE}"\n' +
-                   "".join(f"template __global__ void {e}({h16.KERNEL_ARGS});\n" for e in exprs))
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
-                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "h16.cubin")],
-                         capture_output=True, text=True, timeout=600)
+    res = _ptxas(tmp_path, "h16", _instantiations(h16, exprs), "sm_90")
     assert res.returncode == 0, res.stderr[-4000:]
     info = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
                       r"(\d+) bytes spill loads\n.*?Used (\d+) registers", res.stderr)
@@ -253,7 +254,8 @@ def test_h16_pipeline_stages_compile_without_spills(tmp_path):
     # the pipeline is compiled in: every ST 3-4 entry issues asynchronous global->shared copies, ST 2 none (PTX:
     # the CUDA toolkit's SASS disassembler is not everywhere nvcc is)
     res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-arch=compute_90", f"-I{kernels_dir()}", "-ptx",
-                          str(src), "-o", str(tmp_path / "h16.ptx")], capture_output=True, text=True, timeout=600)
+                          str(tmp_path / "h16.cu"), "-o", str(tmp_path / "h16.ptx")], capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     entries = re.split(r"\.entry ", (tmp_path / "h16.ptx").read_text())[1:]
     copies = {tuple(int(v) for v in re.findall(r"Li(\d+)E", e.split("(")[0])): "cp.async.cg.shared.global" in e
@@ -271,12 +273,7 @@ def _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, fam, configs):
     space = fam.space()
     assert all(space.is_valid(c) for c in configs), [fam.name(c) for c in configs if not space.is_valid(c)]
     exprs = list(dict.fromkeys(fam.name_expression(c) for c in configs))
-    src = tmp_path / "tma.cu"
-    src.write_text(f'#include "{fam.SOURCE}"\n' +
-                   "".join(f"template __global__ void {e}({fam.KERNEL_ARGS});\n" for e in exprs))
-    res = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
-                          f"-I{kernels_dir()}", "-cubin", "-Xptxas", "-v", str(src), "-o", str(tmp_path / "tma.cubin")],
-                         capture_output=True, text=True, timeout=600)
+    res = _ptxas(tmp_path, "tma", _instantiations(fam, exprs), "sm_90a")
     assert res.returncode == 0, res.stderr[-4000:]
     assert "C7515" not in res.stderr and "serialized" not in res.stderr, res.stderr[-3000:]
     info = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "
