@@ -52,6 +52,7 @@ struct LaunchGeometry {
   int nhwc = 0;   // 1: channels_last input and output, KRSC weight
   int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
                   // fp32 with TF32 products)
+  int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan)
 };
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
@@ -69,6 +70,7 @@ struct Plan {
   int device = -1;
   LaunchGeometry geo;
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
+  int64_t resident = 0;  // stream-K plans: blocks the device holds at once (occupancy x SMs, at load)
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -199,12 +201,14 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                ((geo.dtype != 0 || geo.nhwc != 0 || geo.tma != 0) &&
                 ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
-               geo.tma < 0 || geo.tma > 1 ||
+               geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 1 ||
+               (geo.stream_k && (!geo.tma || geo.split != 1)) ||
                (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
-                "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256)");
+                "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256; "
+                "stream-K only in a TMA plan without split-K)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -237,6 +241,21 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                                          plan.smem_max)) != CUDA_SUCCESS) {
         err = cat("out of resources: ", lowered_name, " asks for ", plan.smem_max, " bytes of dynamic shared memory: ",
                   cu_error(r), ". Smaller BM/BN/BK may help.");
+      } else if (geo.stream_k) {
+        // stream-K's grid: the blocks the device holds at once, with this kernel's registers and shared memory
+        CUdevice dev;
+        int sms = 0, per_sm = 0;
+        if ((r = cuDeviceGet(&dev, device)) != CUDA_SUCCESS ||
+            (r = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS ||
+            (r = cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.fn, geo.threads,
+                                                             static_cast<size_t>(plan.smem_max))) != CUDA_SUCCESS) {
+          err = cat("stream-K plan ", lowered_name, ": the occupancy query failed: ", cu_error(r));
+        } else if (per_sm < 1) {
+          err = cat("out of resources: ", lowered_name, " fits no block on an SM (", geo.threads, " threads, ",
+                    plan.smem_max, " bytes of shared memory)");
+        } else {
+          plan.resident = static_cast<int64_t>(sms) * per_sm;
+        }
       } else if (own_gemm) {
         int gemm_max_threads = 0, gemm_regs = 0;
         cuFuncGetAttribute(&gemm_max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.gemm_fn);
@@ -335,6 +354,9 @@ int64_t split_workspace_floats(const LaunchGeometry& geo, int64_t cols, int64_t 
   return tiles * geo.split * geo.bm * geo.bn + tiles;
 }
 constexpr int64_t kMaxSplitWorkspaceFloats = int64_t{1} << 28;  // 1 GiB
+// A stream-K launch gives each block at least this many k tiles (fewer blocks where a problem has few):
+// bagf_torch/kernels/implicit_gemm_tma_h16.py STREAM_K_MIN_ITERS.
+constexpr int64_t kStreamKMinIters = 8;
 
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
@@ -394,6 +416,15 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
           (w.size(2 + i) - 1) * dilation[i] > 127)
         return "stride above 8, padding above 128 or a window the TMA unit's im2col box cannot describe";
     }
+  }
+  if (geo.stream_k) {  // the kernel counts all tiles' k tiles in 32 bits
+    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+    const int64_t bk = geo.dtype == 0 ? 32 : 64;
+    if (P > 0 && Q > 0 &&
+        (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm) * w.size(2) * w.size(3) *
+                ((x.size(1) + bk - 1) / bk) > INT_MAX)
+      return "the stream-K plan's iteration count for this shape would pass 2^31 - 1 (it was tuned for a smaller one)";
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
@@ -554,8 +585,28 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const int64_t smem = launch_smem(plan, p.R, p.S, stride, dilation);
   const unsigned gx = static_cast<unsigned>((cols + geo.bn - 1) / geo.bn);
   const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
-  BAGF_CHECK(gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
+  BAGF_CHECK(geo.stream_k || gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  if (geo.stream_k) {
+    // Stream-K (kernels/implicit_gemm_tma_h16.cuh, SK = 1): the resident blocks share the gx gy tiles' k tiles (R S
+    // blocks of 32 fp32 or 64 16-bit channels each), at least kStreamKMinIters per block; each block has two
+    // workspace tiles for the parts of tiles it shares, then a zeroed counter per tile.
+    const int64_t bk = geo.dtype == 0 ? 32 : 64;
+    const int64_t tiles = static_cast<int64_t>(gx) * gy;
+    const int64_t work = tiles * p.R * p.S * ((p.C + bk - 1) / bk);
+    const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, work / kStreamKMinIters));
+    const int64_t floats = 2 * blocks * geo.bm * geo.bn + tiles;
+    at::Tensor ws = at::empty({floats}, x.options().dtype(at::kFloat));
+    float* wsp = ws.mutable_data_ptr<float>();
+    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - tiles)), 0,
+                                   static_cast<size_t>(tiles), stream));
+    CUtensorMap xm, wm;
+    encode_tma_maps(geo, p, xp, wp, xm, wm);
+    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp};
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1,
+                                 static_cast<unsigned>(smem), stream, args, nullptr));
+    return;
+  }
   // A 16-bit or TMA split-K plan sums its slices in a workspace whose per-tile counters start at zero; another fp32
   // one adds them atomically into a zeroed output. (The 16-bit and TMA kernels take the workspace as a sixth
   // argument, null without split-K; the other fp32 kernels have five, and the driver reads only those.)
@@ -743,15 +794,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
-                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma) {
-             return LaunchGeometry{bm, bn, threads, smem, split, tile, tile_w, smem_patch, smem_taps, gemm,
-                                   layout, fix_s, fix_u, gemm_bm, gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma};
+                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k) {
+             return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
+                                   smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
+                                   gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
-           py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0)
+           py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
+           py::arg("stream_k") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -771,7 +824,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("gemm_smem", &LaunchGeometry::gemm_smem)
       .def_readwrite("dtype", &LaunchGeometry::dtype)
       .def_readwrite("nhwc", &LaunchGeometry::nhwc)
-      .def_readwrite("tma", &LaunchGeometry::tma);
+      .def_readwrite("tma", &LaunchGeometry::tma)
+      .def_readwrite("stream_k", &LaunchGeometry::stream_k);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -21,7 +21,8 @@
 #   "--family implicit_gemm_wgmma_h16 --dtype bfloat16 --channels-last --tag h200_bf16_nhwc").
 #   e2e = benchmarks/bench_alexnet.py with $E2E_ARGS alone (pre-tuning what the cache lacks first), e.g.
 #   E2E_ARGS="--tf32 --seconds 7 --no-compile --runs 100 --tag h200_tf32": AlexNet end to end with PyTorch's TF32.
-#   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point within $SMOKE_TIMEOUT s; the call stops if
+#   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point ($SMOKE_ARGS: e.g. "--set SK=1,SPLIT=1")
+#   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
@@ -78,7 +79,8 @@ fi
 if has smoke; then
   # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here
   repo=$PWD
-  (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc}) 2>&1 \
+  # shellcheck disable=SC2086  # SMOKE_ARGS: more smoke.py arguments (e.g. "--set SK=1,SPLIT=1")
+  (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc} ${SMOKE_ARGS:-}) 2>&1 \
     | tee "$OUT/smoke.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed: stopping"; exit 1; }
 fi

@@ -3,7 +3,7 @@ script's time limit, not the whole call. Compiles the family's ``default_for`` o
 first format (TF32 mode for a TF32-only family), runs it once into a NaN-poisoned output and prints its error
 against float64 next to cuDNN's.
 
-    timeout 90 python3 scripts/smoke.py implicit_gemm_tma_tf32 [--shape N,C,H,K,R]
+    timeout 90 python3 scripts/smoke.py implicit_gemm_tma_tf32 [--shape N,C,H,K,R] [--set SK=1,SPLIT=1]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("family")
     ap.add_argument("--shape", default="2,64,13,96,3", help="N,C,H(=W),K,R(=S), stride 1, padding R // 2")
+    ap.add_argument("--set", default="", help="knobs set over the start point, e.g. SK=1,SPLIT=1 (a new variant's)")
     args = ap.parse_args()
     from bagf_torch.cache import Cache
     from bagf_torch.jit.compiler import KernelCompiler
@@ -33,7 +34,11 @@ def main() -> int:
     applies = getattr(fam, "applies", None)
     tf32 = applies is not None and applies(strict) is not None
     p = ConvProblem(n=n, c=c, h=h, w=h, k=k, r=r, s=r, padding=(r // 2, r // 2), dtype=dtype, layout=layout, tf32=tf32)
-    start = fam.default_for(p) if hasattr(fam, "default_for") else fam.DEFAULT
+    start = dict(fam.default_for(p) if hasattr(fam, "default_for") else fam.DEFAULT)
+    start.update((kv.split("=")[0], int(kv.split("=")[1])) for kv in filter(None, args.set.split(",")))
+    if not fam.space().is_valid(start):
+        print(f"smoke: {start} is not in {fam.FAMILY}'s space: {fam.space().invalid_reason(start)}")
+        return 1
     with tempfile.TemporaryDirectory() as d:
         compiler = KernelCompiler(Cache.for_dir(d), 0, workers=2)
         built = compiler.compile(fam, [start])[0]

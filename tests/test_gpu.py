@@ -1008,6 +1008,33 @@ def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle, fmt=("bfloat1
     assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
 
 
+def _stream_k_checks(compiler, fam, fmt):
+    """A TMA family's stream-K start (SK = 1) in ``fmt`` on AlexNet's conv4 at N = 32 (86 tiles of 108 or 54 k tiles
+    shared among 132 blocks: every tile in two or three parts) and conv3 at N = 128 (many tiles per block): within the
+    bound, and the same bits on every call (each shared tile summed in k order, whoever finishes it); then the op
+    checks of _wgmma_h16_schedule_and_op_checks on it (N = 1: tiles in many parts, CUDA graphs, opcheck,
+    torch.compile)."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    checker = CudaChecker(compiler.ext)
+    tf32 = fmt[0] == "float32"
+    handle = None
+    for shape in [(32, 384, 13, 13, 256, 3, 3, (1, 1), (1, 1), (1, 1), True),
+                  (128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True)]:
+        p = _problem(shape, tf32=tf32, fmt=fmt)
+        c = dict(fam.default_for(p), SK=1, SPLIT=1)
+        assert fam.space().is_valid(c) and fam.problem_rule(c, p) is None, fam.name(c)
+        h = compiler.compile(fam, [c])[0].handle
+        handle = handle or h
+        ws = Workspace(p, torch.device("cuda", 0))
+        assert checker.check(ws, h) is None, fam.name(c)
+        with torch.no_grad():
+            first = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h)
+            assert all(torch.equal(compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, h), first)
+                       for _ in range(20)), fam.name(c)
+    _wgmma_h16_schedule_and_op_checks(compiler, fam, handle, fmt=fmt)
+
+
 # implicit_gemm_wgmma_h16's tiles: every WN, MI, WG and KS and the shallowest and deepest rings
 _WGMMA_H16_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3, KS=2), dict(WN=128, MI=2, WG=2, STAGES=4, KS=1),
                     dict(WN=192, MI=1, WG=2, STAGES=5, KS=1), dict(WN=256, MI=1, WG=1, STAGES=5, KS=1),
@@ -1089,6 +1116,7 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     fmts = [("bfloat16", "nhwc"), ("float16", "nhwc")]
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES
                for sp in (1, 2, 8)]
+    configs += [dict(fam.DEFAULT, **t, SK=1, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = PIPE_SHAPES + H16_SHAPES + [
@@ -1098,8 +1126,9 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     for sp in (1, 2, 8):
         assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in shapes for f in fmts)
     built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, shapes, fmts)))
+    # (stream-K sums a shared tile's parts from several blocks: not the twin's one chain of products)
     twins = {fam.name(c): dict(twin_fam.DEFAULT, **{k: c[k] for k in ("DT", "WN", "MI", "WG", "STAGES", "SPLIT")},
-                               KS=1) for c in configs}
+                               KS=1) for c in configs if not c["SK"]}
     twin_cfgs = [t for t in twins.values() if twin_fam.space().is_valid(t)]
     twin_built = dict(zip(map(twin_fam.name, twin_cfgs), compiler.compile(twin_fam, twin_cfgs)))
     differ, compared = [], 0
@@ -1109,8 +1138,8 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
                 continue
             ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
             for c in configs:
-                t = twins[fam.name(c)]
-                if (c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt) or not _runs(twin_fam, t, shape, fmt)
+                t = twins.get(fam.name(c))
+                if (t is None or c["DT"] != fam.DTYPES[fmt[0]] or not _runs(fam, c, shape, fmt) or not _runs(twin_fam, t, shape, fmt)
                         or twin_fam.name(t) not in twin_built):
                     continue
                 with torch.no_grad():  # launched into ``out``: a plan that cannot take the call raises, never ATen
@@ -1149,6 +1178,7 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     assert compared > 0 and not differ, (compared, differ[:10])
     _wgmma_h16_schedule_and_op_checks(
         compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8, DT=1))].handle)
+    _stream_k_checks(compiler, fam, ("bfloat16", "nhwc"))
 
 
 def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
@@ -1165,6 +1195,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     fam = _family("implicit_gemm_tma_tf32")
     fmts = [("float32", "nchw"), ("float32", "nhwc")]
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES for sp in (1, 2, 8)]
+    configs += [dict(fam.DEFAULT, **t, SK=1, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = [s for s in PIPE_SHAPES + H16_SHAPES if s[1] % 4 == 0] + [
@@ -1224,6 +1255,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
                                    F.conv2d(xi, wi, None, 1, 1))
     _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8))]
                                       .handle, fmt=("float32", "nchw"))
+    _stream_k_checks(compiler, fam, ("float32", "nchw"))
 
 
 def _h16_model(dtype, layout):

@@ -20,7 +20,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = th.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"])
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"])
+        assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
@@ -28,14 +29,18 @@ def test_every_valid_config_obeys_the_documented_rules():
     s = th.space()
     assert "accumulators" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=2))
     assert "shared memory" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
+    assert "SPLIT must be 1" in s.invalid_reason(dict(th.DEFAULT, SK=1, SPLIT=2))
+    assert {c["SK"] for c in valid} == {0, 1}
 
 
 def test_names_formats_and_the_problem_rule():
     assert th.name(th.DEFAULT) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90"
-    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1>"
+    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>"
+    assert th.name_expression(dict(th.DEFAULT, SK=1)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 1>"
+    assert th.name(dict(th.DEFAULT, SK=1)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_sk_sm90"
     assert th.name(dict(th.DEFAULT, NHWC=0, DT=0)) == "implicit_gemm_tma_h16_fp16_nchw_wn128_mi1_wg2_st5_s1_sm90"
-    # a configuration recorded before the knob is a channels_last one
-    legacy = {k: v for k, v in th.DEFAULT.items() if k != "NHWC"}
+    # a configuration recorded before the knobs is a channels_last one without stream-K
+    legacy = {k: v for k, v in th.DEFAULT.items() if k not in ("NHWC", "SK")}
     assert th.name(legacy) == th.name(th.DEFAULT) and th.launch(legacy) == th.launch(th.DEFAULT)
     assert th.name_expression(legacy) == th.name_expression(th.DEFAULT)
     assert th.gpu_arch(th.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in th.arch_rule(th.DEFAULT, "sm_80")

@@ -26,7 +26,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = tt.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split) == (0, c["NHWC"], 1, c["SPLIT"]) and c["DT"] == 2
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (0, c["NHWC"], 1, c["SPLIT"], c["SK"]) and c["DT"] == 2
+        assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["NHWC"] for c in valid} == {0, 1}
@@ -40,7 +41,12 @@ def test_every_valid_config_obeys_the_documented_rules():
 def test_names_and_who_it_takes():
     assert tt.name(tt.DEFAULT) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_s1_sm90"
     assert tt.name(dict(tt.DEFAULT, NHWC=1, SPLIT=4)) == "implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s4_sm90"
-    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0>"
+    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>"
+    assert tt.name(dict(tt.DEFAULT, SK=1)) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_sk_sm90"
+    assert tt.name_expression(dict(tt.DEFAULT, SK=1)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 1>"
+    legacy = {k: v for k, v in tt.DEFAULT.items() if k != "SK"}  # recorded before stream-K
+    assert (tt.name(legacy), tt.launch(legacy), tt.name_expression(legacy)) == (
+        tt.name(tt.DEFAULT), tt.launch(tt.DEFAULT), tt.name_expression(tt.DEFAULT))
     assert tt.gpu_arch(tt.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in tt.arch_rule(tt.DEFAULT, "sm_80")
     conv3 = _problem(32, 192, 13, 384, 3)
     assert tt.applies(conv3) is None and format_refuses(tt, conv3) is None
@@ -95,3 +101,23 @@ def test_rounding_both_operands_is_what_keeps_tf32_within_the_check():
 
     rn, rz = err(tf32_round(x), tf32_round(w)), err(_tf32_trunc(x), _tf32_trunc(w))
     assert 1e-4 < rn < 5e-4 and rz > 2 * rn
+
+
+def test_stream_k_grid_workspace_and_features():
+    """Stream-K (SK = 1): the blocks the device holds at once, fewer where a block would get under 8 k tiles; two
+    tiles of workspace per block and a counter per tile, bounded by the grid; the tuner's grid features see the
+    blocks and their share of the k tiles; a problem whose tiles' k tiles pass 2^31 is refused (32-bit counts)."""
+    sk = dict(tt.DEFAULT, SK=1)
+    conv4 = _problem(128, 384, 13, 256, 3)  # 169 x 2 tiles of 128 x 128, 108 k tiles each
+    assert tt.tiles(sk, conv4) == 338 and tt.k_tiles(conv4) == 108
+    assert tt.blocks_per_sm(sk) == 1 and th.stream_k_blocks(sk, conv4, 108) == tt.H200_SMS
+    assert tt.workspace_bytes(sk, conv4) == 4 * (2 * 132 * 128 * 128 + 338)
+    assert tt.workspace_bytes(tt.DEFAULT, conv4) == 0
+    small = _problem(1, 16, 13, 64, 3)  # 2 x 1 tiles of 9 k tiles: 18 // 8 = 2 blocks
+    assert th.stream_k_blocks(sk, small, tt.k_tiles(small)) == 2
+    f = tt.features(conv4, sk)
+    assert f["log2_blocks_per_sm"] == 0 and f["log2_k_tiles"] == math.log2(-(-338 * 108 // 132))
+    assert tt.features(conv4, tt.DEFAULT)["log2_blocks_per_sm"] == math.log2(338 / 132)
+    assert tt.problem_rule(sk, conv4) is None
+    huge = _problem(64, 16384, 128, 1024, 11)  # 65536 tiles of 61952 k tiles; N*P*Q*K = 2^30
+    assert "2^31" in tt.problem_rule(sk, huge) and tt.problem_rule(dict(sk, SK=0), huge) is None

@@ -321,6 +321,47 @@ int main(int argc, char** argv) {
 """
 
 
+_STREAM_K_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "implicit_gemm_tma_h16.cuh"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 2 < argc; i += 3) {  // work, blocks, x stride -> the shares' bounds, then sampled owners
+    const long long work = atoll(argv[i]), blocks = atoll(argv[i + 1]), step = atoll(argv[i + 2]);
+    for (long long c = 0; c <= blocks; ++c) printf("%lld ", bagf::wgt::sk_begin(c, work, blocks));
+    printf("|");
+    for (long long x = 0; x < work; x += step) printf(" %lld", bagf::wgt::sk_owner(x, work, blocks));
+    if (work > 0) printf(" %lld", bagf::wgt::sk_owner(work - 1, work, blocks));
+    printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_stream_k_shares_and_owners_on_host(tmp_path):
+    """Stream-K's even split of all tiles' k tiles (``wgt::sk_begin``) is h16's slice rule over the whole work, and
+    ``wgt::sk_owner(x)`` is the block whose share holds iteration x (so a shared tile's parts are found where their
+    blocks stored them), for small grids, AlexNet's conv4 at N = 32 and 128 on 132 SMs, and work near 2^31."""
+    from bagf_torch.kernels import implicit_gemm_h16 as h16
+
+    exe = _host_program(tmp_path, "stream_k_host", _STREAM_K_HOST)
+    cases = [(w, g, 1) for w in (1, 7, 8, 64, 100) for g in (1, 2, 3, 7) if w >= g]
+    cases += [(86 * 108, 132, 1), (338 * 108, 132, 1), (2**31 - 1, 132, 2**24 + 1), (2**31 - 1, 396, 2**24 + 3)]
+    args = [v for case in cases for v in case]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = out.splitlines()
+    assert len(rows) == len(cases)
+    for (work, blocks, step), row in zip(cases, rows):
+        bounds_text, owners_text = row.split("|")
+        bounds = list(map(int, bounds_text.split()))
+        assert bounds == [h16.split_range(c, work, blocks).start for c in range(blocks)] + [work]
+        xs = list(range(0, work, step)) + [work - 1]
+        for x, owner in zip(xs, map(int, owners_text.split()), strict=True):
+            assert bounds[owner] <= x < bounds[owner + 1], (work, blocks, x, owner)
+
+
 def test_h16_split_k_slices_match_python_on_host(tmp_path):
     """The kernel's even split (``h16::slice_begin``) equals ``implicit_gemm_h16.split_range`` for every slice count
     of the space and K-step counts from 0 up (num_k near 2^31 and split up to the host's 65535 too: no overflow):

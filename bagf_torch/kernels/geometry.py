@@ -95,6 +95,11 @@ class LaunchGeometry:
     The host sends to ATen a call the maps cannot describe (channels not a whole number of 16 bytes: C % 8 != 0 in
     16 bits, C % 4 != 0 in float32; a tensor read in place off 16-byte alignment, stride above 8, padding above
     128, a window wider than the im2col box's range)."""
+    stream_k: int = 0
+    """1 (a ``tma`` plan with ``split`` = 1 only): stream-K. The host launches a one-dimensional grid of the blocks
+    the device holds at once (the driver's occupancy of the kernel times the SMs; fewer where a block would get
+    under 8 k tiles) and passes a workspace of two bm x bn fp32 tiles per block and a zeroed counter per output tile;
+    the blocks share all tiles' k tiles evenly and the last block of a shared tile sums it in k order."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

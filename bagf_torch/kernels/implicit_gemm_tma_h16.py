@@ -31,7 +31,15 @@ STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1
                               device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
                               problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
+SK        0 1                 1: stream-K (SPLIT = 1): a grid of the blocks the device holds at once
+                              (:func:`stream_k_blocks`) shares all tiles' k tiles evenly, each block
+                              walking its share tile by tile; a tile split between blocks is summed in
+                              k order by the last of them to finish (two workspace slots per block)
 ========  ==================  ======================================================================
+
+Stream-K is for the grids whose last wave is part empty: AlexNet's conv4 at N = 128 in 128 x 128 tiles is 338
+tiles, 2.56 waves on 132 SMs (Nsight Compute: tensor pipe busy 66% over the kernel), and at N = 32 86 tiles, 0.65 of
+one wave (49%).
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.
@@ -61,7 +69,7 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_tma_h16"
 SOURCE = "implicit_gemm_tma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_tma_h16_conv2d"
-TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC")
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC", "SK")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
@@ -76,8 +84,8 @@ LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
 """The problem's memory format (``ConvProblem.layout``) -> NHWC."""
 FORMATS: tuple[tuple[str, str], ...] = tuple((d, layout) for d in DTYPES for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-LEGACY: Config = {"NHWC": 1}
-"""Configurations recorded before the NCHW kernels were channels_last ones."""
+LEGACY: Config = {"NHWC": 1, "SK": 0}
+"""Configurations recorded before the NCHW kernels were channels_last ones, and before stream-K."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "DT": (0, 1),
@@ -87,11 +95,12 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "WG": (1, 2),
     "STAGES": (3, 4, 5, 6),
     "SPLIT": (1, 2, 4, 8, 16),
+    "SK": (0, 1),
 }
 
 # 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
 # and sizes WN, WG, STAGES and SPLIT to the problem.
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
 """Static shared memory (split-K's arrival flag, the deepest ring's full and empty mbarriers), besides the ring."""
@@ -154,8 +163,28 @@ def tiles(c: Mapping[str, int], problem) -> int:
     return -(-(problem.n * p * q) // bn(c)) * -(-problem.k // bm(c))
 
 
-def workspace_bytes(c: Mapping[str, int], problem) -> int:
-    """The split-K workspace the host allocates for ``c`` on ``problem`` (0 without split-K)."""
+STREAM_K_MIN_ITERS = 8
+"""Stream-K gives each block at least this many k tiles where the problem has few (csrc/bagf_ext.cpp
+``kStreamKMinIters``): fewer blocks, not shares of a handful of tiles each."""
+
+
+def stream_k_blocks(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) -> int:
+    """Blocks of a stream-K launch of ``c`` on ``problem`` of ``k`` k tiles per output tile, as the host sizes it: the
+    blocks the device holds at once (here estimated by :func:`blocks_per_sm`; the host asks the driver's occupancy),
+    fewer where that would leave a block under :data:`STREAM_K_MIN_ITERS` k tiles."""
+    work = tiles(c, problem) * k
+    return max(1, min(sms * blocks_per_sm(c), work // STREAM_K_MIN_ITERS))
+
+
+def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: int = H200_SMS) -> int:
+    """The workspace the host allocates for ``c`` on ``problem`` of ``k`` k tiles per output tile (default: this
+    family's :func:`k_tiles`): split-K's slices of every tile and a counter per tile, or stream-K's two tiles per
+    block and a counter per tile (bounded by the grid, not the problem: at most 2 x 132 x 256 x 256 floats, 66 MiB,
+    on an H200), 0 for neither."""
+    c = {**LEGACY, **c}
+    if c["SK"]:
+        return 4 * (2 * stream_k_blocks(c, problem, k_tiles(problem) if k is None else k, sms) * bm(c) * bn(c)
+                    + tiles(c, problem))
     return _h16.split_workspace_bytes(c.get("SPLIT", 1), tiles(c, problem), bm(c), bn(c))
 
 
@@ -189,13 +218,25 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     return map_refuses(problem) or grid_refuses(c, problem, k_tiles(problem))
 
 
+def stream_k_rule(c: Mapping[str, int]) -> str | None:
+    """Stream-K (SK = 1) divides the work itself: SPLIT = 1."""
+    if c.get("SK", 0) and c["SPLIT"] != 1:
+        return "stream-K (SK = 1) splits the k tiles itself; SPLIT must be 1"
+    return None
+
+
 def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
     """Why ``c``'s grid cannot run ``problem`` of ``k`` k tiles, or None: the epilogue's 32-bit indices must hold for
-    the last blocks (N*P*Q + BN and N*P*Q*K below 2^31), and a split-K configuration must give every slice 2 k tiles
-    or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes. Also implicit_gemm_tma_tf32's."""
+    the last blocks (N*P*Q + BN and N*P*Q*K below 2^31), a split-K configuration must give every slice 2 k tiles
+    or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes, and a stream-K one count all tiles' k tiles
+    in 32 bits. Also implicit_gemm_tma_tf32's."""
     p, q = problem.out_hw
     if problem.n * p * q + bn(c) > INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > INT32_MAX:
         return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
+    if c.get("SK", 0):  # (stream-K's workspace is bounded by the grid: workspace_bytes)
+        if tiles(c, problem) * k > INT32_MAX:
+            return "stream-K's 32-bit iteration count would pass 2^31 - 1 (all tiles' k tiles)"
+        return None
     return _h16.split_refuses(c.get("SPLIT", 1), k, tiles(c, problem), bm(c), bn(c), "k tiles")
 
 
@@ -227,24 +268,41 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
     """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem``."""
-    return _wh.grid_features(tiles(c, problem), k_tiles(problem), c["SPLIT"], blocks_per_sm(c), sms)
+    return grid_features(c, problem, k_tiles(problem), sms)
+
+
+def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) -> dict[str, float]:
+    """implicit_gemm_wgmma_h16's grid features of ``c`` on ``problem`` of ``k`` k tiles per tile; a stream-K grid as
+    its blocks, each with its share of the k tiles. Also implicit_gemm_tma_tf32's."""
+    c = {**LEGACY, **c}
+    if c["SK"]:
+        blocks = stream_k_blocks(c, problem, k, sms)
+        return _wh.grid_features(blocks, -(-tiles(c, problem) * k // blocks), 1, blocks_per_sm(c), sms)
+    return _wh.grid_features(tiles(c, problem), k, c["SPLIT"], blocks_per_sm(c), sms)
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
-                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1)
+                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``."""
+    """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``,
+    ``..._st5_sk_sm90`` (stream-K)."""
     c = {**LEGACY, **c}
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_s{c['SPLIT']}_{arch}")
+            f"_{split_name(c)}_{arch}")
+
+
+def split_name(c: Mapping[str, int]) -> str:
+    """``s<SPLIT>``, or ``sk`` for stream-K. Also implicit_gemm_tma_tf32's."""
+    return "sk" if c.get("SK", 0) else f"s{c['SPLIT']}"
+
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1>`` (whatever SPLIT: a launch parameter)."""
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT: a launch parameter)."""
     return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
 
 
@@ -253,7 +311,7 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

@@ -32,6 +32,8 @@ STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1
                               device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand-over: on a problem
                               every slice gets >= 2 k tiles and the partial sums fit 32 MiB
+SK        0 1                 1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device
+                              holds at once share all tiles' k tiles evenly
 ========  ==================  ======================================================================
 
 Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps can describe
@@ -74,7 +76,9 @@ FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in L
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
 PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
 
-DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1}
+DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0}
+LEGACY: Config = {"SK": 0}
+"""Configurations recorded before stream-K."""
 
 STATIC_SMEM = _th.STATIC_SMEM
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
@@ -87,7 +91,6 @@ smem_bytes = _th.smem_bytes
 estimated_registers = _th.estimated_registers
 blocks_per_sm = _th.blocks_per_sm
 tiles = _th.tiles
-workspace_bytes = _th.workspace_bytes
 gpu_arch = _th.gpu_arch
 arch_rule = _th.arch_rule
 
@@ -114,6 +117,7 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     the epilogue's 32-bit output offsets hold, and a split-K configuration gives every slice 2 k tiles or more
     within implicit_gemm_h16's workspace limit. (The TF32 mode is :func:`applies`'s; ``kernels.family_refuses``
     asks both.)"""
+    c = {**LEGACY, **c}
     if c["NHWC"] != LAYOUTS.get(problem.layout):
         return f"compiled for {'nhwc' if c['NHWC'] else 'nchw'}; this problem is {problem.layout}"
     if problem.c % 4:
@@ -133,27 +137,34 @@ def default_for(problem, sms: int = H200_SMS) -> Config:
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
     """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem``."""
-    return _wh.grid_features(tiles(c, problem), k_tiles(problem), c["SPLIT"], blocks_per_sm(c), sms)
+    return _th.grid_features(c, problem, k_tiles(problem), sms)
+
+
+def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
+    """The split-K or stream-K workspace the host allocates for ``c`` on ``problem`` (implicit_gemm_tma_h16's)."""
+    return _th.workspace_bytes(c, problem, k_tiles(problem), sms)
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
-                          nhwc=c["NHWC"], tma=1)
+                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
-    """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``."""
+    """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``,
+    ``..._st4_sk_sm90`` (stream-K)."""
     return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_s{c['SPLIT']}_{arch}")
+            f"_{_th.split_name(c)}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, c)
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>`` (whatever SPLIT: a launch parameter)."""
+    return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, _th.stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

@@ -118,113 +118,77 @@ __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a
 }
 #endif
 
+// Stream-K (SK = 1): the grid's G blocks share the T x I k iterations of all T output tiles (I k tiles each)
+// evenly, block c taking iterations [sk_begin(c), sk_begin(c + 1)) = [floor(c W / G), floor((c + 1) W / G)),
+// W = T I (h16::slice_begin's even split over the whole grid's work). tests/test_nvcc.py runs both on the host
+// against the Python rule.
+__host__ __device__ __forceinline__ long long sk_begin(long long c, long long work, long long blocks) {
+  return c * work / blocks;
+}
+// the block whose share holds iteration x (0 <= x < W): the largest c with sk_begin(c) <= x
+__host__ __device__ __forceinline__ long long sk_owner(long long x, long long work, long long blocks) {
+  return ((x + 1) * blocks - 1) / work;
+}
+
 }  // namespace wgt
 
-template <int DT, int WN, int MI, int WG, int STAGES, int NHWC>
-__global__ void __launch_bounds__(128 * (WG + 1), 1)
-    implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
-                                 const typename wgh::Elem<DT>::T* __restrict__ bias,
-                                 typename wgh::Elem<DT>::T* __restrict__ y, const Conv2dParams p,
-                                 float* __restrict__ ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BK = DT == 2 ? 32 : 64;  // channels per k tile: one 128-byte row per pixel and per output channel
-  constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
-  constexpr int BM = WN;             // output channels per block (grid.y)
-  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
+namespace wgt {
+
+// The producer's share of one output tile's k iterations [kb, ke): the copies of each k tile into the ring, each
+// after the consumers released that stage's previous use; `issued` counts the block's copies so far (the ring's slot
+// and phase follow from it), across the tiles of a stream-K block.
+template <int DT, int BN, int BM, int STAGES>
+__device__ __forceinline__ void produce(const TmaMap* xmap, const TmaMap* wmap, const Conv2dParams& p, int n0,
+                                        int m0, int kb, int ke, int cb_n, unsigned smem0, unsigned full0,
+                                        unsigned empty0, int& slot, unsigned& phase, int& issued) {
+  constexpr int BK = DT == 2 ? 32 : 64;
   constexpr int A_BYTES = BN * 128;
-  constexpr int B_BYTES = BM * 128;
-  constexpr int STAGE = A_BYTES + B_BYTES;
-  constexpr int NACC = MI * WN / 2;
-  constexpr bool SHIFT_REGS = WG == 2;  // 384 threads get 168 registers each at launch
-  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
-  static_assert(BN <= 256, "one im2col copy loads at most 256 pixels here");
-  static_assert(STAGES >= 2, "a stage being read and one being filled");
-  static_assert(NACC <= 128, "accumulators fit the register file");
-
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
-  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
-  const unsigned empty0 = full0 + 8 * STAGES;
-
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int n0 = blockIdx.x * BN;  // first output pixel (index into N*P*Q)
-  const int m0 = blockIdx.y * BM;  // first output channel
-  const int cb_n = (p.C + BK - 1) / BK;  // BK-channel blocks per tap
-  const int num_k = p.R * p.S * cb_n;
-  const int split = static_cast<int>(gridDim.z);
-  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
-  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
-
-  if (tid == TC) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
-      wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
-    }
-    wgt::fence_barrier_init();
-  }
-  __syncthreads();
-
-  if (tid >= TC) {
-    // The producer warpgroup: one thread issues every copy; the others give their registers to the consumers.
-    if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (tid == TC) {
-      // the block's first output pixel's window corner (the map's traversal walks on from there)
-      const int img = n0 / (p.P * p.Q);
-      const int pq = n0 - img * (p.P * p.Q);
-      const int oh = pq / p.Q;
-      const int ow = pq - oh * p.Q;
-      const int base_h = oh * p.stride_h - p.pad_h;
-      const int base_w = ow * p.stride_w - p.pad_w;
-      int tap = t_begin / cb_n;
-      int cb = t_begin - tap * cb_n;
-      int r = tap / p.S;
-      int s = tap - r * p.S;
-      int slot = 0;
-      unsigned phase = 0;
-      for (int t = 0; t < tiles; ++t) {
-        if (t >= STAGES) wgt::mbar_wait(empty0 + 8 * slot, phase ^ 1u);  // the tile STAGES before released it
-        const unsigned st = smem0 + slot * STAGE;
-        const unsigned bar = full0 + 8 * slot;
-        wgt::mbar_arrive_expect_tx(bar, STAGE);
-        wgt::tma_im2col(st, &xmap, cb * BK, base_w, base_h, img, static_cast<unsigned short>(s * p.dil_w),
-                        static_cast<unsigned short>(r * p.dil_h), bar);
-        wgt::tma_tile3(st + A_BYTES, &wmap, cb * BK, tap, m0, bar);
-        if (++cb == cb_n) {
-          cb = 0;
-          ++tap;
-          if (++s == p.S) {
-            s = 0;
-            ++r;
-          }
-        }
-        if (++slot == STAGES) {
-          slot = 0;
-          phase ^= 1u;
-        }
+  constexpr int STAGE = A_BYTES + BM * 128;
+  // the tile's first output pixel's window corner (the map's traversal walks on from there)
+  const int img = n0 / (p.P * p.Q);
+  const int pq = n0 - img * (p.P * p.Q);
+  const int oh = pq / p.Q;
+  const int ow = pq - oh * p.Q;
+  const int base_h = oh * p.stride_h - p.pad_h;
+  const int base_w = ow * p.stride_w - p.pad_w;
+  int tap = kb / cb_n;
+  int cb = kb - tap * cb_n;
+  int r = tap / p.S;
+  int s = tap - r * p.S;
+  for (int t = kb; t < ke; ++t) {
+    if (issued++ >= STAGES) mbar_wait(empty0 + 8 * slot, phase ^ 1u);  // the copy STAGES before was released
+    const unsigned st = smem0 + slot * STAGE;
+    const unsigned bar = full0 + 8 * slot;
+    mbar_arrive_expect_tx(bar, STAGE);
+    tma_im2col(st, xmap, cb * BK, base_w, base_h, img, static_cast<unsigned short>(s * p.dil_w),
+               static_cast<unsigned short>(r * p.dil_h), bar);
+    tma_tile3(st + A_BYTES, wmap, cb * BK, tap, m0, bar);
+    if (++cb == cb_n) {
+      cb = 0;
+      ++tap;
+      if (++s == p.S) {
+        s = 0;
+        ++r;
       }
     }
-    return;  // (the consumers' split-K hand-over meets at a named barrier of their own)
-  }
-  if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-
-  float acc[MI][WN / 2];
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) {
-      acc[mi][v] = 0.f;
-      wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
+    if (++slot == STAGES) {
+      slot = 0;
+      phase ^= 1u;
     }
+  }
+}
 
-  const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);  // this warpgroup's MI blocks of 64 pixel rows
-  int slot = 0;
-  unsigned phase = 0;
-  int prev = STAGES - 1;
-  for (int i = 0; i < tiles; ++i) {
-    wgt::mbar_wait(full0 + 8 * slot, phase);
+// A consumer warpgroup's share of `count` k tiles from the ring: wait for each stage's copies, issue its wgmma group,
+// wait for the group before and release that one's stage; at the end wait for the last group and release its stage.
+template <int DT, int WN, int MI, int BN, int BM, int STAGES>
+__device__ __forceinline__ void consume(float (&acc)[MI][WN / 2], int count, unsigned smem0, unsigned full0,
+                                        unsigned empty0, unsigned a_rows, int lane, int& slot, unsigned& phase) {
+  constexpr int A_BYTES = BN * 128;
+  constexpr int STAGE = A_BYTES + BM * 128;
+  int prev = slot;
+  for (int i = 0; i < count; ++i) {
+    mbar_wait(full0 + 8 * slot, phase);
     const unsigned sa = smem0 + slot * STAGE;
     wg::fence();
 #pragma unroll
@@ -235,7 +199,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
                          wgh::desc128(sa + A_BYTES + 32 * s));
     wg::commit();
     wg::wait<1>();  // this warpgroup's group of tile i - 1 is done: its stage may be refilled
-    wgt::mbar_arrive_if(empty0 + 8 * prev, i > 0 && (tid & 31) == 0);
+    mbar_arrive_if(empty0 + 8 * prev, i > 0 && lane == 0);
     prev = slot;
     if (++slot == STAGES) {
       slot = 0;
@@ -247,8 +211,165 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
+  mbar_arrive_if(empty0 + 8 * prev, count > 0 && lane == 0);
+}
 
-  wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, n0, m0);
+// Stream-K's hand-over of a tile that several blocks share: this block stores its part of the sums in its own slot
+// of the workspace (two per block: 0 for the first tile of its share, 1 for the last; the tiles between are whole),
+// counts itself on the tile's counter, and the block that arrives last adds every part in k order (the owners of
+// the tile's iterations, first to last) into acc: the same order whichever block finishes. Returns whether this
+// block finishes the tile. Workspace: 2 G slots of BM x BN floats, then T zeroed counters.
+template <int WN, int MI, int WG>
+__device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __restrict__ ws, int tile, int iters,
+                                             int work, int blocks, int my_slot) {
+  constexpr int T = 128 * WG;
+  constexpr int TILE = WN * 64 * MI * WG;  // BM x BN
+  const int tid = threadIdx.x;
+  auto sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory"); };
+  float* mine = ws + (2 * static_cast<long long>(blockIdx.x) + my_slot) * TILE + tid;
+  unsigned* counter = reinterpret_cast<unsigned*>(ws + 2ll * blocks * TILE) + tile;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
+  const int first = tile * iters;
+  const int c_lo = static_cast<int>(sk_owner(first, work, blocks));
+  const int c_hi = static_cast<int>(sk_owner(first + iters - 1, work, blocks));
+  __threadfence();
+  sync();
+  __shared__ unsigned arrived;
+  if (tid == 0) arrived = atomicAdd(counter, 1u);
+  sync();
+  if (arrived != static_cast<unsigned>(c_hi - c_lo)) return false;  // (uniform across the block) another finishes
+  __threadfence();
+  // the first owner's part (its last tile, unless its share starts at this tile: then its first), then each later
+  // owner's (its first tile) added in turn
+  const float* part = ws + (2ll * c_lo + (sk_begin(c_lo, work, blocks) < first ? 1 : 0)) * TILE + tid;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
+  for (int c = c_lo + 1; c <= c_hi; ++c) {
+    part = ws + 2ll * c * TILE + tid;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
+  }
+  return true;
+}
+
+}  // namespace wgt
+#endif
+
+template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK>
+__global__ void __launch_bounds__(128 * (WG + 1), 1)
+    implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
+                                 const typename wgh::Elem<DT>::T* __restrict__ bias,
+                                 typename wgh::Elem<DT>::T* __restrict__ y, const Conv2dParams p,
+                                 float* __restrict__ ws) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BK = DT == 2 ? 32 : 64;  // channels per k tile: one 128-byte row per pixel and per output channel
+  constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
+  constexpr int BM = WN;             // output channels per block (grid.y)
+  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
+  constexpr int NACC = MI * WN / 2;
+  constexpr bool SHIFT_REGS = WG == 2;  // 384 threads get 168 registers each at launch
+  static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
+  static_assert(BN <= 256, "one im2col copy loads at most 256 pixels here");
+  static_assert(STAGES >= 2, "a stage being read and one being filled");
+  static_assert(NACC <= 128, "accumulators fit the register file");
+  static_assert(SK == 0 || SK == 1, "stream-K or not");
+
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
+  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
+  const unsigned empty0 = full0 + 8 * STAGES;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int cb_n = (p.C + BK - 1) / BK;  // BK-channel blocks per tap
+  const int num_k = p.R * p.S * cb_n;
+  // SK = 0: the block's tile is (blockIdx.x, blockIdx.y), its k tiles slice blockIdx.z of split-K's even split.
+  // SK = 1: a one-dimensional grid; the block walks its share of the iterations tile by tile, the tiles numbered
+  // with the output-channel blocks innermost (tile = pixel block * gy + channel block: the blocks that read the same
+  // input pixels run together).
+  const int split = static_cast<int>(gridDim.z);
+  const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
+  const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
+  const int gy = (p.K + BM - 1) / BM;
+  // (the problem rule keeps stream-K's work, all tiles' k tiles, below 2^31)
+  const int work = SK ? (p.N * p.P * p.Q + BN - 1) / BN * gy * num_k : 0;
+  const int sk_start = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x, work, gridDim.x)) : 0;
+  const int sk_end = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x + 1ll, work, gridDim.x)) : 0;
+
+  if (tid == TC) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
+      wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
+    }
+    wgt::fence_barrier_init();
+  }
+  __syncthreads();
+
+  int slot = 0;
+  unsigned phase = 0;
+  if (tid >= TC) {
+    // The producer warpgroup: one thread issues every copy; the others give their registers to the consumers.
+    if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (tid == TC) {
+      int issued = 0;
+      if constexpr (SK) {
+        for (int x = sk_start; x < sk_end;) {
+          const int tile = x / num_k;
+          const int kb = x - tile * num_k;
+          const int ke = min(num_k, sk_end - tile * num_k);
+          wgt::produce<DT, BN, BM, STAGES>(&xmap, &wmap, p, tile / gy * BN, tile % gy * BM, kb, ke, cb_n, smem0,
+                                           full0, empty0, slot, phase, issued);
+          x = tile * num_k + ke;
+        }
+      } else {
+        wgt::produce<DT, BN, BM, STAGES>(&xmap, &wmap, p, blockIdx.x * BN, blockIdx.y * BM, t_begin,
+                                         t_begin + tiles, cb_n, smem0, full0, empty0, slot, phase, issued);
+      }
+    }
+    return;  // (the consumers' hand-overs meet at a named barrier of their own)
+  }
+  if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+
+  float acc[MI][WN / 2];
+  const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);  // this warpgroup's MI blocks of 64 pixel rows
+  if constexpr (SK) {
+    for (int x = sk_start; x < sk_end;) {
+      const int tile = x / num_k;
+      const int kb = x - tile * num_k;
+      const int ke = min(num_k, sk_end - tile * num_k);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int v = 0; v < WN / 2; ++v) {
+          acc[mi][v] = 0.f;
+          wg::keep(acc[mi][v]);
+        }
+      wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, ke - kb, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+      if ((kb == 0 && ke == num_k) ||
+          wgt::sk_hand_over<WN, MI, WG>(acc, ws, tile, num_k, work, gridDim.x, x == sk_start ? 0 : 1))
+        wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, tile / gy * BN, tile % gy * BM);
+      x = tile * num_k + ke;
+    }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) {
+        acc[mi][v] = 0.f;
+        wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
+      }
+    wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+    wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, blockIdx.x * BN, blockIdx.y * BM);
+  }
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_tma_h16_conv2d needs sm_90a (wgmma, TMA): compile with --gpu-architecture=sm_90a");
 #endif
