@@ -67,6 +67,9 @@ struct Plan {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
   CUfunction gemm_fn = nullptr;  // gemm plans: our own batched GEMM, the cubin's second kernel (nullptr: at::bmm_out)
+  // NCHW TMA plans: the input's copy to channels_last, the cubin's second kernel (nullptr, a cubin compiled before
+  // it: ATen's copy)
+  CUfunction transpose_fn = nullptr;
   int device = -1;
   LaunchGeometry geo;
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
@@ -177,7 +180,9 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.geo = geo;
     plan.smem_max = geo.smem;
     const std::vector<std::string> kernels = split_names(lowered_name);
-    const bool own_gemm = kernels.size() == 2;
+    // a second kernel: an NCHW TMA plan's input copy to channels_last, else a non-fused Winograd plan's GEMM
+    const bool own_transpose = kernels.size() == 2 && geo.tma == 1 && geo.nhwc == 0 && geo.gemm == 0;
+    const bool own_gemm = kernels.size() == 2 && !own_transpose;
     const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
@@ -194,7 +199,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("specialised filter width ", geo.fix_s, " and stride ", geo.fix_u, " must both be positive or both 0");
     } else if (kernels.size() > 2 || (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 ||
                                                    geo.gemm_bn < 16 || geo.gemm_threads < 32 || geo.gemm_smem < 0))) {
-      err = cat("a plan's second kernel is a non-fused Winograd plan's GEMM with layout 0 and a positive tile; got ",
+      err = cat("a plan's second kernel is an NCHW TMA plan's input copy or a non-fused Winograd plan's GEMM with "
+                "layout 0 and a positive tile; got ",
                 kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
                 geo.gemm_bn, ", ", geo.gemm_threads, " threads");
     } else if (geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
@@ -219,7 +225,9 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("cuModuleLoadData failed for ", lowered_name, ": ", cu_error(r));
     } else if ((r = cuModuleGetFunction(&plan.fn, plan.module, kernels[0].c_str())) != CUDA_SUCCESS) {
       err = cat("kernel ", kernels[0], " not found in its cubin: ", cu_error(r));
-    } else if (own_gemm && (r = cuModuleGetFunction(&plan.gemm_fn, plan.module, kernels[1].c_str())) != CUDA_SUCCESS) {
+    } else if ((own_gemm || own_transpose) &&
+               (r = cuModuleGetFunction(own_gemm ? &plan.gemm_fn : &plan.transpose_fn, plan.module,
+                                        kernels[1].c_str())) != CUDA_SUCCESS) {
       err = cat("kernel ", kernels[1], " not found in its cubin: ", cu_error(r));
     } else {
       cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
@@ -568,7 +576,21 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   // TMA plan reads a channels_last copy of the input (its maps view channels innermost) and writes NCHW.
   const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
   const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
-  const at::Tensor xf = geo.tma && !geo.nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+  at::Tensor xf = x;
+  if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    if (plan.transpose_fn == nullptr || (p.C + 31) / 32 > 65535) {
+      xf = x.contiguous(at::MemoryFormat::ChannelsLast);
+    } else {  // the plan's own copy: 32 x 32 tiles through shared memory (ATen's permuting copy is slower)
+      xf = at::empty_like(x, at::MemoryFormat::ChannelsLast);
+      const void* src = x.const_data_ptr();
+      void* dst = xf.mutable_data_ptr();
+      int C = p.C, HW = p.H * p.W, N = p.N;
+      void* targs[] = {&src, &dst, &C, &HW, &N};
+      BAGF_CU_CHECK(cuLaunchKernel(plan.transpose_fn, static_cast<unsigned>((HW + 31) / 32),
+                                   static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(std::min(N, 65535)), 256,
+                                   1, 1, 0, c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), targs, nullptr));
+    }
+  }
   const void* xp = xf.const_data_ptr();
   const void* wp = wf.const_data_ptr();
   const void* bp = has_bias ? b->const_data_ptr() : nullptr;

@@ -37,6 +37,8 @@ def test_names_formats_and_the_problem_rule():
     assert th.name(th.DEFAULT) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90"
     assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>"
     assert th.name_expression(dict(th.DEFAULT, SK=1)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 1>"
+    assert th.name_expression(dict(th.DEFAULT, NHWC=0, DT=0)) == ("bagf::implicit_gemm_tma_h16_conv2d<0, 128, 1, 2, 5, 0, "
+                                                                  "0>;bagf::nchw_to_nhwc<0>")  # (its input copy)
     assert th.name(dict(th.DEFAULT, SK=1)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_sk_sm90"
     assert th.name(dict(th.DEFAULT, NHWC=0, DT=0)) == "implicit_gemm_tma_h16_fp16_nchw_wn128_mi1_wg2_st5_s1_sm90"
     # a configuration recorded before the knobs is a channels_last one without stream-K

@@ -11,8 +11,9 @@ any C % 8 == 0 is served by whole copies. The host encodes the two maps per call
 ``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor read in place off 16-byte alignment,
 stride above 8, padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems
 out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
-channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input that the host makes per call
-(and a KRSC copy of the weight), and the epilogue writes the NCHW output directly.
+channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input made per call by the plan's
+second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
+ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output directly.
 
 Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
 
@@ -76,6 +77,10 @@ KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ ba
                "unsigned short*, const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
 short), the shape, the split-K workspace."""
+TRANSPOSE_KERNEL = "bagf::nchw_to_nhwc"
+"""An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last, made before each launch."""
+AUX_KERNEL_ARGS = "const unsigned short*, unsigned short*, int, int, int"
+"""TRANSPOSE_KERNEL's parameter list: x (NCHW), the channels_last copy, C, H*W, N."""
 BK = 64
 """Channels per k tile: one 128-byte swizzle row of 16-bit values per pixel and per output channel."""
 
@@ -302,8 +307,11 @@ def split_name(c: Mapping[str, int]) -> str:
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT: a launch parameter); an
+    NCHW plan's cubin also holds its input copy, ``...;bagf::nchw_to_nhwc<1>`` (:data:`TRANSPOSE_KERNEL`)."""
+    c = {**LEGACY, **c}
+    main = template_expression(KERNEL, TEMPLATE_ORDER, c)
+    return main if c["NHWC"] else f"{main};{TRANSPOSE_KERNEL}<{c['DT']}>"
 
 
 gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma and the TMA need the architecture-specific target

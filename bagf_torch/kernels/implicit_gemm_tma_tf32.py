@@ -68,6 +68,9 @@ KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ ba
                "const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y, the shape, the split-K
 workspace."""
+AUX_KERNEL_ARGS = "const float*, float*, int, int, int"
+"""An NCHW plan's second kernel's parameter list (implicit_gemm_tma_h16.TRANSPOSE_KERNEL): x, its channels_last copy,
+C, H*W, N."""
 BK = 32
 """Channels per k tile: one 128-byte swizzle row of fp32 values per pixel and per output channel."""
 
@@ -159,8 +162,9 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>`` (whatever SPLIT: a launch parameter)."""
-    return template_expression(KERNEL, TEMPLATE_ORDER, {**LEGACY, **c})
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0>`` (whatever SPLIT: a launch parameter); an NCHW
+    plan's also names its input copy: ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;bagf::nchw_to_nhwc<2>``."""
+    return _th.name_expression({**LEGACY, **c})
 
 
 def _rules(smem_limit: int):
