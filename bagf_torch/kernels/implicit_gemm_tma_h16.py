@@ -39,8 +39,9 @@ SK        0 1                 1: stream-K (SPLIT = 1): a grid of the blocks the 
 ========  ==================  ======================================================================
 
 Stream-K is for the grids whose last wave is part empty: AlexNet's conv4 at N = 128 in 128 x 128 tiles is 338
-tiles, 2.56 waves on 132 SMs (Nsight Compute: tensor pipe busy 66% over the kernel), and at N = 32 86 tiles, 0.65 of
-one wave (49%).
+tiles, 2.56 waves on 132 SMs (Nsight Compute, TF32: tensor pipe busy 66% over the kernel), and at N = 32 86 tiles,
+0.65 of one wave (49%). In TF32 it did not pay there (implicit_gemm_tma_tf32's notes: the tile is bound by its L2
+traffic, not by idle SMs); not yet measured in 16 bits, whose tiles move half the bytes per product.
 
 The correctness check (``tuning.measure.Workspace``) bounds a candidate's error against float64 by twice what
 cuDNN's own convolution in the same dtype and format misses by on the same data.

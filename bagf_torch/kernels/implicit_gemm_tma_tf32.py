@@ -40,13 +40,16 @@ Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps ca
 (``implicit_gemm_tma_h16.map_refuses``); others go to the other families or cuDNN.
 
 Speed on the H200 against cuDNN's TF32 kernels, NCHW (PyTorch's default layout), in CUDA graphs
-(benchmarks/results/family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw.md): the best tiles run AlexNet's conv2 and
-conv3 1.07-1.38x faster at N = 32 and 128 (186-236 TFLOP/s), conv4-5 at 0.85-1.03x; 128 x 128 tiles of two consumer
-warpgroups with 4 stages (5 on conv5 at N = 128) are the best on conv3-5 (the start point), WN = 192 on conv2.
-Those times include the host's copies on every call: the input to channels_last (17-33 MB each way at N = 128), which
-a channels_last caller does not pay, and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5).
-Tuned with the library's defaults (bench_layers_h200_tf32.md) it takes conv2 at every N and conv3,
-conv5 at N = 32 and conv3 at N = 128.
+(benchmarks/results/family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw.md): the best tiles run AlexNet's conv2-5
+1.00-1.17x faster at N = 128 and 1.17-1.55x at N = 32 (168-234 TFLOP/s); 128 x 128 tiles of two consumer warpgroups
+with 4 stages are the best on conv3-5, WN = 192 on conv2. Those times include the per-call copies: the input to
+channels_last by the plan's second kernel (ATen's copy, before it, cost conv4 at N = 128 28 us more: 197 us against
+169 us; a channels_last input, which needs no copy, took 133 us) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB
+on conv2-5). Stream-K (SK = 1) was never the best in these sweeps (the tuner took one for conv2 at N = 128, 244.0 us
+against the sweep's best without, 244.8 us): a 128 x 128 TF32 tile moves 32 KB from L2 per k tile, and
+at about 8 TB/s summed over the SMs the kernel is bound by that traffic, so spreading the tiles over every SM does
+not make them faster (family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_sk.md). Tuned with the library's defaults
+(bench_layers_h200_tf32.md) it takes conv2-5 at N = 32 and 128 and conv2 at N = 1.
 """
 
 from __future__ import annotations
