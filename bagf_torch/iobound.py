@@ -492,8 +492,12 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     output element (the finishing slice only) and writes the output once. With SPLIT > 1 the slices hand over in
     order through a workspace: every slice writes its whole BM x BN partial tile, the last to arrive reads all
     SPLIT of them, and each tile's counter is zeroed by the host and incremented once per slice (an atomic: a read
-    and a write). An NCHW plan adds the host's per-call copies, counted as workspaces: the input to channels_last
-    (N*C*H*W words read and written) and the weight to KRSC (K*CRS; a channels_last plan is taken to get a
+    and a write). With stream-K (SK = 1) the grid is the G blocks of the host's launch (here the H200's, as
+    ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the tiles' k tiles evenly: each k tile is
+    still copied once, and a tile whose k tiles lie in the shares of several blocks is handed over as split-K's
+    slices are, one partial tile and one atomic per sharing block (every tile's counter zeroed). An NCHW plan adds
+    the per-call copies, counted as workspaces: the input to channels_last (N*C*H*W words read and written, by the
+    plan's own kernel) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a
     channels_last weight, which is read in place)."""
     _check_problem(problem)
     p, q = problem.out_hw
@@ -511,8 +515,20 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * crs
         written += [("x channels_last", x_words), ("w KRSC", w_words)]
         read += [("x channels_last", x_words), ("w KRSC", w_words)]
-    if split > 1:
-        tiles = gx * gy
+    tiles = gx * gy
+    grid = (gx, gy, split)
+    if config.get("SK", 0):
+        from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rule)
+
+        num_k = tma_tf32.k_tiles(problem)
+        work, blocks = tiles * num_k, tma_tf32.stream_k_blocks(config, problem)
+        first = np.arange(tiles, dtype=np.int64) * num_k  # each tile's first k tile; its owners by sk_owner
+        parts = ((first + num_k) * blocks - 1) // work - ((first + 1) * blocks - 1) // work + 1
+        shared = int(parts[parts > 1].sum())
+        written += [("stream-K partials", shared * bm * bn), ("stream-K counters", tiles + shared)]
+        read += [("stream-K partials", shared * bm * bn), ("stream-K counters", shared)]
+        grid = (blocks, 1, 1)
+    elif split > 1:
         written += [("split-K partials", split * tiles * bm * bn), ("split-K counters", tiles + split * tiles)]
         read += [("split-K partials", split * tiles * bm * bn), ("split-K counters", split * tiles)]
     return Traffic(
@@ -521,8 +537,8 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         words_read_bias=out if problem.bias else 0,
         words_written=out,
         fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config),
-        blocks=gx * gy * split,
-        grid=(gx, gy, split),
+        blocks=grid[0] * grid[1] * grid[2],
+        grid=grid,
         workspace_written=tuple(written),
         workspace_read=tuple(read),
     )

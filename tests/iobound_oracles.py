@@ -290,9 +290,13 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     split's ``slice_begin``), each tile's two TMA boxes element by element (the im2col box: BN pixels walked from the
     block's first, 32 channels of one tap, read where pixel, channel and tap lie inside the tensor; the weight box:
     WN rows x 32 channels), and the epilogue per consumer thread (split-K's partial tile, counter and, on the last
-    slice to arrive, every slice's partials; the bias and output of each in-bounds element) - counting words. The
-    host's per-call copies of an NCHW plan are counted as ``implicit_gemm_tma_tf32_traffic`` counts them. Small
-    shapes only."""
+    slice to arrive, every slice's partials; the bias and output of each in-bounds element) - counting words. With
+    stream-K (SK = 1): each of the launch's blocks walks its share of all tiles' k tiles tile by tile as the kernel
+    does, a tile it covers only in part handed over (a partial tile and an atomic; the tile's last part to arrive
+    reads them all and finishes it). The NCHW plan's per-call copies are counted as ``implicit_gemm_tma_tf32_traffic``
+    counts them. Small shapes only."""
+    from bagf_torch.kernels import implicit_gemm_tma_tf32 as tma_tf32
+
     _check_problem(problem)
     wn, mi, wg, split = config["WN"], config["MI"], config["WG"], config["SPLIT"]
     bm, bn, bk = wn, 64 * mi * wg, 32
@@ -302,59 +306,94 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     cb_n = -(-problem.c // bk)
     num_k = problem.r * problem.s * cb_n
     gx, gy = -(-npq // bn), -(-problem.k // bm)
-    n_in = n_w = n_b = n_out = 0
+    counts = dict(n_in=0, n_w=0, n_b=0, n_out=0)
+
+    def copies(n0, m0, t_begin, t_end):  # the TMA boxes of k tiles [t_begin, t_end) of the tile at (n0, m0)
+        for t in range(t_begin, t_end):
+            tap, cb = divmod(t, cb_n)
+            r, s = divmod(tap, problem.s)
+            chans = min(bk, problem.c - cb * bk)
+            for i in range(bn):
+                pix = n0 + i
+                if pix >= npq:
+                    continue  # past the last image: the map's zero fill
+                rem = pix % pq
+                ih = (rem // q) * sh - ph + r * dh
+                iw = (rem % q) * sw - pw + s * dw
+                if 0 <= ih < problem.h and 0 <= iw < problem.w:
+                    counts["n_in"] += chans
+            counts["n_w"] += chans * max(0, min(bm, problem.k - m0))
+
+    def epilogue(n0, m0):  # wgh::finish's rows and channels of each consumer thread
+        for tid in range(128 * wg):
+            warp, lane = tid >> 5, tid & 31
+            for m in range(mi):
+                for h in range(2):
+                    pix = n0 + (warp >> 2) * (mi * 64) + m * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h
+                    if pix >= npq:
+                        continue
+                    for j in range(wn // 8):
+                        ch = m0 + 8 * j + 2 * (lane & 3)
+                        for c in (ch, ch + 1):
+                            if c < problem.k:
+                                counts["n_b"] += 1 if problem.bias else 0
+                                counts["n_out"] += 1
+
     partials_w = partials_r = counter_atomics = 0
-    for bz in range(split):
-        t_begin, t_end = bz * num_k // split, (bz + 1) * num_k // split
-        for by in range(gy):
-            for bx in range(gx):
-                m0, n0 = by * bm, bx * bn
-                for t in range(t_begin, t_end):
-                    tap, cb = divmod(t, cb_n)
-                    r, s = divmod(tap, problem.s)
-                    chans = min(bk, problem.c - cb * bk)
-                    for i in range(bn):
-                        pix = n0 + i
-                        if pix >= npq:
-                            continue  # past the last image: the map's zero fill
-                        rem = pix % pq
-                        ih = (rem // q) * sh - ph + r * dh
-                        iw = (rem % q) * sw - pw + s * dw
-                        if 0 <= ih < problem.h and 0 <= iw < problem.w:
-                            n_in += chans
-                    n_w += chans * max(0, min(bm, problem.k - m0))
-                finishing = split == 1 or bz == split - 1  # (the last slice to arrive: one per tile)
-                if split > 1:
+    tiles = gx * gy
+    if config.get("SK", 0):
+        blocks = tma_tf32.stream_k_blocks(config, problem)
+        work = tiles * num_k
+        parts: dict[int, int] = {}
+        for c in range(blocks):
+            x, end = c * work // blocks, (c + 1) * work // blocks
+            while x < end:
+                tile = x // num_k
+                kb, ke = x - tile * num_k, min(num_k, end - tile * num_k)
+                n0, m0 = (tile // gy) * bn, (tile % gy) * bm  # channel blocks innermost
+                copies(n0, m0, kb, ke)
+                if kb == 0 and ke == num_k:
+                    epilogue(n0, m0)
+                else:
                     partials_w += bm * bn
                     counter_atomics += 1
+                    parts[tile] = parts.get(tile, 0) + 1
+                x = tile * num_k + ke
+        for tile, n in parts.items():  # the last part to arrive reads them all, then finishes the tile
+            partials_r += n * bm * bn
+            epilogue((tile // gy) * bn, (tile % gy) * bm)
+        grid = (blocks, 1, 1)
+    else:
+        for bz in range(split):
+            t_begin, t_end = bz * num_k // split, (bz + 1) * num_k // split
+            for by in range(gy):
+                for bx in range(gx):
+                    m0, n0 = by * bm, bx * bn
+                    copies(n0, m0, t_begin, t_end)
+                    finishing = split == 1 or bz == split - 1  # (the last slice to arrive: one per tile)
+                    if split > 1:
+                        partials_w += bm * bn
+                        counter_atomics += 1
+                        if finishing:
+                            partials_r += split * bm * bn
                     if finishing:
-                        partials_r += split * bm * bn
-                if finishing:
-                    for tid in range(128 * wg):  # wgh::finish's rows and channels of each consumer thread
-                        warp, lane = tid >> 5, tid & 31
-                        for m in range(mi):
-                            for h in range(2):
-                                pix = n0 + (warp >> 2) * (mi * 64) + m * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h
-                                if pix >= npq:
-                                    continue
-                                for j in range(wn // 8):
-                                    ch = m0 + 8 * j + 2 * (lane & 3)
-                                    for c in (ch, ch + 1):
-                                        if c < problem.k:
-                                            n_b += 1 if problem.bias else 0
-                                            n_out += 1
+                        epilogue(n0, m0)
+        grid = (gx, gy, split)
     written, read = [], []
     if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * problem.c * problem.r * problem.s
         written += [("x channels_last", x_words), ("w KRSC", w_words)]
         read += [("x channels_last", x_words), ("w KRSC", w_words)]
-    if split > 1:
-        tiles = gx * gy
+    if config.get("SK", 0):
+        written += [("stream-K partials", partials_w), ("stream-K counters", tiles + counter_atomics)]
+        read += [("stream-K partials", partials_r), ("stream-K counters", counter_atomics)]
+    elif split > 1:
         written += [("split-K partials", partials_w), ("split-K counters", tiles + counter_atomics)]
         read += [("split-K partials", partials_r), ("split-K counters", counter_atomics)]
-    return Traffic(words_read_input=n_in, words_read_weight=n_w, words_read_bias=n_b, words_written=n_out,
-                   fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config), blocks=gx * gy * split,
-                   grid=(gx, gy, split), workspace_written=tuple(written), workspace_read=tuple(read))
+    return Traffic(words_read_input=counts["n_in"], words_read_weight=counts["n_w"], words_read_bias=counts["n_b"],
+                   words_written=counts["n_out"], fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config),
+                   blocks=grid[0] * grid[1] * grid[2], grid=grid, workspace_written=tuple(written),
+                   workspace_read=tuple(read))
 
 
 def brute_force_winograd_traffic(problem: ConvProblem, config: Mapping[str, int],

@@ -245,8 +245,9 @@ def test_tma_tf32_model_equals_brute_force(problem):
     nhwc = int(problem.layout == "nhwc")
     valid = [c for c in tt.space().valid_configs() if c["NHWC"] == nhwc and tt.problem_rule(c, problem) is None]
     configs = [tt.default_for(problem)] + rng.sample([c for c in valid if c["WN"] <= 128], 3)
-    configs += [c for c in valid if c["SPLIT"] > 1][:1]
-    assert any(c["SPLIT"] > 1 for c in configs)
+    configs += [c for c in valid if c["SPLIT"] > 1][:1] + [c for c in valid if c["SK"]][:1]
+    configs += [dict(tt.default_for(problem), SK=1, SPLIT=1)]  # (a tile shared by several blocks: few k tiles each)
+    assert any(c["SPLIT"] > 1 for c in configs) and sum(c["SK"] for c in configs) >= 2
     for config in configs:
         model = iobound.implicit_gemm_tma_tf32_traffic(problem, config)
         brute = iobound_oracles.brute_force_tma_tf32_traffic(problem, config)

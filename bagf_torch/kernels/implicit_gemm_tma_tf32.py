@@ -146,6 +146,11 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
     return _th.grid_features(c, problem, k_tiles(problem), sms)
 
 
+def stream_k_blocks(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
+    """implicit_gemm_tma_h16's :func:`~.implicit_gemm_tma_h16.stream_k_blocks` with this family's k tiles."""
+    return _th.stream_k_blocks(c, problem, k_tiles(problem), sms)
+
+
 def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
     """The split-K or stream-K workspace the host allocates for ``c`` on ``problem`` (implicit_gemm_tma_h16's)."""
     return _th.workspace_bytes(c, problem, k_tiles(problem), sms)
