@@ -1025,7 +1025,7 @@ def _stream_k_checks(compiler, fam, fmt):
         c = dict(fam.default_for(p), SK=1, SPLIT=1)
         assert fam.space().is_valid(c) and fam.problem_rule(c, p) is None, fam.name(c)
         h = compiler.compile(fam, [c])[0].handle
-        handle = handle or h
+        handle = h if handle is None else handle
         ws = Workspace(p, torch.device("cuda", 0))
         assert checker.check(ws, h) is None, fam.name(c)
         with torch.no_grad():

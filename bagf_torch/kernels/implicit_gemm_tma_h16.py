@@ -77,7 +77,7 @@ MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
                "unsigned short*, const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
-short), the shape, the split-K workspace."""
+short), the shape, the split-K or stream-K workspace."""
 TRANSPOSE_KERNEL = "bagf::nchw_to_nhwc"
 """An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last, made before each launch."""
 AUX_KERNEL_ARGS = "const unsigned short*, unsigned short*, int, int, int"
@@ -109,7 +109,8 @@ PARAMS: dict[str, tuple[int, ...]] = {
 DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
-"""Static shared memory (split-K's arrival flag, the deepest ring's full and empty mbarriers), besides the ring."""
+"""Static shared memory (the arrival flags of split-K's and stream-K's hand-overs, the deepest ring's full and empty
+mbarriers), besides the ring."""
 H200_SMS = _wh.H200_SMS
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
 INT32_MAX = _wh.INT32_MAX
@@ -185,8 +186,9 @@ def stream_k_blocks(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) 
 def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: int = H200_SMS) -> int:
     """The workspace the host allocates for ``c`` on ``problem`` of ``k`` k tiles per output tile (default: this
     family's :func:`k_tiles`): split-K's slices of every tile and a counter per tile, or stream-K's two tiles per
-    block and a counter per tile (bounded by the grid, not the problem: at most 2 x 132 x 256 x 256 floats, 66 MiB,
-    on an H200), 0 for neither."""
+    block and a counter per tile (bounded by the grid, not the problem: a tile holds at most 256 x 128 floats, so
+    at most 2 x 132 x 32768 floats, 33 MiB, on an H200), 0 for neither. The host sizes stream-K's grid by the
+    driver's occupancy; ``blocks_per_sm`` estimates it."""
     c = {**LEGACY, **c}
     if c["SK"]:
         return 4 * (2 * stream_k_blocks(c, problem, k_tiles(problem) if k is None else k, sms) * bm(c) * bn(c)

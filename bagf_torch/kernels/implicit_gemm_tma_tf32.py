@@ -120,9 +120,9 @@ def k_tiles(problem) -> int:
 
 def problem_rule(c: Mapping[str, int], problem) -> str | None:
     """None when ``c`` was compiled for the problem's memory format, C % 4 == 0, the maps can describe the window,
-    the epilogue's 32-bit output offsets hold, and a split-K configuration gives every slice 2 k tiles or more
-    within implicit_gemm_h16's workspace limit. (The TF32 mode is :func:`applies`'s; ``kernels.family_refuses``
-    asks both.)"""
+    the epilogue's 32-bit output offsets hold, a split-K configuration gives every slice 2 k tiles or more within
+    implicit_gemm_h16's workspace limit, and a stream-K one counts all tiles' k tiles in 32 bits. (The TF32 mode is
+    :func:`applies`'s; ``kernels.family_refuses`` asks both.)"""
     c = {**LEGACY, **c}
     if c["NHWC"] != LAYOUTS.get(problem.layout):
         return f"compiled for {'nhwc' if c['NHWC'] else 'nchw'}; this problem is {problem.layout}"
@@ -171,7 +171,8 @@ def name(c: Mapping[str, int], arch: str = "sm90") -> str:
 
 def name_expression(c: Mapping[str, int]) -> str:
     """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0>`` (whatever SPLIT: a launch parameter); an NCHW
-    plan's also names its input copy: ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;bagf::nchw_to_nhwc<2>``."""
+    plan's also names its input copy:
+    ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;bagf::nchw_to_nhwc<2>``."""
     return _th.name_expression({**LEGACY, **c})
 
 

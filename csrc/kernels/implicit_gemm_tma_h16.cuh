@@ -40,7 +40,8 @@
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
 // 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
 // blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
-// STAGES >= 2, NHWC the output's format. Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin). Split-K is
+// the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
@@ -298,8 +299,8 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = DT == 2 ? 32 : 64;  // channels per k tile: one 128-byte row per pixel and per output channel
   constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
-  constexpr int BM = WN;             // output channels per block (grid.y)
-  constexpr int BN = 64 * MI * WG;   // output pixels per block (grid.x): one im2col copy
+  constexpr int BM = WN;             // output channels per tile (SK = 0: grid.y)
+  constexpr int BN = 64 * MI * WG;   // output pixels per tile (SK = 0: grid.x): one im2col copy
   constexpr int NACC = MI * WN / 2;
   constexpr bool SHIFT_REGS = WG == 2;  // 384 threads get 168 registers each at launch
   static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "wgmma's N");
