@@ -1227,6 +1227,11 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
         print(f"{p.short()}: cuDNN TF32 {ws.cudnn_error[0]:.2e} (max {ws.cudnn_error[1]:.2e}), ours {ours[0]:.2e} (max "
               f"{ours[1]:.2e}); against the operands rounded to TF32 {rn[0]:.2e}, truncated {rz[0]:.2e}")
         assert rz[0] > 10 * rn[0], (rn, rz)
+    # more images than grid.z holds (65535): the NCHW plan's input copy walks the rest with its stride loop
+    ws = Workspace(_problem((65537, 8, 1, 2, 16, 1, 1, (1, 1), (0, 0), (1, 1), True), tf32=True),
+                   torch.device("cuda", 0))
+    assert not ws.x.is_contiguous(memory_format=torch.channels_last)
+    assert checker.check(ws, compiler.compile(fam, [dict(fam.DEFAULT, WN=64, WG=1)])[0].handle) is None
     # NaNs (GPU arithmetic's 0x7fffffff, whose rounding carry would end it) reach exactly cuDNN's outputs
     x = torch.randn(2, 8, 11, 13, device="cuda")
     x.view(torch.int32)[0, 1, 3, 4] = 0x7FFFFFFF
