@@ -21,8 +21,9 @@ Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules en
 knob      values              rule
 ========  ==================  ======================================================================
 DT        2                   fp32 tensors rounded to TF32 by the copies, TF32 products
-NHWC      0 1                 the problem's memory format: 0 NCHW (the host makes a channels_last copy
-                              of the input per call, the output is written NCHW), 1 channels_last
+NHWC      0 1                 the problem's memory format: 0 NCHW (the plan's second kernel makes a
+                              channels_last copy of the input per call, the output is written NCHW),
+                              1 channels_last
 WN        64 128 192 256      wgmma's N: output channels per block (one weight copy's rows)
 MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/2 fp32 accumulators
                               per thread, at most 128
