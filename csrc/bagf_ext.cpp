@@ -366,6 +366,13 @@ constexpr int64_t kMaxSplitWorkspaceFloats = int64_t{1} << 28;  // 1 GiB
 // bagf_torch/kernels/implicit_gemm_tma_h16.py STREAM_K_MIN_ITERS.
 constexpr int64_t kStreamKMinIters = 8;
 
+// Stream-K's work (kernels/implicit_gemm_tma_h16.cuh, SK = 1): all `tiles` output tiles' k tiles, R S blocks of 32 fp32
+// or 64 16-bit channels each. unsupported_reason bounds it (the kernel counts it in 32 bits); launch_plan shares it.
+int64_t stream_k_work(const LaunchGeometry& geo, int64_t tiles, int64_t R, int64_t S, int64_t C) {
+  const int64_t bk = geo.dtype == 0 ? 32 : 64;
+  return tiles * R * S * ((C + bk - 1) / bk);
+}
+
 // Why the tuned kernel cannot take this call, or nullptr. The Python module checks the same things first
 // (and logs them); this guards direct callers of the op, who get ATen's answer instead of a wrong one.
 const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -428,10 +435,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.stream_k) {  // the kernel counts all tiles' k tiles in 32 bits
     const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
     const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-    const int64_t bk = geo.dtype == 0 ? 32 : 64;
     if (P > 0 && Q > 0 &&
-        (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm) * w.size(2) * w.size(3) *
-                ((x.size(1) + bk - 1) / bk) > INT_MAX)
+        stream_k_work(geo, (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm), w.size(2),
+                      w.size(3), x.size(1)) > INT_MAX)
       return "the stream-K plan's iteration count for this shape would pass 2^31 - 1 (it was tuned for a smaller one)";
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
@@ -610,12 +616,10 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   BAGF_CHECK(geo.stream_k || gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
   if (geo.stream_k) {
-    // Stream-K (kernels/implicit_gemm_tma_h16.cuh, SK = 1): the resident blocks share the gx gy tiles' k tiles (R S
-    // blocks of 32 fp32 or 64 16-bit channels each), at least kStreamKMinIters per block; each block has two
-    // workspace tiles for the parts of tiles it shares, then a zeroed counter per tile.
-    const int64_t bk = geo.dtype == 0 ? 32 : 64;
+    // Stream-K: the resident blocks share the gx gy tiles' k tiles, at least kStreamKMinIters per block; each block
+    // has two workspace tiles for the parts of tiles it shares, then a zeroed counter per tile.
     const int64_t tiles = static_cast<int64_t>(gx) * gy;
-    const int64_t work = tiles * p.R * p.S * ((p.C + bk - 1) / bk);
+    const int64_t work = stream_k_work(geo, tiles, p.R, p.S, p.C);
     const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, work / kStreamKMinIters));
     const int64_t floats = 2 * blocks * geo.bm * geo.bn + tiles;
     at::Tensor ws = at::empty({floats}, x.options().dtype(at::kFloat));
