@@ -10,7 +10,8 @@
 // on AlexNet's conv4-5 at N = 128 it runs at 0.72-0.87x of cuDNN. Here one thread issues two copies per stage and
 // the TMA unit computes the addresses, the padding (zero fill outside the image) and the walk over output pixels
 // across rows and images; the warps only wait on the stage's mbarrier and issue wgmma. The products, their order
-// and the epilogue are implicit_gemm_wgmma_h16's (wgh::mma, wgh::finish).
+// and the split-K hand-over are implicit_gemm_wgmma_h16's (wgh::mma, wgh::split_hand_over), and so is the epilogue
+// (wgh::store) but for NCHW tiles without stream-K, which are staged through the idle ring (wgt::store_nchw_staged).
 //
 // GEMM view as there: D[npq][k] = sum_kk X[npq][kk] W[k][kk] (+ bias[k]), but the reduction runs tap by tap and
 // BK channels at a time (one 128-byte row: 64 16-bit or 32 fp32 values): k tile t is tap (r, s) = t / CB and
@@ -261,6 +262,67 @@ __device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __
   return true;
 }
 
+// An NCHW tile's stores staged through shared memory (SK = 0 only: then the ring is idle once every k tile has been
+// consumed; stream-K's producer is already filling it with the next tile). From the registers, a warp's NCHW stores
+// cover 8 runs of 8 pixels of one channel (wgh::store); staged, each thread owns one pixel of the tile and a warp
+// writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their accumulators, bias
+// added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32 banks), meet,
+// and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the output dtype.
+// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1.
+template <int DT, int WN, int MI, int WG>
+__device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                                  const typename wgh::Elem<DT>::T* __restrict__ bias,
+                                                  typename wgh::Elem<DT>::T* __restrict__ y, int n0, int m0,
+                                                  float* stage) {
+  using E = typename wgh::Elem<DT>::T;
+  constexpr int T = 128 * WG;
+  constexpr int BN = 64 * MI * WG;
+  constexpr int LD = BN + 4;
+  constexpr int RPT = T / BN;  // channel rows stored at once: 2 (MI 1) or 1 (MI 2)
+  static_assert(T % BN == 0, "each thread stores one pixel of the tile");
+  auto sync = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory"); };
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int tig = lane & 3;
+  const int PQ = p.P * p.Q;
+  // the pixel this thread stores, and its channel 0's address in the NCHW output
+  const int i = tid % BN;
+  const int c0 = tid / BN;
+  const int npq = n0 + i;
+  const bool in = npq < p.N * PQ;
+  const int img = npq / PQ;
+  E* const yout = y + img * p.K * PQ + (npq - img * PQ);
+#pragma unroll
+  for (int pass = 0; pass < WN / 32; ++pass) {
+    sync();  // every warpgroup's wgmma has read the ring (first pass) or the last pass's values were stored
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * pass + jj;
+      const int cl = 8 * jj + 2 * tig;  // the pass's channel of accumulator e = 0
+      const int ch = m0 + 8 * j + 2 * tig;
+      const float b0 = p.has_bias && ch < p.K ? wgh::Elem<DT>::widen(__ldg(bias + ch)) : 0.f;
+      const float b1 = p.has_bias && ch + 1 < p.K ? wgh::Elem<DT>::widen(__ldg(bias + ch + 1)) : 0.f;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int px = (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
+          stage[cl * LD + px] = acc[mi][4 * j + 2 * h] + b0;
+          stage[(cl + 1) * LD + px] = acc[mi][4 * j + 2 * h + 1] + b1;
+        }
+    }
+    sync();
+    if (in) {
+#pragma unroll
+      for (int c = c0; c < 32; c += RPT) {
+        const int ch = m0 + 32 * pass + c;
+        if (ch < p.K) yout[ch * PQ] = wgh::Elem<DT>::narrow(stage[c * LD + i]);
+      }
+    }
+  }
+}
+
 }  // namespace wgt
 #endif
 
@@ -311,7 +373,8 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
 
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
-  const unsigned smem0 = (static_cast<unsigned>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const unsigned smem_base = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  const unsigned smem0 = (smem_base + 1023u) & ~1023u;
   const unsigned full0 = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned empty0 = full0 + 8 * STAGES;
 
@@ -384,7 +447,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
       wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, ke - kb, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
       if ((kb == 0 && ke == num_k) ||
           wgt::sk_hand_over<WN, MI, WG>(acc, ws, tile, num_k, work, gridDim.x, x == sk_start ? 0 : 1))
-        wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, tile / gy * BN, tile % gy * BM);
+        wgh::store<DT, WN, MI, WG, NHWC == 1>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
       x = tile * num_k + ke;
     }
   } else {
@@ -396,7 +459,14 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
         wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
       }
     wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
-    wgh::finish<DT, WN, MI, WG, false, NHWC == 1>(acc, p, bias, y, ws, blockIdx.x * BN, blockIdx.y * BM);
+    if (!wgh::split_hand_over<WN, MI, WG, false>(acc, ws)) return;
+    if constexpr (NHWC == 1) {
+      wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM);
+    } else {
+      static_assert(32 * (BN + 4) * 4 <= STAGES * (BN + BM) * 128, "the staged NCHW tile fits the ring");
+      wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM,
+                                             reinterpret_cast<float*>(smem_raw + (smem0 - smem_base)));
+    }
   }
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_tma_h16_conv2d needs sm_90a (wgmma, TMA): compile with --gpu-architecture=sm_90a");

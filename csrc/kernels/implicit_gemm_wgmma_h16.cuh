@@ -200,20 +200,18 @@ struct Elem<2> {
   }
 };
 
-// The end of a block of either kernel: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's
-// protocol: each slice's sums in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the
-// last slice of the tile to arrive adds them all in slice order, so the output does not depend on the schedule),
-// then bias in fp32 and the one rounding to the output dtype, stored into the channels_last output (NHWC true) or
-// the NCHW one (NHWC false: each of a warp's stores then covers 8 runs of 8 pixels of one channel). Accumulator
+// The end of a block of either kernel, in two steps: split_hand_over, then store (finish runs both).
+//
+// split_hand_over: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's protocol: each slice's sums
+// in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the last slice of the tile to
+// arrive adds them all in slice order, so the output does not depend on the schedule). Returns whether this block
+// holds the tile's whole sums in acc and stores it (uniform across the block; always true unsplit). Accumulator
 // 4 j + 2 h + e of row block mi: pixel (warp / 4) MI 64 + mi 64 + (warp % 4) 16 + lane / 4 + 8 h, channel
 // 8 j + 2 (lane % 4) + e. The block's threads 0 .. 128 WG - 1 hold the accumulators and run this; with ALL false
-// the block has other threads (a producer warpgroup after them) that do not, and the split-K hand-over meets at a
-// named barrier of the 128 WG instead of the block's.
-template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
-__device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
-                                       const typename Elem<DT>::T* __restrict__ bias,
-                                       typename Elem<DT>::T* __restrict__ y, float* __restrict__ ws, int n0, int m0) {
-  using E = typename Elem<DT>::T;
+// the block has other threads (a producer warpgroup after them) that do not, and the hand-over meets at a named
+// barrier of the 128 WG instead of the block's.
+template <int WN, int MI, int WG, bool ALL>
+__device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float* __restrict__ ws) {
   constexpr int T = 128 * WG;
   constexpr int BM = WN;
   constexpr int BN = 64 * MI * WG;
@@ -222,42 +220,54 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
   auto sync = [] {
     if constexpr (ALL) __syncthreads(); else asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory");
   };
+  const int split = static_cast<int>(gridDim.z);
+  if (split == 1) return true;
+  static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
+  const long long ntiles = static_cast<long long>(gridDim.x) * gridDim.y;
+  const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+  float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + tid;
+  unsigned* counter = reinterpret_cast<unsigned*>(ws + split * ntiles * (BM * BN)) + tile;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
+  __threadfence();
+  sync();
+  __shared__ unsigned arrived;
+  if (tid == 0) arrived = atomicAdd(counter, 1u);
+  sync();
+  if (arrived != static_cast<unsigned>(split - 1)) return false;  // (uniform across the block) another slice finishes
+  __threadfence();
+  // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
+  // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
+  const float* part = ws + tile * (BM * BN) + tid;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
+  for (int z = 1; z < split; ++z) {
+    part += ntiles * (BM * BN);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
+  }
+  return true;
+}
+
+// store: bias in fp32 and the one rounding to the output dtype, stored from the registers into the channels_last
+// output (NHWC true: 4-byte pairs of channels) or the NCHW one (NHWC false: each of a warp's stores then covers 8
+// runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory instead,
+// wgt::store_nchw_staged).
+template <int DT, int WN, int MI, int WG, bool NHWC = true>
+__device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                      const typename Elem<DT>::T* __restrict__ bias,
+                                      typename Elem<DT>::T* __restrict__ y, int n0, int m0) {
+  using E = typename Elem<DT>::T;
+  const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int split = static_cast<int>(gridDim.z);
   const int NPQ = p.N * p.P * p.Q;
-  if (split > 1) {
-    static_assert(T * NACC == BM * BN, "a thread's accumulators are BM * BN / T floats");
-    const long long ntiles = static_cast<long long>(gridDim.x) * gridDim.y;
-    const long long tile = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-    float* mine = ws + (static_cast<long long>(blockIdx.z) * ntiles + tile) * (BM * BN) + tid;
-    unsigned* counter = reinterpret_cast<unsigned*>(ws + split * ntiles * (BM * BN)) + tile;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int v = 0; v < WN / 2; ++v) __stcg(mine + (mi * (WN / 2) + v) * T, acc[mi][v]);
-    __threadfence();
-    sync();
-    __shared__ unsigned arrived;
-    if (tid == 0) arrived = atomicAdd(counter, 1u);
-    sync();
-    if (arrived != static_cast<unsigned>(split - 1)) return;  // (uniform across the block) another slice finishes
-    __threadfence();
-    // slice 0's sums straight into the accumulators, then each later slice's added (a temporary per element: all
-    // of a slice's loads in flight beside the accumulators would pass the register file at 128 of them)
-    const float* part = ws + tile * (BM * BN) + tid;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int v = 0; v < WN / 2; ++v) acc[mi][v] = __ldcg(part + (mi * (WN / 2) + v) * T);
-    for (int z = 1; z < split; ++z) {
-      part += ntiles * (BM * BN);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int v = 0; v < WN / 2; ++v) acc[mi][v] += __ldcg(part + (mi * (WN / 2) + v) * T);
-    }
-  }
   const bool pairs = (p.K & 1) == 0 && (reinterpret_cast<unsigned long long>(y) & (2 * sizeof(E) - 1)) == 0;
   const int tig = lane & 3;
   const int PQ = p.P * p.Q;
@@ -291,6 +301,13 @@ __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dPar
         }
       }
     }
+}
+
+template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
+__device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                       const typename Elem<DT>::T* __restrict__ bias,
+                                       typename Elem<DT>::T* __restrict__ y, float* __restrict__ ws, int n0, int m0) {
+  if (split_hand_over<WN, MI, WG, ALL>(acc, ws)) store<DT, WN, MI, WG, NHWC>(acc, p, bias, y, n0, m0);
 }
 }  // namespace wgh
 
