@@ -500,18 +500,14 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     plan's own kernel) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a
     channels_last weight, which is read in place). An NCHW plan without stream-K stages its stores through shared
     memory: each consumer thread reads the bias of its two channels of every 8 once per tile, so each channel of a
-    tile is read by the 32 WG threads that hold it (``grid.x * K * 32 * WG``). Clusters of two (CL = 2): grid.x is
-    rounded up to whole clusters, and the two blocks of a cluster each copy half of their shared weight tile into
-    both, so the weight is read once per cluster (``grid.x / 2 * K * CRS``); a padding block reads no input."""
+    tile is read by the 32 WG threads that hold it (``grid.x * K * 32 * WG``)."""
     _check_problem(problem)
     p, q = problem.out_hw
     crs = problem.c * problem.r * problem.s
     npq = problem.n * p * q
     split = config["SPLIT"]
     bm, bn = config["WN"], 64 * config["MI"] * config["WG"]
-    cl = config.get("CL", 1)
     gx, gy = -(-npq // bn), -(-problem.k // bm)
-    gx = -(-gx // cl) * cl
     (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
     rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
     cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
@@ -540,7 +536,7 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         read += [("split-K partials", split * tiles * bm * bn), ("split-K counters", split * tiles)]
     return Traffic(
         words_read_input=gy * problem.n * problem.c * int(rows_ok.sum() * cols_ok.sum()),
-        words_read_weight=gx // cl * problem.k * crs,
+        words_read_weight=gx * problem.k * crs,
         words_read_bias=0 if not problem.bias else gx * problem.k * 32 * config["WG"] if staged else out,
         words_written=out,
         fast_memory_words=implicit_gemm_tma_tf32_fast_memory_words(config),

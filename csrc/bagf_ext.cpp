@@ -53,7 +53,6 @@ struct LaunchGeometry {
   int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
                   // fp32 with TF32 products)
   int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan)
-  int cluster = 0;   // 2: a TMA plan launched in clusters of two blocks along grid.x that share the weight tile
 };
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
@@ -209,14 +208,13 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
                geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 1 ||
-               (geo.stream_k && (!geo.tma || geo.split != 1)) || (geo.cluster != 0 && geo.cluster != 2) ||
-               (geo.cluster && (!geo.tma || geo.stream_k || geo.split != 1)) ||
+               (geo.stream_k && (!geo.tma || geo.split != 1)) ||
                (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
                 "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256; "
-                "stream-K only in a TMA plan without split-K; clusters of 2 only in a TMA plan without split-K or stream-K)");
+                "stream-K only in a TMA plan without split-K)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -549,8 +547,7 @@ void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, con
   const cuuint64_t RS = static_cast<cuuint64_t>(p.R) * p.S;
   const cuuint64_t wdim[3] = {C, RS, static_cast<cuuint64_t>(p.K)};
   const cuuint64_t wstride[2] = {C * bytes, C * bytes * RS};
-  // (a cluster's blocks each copy their share of the weight rows to both: implicit_gemm_tma_h16.cuh, CL = 2)
-  const cuuint32_t box[3] = {row, 1, static_cast<cuuint32_t>(geo.bm / std::max(1, geo.cluster))};
+  const cuuint32_t box[3] = {row, 1, static_cast<cuuint32_t>(geo.bm)};
   const cuuint32_t wsteps[3] = {1, 1, 1};
   BAGF_CU_CHECK(cuTensorMapEncodeTiled(&wm, type, 3, const_cast<void*>(wp), wdim, wstride, box, wsteps,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -656,28 +653,6 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     encode_tma_maps(geo, p, xp, wp, xm, wm);
     args[0] = &xm;
     args[1] = &wm;
-  }
-  if (geo.cluster > 1) {
-    // clusters of geo.cluster pixel blocks along grid.x (rounded up to whole clusters: a padding block past the
-    // last pixel copies only its share of the weight tile and stores nothing)
-    CUlaunchAttribute attr;
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = static_cast<unsigned>(geo.cluster);
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = 1;
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = (gx + geo.cluster - 1) / geo.cluster * geo.cluster;
-    cfg.gridDimY = gy;
-    cfg.gridDimZ = 1;
-    cfg.blockDimX = static_cast<unsigned>(geo.threads);
-    cfg.blockDimY = 1;
-    cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = static_cast<unsigned>(smem);
-    cfg.hStream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    BAGF_CU_CHECK(cuLaunchKernelEx(&cfg, plan.fn, args, nullptr));
-    return;
   }
   BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
                                static_cast<unsigned>(smem),
@@ -845,17 +820,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
-                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k, int cluster) {
+                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k) {
              return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
                                    smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
-                                   gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k, cluster};
+                                   gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
            py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
-           py::arg("stream_k") = 0, py::arg("cluster") = 0)
+           py::arg("stream_k") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -876,8 +851,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("dtype", &LaunchGeometry::dtype)
       .def_readwrite("nhwc", &LaunchGeometry::nhwc)
       .def_readwrite("tma", &LaunchGeometry::tma)
-      .def_readwrite("stream_k", &LaunchGeometry::stream_k)
-      .def_readwrite("cluster", &LaunchGeometry::cluster);
+      .def_readwrite("stream_k", &LaunchGeometry::stream_k);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -294,10 +294,8 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     stream-K (SK = 1): each of the launch's blocks walks its share of all tiles' k tiles tile by tile as the kernel
     does, a tile it covers only in part handed over (a partial tile and an atomic; the tile's last part to arrive
     reads them all and finishes it). An NCHW tile without stream-K is stored as wgt::store_nchw_staged stores it
-    (each consumer thread reads the bias of its channels of every 8, then stores its pixel's channels). Clusters of
-    two (CL = 2): grid.x rounded up to whole clusters, each block copying the weight rows of its half of the tile
-    (rows rank * WN / 2 onwards) once for both, a padding block no input. The NCHW plan's per-call copies are
-    counted as ``implicit_gemm_tma_tf32_traffic`` counts them. Small shapes only."""
+    (each consumer thread reads the bias of its channels of every 8, then stores its pixel's channels). The NCHW
+    plan's per-call copies are counted as ``implicit_gemm_tma_tf32_traffic`` counts them. Small shapes only."""
     from bagf_torch.kernels import implicit_gemm_tma_tf32 as tma_tf32
 
     _check_problem(problem)
@@ -308,15 +306,11 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     (sh, sw), (ph, pw), (dh, dw) = problem.stride, problem.padding, problem.dilation
     cb_n = -(-problem.c // bk)
     num_k = problem.r * problem.s * cb_n
-    cl = config.get("CL", 1)
     gx, gy = -(-npq // bn), -(-problem.k // bm)
-    gx = -(-gx // cl) * cl
     staged = not config["NHWC"] and not config.get("SK", 0)
     counts = dict(n_in=0, n_w=0, n_b=0, n_out=0)
 
     def copies(n0, m0, t_begin, t_end):  # the TMA boxes of k tiles [t_begin, t_end) of the tile at (n0, m0)
-        rank = (n0 // bn) % cl  # this block's rank in its cluster: its share of the weight rows
-        w_lo, w_hi = m0 + rank * (bm // cl), m0 + (rank + 1) * (bm // cl)
         for t in range(t_begin, t_end):
             tap, cb = divmod(t, cb_n)
             r, s = divmod(tap, problem.s)
@@ -330,7 +324,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
                 iw = (rem % q) * sw - pw + s * dw
                 if 0 <= ih < problem.h and 0 <= iw < problem.w:
                     counts["n_in"] += chans
-            counts["n_w"] += chans * max(0, min(w_hi, problem.k) - w_lo)
+            counts["n_w"] += chans * max(0, min(bm, problem.k - m0))
 
     def epilogue(n0, m0):  # wgh::store's (or the staged store's) rows and channels of each consumer thread
         if staged:

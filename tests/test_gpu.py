@@ -1117,8 +1117,6 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES
                for sp in (1, 2, 8)]
     configs += [dict(fam.DEFAULT, **t, SK=1, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES]
-    # clusters of two sharing the weight tile (a padding block where the pixel blocks are odd): the same products
-    configs += [dict(fam.DEFAULT, **t, CL=2, DT=fam.DTYPES[d]) for d, _ in fmts for t in _TMA_TILES]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = PIPE_SHAPES + H16_SHAPES + [
@@ -1198,7 +1196,6 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     fmts = [("float32", "nchw"), ("float32", "nhwc")]
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES for sp in (1, 2, 8)]
     configs += [dict(fam.DEFAULT, **t, SK=1, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES]
-    configs += [dict(fam.DEFAULT, **t, CL=2, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES]  # clusters of two
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = [s for s in PIPE_SHAPES + H16_SHAPES if s[1] % 4 == 0] + [

@@ -3,8 +3,6 @@ the GPU by tests/test_gpu.py (odd channels_last shapes in bf16 and fp16 within t
 as implicit_gemm_wgmma_h16's twin tile where C % 64 == 0, split-K in CUDA graphs, opcheck, torch.compile) and
 compiled by tests/test_nvcc.py."""
 
-import dataclasses
-
 from bagf_torch.kernels import family_refuses
 from bagf_torch.kernels import implicit_gemm_tma_h16 as th
 from bagf_torch.problem import ConvProblem
@@ -33,26 +31,18 @@ def test_every_valid_config_obeys_the_documented_rules():
     assert "shared memory" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
     assert "SPLIT must be 1" in s.invalid_reason(dict(th.DEFAULT, SK=1, SPLIT=2))
     assert {c["SK"] for c in valid} == {0, 1}
-    # clusters of two run whole tiles: no split-K, no stream-K
-    assert "SPLIT must be 1 and SK 0" in s.invalid_reason(dict(th.DEFAULT, CL=2, SPLIT=2))
-    assert "SPLIT must be 1 and SK 0" in s.invalid_reason(dict(th.DEFAULT, CL=2, SK=1))
-    assert {c["CL"] for c in valid} == {1, 2}
-    assert all(c["SPLIT"] == 1 and c["SK"] == 0 for c in valid if c["CL"] == 2)
 
 
 def test_names_formats_and_the_problem_rule():
     assert th.name(th.DEFAULT) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90"
-    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0, 1>"
-    assert th.name_expression(dict(th.DEFAULT, SK=1)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 1, 1>"
+    assert th.name_expression(dict(th.DEFAULT, SPLIT=8)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>"
+    assert th.name_expression(dict(th.DEFAULT, SK=1)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 1>"
     assert th.name_expression(dict(th.DEFAULT, NHWC=0, DT=0)) == ("bagf::implicit_gemm_tma_h16_conv2d<0, 128, 1, 2, 5, 0, "
-                                                                  "0, 1>;bagf::nchw_to_nhwc<0>")  # (its input copy)
-    assert th.name_expression(dict(th.DEFAULT, CL=2)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0, 2>"
-    assert th.name(dict(th.DEFAULT, CL=2)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_cl2_sm90"
-    assert th.launch(dict(th.DEFAULT, CL=2)) == dataclasses.replace(th.launch(th.DEFAULT), cluster=2)
+                                                                  "0>;bagf::nchw_to_nhwc<0>")  # (its input copy)
     assert th.name(dict(th.DEFAULT, SK=1)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_sk_sm90"
     assert th.name(dict(th.DEFAULT, NHWC=0, DT=0)) == "implicit_gemm_tma_h16_fp16_nchw_wn128_mi1_wg2_st5_s1_sm90"
-    # a configuration recorded before the knobs is a channels_last one without stream-K or clusters
-    legacy = {k: v for k, v in th.DEFAULT.items() if k not in ("NHWC", "SK", "CL")}
+    # a configuration recorded before the knobs is a channels_last one without stream-K
+    legacy = {k: v for k, v in th.DEFAULT.items() if k not in ("NHWC", "SK")}
     assert th.name(legacy) == th.name(th.DEFAULT) and th.launch(legacy) == th.launch(th.DEFAULT)
     assert th.name_expression(legacy) == th.name_expression(th.DEFAULT)
     assert th.gpu_arch(th.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in th.arch_rule(th.DEFAULT, "sm_80")

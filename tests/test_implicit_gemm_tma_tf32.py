@@ -41,14 +41,11 @@ def test_every_valid_config_obeys_the_documented_rules():
 def test_names_and_who_it_takes():
     assert tt.name(tt.DEFAULT) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_s1_sm90"
     assert tt.name(dict(tt.DEFAULT, NHWC=1, SPLIT=4)) == "implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s4_sm90"
-    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == ("bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 1>;"
+    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == ("bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;"
                                                              "bagf::nchw_to_nhwc<2>")  # (an NCHW plan's input copy)
     assert tt.name(dict(tt.DEFAULT, SK=1)) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_sk_sm90"
-    assert tt.name_expression(dict(tt.DEFAULT, SK=1, NHWC=1)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 1, 1>"
-    assert tt.name(dict(tt.DEFAULT, CL=2)) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_s1_cl2_sm90"
-    assert tt.launch(dict(tt.DEFAULT, CL=2)).cluster == 2 and tt.launch(tt.DEFAULT).cluster == 0
-    assert "SPLIT must be 1 and SK 0" in tt.space().invalid_reason(dict(tt.DEFAULT, CL=2, SPLIT=4))
-    legacy = {k: v for k, v in tt.DEFAULT.items() if k not in ("SK", "CL")}  # recorded before stream-K, clusters
+    assert tt.name_expression(dict(tt.DEFAULT, SK=1, NHWC=1)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 1>"
+    legacy = {k: v for k, v in tt.DEFAULT.items() if k != "SK"}  # recorded before stream-K
     assert (tt.name(legacy), tt.launch(legacy), tt.name_expression(legacy)) == (
         tt.name(tt.DEFAULT), tt.launch(tt.DEFAULT), tt.name_expression(tt.DEFAULT))
     assert tt.gpu_arch(tt.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in tt.arch_rule(tt.DEFAULT, "sm_80")

@@ -300,8 +300,7 @@ def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
         th.DEFAULT, dict(th.DEFAULT, NHWC=0, DT=0), dict(th.DEFAULT, WN=256, STAGES=3),
         dict(th.DEFAULT, WN=128, MI=2, STAGES=4), dict(th.DEFAULT, WN=256, WG=1, STAGES=4),
         dict(th.DEFAULT, WN=64, WG=1, STAGES=6), dict(th.DEFAULT, SK=1), dict(th.DEFAULT, WN=256, STAGES=3, SK=1),
-        dict(th.DEFAULT, WN=128, MI=2, STAGES=4, SK=1, NHWC=0), dict(th.DEFAULT, CL=2),
-        dict(th.DEFAULT, WN=256, WG=1, STAGES=4, CL=2, NHWC=0)])
+        dict(th.DEFAULT, WN=128, MI=2, STAGES=4, SK=1, NHWC=0)])
 
 
 def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
@@ -313,8 +312,7 @@ def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
         tt.DEFAULT, dict(tt.DEFAULT, NHWC=1, SPLIT=4), dict(tt.DEFAULT, WN=256, STAGES=3),
         dict(tt.DEFAULT, WN=128, MI=2, STAGES=4), dict(tt.DEFAULT, WN=256, WG=1, STAGES=4),
         dict(tt.DEFAULT, WN=64, WG=1, STAGES=6), dict(tt.DEFAULT, WN=192, STAGES=3), dict(tt.DEFAULT, SK=1),
-        dict(tt.DEFAULT, WN=256, STAGES=3, SK=1, NHWC=1), dict(tt.DEFAULT, WN=128, MI=2, STAGES=4, SK=1),
-        dict(tt.DEFAULT, CL=2), dict(tt.DEFAULT, WN=192, STAGES=3, CL=2, NHWC=1)])
+        dict(tt.DEFAULT, WN=256, STAGES=3, SK=1, NHWC=1), dict(tt.DEFAULT, WN=128, MI=2, STAGES=4, SK=1)])
 
 
 _SLICE_HOST = r"""

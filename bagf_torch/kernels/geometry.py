@@ -100,11 +100,6 @@ class LaunchGeometry:
     the device holds at once (the driver's occupancy of the kernel times the SMs; fewer where a block would get
     under 8 k tiles) and passes a workspace of two bm x bn fp32 tiles per block and a zeroed counter per output tile;
     the blocks share all tiles' k tiles evenly and the last block of a shared tile sums it in k order."""
-    cluster: int = 0
-    """2 (a ``tma`` plan with ``split`` = 1 and no ``stream_k`` only): the host launches the grid in clusters of two
-    blocks along grid.x (rounded up to whole clusters) and maps the weight in boxes of ``bm`` / 2 rows: the two
-    pixel blocks of a cluster each copy half of their shared weight tile into both (TMA multicast); 0: no
-    clusters."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

@@ -36,9 +36,6 @@ SK        0 1                 1: stream-K (SPLIT = 1): a grid of the blocks the 
                               (:func:`stream_k_blocks`) shares all tiles' k tiles evenly, each block
                               walking its share tile by tile; a tile split between blocks is summed in
                               k order by the last of them to finish (two workspace slots per block)
-CL        1 2                 2: clusters of two pixel blocks along grid.x (SPLIT = 1, SK = 0) that share
-                              their weight tile: each block's TMA copies half of its rows into both
-                              (multicast), so a block reads 3/4 of the bytes per k tile from L2
 ========  ==================  ======================================================================
 
 Stream-K is for the grids whose last wave is part empty: AlexNet's conv4 at N = 128 in 128 x 128 tiles is 338
@@ -74,7 +71,7 @@ from .space import Config, Space, register_rule, resident_blocks, shared_memory_
 FAMILY = "implicit_gemm_tma_h16"
 SOURCE = "implicit_gemm_tma_h16.cuh"
 KERNEL = "bagf::implicit_gemm_tma_h16_conv2d"
-TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC", "SK", "CL")
+TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC", "SK")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
@@ -93,8 +90,8 @@ LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
 """The problem's memory format (``ConvProblem.layout``) -> NHWC."""
 FORMATS: tuple[tuple[str, str], ...] = tuple((d, layout) for d in DTYPES for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-LEGACY: Config = {"NHWC": 1, "SK": 0, "CL": 1}
-"""Configurations recorded before the NCHW kernels were channels_last ones, before stream-K, and before clusters."""
+LEGACY: Config = {"NHWC": 1, "SK": 0}
+"""Configurations recorded before the NCHW kernels were channels_last ones, and before stream-K."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "DT": (0, 1),
@@ -105,12 +102,11 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "STAGES": (3, 4, 5, 6),
     "SPLIT": (1, 2, 4, 8, 16),
     "SK": (0, 1),
-    "CL": (1, 2),
 }
 
 # 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
 # and sizes WN, WG, STAGES and SPLIT to the problem.
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0, "CL": 1}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
 """Static shared memory (the arrival flags of split-K's and stream-K's hand-overs, the deepest ring's full and empty
@@ -237,29 +233,13 @@ def stream_k_rule(c: Mapping[str, int]) -> str | None:
     return None
 
 
-def cluster_rule(c: Mapping[str, int]) -> str | None:
-    """A cluster of two (CL = 2) shares one weight tile between two pixel blocks of one whole tile each: SPLIT = 1,
-    SK = 0."""
-    if c.get("CL", 1) == 2 and (c["SPLIT"] != 1 or c.get("SK", 0)):
-        return "clusters of two (CL = 2) run whole tiles: SPLIT must be 1 and SK 0"
-    return None
-
-
-def grid_x(c: Mapping[str, int], problem) -> int:
-    """Blocks along grid.x (pixel blocks), rounded up to whole clusters."""
-    p, q = problem.out_hw
-    cl = c.get("CL", 1)
-    return -(-(-(-(problem.n * p * q) // bn(c))) // cl) * cl
-
-
 def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
     """Why ``c``'s grid cannot run ``problem`` of ``k`` k tiles, or None: the epilogue's 32-bit indices must hold for
-    the last blocks (N*P*Q + BN and N*P*Q*K below 2^31; a cluster's padding block adds BN more), a split-K
-    configuration must give every slice 2 k tiles or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT``
-    bytes, and a stream-K one count all tiles' k tiles in 32 bits. Also implicit_gemm_tma_tf32's."""
+    the last blocks (N*P*Q + BN and N*P*Q*K below 2^31), a split-K configuration must give every slice 2 k tiles
+    or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes, and a stream-K one count all tiles' k tiles
+    in 32 bits. Also implicit_gemm_tma_tf32's."""
     p, q = problem.out_hw
-    last = problem.n * p * q + bn(c) * c.get("CL", 1)
-    if last > INT32_MAX or last * problem.k > INT32_MAX:
+    if problem.n * p * q + bn(c) > INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > INT32_MAX:
         return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
     if c.get("SK", 0):  # (stream-K's workspace is bounded by the grid: workspace_bytes)
         if tiles(c, problem) * k > INT32_MAX:
@@ -306,37 +286,31 @@ def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) ->
     if c["SK"]:
         blocks = stream_k_blocks(c, problem, k, sms)
         return _wh.grid_features(blocks, -(-tiles(c, problem) * k // blocks), 1, blocks_per_sm(c), sms)
-    blocks = grid_x(c, problem) * -(-problem.k // bm(c))  # (a cluster's padding block included)
-    return _wh.grid_features(blocks, k, c["SPLIT"], blocks_per_sm(c), sms)
+    return _wh.grid_features(tiles(c, problem), k, c["SPLIT"], blocks_per_sm(c), sms)
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
-                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"], cluster=cluster(c))
-
-
-def cluster(c: Mapping[str, int]) -> int:
-    """The host's ``LaunchGeometry.cluster``: 2 for clusters of two, 0 for none. Also implicit_gemm_tma_tf32's."""
-    return 2 if c.get("CL", 1) == 2 else 0
+                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``,
-    ``..._st5_sk_sm90`` (stream-K), ``..._st5_s1_cl2_sm90`` (clusters of two)."""
+    ``..._st5_sk_sm90`` (stream-K)."""
     c = {**LEGACY, **c}
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{split_name(c)}_{arch}")
 
 
 def split_name(c: Mapping[str, int]) -> str:
-    """``s<SPLIT>``, or ``sk`` for stream-K, then ``_cl2`` for clusters of two. Also implicit_gemm_tma_tf32's."""
-    return ("sk" if c.get("SK", 0) else f"s{c['SPLIT']}") + ("_cl2" if c.get("CL", 1) == 2 else "")
+    """``s<SPLIT>``, or ``sk`` for stream-K. Also implicit_gemm_tma_tf32's."""
+    return "sk" if c.get("SK", 0) else f"s{c['SPLIT']}"
 
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0, 1>`` (whatever SPLIT: a launch parameter); an
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT: a launch parameter); an
     NCHW plan's cubin also holds its input copy, ``...;bagf::nchw_to_nhwc<1>`` (:data:`TRANSPOSE_KERNEL`)."""
     c = {**LEGACY, **c}
     main = template_expression(KERNEL, TEMPLATE_ORDER, c)
@@ -348,7 +322,7 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, stream_k_rule, cluster_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

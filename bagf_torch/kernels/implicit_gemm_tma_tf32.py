@@ -35,8 +35,6 @@ SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand
                               every slice gets >= 2 k tiles and the partial sums fit 32 MiB
 SK        0 1                 1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device
                               holds at once share all tiles' k tiles evenly
-CL        1 2                 2: clusters of two pixel blocks (SPLIT = 1, SK = 0) sharing their weight
-                              tile by TMA multicast, implicit_gemm_tma_h16's
 ========  ==================  ======================================================================
 
 Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps can describe
@@ -85,9 +83,9 @@ FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in L
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
 PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
 
-DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0, "CL": 1}
-LEGACY: Config = {"SK": 0, "CL": 1}
-"""Configurations recorded before stream-K, and before clusters."""
+DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0}
+LEGACY: Config = {"SK": 0}
+"""Configurations recorded before stream-K."""
 
 STATIC_SMEM = _th.STATIC_SMEM
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
@@ -162,26 +160,26 @@ def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
-                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"], cluster=_th.cluster(c))
+                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``,
-    ``..._st4_sk_sm90`` (stream-K), ``..._st4_s1_cl2_sm90`` (clusters of two)."""
+    ``..._st4_sk_sm90`` (stream-K)."""
     return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{_th.split_name(c)}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0, 1>`` (whatever SPLIT: a launch parameter); an
-    NCHW plan's also names its input copy:
-    ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 1>;bagf::nchw_to_nhwc<2>``."""
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0>`` (whatever SPLIT: a launch parameter); an NCHW
+    plan's also names its input copy:
+    ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;bagf::nchw_to_nhwc<2>``."""
     return _th.name_expression({**LEGACY, **c})
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, _th.stream_k_rule, _th.cluster_rule,
-            shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM), register_rule(threads, estimated_registers))
+    return (_wh.accumulator_rule, _th.stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+            register_rule(threads, estimated_registers))
 
 
 def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:

@@ -41,19 +41,8 @@
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
 // 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
 // blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
-// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin), CL 2 for
-// clusters of two pixel blocks along grid.x that share their weight tile (below). Split-K is the launch's grid.z,
-// implicit_gemm_wgmma_h16's protocol.
-//
-// Clusters (CL = 2, no split-K or stream-K): a 128 x 128 TF32 tile reads 32 KB from L2 per k tile, and at about
-// 8 TB/s summed over the SMs that traffic, not the tensor cores, bounds it (stream-K, which kept every SM busy,
-// made each k tile slower). The two blocks of a cluster compute neighbouring pixel blocks of the same output
-// channels, so their weight tiles are equal: each copies half of the rows with one multicast copy into both blocks'
-// rings (24 KB per block per k tile from L2 instead of 32). A stage is then written by both blocks' producers, so
-// each block's "empty" barriers count the consumer warps of both (a warp releases a stage in both blocks: remote
-// arrivals through mapa), the barriers are initialised before a cluster barrier, and the blocks leave through one
-// (the other block's last arrivals land in this block's shared memory). The host rounds grid.x up to whole
-// clusters; the padding block copies its half of the weights and no input, and stores nothing.
+// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin). Split-K is
+// the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
@@ -130,48 +119,6 @@ __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(a), "r"(b), "r"(c), "r"(bar)
       : "memory");
 }
-// Clusters (CL = 2): this block's rank in its cluster and the cluster's size
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_size() {
-  unsigned n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-// every thread of the cluster meets here: the writes before it (barrier initialisation, remote arrivals) are seen
-// by every block of the cluster after it
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// an arrival on the mbarrier at the same shared-memory offset `bar` in the cluster's other block of rank `rank`, where
-// `pred` is nonzero (predicated, no branch: as mbar_arrive_if). The instruction's default semantics (release at CTA
-// scope), as for a local arrival: what it orders is this warp's wgmma reads of the stage, complete at wgmma's wait;
-// .release.cluster made every such arrival a cluster-wide fence, and the plans 1.6x slower on the H200.
-__device__ __forceinline__ void mbar_arrive_remote_if(unsigned bar, unsigned rank, unsigned pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      ".reg .b32 remote;\n"
-      "setp.ne.u32 p, %2, 0;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(bar),
-      "r"(rank), "r"(pred)
-      : "memory");
-}
-// tiled copy of a 3-d map's box at (a, b, c) into offset `dst` of every block of the cluster in `mask`, each
-// block's completion counted on its mbarrier at offset `bar`
-__device__ __forceinline__ void tma_tile3_multicast(unsigned dst, const TmaMap* map, int a, int b, int c, unsigned bar,
-                                                    unsigned short mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(a), "r"(b), "r"(c), "r"(bar), "h"(mask)
-      : "memory");
-}
 #endif
 
 // Stream-K (SK = 1): the grid's G blocks share the T x I k iterations of all T output tiles (I k tiles each)
@@ -194,21 +141,13 @@ namespace wgt {
 // The producer's share of one output tile's k iterations [kb, ke): the copies of each k tile into the ring, each
 // after the consumers released that stage's previous use; `issued` counts the block's copies so far (the ring's slot
 // and phase follow from it), across the tiles of a stream-K block.
-//
-// CL = 2: this block copies its input tile (none where it is the padding block past the last pixel) and half of the
-// weight tile, rows rank BM / 2 onwards, into the same offsets of both blocks of its cluster; its "full" barrier
-// waits for its own input bytes and both halves' weight bytes, and its "empty" barriers count both blocks' consumer
-// warps (a stage is refilled in both blocks at once).
-template <int DT, int BN, int BM, int STAGES, int CL>
+template <int DT, int BN, int BM, int STAGES>
 __device__ __forceinline__ void produce(const TmaMap* xmap, const TmaMap* wmap, const Conv2dParams& p, int n0,
                                         int m0, int kb, int ke, int cb_n, unsigned smem0, unsigned full0,
                                         unsigned empty0, int& slot, unsigned& phase, int& issued) {
   constexpr int BK = DT == 2 ? 32 : 64;
   constexpr int A_BYTES = BN * 128;
   constexpr int STAGE = A_BYTES + BM * 128;
-  constexpr int W_PART = BM / CL * 128;  // the weight rows this block copies, in bytes
-  const bool pixels = n0 < p.N * p.P * p.Q;  // (false only for a cluster's padding block)
-  const unsigned rank = CL > 1 ? cluster_rank() : 0u;
   // the tile's first output pixel's window corner (the map's traversal walks on from there)
   const int img = n0 / (p.P * p.Q);
   const int pq = n0 - img * (p.P * p.Q);
@@ -224,16 +163,10 @@ __device__ __forceinline__ void produce(const TmaMap* xmap, const TmaMap* wmap, 
     if (issued++ >= STAGES) mbar_wait(empty0 + 8 * slot, phase ^ 1u);  // the copy STAGES before was released
     const unsigned st = smem0 + slot * STAGE;
     const unsigned bar = full0 + 8 * slot;
-    mbar_arrive_expect_tx(bar, pixels ? STAGE : STAGE - A_BYTES);
-    if (pixels)
-      tma_im2col(st, xmap, cb * BK, base_w, base_h, img, static_cast<unsigned short>(s * p.dil_w),
-                 static_cast<unsigned short>(r * p.dil_h), bar);
-    if constexpr (CL == 1) {
-      tma_tile3(st + A_BYTES, wmap, cb * BK, tap, m0, bar);
-    } else {
-      tma_tile3_multicast(st + A_BYTES + rank * W_PART, wmap, cb * BK, tap, m0 + rank * (BM / CL), bar,
-                          static_cast<unsigned short>((1u << CL) - 1u));
-    }
+    mbar_arrive_expect_tx(bar, STAGE);
+    tma_im2col(st, xmap, cb * BK, base_w, base_h, img, static_cast<unsigned short>(s * p.dil_w),
+               static_cast<unsigned short>(r * p.dil_h), bar);
+    tma_tile3(st + A_BYTES, wmap, cb * BK, tap, m0, bar);
     if (++cb == cb_n) {
       cb = 0;
       ++tap;
@@ -251,15 +184,9 @@ __device__ __forceinline__ void produce(const TmaMap* xmap, const TmaMap* wmap, 
 
 // A consumer warpgroup's share of `count` k tiles from the ring: wait for each stage's copies, issue its wgmma group,
 // wait for the group before and release that one's stage; at the end wait for the last group and release its stage.
-// CL = 2: a warp releases a stage in both blocks of its cluster (both blocks' copies write into it).
-template <int DT, int WN, int MI, int BN, int BM, int STAGES, int CL>
+template <int DT, int WN, int MI, int BN, int BM, int STAGES>
 __device__ __forceinline__ void consume(float (&acc)[MI][WN / 2], int count, unsigned smem0, unsigned full0,
                                         unsigned empty0, unsigned a_rows, int lane, int& slot, unsigned& phase) {
-  const unsigned other = CL > 1 ? cluster_rank() ^ 1u : 0u;
-  auto release = [&](unsigned bar, unsigned pred) {
-    mbar_arrive_if(bar, pred);
-    if constexpr (CL == 2) mbar_arrive_remote_if(bar, other, pred);
-  };
   constexpr int A_BYTES = BN * 128;
   constexpr int STAGE = A_BYTES + BM * 128;
   int prev = slot;
@@ -275,7 +202,7 @@ __device__ __forceinline__ void consume(float (&acc)[MI][WN / 2], int count, uns
                          wgh::desc128(sa + A_BYTES + 32 * s));
     wg::commit();
     wg::wait<1>();  // this warpgroup's group of tile i - 1 is done: its stage may be refilled
-    release(empty0 + 8 * prev, i > 0 && lane == 0);
+    mbar_arrive_if(empty0 + 8 * prev, i > 0 && lane == 0);
     prev = slot;
     if (++slot == STAGES) {
       slot = 0;
@@ -287,7 +214,7 @@ __device__ __forceinline__ void consume(float (&acc)[MI][WN / 2], int count, uns
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
-  release(empty0 + 8 * prev, count > 0 && lane == 0);
+  mbar_arrive_if(empty0 + 8 * prev, count > 0 && lane == 0);
 }
 
 // Stream-K's hand-over of a tile that several blocks share: this block stores its part of the sums in its own slot
@@ -425,7 +352,7 @@ __global__ void __launch_bounds__(256) nchw_to_nhwc(const typename wgh::Elem<DT>
   }
 }
 
-template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK, int CL>
+template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK>
 __global__ void __launch_bounds__(128 * (WG + 1), 1)
     implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
                                  const typename wgh::Elem<DT>::T* __restrict__ bias,
@@ -443,7 +370,6 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   static_assert(STAGES >= 2, "a stage being read and one being filled");
   static_assert(NACC <= 128, "accumulators fit the register file");
   static_assert(SK == 0 || SK == 1, "stream-K or not");
-  static_assert(CL == 1 || (CL == 2 && SK == 0), "clusters of one, or of two blocks without stream-K");
 
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
@@ -469,22 +395,15 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   const int sk_start = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x, work, gridDim.x)) : 0;
   const int sk_end = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x + 1ll, work, gridDim.x)) : 0;
 
-  if constexpr (CL > 1) {
-    if (wgt::cluster_size() != CL) __trap();  // (the host launches it in clusters of CL along grid.x)
-  }
   if (tid == TC) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      wgt::mbar_init(full0 + 8 * s, 1);             // the producer's arrival (with the copies' bytes)
-      wgt::mbar_init(empty0 + 8 * s, 4 * WG * CL);  // one arrival per consumer warp of the cluster
+      wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
+      wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
     }
     wgt::fence_barrier_init();
   }
-  if constexpr (CL > 1) {
-    wgt::cluster_sync();  // no copy or arrival reaches a block of the cluster before its barriers are initialised
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   int slot = 0;
   unsigned phase = 0;
@@ -498,16 +417,15 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
           const int tile = x / num_k;
           const int kb = x - tile * num_k;
           const int ke = min(num_k, sk_end - tile * num_k);
-          wgt::produce<DT, BN, BM, STAGES, 1>(&xmap, &wmap, p, tile / gy * BN, tile % gy * BM, kb, ke, cb_n, smem0,
-                                              full0, empty0, slot, phase, issued);
+          wgt::produce<DT, BN, BM, STAGES>(&xmap, &wmap, p, tile / gy * BN, tile % gy * BM, kb, ke, cb_n, smem0,
+                                           full0, empty0, slot, phase, issued);
           x = tile * num_k + ke;
         }
       } else {
-        wgt::produce<DT, BN, BM, STAGES, CL>(&xmap, &wmap, p, blockIdx.x * BN, blockIdx.y * BM, t_begin,
-                                             t_begin + tiles, cb_n, smem0, full0, empty0, slot, phase, issued);
+        wgt::produce<DT, BN, BM, STAGES>(&xmap, &wmap, p, blockIdx.x * BN, blockIdx.y * BM, t_begin,
+                                         t_begin + tiles, cb_n, smem0, full0, empty0, slot, phase, issued);
       }
     }
-    if constexpr (CL > 1) wgt::cluster_sync();  // (the consumers' exit: below)
     return;  // (the consumers' hand-overs meet at a named barrier of their own)
   }
   if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
@@ -526,7 +444,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
           acc[mi][v] = 0.f;
           wg::keep(acc[mi][v]);
         }
-      wgt::consume<DT, WN, MI, BN, BM, STAGES, 1>(acc, ke - kb, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+      wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, ke - kb, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
       if ((kb == 0 && ke == num_k) ||
           wgt::sk_hand_over<WN, MI, WG>(acc, ws, tile, num_k, work, gridDim.x, x == sk_start ? 0 : 1))
         wgh::store<DT, WN, MI, WG, NHWC == 1>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
@@ -540,8 +458,8 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
         acc[mi][v] = 0.f;
         wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
       }
-    wgt::consume<DT, WN, MI, BN, BM, STAGES, CL>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
-    if (!wgh::split_hand_over<WN, MI, WG, false>(acc, ws)) return;  // (split-K: CL = 1)
+    wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+    if (!wgh::split_hand_over<WN, MI, WG, false>(acc, ws)) return;
     if constexpr (NHWC == 1) {
       wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM);
     } else {
@@ -549,8 +467,6 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
       wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM,
                                              reinterpret_cast<float*>(smem_raw + (smem0 - smem_base)));
     }
-    // the cluster leaves together: the other block's last releases arrive on this block's barriers
-    if constexpr (CL > 1) wgt::cluster_sync();
   }
 #elif defined(__CUDA_ARCH__)
   static_assert(WN < 0, "implicit_gemm_tma_h16_conv2d needs sm_90a (wgmma, TMA): compile with --gpu-architecture=sm_90a");
