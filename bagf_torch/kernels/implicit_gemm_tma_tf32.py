@@ -42,14 +42,20 @@ Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps ca
 
 Speed on the H200 against cuDNN's TF32 kernels, NCHW (PyTorch's default layout), in CUDA graphs
 (benchmarks/results/family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw.md): the best tiles run AlexNet's conv2-5
-1.00-1.17x faster at N = 128 and 1.17-1.55x at N = 32 (168-234 TFLOP/s); 128 x 128 tiles of two consumer warpgroups
-with 4 stages are the best on conv3-5, WN = 192 on conv2. Those times include the per-call copies: the input to
-channels_last by the plan's second kernel (ATen's copy, before it, cost conv4 at N = 128 28 us more: 197 us against
-169 us; a channels_last input, which needs no copy, took 133 us) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB
-on conv2-5). Stream-K (SK = 1) was never the best in these sweeps (the tuner took one for conv2 at N = 128, 244.0 us
-against the sweep's best without, 244.8 us): a 128 x 128 TF32 tile moves 32 KB from L2 per k tile, and
-at about 8 TB/s summed over the SMs the kernel is bound by that traffic, so spreading the tiles over every SM does
-not make them faster (family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_sk.md). Tuned with the library's defaults
+1.03-1.42x faster at N = 128 and 1.26-1.71x at N = 32 (183-279 TFLOP/s); 128 x 128 tiles of two consumer warpgroups
+with 4 stages are the best on conv4-5, 256 x 128 on conv3 at N = 128, WN = 192 on conv2. Those times include the
+per-call copies: the input to channels_last by the plan's second kernel (ATen's copy, before it, cost conv4 at
+N = 128 28 us more) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5); and the NCHW output tile is
+staged through shared memory (conv3 / conv2 at N = 128: 128.2 / 244.8 us before, 105.4 / 205.7 us with it). conv4
+at N = 128: 161.6 us NCHW, 131.7 us on a channels_last input, cuDNN 167 / 124 us.
+
+What bounds the 128 x 128 tile (about 60% of the H200's dense TF32 rate on conv3) is not settled. It reads 32 KB
+from L2 per k tile, about 8 TB/s summed at N = 128, and stream-K (SK = 1), which spreads the same tiles over every SM,
+made each k tile slower, not the grid faster (family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_sk.md: never the best;
+conv4 at N = 32 channels_last 38.5 us in 86 blocks, 48.4 us in stream-K's 132). But clusters of two blocks sharing
+the weight tile by TMA multicast, a quarter fewer L2 reads per k tile, were never faster either (1-4% slower in
+256 x 128 tiles, up to 24% in 128 x 128; family_sweep_implicit_gemm_tma_tf32_probe_cl.md) and were taken out: L2
+traffic alone is not the bound. Tuned with the library's defaults
 (bench_layers_h200_tf32.md) it takes conv2-5 at N = 32 and 128 and conv2 at N = 1.
 """
 
