@@ -497,7 +497,7 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     still copied once, and a tile whose k tiles lie in the shares of several blocks is handed over as split-K's
     slices are, one partial tile and one atomic per sharing block (every tile's counter zeroed). An NCHW plan adds
     the per-call copies, counted as workspaces: the input to channels_last (N*C*H*W words read and written, by the
-    plan's own kernel) and the weight to KRSC in the same launch (K*CRS; a channels_last plan is taken to get a
+    plan's own kernel) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a
     channels_last weight, which is read in place). An NCHW plan without stream-K stages its stores through shared
     memory: each consumer thread reads the bias of its two channels of every 8 once per tile, so each channel of a
     tile is read by the 32 WG threads that hold it (``grid.x * K * 32 * WG``)."""

@@ -581,33 +581,21 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   // fp32 and NCHW plans get a contiguous weight, so for them (TMA plans aside) this is the weight itself. An NCHW
   // TMA plan reads a channels_last copy of the input (its maps view channels innermost) and writes NCHW.
   const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
-  at::Tensor wf = w;
+  const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
   at::Tensor xf = x;
-  const bool copy_x = geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast);
-  // a weight in neither layout goes through ATen's copy; a contiguous KCRS one, like the input, through the plan's own
-  const bool copy_w = !w.is_contiguous(wfmt) && w.is_contiguous();
-  if (!w.is_contiguous(wfmt) && !copy_w) wf = w.contiguous(wfmt);
-  if (plan.transpose_fn != nullptr && (copy_x || copy_w) && (p.C + 31) / 32 <= 65535) {
-    // the plan's own copies, input and weight in one launch: 32 x 32 tiles through shared memory (ATen's permuting
-    // copies are slower, and a launch apiece). (Only an NCHW TMA plan has this kernel; its input is contiguous NCHW:
-    // unsupported_reason.)
-    if (copy_x) xf = at::empty_like(x, at::MemoryFormat::ChannelsLast);
-    if (copy_w) wf = at::empty_like(w, at::MemoryFormat::ChannelsLast);
-    const void* src = copy_x ? x.const_data_ptr() : nullptr;
-    void* dst = copy_x ? xf.mutable_data_ptr() : nullptr;
-    const void* wsrc = copy_w ? w.const_data_ptr() : nullptr;
-    void* wdst = copy_w ? wf.mutable_data_ptr() : nullptr;
-    int C = p.C, HW = p.H * p.W, N = p.N, RS = p.R * p.S, K = p.K;
-    void* targs[] = {&src, &dst, &C, &HW, &N, &wsrc, &wdst, &RS, &K};
-    const int images = std::max(copy_x ? N : 0, copy_w ? K : 0);
-    const int tiles = std::max(copy_x ? HW : 0, copy_w ? RS : 0);
-    BAGF_CU_CHECK(cuLaunchKernel(plan.transpose_fn, static_cast<unsigned>((tiles + 31) / 32),
-                                 static_cast<unsigned>((C + 31) / 32), 2u * static_cast<unsigned>(std::min(images, 32767)),
-                                 256, 1, 1, 0, c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), targs,
-                                 nullptr));
-  } else {
-    if (copy_x) xf = x.contiguous(at::MemoryFormat::ChannelsLast);
-    if (copy_w) wf = w.contiguous(wfmt);
+  if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    if (plan.transpose_fn == nullptr || (p.C + 31) / 32 > 65535) {
+      xf = x.contiguous(at::MemoryFormat::ChannelsLast);
+    } else {  // the plan's own copy: 32 x 32 tiles through shared memory (ATen's permuting copy is slower)
+      xf = at::empty_like(x, at::MemoryFormat::ChannelsLast);
+      const void* src = x.const_data_ptr();
+      void* dst = xf.mutable_data_ptr();
+      int C = p.C, HW = p.H * p.W, N = p.N;
+      void* targs[] = {&src, &dst, &C, &HW, &N};
+      BAGF_CU_CHECK(cuLaunchKernel(plan.transpose_fn, static_cast<unsigned>((HW + 31) / 32),
+                                   static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(std::min(N, 65535)), 256,
+                                   1, 1, 0, c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), targs, nullptr));
+    }
   }
   const void* xp = xf.const_data_ptr();
   const void* wp = wf.const_data_ptr();

@@ -11,9 +11,9 @@ any C % 8 == 0 is served by whole copies. The host encodes the two maps per call
 ``encode_tma_maps``) and sends to ATen what they cannot describe (a tensor read in place off 16-byte alignment,
 stride above 8, padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems
 out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
-channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input and a KRSC copy of an NCHW weight,
-made per call in one launch of the plan's second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a
-cubin compiled before it falls back to ATen's copies), and the epilogue writes the NCHW output directly.
+channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input made per call by the plan's
+second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
+ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output directly.
 
 Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
 
@@ -80,12 +80,9 @@ KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ ba
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
 short), the shape, the split-K or stream-K workspace."""
 TRANSPOSE_KERNEL = "bagf::nchw_to_nhwc"
-"""An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last and, in the same launch, an
-NCHW weight's to KRSC, made before each launch of the first."""
-AUX_KERNEL_ARGS = ("const unsigned short*, unsigned short*, int, int, int, const unsigned short*, unsigned short*, int, "
-                   "int")
-"""TRANSPOSE_KERNEL's parameter list: x (NCHW), its channels_last copy, C, H*W, N, then w (KCRS, or null when it needs
-no copy), its KRSC copy, R*S, K."""
+"""An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last, made before each launch."""
+AUX_KERNEL_ARGS = "const unsigned short*, unsigned short*, int, int, int"
+"""TRANSPOSE_KERNEL's parameter list: x (NCHW), the channels_last copy, C, H*W, N."""
 BK = 64
 """Channels per k tile: one 128-byte swizzle row of 16-bit values per pixel and per output channel."""
 

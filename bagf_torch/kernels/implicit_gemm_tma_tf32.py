@@ -45,8 +45,7 @@ Speed on the H200 against cuDNN's TF32 kernels, NCHW (PyTorch's default layout),
 1.03-1.42x faster at N = 128 and 1.26-1.71x at N = 32 (183-279 TFLOP/s); 128 x 128 tiles of two consumer warpgroups
 with 4 stages are the best on conv4-5, 256 x 128 on conv3 at N = 128, WN = 192 on conv2. Those times include the
 per-call copies: the input to channels_last by the plan's second kernel (ATen's copy, before it, cost conv4 at
-N = 128 28 us more) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5; ATen's copy in that sweep, the
-same launch as the input's since); and the NCHW output tile is
+N = 128 28 us more) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-5); and the NCHW output tile is
 staged through shared memory (conv3 / conv2 at N = 128: 128.2 / 244.8 us before, 105.4 / 205.7 us with it). conv4
 at N = 128: 161.6 us NCHW, 131.7 us on a channels_last input, cuDNN 167 / 124 us.
 
@@ -79,9 +78,9 @@ KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ ba
                "const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y, the shape, the split-K
 workspace."""
-AUX_KERNEL_ARGS = "const float*, float*, int, int, int, const float*, float*, int, int"
+AUX_KERNEL_ARGS = "const float*, float*, int, int, int"
 """An NCHW plan's second kernel's parameter list (implicit_gemm_tma_h16.TRANSPOSE_KERNEL): x, its channels_last copy,
-C, H*W, N, then w (KCRS, or null when it needs no copy), its KRSC copy, R*S, K."""
+C, H*W, N."""
 BK = 32
 """Channels per k tile: one 128-byte swizzle row of fp32 values per pixel and per output channel."""
 

@@ -2,8 +2,8 @@
 // Hopper's wgmma (sm_90a) with both operand tiles brought into shared memory by the Tensor Memory Accelerator (TMA):
 // the input's im2col tile by one im2col-mode copy of a channels_last input, the weight's tile by one tiled copy of a
 // KRSC weight, each stage's arrival counted by an mbarrier. The output is channels_last (NHWC = 1) or NCHW (NHWC = 0:
-// the host hands an NCHW call's input, and an NCHW weight, over as channels_last and KRSC copies, made by
-// nchw_to_nhwc below, the plan's second kernel, and the epilogue writes NCHW).
+// the host hands an NCHW call's input over as a channels_last copy, made by nchw_to_nhwc below, the plan's second
+// kernel, and the epilogue writes NCHW).
 //
 // Why: implicit_gemm_wgmma_h16.cuh gathers its input tile per thread, one 16-byte cp.async per 8 channels of a
 // pixel with its own address and bounds test, then waits and meets at a block barrier before every wgmma group;
@@ -326,40 +326,28 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
 }  // namespace wgt
 #endif
 
-// An NCHW plan's first launch: the input copied to channels_last (its maps view channels innermost) and, in the same
-// launch, an NCHW weight to KRSC (the weight map's layout), each an (images, C, HW) -> (images, HW, C) transpose of
-// 32 channels x 32 pixels per tile through shared memory, so that both the reads (a channel's pixels) and the writes
-// (a pixel's channels) are whole rows. grid.z: even slices walk the input's N images, odd ones the weight's K output
-// channels (as images of R*S pixels), each with a stride of gridDim.z / 2; a null source (a tensor already in the
-// plan's layout) is skipped, and so is a tile past its tensor's pixels (grid.x covers the larger of H*W and R*S).
-// Any compute capability.
+// An NCHW plan's first launch: the input copied to channels_last (its maps view channels innermost), 32 channels x
+// 32 pixels per tile through shared memory, so that both the reads (a channel's pixels) and the writes (a pixel's
+// channels) are whole rows; images N over grid.z and a stride of gridDim.z. Any compute capability.
 template <int DT>
 __global__ void __launch_bounds__(256) nchw_to_nhwc(const typename wgh::Elem<DT>::T* __restrict__ x,
-                                                    typename wgh::Elem<DT>::T* __restrict__ y, int C, int HW, int N,
-                                                    const typename wgh::Elem<DT>::T* __restrict__ w,
-                                                    typename wgh::Elem<DT>::T* __restrict__ wy, int RS, int K) {
+                                                    typename wgh::Elem<DT>::T* __restrict__ y, int C, int HW, int N) {
   using T = typename wgh::Elem<DT>::T;
   __shared__ T tile[32][33];
-  const bool weight = (blockIdx.z & 1u) != 0;
-  const T* const src = weight ? w : x;
-  T* const dst = weight ? wy : y;
-  const int hw = weight ? RS : HW;
-  const int images = weight ? K : N;
   const int p0 = blockIdx.x * 32;
-  if (src == nullptr || p0 >= hw) return;  // (uniform across the block)
   const int c0 = blockIdx.y * 32;
   const int tx = threadIdx.x & 31;
   const int ty = threadIdx.x >> 5;
-  for (int n = blockIdx.z >> 1; n < images; n += gridDim.z >> 1) {
-    const T* xn = src + static_cast<long long>(n) * C * hw;
-    T* yn = dst + static_cast<long long>(n) * C * hw;
+  for (int n = blockIdx.z; n < N; n += gridDim.z) {
+    const T* xn = x + static_cast<long long>(n) * C * HW;
+    T* yn = y + static_cast<long long>(n) * C * HW;
 #pragma unroll
     for (int i = ty; i < 32; i += 8)
-      if (c0 + i < C && p0 + tx < hw) tile[i][tx] = xn[(c0 + i) * hw + p0 + tx];
+      if (c0 + i < C && p0 + tx < HW) tile[i][tx] = xn[(c0 + i) * HW + p0 + tx];
     __syncthreads();
 #pragma unroll
     for (int i = ty; i < 32; i += 8)
-      if (p0 + i < hw && c0 + tx < C) yn[(p0 + i) * C + c0 + tx] = tile[tx][i];
+      if (p0 + i < HW && c0 + tx < C) yn[(p0 + i) * C + c0 + tx] = tile[tx][i];
     __syncthreads();
   }
 }
