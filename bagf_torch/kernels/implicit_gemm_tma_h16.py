@@ -2,7 +2,8 @@
 tiles copied by the TMA unit (csrc/kernels/implicit_gemm_tma_h16.cuh), channels_last and NCHW.
 
 The arithmetic, tiles, products and epilogue of ``implicit_gemm_wgmma_h16`` (fp32 sums, bias in fp32 before the one
-rounding to the output dtype, split-K's ordered hand-over), with another data path: the input's im2col tile is one
+rounding to the output dtype, split-K's ordered hand-over; an NCHW tile is stored through shared memory), with
+another data path: the input's im2col tile is one
 im2col-mode TMA copy (BN output pixels x 64 channels of one filter tap; the TMA unit walks the pixels across rows
 and images and fills the padding with zeros) and the weight's tile one tiled copy, issued by one thread of a
 producer warpgroup into a STAGES-deep ring whose stages are handed over by mbarriers; the WG consumer warpgroups
@@ -13,7 +14,7 @@ stride above 8, padding above 128, a filter window past the im2col box's range):
 out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
 channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input made per call by the plan's
 second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
-ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output directly.
+ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output, staged through the ring.
 
 Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
 
@@ -51,12 +52,12 @@ Speed on the H200, bf16 channels_last, the whole space timed against cuDNN in CU
 484-546 TFLOP/s at N = 128 (1.21-1.37x cuDNN; ``implicit_gemm_wgmma_h16``'s best, gathering per thread, reached
 354-412) and at 1.18-1.74x cuDNN at N = 32; 128 x 128 tiles of two consumer warpgroups with 4-5 stages are the best
 on conv3-5, WN = 192 with 3 stages on conv2 (K = 192). Tuned with the library's defaults
-(bench_layers_h200_{bf16_nhwc,fp16_nhwc,bf16_nchw}.md) it takes conv2-5 at N = 32 and 128 and, split 4 ways in
-64 x 64 tiles, conv3-5 at N = 1. In NCHW its plans stage each output tile through the idle ring (32 channels at a
+(bench_layers_h200_{bf16_nhwc,fp16_nhwc,bf16_nchw}.md) it takes conv2-5 at N = 32 and 128 and, in 64 x 64 tiles
+split 1-8 ways, conv3-5 at N = 1 (and conv2 there in NCHW). In NCHW its plans stage each output tile through the idle ring (32 channels at a
 time, each thread storing one pixel per channel plane) instead of storing from the registers, where each warp store
 wrote 8 runs of 16 bytes: with it, and the plan's own input copy, it takes conv2-5 at every N in bfloat16 and
-float16 NCHW (1.08-1.81x cuDNN in graphs, bench_layers_h200_{bf16,fp16}_nchw.md), where before cuDNN's NCHW
-kernels kept conv4-5 at N = 128.
+float16 NCHW (1.08-1.81x cuDNN in graphs, bench_layers_h200_{bf16,fp16}_nchw.md), where before, in bfloat16,
+cuDNN's NCHW kernels kept conv4-5 at N = 128.
 """
 
 from __future__ import annotations

@@ -49,11 +49,12 @@ N = 128 28 us more) and the weight to KRSC (an NCHW weight: 1.2-3.5 MB on conv2-
 staged through shared memory (conv3 / conv2 at N = 128: 128.2 / 244.8 us before, 105.4 / 205.7 us with it). conv4
 at N = 128: 161.6 us NCHW, 131.7 us on a channels_last input, cuDNN 167 / 124 us.
 
-What bounds the 128 x 128 tile (about 60% of the H200's dense TF32 rate on conv3) is not settled. It reads 32 KB
+What bounds the 128 x 128 tile is not settled (303 TFLOP/s on conv3 at N = 128 channels_last, probe_cl's run: 75% of
+the 402.8 TFLOP/s a TF32 torch.mm reached in the layer benchmark's run). It reads 32 KB
 from L2 per k tile, about 8 TB/s summed at N = 128, and stream-K (SK = 1), which spreads the same tiles over every SM,
 made each k tile slower, not the grid faster (family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_sk.md: never the best;
 conv4 at N = 32 channels_last 38.5 us in 86 blocks, 48.4 us in stream-K's 132). But clusters of two blocks sharing
-the weight tile by TMA multicast, a quarter fewer L2 reads per k tile, were never faster either (1-4% slower in
+the weight tile by TMA multicast, a quarter fewer L2 reads per k tile, were never faster either (1-5% slower in
 256 x 128 tiles, up to 24% in 128 x 128; family_sweep_implicit_gemm_tma_tf32_probe_cl.md) and were taken out: L2
 traffic alone is not the bound. Tuned with the library's defaults
 (bench_layers_h200_tf32.md) it takes conv2-5 at N = 32 and 128 and conv2 at N = 1.

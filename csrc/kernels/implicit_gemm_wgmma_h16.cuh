@@ -256,7 +256,7 @@ __device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float*
 }
 
 // store: bias in fp32 and the one rounding to the output dtype, stored from the registers into the channels_last
-// output (NHWC true: 4-byte pairs of channels) or the NCHW one (NHWC false: each of a warp's stores then covers 8
+// output (NHWC true: two channels per store) or the NCHW one (NHWC false: each of a warp's stores then covers 8
 // runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory instead,
 // wgt::store_nchw_staged).
 template <int DT, int WN, int MI, int WG, bool NHWC = true>
