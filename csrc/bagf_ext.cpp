@@ -390,6 +390,10 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
            : dt == at::kHalf ? "dtype is not float16 (the plan's)"
                              : "dtype is not bfloat16 (the plan's)";
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return "not an NCHW/KCRS groups=1 conv";
+  // the output's extents (both callers checked the geometry first; <= 0 when the filter is larger than the padded
+  // input, which conv2d_cuda reports itself)
+  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
   if (!x.is_contiguous(plan_format(geo)) || (geo.nhwc && x.is_contiguous()))
     // (an input both contiguous and channels_last, C = 1 or H = W = 1, is NCHW to every rule here: the output's
     // format, the fake's, TunedConv2d's key)
@@ -416,8 +420,6 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
         return "stride, padding or dilation above 65535 for a 16-bit, channels_last or TMA plan";
   }
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
-    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
-    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
     // (an input or weight not already channels_last is copied first: a fresh allocation, aligned; an NCHW input
     // with H = W = 1 is channels_last as it is, and read in place; tma = 2 maps no input)
     const bool x_direct = geo.tma == 1 && (geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast));
@@ -436,8 +438,6 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     }
   }
   if (geo.stream_k) {  // the kernel counts all tiles' k tiles in 32 bits
-    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
-    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
     if (P > 0 && Q > 0 &&
         stream_k_work(geo, (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm), w.size(2),
                       w.size(3), x.size(1)) > INT_MAX)
@@ -446,8 +446,6 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
     return "the plan is specialised to another filter width or column stride";
   if (geo.split > 1 && (geo.dtype != 0 || geo.tma)) {
-    const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
-    const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
     if (P > 0 && Q > 0 && split_workspace_floats(geo, x.size(0) * P * Q, w.size(0)) > kMaxSplitWorkspaceFloats)
       return "the split-K plan's workspace for this shape would pass 1 GiB (it was tuned for a smaller grid)";
   }
