@@ -38,24 +38,15 @@
 // TF32 error to three digits, as it did with each stage rounded again in shared memory (cvt.rna); operands the
 // tensor cores read as plain fp32 would be truncated to TF32 (2.6x that error, emulated on the CPU).
 //
-// XG = 1 (fp32 NCHW in TF32 mode, no stream-K): no copy of the input. TF32 wgmma reads only K-major operands from
-// shared memory, and an NCHW input is pixel-major, so here the input is wgmma's register operand: the producer
-// warpgroup's 128 threads gather each k tile from the NCHW tensor with 4-byte cp.async into [32 channels][BN + 8
-// pixels] (wgt::produce_gather), and the consumers load their fragments from there, round them to TF32 to nearest
-// and issue wgmma with the TMA-copied weight tile (wgt::consume_gather). Only the weight is mapped (the launch
-// geometry's tma = 2); the kernel reads the input through its last argument.
-//
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
 // 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
 // blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
-// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin), XG 1 to read
-// an fp32 NCHW input in place (above). Split-K is the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin). Split-K is
+// the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
-// pointers off 16-byte alignment, strides or corners out of the hardware's ranges. XG = 1's gather tests each
-// pixel's tap against the image and each channel against C before it copies (zeros otherwise; 64-bit offsets
-// from the image's base). The epilogue's stores are
+// pointers off 16-byte alignment, strides or corners out of the hardware's ranges. The epilogue's stores are
 // bounds-checked against the run-time shape (32-bit indices, as implicit_gemm_wgmma_h16). Compiled for anything but
 // sm_90a the kernel fails to compile (a static_assert). Includes nothing from torch or the CUDA headers.
 #pragma once
