@@ -475,11 +475,10 @@ def implicit_gemm_wgmma_traffic(problem: ConvProblem, config: Mapping[str, int])
 
 
 def implicit_gemm_tma_tf32_fast_memory_words(config: Mapping[str, int]) -> int:
-    """The ring, ``STAGES * (BN + BM)`` 128-byte rows of 32 words (with XG = 1 the input rows are 32 channel rows of
-    BN + 8 words: 256 words more per stage; the 1024 bytes the kernel allocates to align the ring are not counted),
-    + the accumulator registers (``BM * BN`` over the consumer threads)."""
+    """The ring, ``STAGES * (BN + BM)`` 128-byte rows of 32 words (the 1024 bytes the kernel allocates to align it
+    are not counted), + the accumulator registers (``BM * BN`` over the consumer threads)."""
     bm, bn = config["WN"], 64 * config["MI"] * config["WG"]
-    return config["STAGES"] * ((bn + bm) * 32 + 256 * config.get("XG", 0)) + bm * bn
+    return config["STAGES"] * (bn + bm) * 32 + bm * bn
 
 
 def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]) -> Traffic:
@@ -499,9 +498,8 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     still copied once, and a tile whose k tiles lie in the shares of several blocks is handed over as split-K's
     slices are, one partial tile and one atomic per sharing block (every tile's counter zeroed). An NCHW plan adds
     the per-call copies, counted as workspaces: the input to channels_last (N*C*H*W words read and written, by the
-    plan's own kernel; not with XG = 1, whose producer warps read the same in-image values from the NCHW input in
-    place) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a channels_last weight,
-    which is read in place). An NCHW plan without stream-K stages its stores through shared
+    plan's own kernel) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a
+    channels_last weight, which is read in place). An NCHW plan without stream-K stages its stores through shared
     memory: each consumer thread reads the bias of its two channels of every 8 once per tile, so each channel of a
     tile is read by the 32 WG threads that hold it (``grid.x * K * 32 * WG``)."""
     _check_problem(problem)
@@ -519,9 +517,8 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     written, read = [], []
     if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * crs
-        copied = [("w KRSC", w_words)] if config.get("XG", 0) else [("x channels_last", x_words), ("w KRSC", w_words)]
-        written += copied
-        read += copied
+        written += [("x channels_last", x_words), ("w KRSC", w_words)]
+        read += [("x channels_last", x_words), ("w KRSC", w_words)]
     tiles = gx * gy
     grid = (gx, gy, split)
     if config.get("SK", 0):

@@ -51,8 +51,7 @@ struct LaunchGeometry {
   int dtype = 0;  // 0 float32, 1 float16, 2 bfloat16
   int nhwc = 0;   // 1: channels_last input and output, KRSC weight
   int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
-                  // fp32 with TF32 products); 2: only w's map, the kernel reads the fp32 NCHW x in place (its last
-                  // argument)
+                  // fp32 with TF32 products)
   int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan)
 };
 
@@ -208,16 +207,14 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                ((geo.dtype != 0 || geo.nhwc != 0 || geo.tma != 0) &&
                 ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
-               geo.tma < 0 || geo.tma > 2 || geo.stream_k < 0 || geo.stream_k > 1 ||
-               (geo.tma == 2 && (geo.dtype != 0 || geo.nhwc != 0 || geo.stream_k != 0)) ||
+               geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 1 ||
                (geo.stream_k && (!geo.tma || geo.split != 1)) ||
                (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
                 "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256; "
-                "stream-K only in a TMA plan without split-K; an input read in place by a TMA plan only in fp32 NCHW "
-                "without stream-K)");
+                "stream-K only in a TMA plan without split-K)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -421,8 +418,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   }
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     // (an input or weight not already channels_last is copied first: a fresh allocation, aligned; an NCHW input
-    // with H = W = 1 is channels_last as it is, and read in place; tma = 2 maps no input)
-    const bool x_direct = geo.tma == 1 && (geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast));
+    // with H = W = 1 is channels_last as it is, and read in place)
+    const bool x_direct = geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast);
     const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);
     if (x.size(1) % (16 / x.element_size()) != 0)
       return "a TMA plan reads channels 16 bytes at a time; C is not a multiple of 8 (16-bit) or 4 (fp32)";
@@ -541,14 +538,10 @@ void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, con
   const int lower[2] = {-p.pad_w, -p.pad_h};
   const int upper[2] = {(p.Q - 1) * p.stride_w + 1 - p.W - p.pad_w, (p.P - 1) * p.stride_h + 1 - p.H - p.pad_h};
   const cuuint32_t xsteps[4] = {1, static_cast<cuuint32_t>(p.stride_w), static_cast<cuuint32_t>(p.stride_h), 1};
-  if (geo.tma == 1) {  // (tma = 2: the kernel reads the input itself; its map argument stays zeros)
-    BAGF_CU_CHECK(cuTensorMapEncodeIm2col(&xm, type, 4, const_cast<void*>(xp), xdim, xstride, lower, upper, row,
-                                          static_cast<cuuint32_t>(geo.bn), xsteps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-  } else {
-    xm = CUtensorMap{};
-  }
+  BAGF_CU_CHECK(cuTensorMapEncodeIm2col(&xm, type, 4, const_cast<void*>(xp), xdim, xstride, lower, upper, row,
+                                        static_cast<cuuint32_t>(geo.bn), xsteps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   const cuuint64_t RS = static_cast<cuuint64_t>(p.R) * p.S;
   const cuuint64_t wdim[3] = {C, RS, static_cast<cuuint64_t>(p.K)};
   const cuuint64_t wstride[2] = {C * bytes, C * bytes * RS};
@@ -588,7 +581,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
   const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
   at::Tensor xf = x;
-  if (geo.tma == 1 && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+  if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     if (plan.transpose_fn == nullptr || (p.C + 31) / 32 > 65535) {
       xf = x.contiguous(at::MemoryFormat::ChannelsLast);
     } else {  // the plan's own copy: 32 x 32 tiles through shared memory (ATen's permuting copy is slower)
@@ -603,7 +596,6 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     }
   }
   const void* xp = xf.const_data_ptr();
-  const void* x_in = x.const_data_ptr();  // a TMA kernel's last argument (read in place when tma = 2)
   const void* wp = wf.const_data_ptr();
   const void* bp = has_bias ? b->const_data_ptr() : nullptr;
   void* yp = y.mutable_data_ptr();
@@ -634,15 +626,14 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
                                    static_cast<size_t>(tiles), stream));
     CUtensorMap xm, wm;
     encode_tma_maps(geo, p, xp, wp, xm, wm);
-    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp, &x_in};
+    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp};
     BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1,
                                  static_cast<unsigned>(smem), stream, args, nullptr));
     return;
   }
   // A 16-bit or TMA split-K plan sums its slices in a workspace whose per-tile counters start at zero; another fp32
   // one adds them atomically into a zeroed output. (The 16-bit and TMA kernels take the workspace as a sixth
-  // argument, null without split-K, and the TMA kernels the input's pointer as a seventh; the other fp32 kernels
-  // have five, and the driver reads only those.)
+  // argument, null without split-K; the other fp32 kernels have five, and the driver reads only those.)
   at::Tensor ws;
   float* wsp = nullptr;
   if (const int64_t floats = split_workspace_floats(geo, cols, p.K); floats > 0) {
@@ -655,7 +646,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
   CUtensorMap xm, wm;
-  void* args[] = {&xp, &wp, &bp, &yp, &p, &wsp, &x_in};
+  void* args[] = {&xp, &wp, &bp, &yp, &p, &wsp};
   if (geo.tma) {
     encode_tma_maps(geo, p, xp, wp, xm, wm);
     args[0] = &xm;

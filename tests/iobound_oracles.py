@@ -295,8 +295,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     does, a tile it covers only in part handed over (a partial tile and an atomic; the tile's last part to arrive
     reads them all and finishes it). An NCHW tile without stream-K is stored as wgt::store_nchw_staged stores it
     (each consumer thread reads the bias of its channels of every 8, then stores its pixel's channels). The NCHW
-    plan's per-call copies are counted as ``implicit_gemm_tma_tf32_traffic`` counts them (XG = 1: the weight's only;
-    its producer warps read the same in-image values the im2col box reads). Small shapes only."""
+    plan's per-call copies are counted as ``implicit_gemm_tma_tf32_traffic`` counts them. Small shapes only."""
     from bagf_torch.kernels import implicit_gemm_tma_tf32 as tma_tf32
 
     _check_problem(problem)
@@ -394,9 +393,8 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     written, read = [], []
     if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * problem.c * problem.r * problem.s
-        copied = [("w KRSC", w_words)] if config.get("XG", 0) else [("x channels_last", x_words), ("w KRSC", w_words)]
-        written += copied
-        read += copied
+        written += [("x channels_last", x_words), ("w KRSC", w_words)]
+        read += [("x channels_last", x_words), ("w KRSC", w_words)]
     if config.get("SK", 0):
         written += [("stream-K partials", partials_w), ("stream-K counters", tiles + counter_atomics)]
         read += [("stream-K partials", partials_r), ("stream-K counters", counter_atomics)]

@@ -3,7 +3,6 @@ the op (opcheck, autograd, torch.compile), and the first-call tuning / cache / f
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
@@ -1189,17 +1188,14 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     convolution of the operands rounded to TF32 to nearest (cvt.rna) within fp32's bound: the operands are rounded
     as cuDNN's TF32 rounds them (the TMA unit rounds as it copies a TF32 map), not truncated; on AlexNet-like layers
     within twice cuDNN's TF32 error, and far closer to the rounded operands' convolution than to the truncated ones'.
-    A NaN reaches the outputs it reaches in cuDNN. The same for the NCHW kernels that read the input in place (XG =
-    1: their producer warps gather it, the consumers round it to nearest in registers). Then
-    _wgmma_h16_schedule_and_op_checks in float32 NCHW, with and without XG: many waves, CUDA graphs, opcheck,
-    torch.compile."""
+    A NaN reaches the outputs it reaches in cuDNN. Then _wgmma_h16_schedule_and_op_checks in float32 NCHW: many
+    waves, CUDA graphs, opcheck, torch.compile."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace, output_error
 
     fam = _family("implicit_gemm_tma_tf32")
     fmts = [("float32", "nchw"), ("float32", "nhwc")]
     configs = [dict(fam.DEFAULT, **t, SPLIT=sp, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES for sp in (1, 2, 8)]
     configs += [dict(fam.DEFAULT, **t, SK=1, NHWC=nh) for nh in (0, 1) for t in _TMA_TILES]
-    configs += [dict(fam.DEFAULT, **t, SPLIT=sp, XG=1) for t in _TMA_TILES for sp in (1, 2, 8)]
     assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
                                                            if not fam.space().is_valid(c)]
     shapes = [s for s in PIPE_SHAPES + H16_SHAPES if s[1] % 4 == 0] + [
@@ -1212,14 +1208,14 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, shapes, fmts)))
     # AlexNet-like layers in TF32 mode: within twice cuDNN's TF32 error (the tuner's bound), and the convolution of the
     # operands rounded to nearest, not truncated (the TMA unit rounds as it copies a TF32 map)
-    handle, handle_xg = (h.handle for h in compiler.compile(fam, [fam.DEFAULT, dict(fam.DEFAULT, XG=1)]))
+    handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
     checker = CudaChecker(compiler.ext)
-    for shape, hd in itertools.product([(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
+    for shape in [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
                   (2, 64, 27, 27, 192, 5, 5, (1, 1), (2, 2), (1, 1), True),
-                  (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)], (handle, handle_xg)):
+                  (2, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), False)]:
         ws = Workspace(_problem(shape, tf32=True), torch.device("cuda", 0))
         assert ws.cudnn_error is not None and ws.cudnn_error[0] > 1e-5, ws.cudnn_error  # cuDNN used TF32 here
-        assert checker.check(ws, hd) is None
+        assert checker.check(ws, handle) is None
         out = ws.out.clone()
         ours = output_error(out, ws.ref, ws.ref_norm, ws.ref_max)
         p = ws.problem
@@ -1228,7 +1224,7 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
                           p.padding, p.dilation)
         rz = output_error(out, ref_rz, float(ref_rz.norm()), float(ref_rz.abs().max()))
         rn = output_error(out, *(lambda r: (r.ref, r.ref_norm, r.ref_max))(_tf32_reference(ws)))
-        print(f"{p.short()} {'XG = 1' if hd == handle_xg else 'XG = 0'}: cuDNN TF32 {ws.cudnn_error[0]:.2e} (max {ws.cudnn_error[1]:.2e}), ours {ours[0]:.2e} (max "
+        print(f"{p.short()}: cuDNN TF32 {ws.cudnn_error[0]:.2e} (max {ws.cudnn_error[1]:.2e}), ours {ours[0]:.2e} (max "
               f"{ours[1]:.2e}); against the operands rounded to TF32 {rn[0]:.2e}, truncated {rz[0]:.2e}")
         assert rz[0] > 10 * rn[0], (rn, rz)
     # more images than grid.z holds (65535): the NCHW plan's input copy walks the rest with its stride loop
@@ -1244,11 +1240,10 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     x.view(torch.int32)[0, 1, 3, 4] = 0x7FFFFFFF
     w = torch.randn(7, 8, 3, 3, device="cuda")
     w.view(torch.int32)[3, 2, 1, 1] = -1
+    out = torch.zeros(2, 7, 11, 13, device="cuda")
+    compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], handle, out=out)  # strict: never ATen
     ref = F.conv2d(x, w, None, 1, 1)
-    for hd in (handle, handle_xg):
-        out = torch.zeros(2, 7, 11, 13, device="cuda")
-        compiler.ext.conv2d_inference(x, w, None, [1, 1], [1, 1], [1, 1], hd, out=out)  # strict: never ATen
-        assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
+    assert int(torch.isnan(ref).sum()) > 0 and torch.equal(torch.isnan(out), torch.isnan(ref))
     # what the maps cannot take: a strict launch raises, the op answers through ATen (C % 4 != 0; a channels_last
     # input read in place 4 bytes off 16-byte alignment)
     h = built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[0], SPLIT=1, NHWC=1))].handle
@@ -1266,9 +1261,8 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     for xi, wi in ((x6, w6), (xm, w8)):
         torch.testing.assert_close(torch.ops.bagf.conv2d(xi, wi, None, [1, 1], [1, 1], [1, 1], h),
                                    F.conv2d(xi, wi, None, 1, 1))
-    for xg in (0, 1):
-        _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8,
-                                                                             XG=xg))].handle, fmt=("float32", "nchw"))
+    _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(dict(fam.DEFAULT, **_TMA_TILES[1], SPLIT=8))]
+                                      .handle, fmt=("float32", "nchw"))
     _stream_k_checks(compiler, fam, ("float32", "nchw"))
 
 

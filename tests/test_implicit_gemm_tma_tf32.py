@@ -26,14 +26,11 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = tt.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (0, c["NHWC"], 1 + c["XG"], c["SPLIT"], c["SK"])
-        assert c["DT"] == 2 and (c["SK"] == 0 or c["SPLIT"] == 1)
-        assert c["XG"] == 0 or (c["NHWC"], c["SK"]) == (0, 0)  # (the input read in place: NCHW, no stream-K)
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (0, c["NHWC"], 1, c["SPLIT"], c["SK"]) and c["DT"] == 2
+        assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
-        # XG = 1: the input rows padded to BN + 8 floats, 1024 bytes more per stage
-        assert g.smem == c["STAGES"] * ((g.bn + g.bm) * 128 + 1024 * c["XG"]) + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM
+        assert g.smem == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["NHWC"] for c in valid} == {0, 1}
-    assert {(c["NHWC"], c["XG"]) for c in valid} == {(0, 0), (0, 1), (1, 0)}
     assert len({tt.name_expression(c) for c in valid}) == len({tt.name(dict(c, SPLIT=1)) for c in valid})
     # the same kernel template as the 16-bit family, DT 2; never one of its instantiations
     h16 = {th.name_expression(c) for c in th.space().valid_configs()}
@@ -44,18 +41,11 @@ def test_every_valid_config_obeys_the_documented_rules():
 def test_names_and_who_it_takes():
     assert tt.name(tt.DEFAULT) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_s1_sm90"
     assert tt.name(dict(tt.DEFAULT, NHWC=1, SPLIT=4)) == "implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s4_sm90"
-    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == ("bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 0>;"
+    assert tt.name_expression(dict(tt.DEFAULT, SPLIT=8)) == ("bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;"
                                                              "bagf::nchw_to_nhwc<2>")  # (an NCHW plan's input copy)
-    # XG = 1 reads the NCHW input in place: no copy kernel, and only the weight is mapped (tma = 2)
-    xg = dict(tt.DEFAULT, XG=1)
-    assert tt.name(xg) == "implicit_gemm_tma_tf32_nchw_xg_wn128_mi1_wg2_st4_s1_sm90"
-    assert tt.name_expression(xg) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 1>"
-    assert tt.launch(xg).tma == 2 and tt.launch(tt.DEFAULT).tma == 1
-    assert "NHWC = 0" in tt.space().invalid_reason(dict(xg, NHWC=1))
-    assert "SK = 0" in tt.space().invalid_reason(dict(xg, SK=1))
     assert tt.name(dict(tt.DEFAULT, SK=1)) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_sk_sm90"
-    assert tt.name_expression(dict(tt.DEFAULT, SK=1, NHWC=1)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 1, 0>"
-    legacy = {k: v for k, v in tt.DEFAULT.items() if k not in ("SK", "XG")}  # recorded before stream-K
+    assert tt.name_expression(dict(tt.DEFAULT, SK=1, NHWC=1)) == "bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 1>"
+    legacy = {k: v for k, v in tt.DEFAULT.items() if k != "SK"}  # recorded before stream-K
     assert (tt.name(legacy), tt.launch(legacy), tt.name_expression(legacy)) == (
         tt.name(tt.DEFAULT), tt.launch(tt.DEFAULT), tt.name_expression(tt.DEFAULT))
     assert tt.gpu_arch(tt.DEFAULT, "sm_90") == "sm_90a" and "sm_90" in tt.arch_rule(tt.DEFAULT, "sm_80")

@@ -247,8 +247,6 @@ def test_tma_tf32_model_equals_brute_force(problem):
     configs = [tt.default_for(problem)] + rng.sample([c for c in valid if c["WN"] <= 128], 3)
     configs += [c for c in valid if c["SPLIT"] > 1][:1] + [c for c in valid if c["SK"]][:1]
     configs += [dict(tt.default_for(problem), SK=1, SPLIT=1)]  # (a tile shared by several blocks: few k tiles each)
-    if not nhwc:  # the NCHW input read in place
-        configs += [c for c in valid if c["XG"]][:1] + [dict(tt.default_for(problem), XG=1, SPLIT=2)]
     assert any(c["SPLIT"] > 1 for c in configs) and sum(c["SK"] for c in configs) >= 2
     for config in configs:
         model = iobound.implicit_gemm_tma_tf32_traffic(problem, config)

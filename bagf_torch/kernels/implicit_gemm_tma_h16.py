@@ -77,10 +77,9 @@ TEMPLATE_ORDER = ("DT", "WN", "MI", "WG", "STAGES", "NHWC", "SK")
 """The template parameters; SPLIT is the launch's grid.z, so configurations that differ only in it share a cubin."""
 MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const unsigned short*, "
-               "unsigned short*, const bagf::Conv2dParams, float*, const unsigned short*")
+               "unsigned short*, const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
-short), the shape, the split-K or stream-K workspace, the input's pointer (read only by implicit_gemm_tma_tf32's
-XG = 1 kernels, which take the input in place)."""
+short), the shape, the split-K or stream-K workspace."""
 TRANSPOSE_KERNEL = "bagf::nchw_to_nhwc"
 """An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last, made before each launch."""
 AUX_KERNEL_ARGS = "const unsigned short*, unsigned short*, int, int, int"

@@ -68,17 +68,17 @@ from . import implicit_gemm_h16 as _h16
 from . import implicit_gemm_tma_h16 as _th
 from . import implicit_gemm_wgmma_h16 as _wh
 from .geometry import LaunchGeometry
-from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
+from .space import Config, Space, register_rule, shared_memory_rule, template_expression
 
 FAMILY = "implicit_gemm_tma_tf32"
 SOURCE = _th.SOURCE
 KERNEL = _th.KERNEL
-TEMPLATE_ORDER = _th.TEMPLATE_ORDER + ("XG",)
+TEMPLATE_ORDER = _th.TEMPLATE_ORDER
 MIN_ARCH = 90
 KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ bagf::TmaMap, const float*, float*, "
-               "const bagf::Conv2dParams, float*, const float*")
+               "const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y, the shape, the split-K
-workspace, the input (read in place by XG = 1; the input's map is zeros then)."""
+workspace."""
 AUX_KERNEL_ARGS = "const float*, float*, int, int, int"
 """An NCHW plan's second kernel's parameter list (implicit_gemm_tma_h16.TRANSPOSE_KERNEL): x, its channels_last copy,
 C, H*W, N."""
@@ -88,11 +88,11 @@ BK = 32
 LAYOUTS = _th.LAYOUTS
 FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,), "XG": (0, 1)}
+PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
 
-DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0, "XG": 0}
-LEGACY: Config = {"SK": 0, "XG": 0}
-"""Configurations recorded before stream-K, and before the NCHW input could be read in place."""
+DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0}
+LEGACY: Config = {"SK": 0}
+"""Configurations recorded before stream-K."""
 
 STATIC_SMEM = _th.STATIC_SMEM
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
@@ -101,27 +101,12 @@ H200_SMS = _wh.H200_SMS
 bm = _th.bm
 bn = _th.bn
 threads = _th.threads
+smem_bytes = _th.smem_bytes
 estimated_registers = _th.estimated_registers
+blocks_per_sm = _th.blocks_per_sm
 tiles = _th.tiles
 gpu_arch = _th.gpu_arch
 arch_rule = _th.arch_rule
-
-
-def smem_bytes(c: Mapping[str, int]) -> int:
-    """implicit_gemm_tma_h16's ring and alignment; with XG = 1 a stage's input part is 32 channel rows of BN + 8
-    floats (the pitch that keeps the fragment loads conflict-free), 1024 bytes more per stage."""
-    return _th.smem_bytes(c) + (1024 * c["STAGES"] if c.get("XG", 0) else 0)
-
-
-def blocks_per_sm(c: Mapping[str, int]) -> int:
-    return resident_blocks(threads(c), smem_bytes(c), estimated_registers(c))
-
-
-def gather_rule(c: Mapping[str, int]) -> str | None:
-    """XG = 1 (the producer warps read the input in place) is for NCHW without stream-K."""
-    if c.get("XG", 0) and (c["NHWC"] or c.get("SK", 0)):
-        return "XG = 1 reads an NCHW input in place, without stream-K (NHWC = 0, SK = 0)"
-    return None
 
 
 def applies(problem) -> str | None:
@@ -182,31 +167,25 @@ def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
-                          nhwc=c["NHWC"], tma=2 if c["XG"] else 1, stream_k=c["SK"])
+                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``,
-    ``..._tf32_nchw_xg_wn128...`` (the input read in place), ``..._st4_sk_sm90`` (stream-K)."""
-    c = {**LEGACY, **c}
-    layout = "" if c["NHWC"] else "_nchw_xg" if c["XG"] else "_nchw"
-    return (f"{FAMILY}{layout}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
+    ``..._st4_sk_sm90`` (stream-K)."""
+    return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{_th.split_name(c)}_{arch}")
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0, 0>`` (whatever SPLIT: a launch parameter); an
-    NCHW plan's also names its input copy:
-    ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 0>;bagf::nchw_to_nhwc<2>``, but for XG = 1, which
-    reads the input in place: ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0, 1>``."""
-    c = {**LEGACY, **c}
-    main = template_expression(KERNEL, TEMPLATE_ORDER, c)
-    return main if c["NHWC"] or c["XG"] else f"{main};{_th.TRANSPOSE_KERNEL}<{c['DT']}>"
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 1, 0>`` (whatever SPLIT: a launch parameter); an NCHW
+    plan's also names its input copy:
+    ``bagf::implicit_gemm_tma_h16_conv2d<2, 128, 1, 2, 4, 0, 0>;bagf::nchw_to_nhwc<2>``."""
+    return _th.name_expression({**LEGACY, **c})
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, _th.stream_k_rule, gather_rule,
-            shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, _th.stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

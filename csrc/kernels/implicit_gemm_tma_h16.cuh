@@ -119,16 +119,6 @@ __device__ __forceinline__ void tma_tile3(unsigned dst, const TmaMap* map, int a
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(a), "r"(b), "r"(c), "r"(bar)
       : "memory");
 }
-// 4-byte copy global -> shared, zero-filled where src_bytes = 0, cached in L1 (a k tile's neighbouring taps read the
-// same input rows)
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, unsigned src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-// an arrival on `bar` once every cp.async this thread issued before it has landed (.noinc: counted in the barrier's
-// initial count)
-__device__ __forceinline__ void cp_async_arrive(unsigned bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 #endif
 
 // Stream-K (SK = 1): the grid's G blocks share the T x I k iterations of all T output tiles (I k tiles each)
@@ -227,148 +217,6 @@ __device__ __forceinline__ void consume(float (&acc)[MI][WN / 2], int count, uns
   mbar_arrive_if(empty0 + 8 * prev, count > 0 && lane == 0);
 }
 
-// XG = 1 (fp32 NCHW, TF32 mode, SK = 0): the producer warpgroup's 128 threads gather each k tile of the input from
-// the NCHW tensor itself, no channels_last copy. The stage's input part is [32 channels][BN + 8 pixels] floats
-// (the pitch is 8 mod 32 words: the consumers' fragment loads hit 32 banks); thread i copies pixels i and i + 128 of
-// the tile, one 4-byte cp.async per channel (lanes: consecutive pixels, so consecutive addresses along an image row),
-// zeros where the tap falls outside the image, past C or past the last pixel. Each thread's arrival on the stage's
-// full barrier follows its own copies (cp.async.mbarrier.arrive.noinc: the barrier counts 128 of them and thread 0's
-// arrival with the weight tile's TMA bytes). The values land unrounded: the consumers round them to TF32.
-template <int BN, int BM, int STAGES>
-__device__ __forceinline__ void produce_gather(const float* __restrict__ x, const TmaMap* wmap, const Conv2dParams& p,
-                                               int n0, int m0, int kb, int ke, int cb_n, unsigned smem0,
-                                               unsigned full0, unsigned empty0, int ptid) {
-  constexpr int LDA = BN + 8;
-  constexpr int A_BYTES = 4 * 32 * LDA;
-  constexpr int STAGE = A_BYTES + BM * 128;
-  constexpr int PPT = (BN + 127) / 128;  // pixels per producer thread
-  const int HW = p.H * p.W;
-  const int NPQ = p.N * p.P * p.Q;
-  int ih0[PPT], iw0[PPT];
-  const float* xb[PPT];
-#pragma unroll
-  for (int j = 0; j < PPT; ++j) {
-    const int m = ptid + 128 * j;
-    const int npq = n0 + m;
-    ih0[j] = -0x40000000;  // a pixel past the tile or the last image: a window no tap reaches (zeros)
-    iw0[j] = 0;
-    xb[j] = x;
-    if (m < BN && npq < NPQ) {
-      const int img = npq / (p.P * p.Q);
-      const int pq = npq - img * (p.P * p.Q);
-      const int oh = pq / p.Q;
-      const int ow = pq - oh * p.Q;
-      ih0[j] = oh * p.stride_h - p.pad_h;
-      iw0[j] = ow * p.stride_w - p.pad_w;
-      xb[j] = x + static_cast<long long>(img) * p.C * HW;
-    }
-  }
-  int tap = kb / cb_n;
-  int cb = kb - tap * cb_n;
-  int r = tap / p.S;
-  int s = tap - r * p.S;
-  int slot = 0;
-  unsigned phase = 0;
-  for (int t = kb; t < ke; ++t) {
-    if (t - kb >= STAGES) mbar_wait(empty0 + 8 * slot, phase ^ 1u);  // the copies STAGES before were released
-    const unsigned st = smem0 + slot * STAGE;
-    const unsigned bar = full0 + 8 * slot;
-    if (ptid == 0) {
-      mbar_arrive_expect_tx(bar, BM * 128);
-      tma_tile3(st + A_BYTES, wmap, cb * 32, tap, m0, bar);
-    }
-    const int nc = min(32, p.C - cb * 32);  // channels of this block inside C
-#pragma unroll
-    for (int j = 0; j < PPT; ++j) {
-      const int m = ptid + 128 * j;
-      if (m < BN) {
-        const int ih = ih0[j] + r * p.dil_h;
-        const int iw = iw0[j] + s * p.dil_w;
-        const bool ok = static_cast<unsigned>(ih) < static_cast<unsigned>(p.H) &&
-                        static_cast<unsigned>(iw) < static_cast<unsigned>(p.W);
-        const float* src = ok ? xb[j] + static_cast<long long>(cb * 32) * HW + ih * p.W + iw : x;
-        const int n_ok = ok ? nc : 0;
-        const unsigned dst = st + 4 * m;
-#pragma unroll 8
-        for (int c = 0; c < 32; ++c) {
-          const bool in = c < n_ok;
-          cp_async4(dst + 4 * LDA * c, in ? src + static_cast<long long>(c) * HW : x, in ? 4u : 0u);
-        }
-      }
-    }
-    cp_async_arrive(bar);
-    if (++cb == cb_n) {
-      cb = 0;
-      ++tap;
-      if (++s == p.S) {
-        s = 0;
-        ++r;
-      }
-    }
-    if (++slot == STAGES) {
-      slot = 0;
-      phase ^= 1u;
-    }
-  }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy of this thread's still in flight when it exits
-}
-
-// XG = 1: a consumer warpgroup's share of `count` k tiles. The input tile is wgmma's register operand: each thread
-// loads its fragments from the [channel][pixel] tile (gemm_wgmma.cuh's row permutation: fragment row g <-> pixel 2g,
-// row g + 8 <-> pixel 2g + 1, one 8-byte load per two rows), rounds them to TF32 (to nearest, as the TMA unit rounds
-// the weight tile) and issues the wgmma group with the weight tile from shared memory. Group i's fragment registers
-// stay untouched until group i is done (two sets, alternating), and each stage is released once the group that read
-// it is done. `frag` is the thread's first fragment value in a stage, in floats.
-template <int WN, int MI, int BN, int BM, int STAGES>
-__device__ __forceinline__ void consume_gather(float (&acc)[MI][WN / 2], int count, const float* ring, unsigned smem0,
-                                               unsigned full0, unsigned empty0, int frag, int lane) {
-  constexpr int LDA = BN + 8;
-  constexpr int A_BYTES = 4 * 32 * LDA;
-  constexpr int STAGE = A_BYTES + BM * 128;
-  int slot = 0, prev = 0;
-  unsigned phase = 0;
-  auto step = [&](int i, unsigned (&f)[MI][4][4]) {
-    mbar_wait(full0 + 8 * slot, phase);
-    const unsigned sa = smem0 + slot * STAGE;
-    const float* a = ring + slot * (STAGE / 4) + frag;
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        const float2 lo = *reinterpret_cast<const float2*>(a + 8 * s * LDA + 64 * mi);
-        const float2 hi = *reinterpret_cast<const float2*>(a + (8 * s + 4) * LDA + 64 * mi);
-        f[mi][s][0] = tc::round_tf32(lo.x);
-        f[mi][s][1] = tc::round_tf32(lo.y);
-        f[mi][s][2] = tc::round_tf32(hi.x);
-        f[mi][s][3] = tc::round_tf32(hi.y);
-      }
-    wg::fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) wg::mma<WN>(acc[mi], f[mi][s], wgh::desc128(sa + A_BYTES + 32 * s));
-    wg::commit();
-    wg::wait<1>();  // group i - 1 is done: its stage may be refilled, its fragment set reloaded
-    mbar_arrive_if(empty0 + 8 * prev, i > 0 && lane == 0);
-    prev = slot;
-    if (++slot == STAGES) {
-      slot = 0;
-      phase ^= 1u;
-    }
-  };
-  unsigned f0[MI][4][4], f1[MI][4][4];
-  for (int i = 0; i < count; i += 2) {
-    step(i, f0);
-    if (i + 1 < count) step(i + 1, f1);
-  }
-  wg::wait<0>();
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int v = 0; v < WN / 2; ++v) wg::keep(acc[mi][v]);
-  mbar_arrive_if(empty0 + 8 * prev, count > 0 && lane == 0);
-}
-
 // Stream-K's hand-over of a tile that several blocks share: this block stores its part of the sums in its own slot
 // of the workspace (two per block: 0 for the first tile of its share, 1 for the last; the tiles between are whole),
 // counts itself on the tile's counter, and the block that arrives last adds every part in k order (the owners of
@@ -420,9 +268,8 @@ __device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __
 // writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their accumulators, bias
 // added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32 banks), meet,
 // and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the output dtype.
-// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1. PERM: the
-// accumulators' rows are consume_gather's (row g <-> pixel 2g, g + 8 <-> 2g + 1), a thread's two pixels adjacent.
-template <int DT, int WN, int MI, int WG, bool PERM = false>
+// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1.
+template <int DT, int WN, int MI, int WG>
 __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                                   const typename wgh::Elem<DT>::T* __restrict__ bias,
                                                   typename wgh::Elem<DT>::T* __restrict__ y, int n0, int m0,
@@ -457,22 +304,13 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
       const float b0 = p.has_bias && ch < p.K ? wgh::Elem<DT>::widen(__ldg(bias + ch)) : 0.f;
       const float b1 = p.has_bias && ch + 1 < p.K ? wgh::Elem<DT>::widen(__ldg(bias + ch + 1)) : 0.f;
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        if constexpr (PERM) {  // pixels 2g and 2g + 1: one 8-byte store per channel
-          const int px = (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + 2 * (lane >> 2);
-          *reinterpret_cast<float2*>(stage + cl * LD + px) =
-              make_float2(acc[mi][4 * j] + b0, acc[mi][4 * j + 2] + b0);
-          *reinterpret_cast<float2*>(stage + (cl + 1) * LD + px) =
-              make_float2(acc[mi][4 * j + 1] + b1, acc[mi][4 * j + 3] + b1);
-        } else {
+      for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int px = (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
-            stage[cl * LD + px] = acc[mi][4 * j + 2 * h] + b0;
-            stage[(cl + 1) * LD + px] = acc[mi][4 * j + 2 * h + 1] + b1;
-          }
+        for (int h = 0; h < 2; ++h) {
+          const int px = (warp >> 2) * (MI * 64) + mi * 64 + (warp & 3) * 16 + (lane >> 2) + 8 * h;
+          stage[cl * LD + px] = acc[mi][4 * j + 2 * h] + b0;
+          stage[(cl + 1) * LD + px] = acc[mi][4 * j + 2 * h + 1] + b1;
         }
-      }
     }
     sync();
     if (in) {
@@ -514,12 +352,12 @@ __global__ void __launch_bounds__(256) nchw_to_nhwc(const typename wgh::Elem<DT>
   }
 }
 
-template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK, int XG = 0>
+template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK>
 __global__ void __launch_bounds__(128 * (WG + 1), 1)
     implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
                                  const typename wgh::Elem<DT>::T* __restrict__ bias,
                                  typename wgh::Elem<DT>::T* __restrict__ y, const Conv2dParams p,
-                                 float* __restrict__ ws, const typename wgh::Elem<DT>::T* __restrict__ x) {
+                                 float* __restrict__ ws) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BK = DT == 2 ? 32 : 64;  // channels per k tile: one 128-byte row per pixel and per output channel
   constexpr int TC = 128 * WG;       // consumer threads; the producer warpgroup follows them
@@ -532,8 +370,6 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   static_assert(STAGES >= 2, "a stage being read and one being filled");
   static_assert(NACC <= 128, "accumulators fit the register file");
   static_assert(SK == 0 || SK == 1, "stream-K or not");
-  static_assert(XG == 0 || (XG == 1 && DT == 2 && NHWC == 0 && SK == 0),
-                "the producer warps gather only fp32 NCHW input, without stream-K");
 
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
@@ -562,8 +398,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   if (tid == TC) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      // the producer's arrival (with the copies' bytes), and with XG each producer thread's after its copies
-      wgt::mbar_init(full0 + 8 * s, XG ? 129 : 1);
+      wgt::mbar_init(full0 + 8 * s, 1);        // the producer's arrival (with the copies' bytes)
       wgt::mbar_init(empty0 + 8 * s, 4 * WG);  // one arrival per consumer warp
     }
     wgt::fence_barrier_init();
@@ -575,10 +410,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   if (tid >= TC) {
     // The producer warpgroup: one thread issues every copy; the others give their registers to the consumers.
     if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if constexpr (XG) {
-      wgt::produce_gather<BN, BM, STAGES>(x, &wmap, p, blockIdx.x * BN, blockIdx.y * BM, t_begin, t_begin + tiles,
-                                          cb_n, smem0, full0, empty0, tid - TC);
-    } else if (tid == TC) {
+    if (tid == TC) {
       int issued = 0;
       if constexpr (SK) {
         for (int x = sk_start; x < sk_end;) {
@@ -626,20 +458,13 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
         acc[mi][v] = 0.f;
         wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
       }
-    if constexpr (XG) {
-      const int lane = tid & 31;
-      const int frag = (lane & 3) * (BN + 8) + (warp >> 2) * (MI * 64) + (warp & 3) * 16 + 2 * (lane >> 2);
-      wgt::consume_gather<WN, MI, BN, BM, STAGES>(acc, tiles, reinterpret_cast<const float*>(smem_raw + (smem0 - smem_base)),
-                                                 smem0, full0, empty0, frag, lane);
-    } else {
-      wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
-    }
+    wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
     if (!wgh::split_hand_over<WN, MI, WG, false>(acc, ws)) return;
     if constexpr (NHWC == 1) {
       wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM);
     } else {
       static_assert(32 * (BN + 4) * 4 <= STAGES * (BN + BM) * 128, "the staged NCHW tile fits the ring");
-      wgt::store_nchw_staged<DT, WN, MI, WG, XG == 1>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM,
+      wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM,
                                              reinterpret_cast<float*>(smem_raw + (smem0 - smem_base)));
     }
   }
