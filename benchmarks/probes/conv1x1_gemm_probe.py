@@ -1,5 +1,5 @@
 """A 1x1 NCHW convolution is a batched GEMM, Y[n] (K x HW) = W (K x C) X[n] (C x HW): how fast is cuBLAS's TF32 GEMM
-on it against cuDNN's TF32 convolution (needs a GPU)? CUDA-graph GPU time of each, interleaved, median of rounds;
+on it against cuDNN's TF32 convolution (needs a GPU)? CUDA-graph GPU time of each per call (host_floor.py's timer: 20 calls per graph), interleaved, median of 15 rounds;
 cuDNN in benchmark mode with allow_tf32 (PyTorch's default for convolutions), the GEMM with matmul TF32 allowed
 for the probe only.
 
@@ -9,34 +9,17 @@ for the probe only.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def graph_time(fn, reps=20, rounds=15):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
+from host_floor import interleaved_graph_us  # noqa: E402
 
-    def once():
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) * 1000 / reps
-    return once
+from bagf_torch.tuning.measure import CudaBenchmarker  # noqa: E402
 
 
 def main():
@@ -59,16 +42,11 @@ def main():
         y_mm = y_mm.view(n, k, h, h)
         err = lambda y: float((y.double() - ref).norm() / ref.norm())
         out_mm = torch.empty(n, k, h * h, device="cuda")
-        conv_t = graph_time(lambda: F.conv2d(x, w, b))
-        mm_t = graph_time(lambda: torch.matmul(w2, xv, out=out_mm))
-        mmb_t = graph_time(lambda: torch.baddbmm(b[None, :, None].expand(n, k, h * h), w2.expand(n, k, c), xv,
-                                                 out=out_mm))
-        ts = {"cudnn": [], "matmul": [], "baddbmm": []}
-        for _ in range(15):
-            ts["cudnn"].append(conv_t())
-            ts["matmul"].append(mm_t())
-            ts["baddbmm"].append(mmb_t())
-        med = {k_: statistics.median(v) for k_, v in ts.items()}
+        med = interleaved_graph_us({
+            "cudnn": lambda: F.conv2d(x, w, b),
+            "matmul": lambda: torch.matmul(w2, xv, out=out_mm),
+            "baddbmm": lambda: torch.baddbmm(b[None, :, None].expand(n, k, h * h), w2.expand(n, k, c), xv, out=out_mm),
+        }, CudaBenchmarker(), rounds=15)
         torch.backends.cuda.matmul.allow_tf32 = False
         print(f"N{n} C{c} {h}x{h} K{k}: cuDNN TF32 {med['cudnn']:.1f} us (err {err(y_conv):.2e}), "
               f"cuBLAS TF32 matmul {med['matmul']:.1f} us (err {err(y_mm):.2e}), baddbmm with bias {med['baddbmm']:.1f} us;"
