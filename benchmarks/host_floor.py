@@ -53,8 +53,8 @@ def config_of(plan_name: str):
     raise SystemExit(f"no configuration is named {plan_name}")
 
 
-def graph_us(fn, bench: CudaBenchmarker) -> float:
-    """Per-call GPU time: GRAPH_CALLS calls captured in one CUDA graph, the replay timed with CUDA events."""
+def capture_graph(fn, calls: int = GRAPH_CALLS) -> torch.cuda.CUDAGraph:
+    """``fn`` called 3 times on a side stream (warm-up, allocations), then ``calls`` calls captured in one CUDA graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -63,9 +63,14 @@ def graph_us(fn, bench: CudaBenchmarker) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
-    return bench.timing(g.replay).median_us / GRAPH_CALLS
+    return g
+
+
+def graph_us(fn, bench: CudaBenchmarker) -> float:
+    """Per-call GPU time: GRAPH_CALLS calls captured in one CUDA graph, the replay timed with CUDA events."""
+    return bench.timing(capture_graph(fn).replay).median_us / GRAPH_CALLS
 
 
 def interleaved_graph_us(calls: dict, bench: CudaBenchmarker, rounds: int) -> dict[str, float]:

@@ -56,12 +56,12 @@ made each k tile slower, not the grid faster (family_sweep_implicit_gemm_tma_tf3
 conv4 at N = 32 channels_last 38.5 us in 86 blocks, 48.4 us in stream-K's 132). But clusters of two blocks sharing
 the weight tile by TMA multicast, a quarter fewer L2 reads per k tile, were never faster either (1-5% slower in
 256 x 128 tiles, up to 24% in 128 x 128; family_sweep_implicit_gemm_tma_tf32_probe_cl.md) and were taken out: L2
-traffic alone is not the bound. Nor could an NCHW plan skip its input copy by reading the input in place: TF32
+traffic alone is not the bound. Reading the input in place does not pay either, so an NCHW plan keeps its copy: TF32
 wgmma reads only K-major operands from shared memory, so the input has to be its register operand, and a version
 whose producer warpgroup gathered each k tile with one 4-byte cp.async per value (the consumers rounding their
 fragments to TF32) was correct but slower on every 3x3 and 5x5 layer (conv2 at N = 128: 371 us against 203 us with
-the copy), ahead only on a 1x1 layer by 3% (family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_xg*.md), and was
-taken out. Tuned with the library's defaults
+the copy), ahead only on the 1x1 1024->256 layer (3% at N = 32, 15% or more at N = 128, both behind cuDNN;
+family_sweep_implicit_gemm_tma_tf32_h200_tf32_nchw_xg*.md), and was taken out. Tuned with the library's defaults
 (bench_layers_h200_tf32.md) it takes conv2-5 at N = 32 and 128 and conv2 at N = 1.
 """
 
