@@ -54,7 +54,8 @@ def config_of(plan_name: str):
 
 
 def capture_graph(fn, calls: int = GRAPH_CALLS) -> torch.cuda.CUDAGraph:
-    """``fn`` called 3 times on a side stream (warm-up, allocations), then ``calls`` calls captured in one CUDA graph."""
+    """``fn`` called 3 times on a side stream (warm-up, allocations), then ``calls`` calls captured in one CUDA
+    graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -53,11 +53,11 @@ Speed on the H200, bf16 channels_last, the whole space timed against cuDNN in CU
 354-412) and at 1.18-1.74x cuDNN at N = 32; 128 x 128 tiles of two consumer warpgroups with 4-5 stages are the best
 on conv3-5, WN = 192 with 3 stages on conv2 (K = 192). Tuned with the library's defaults
 (bench_layers_h200_{bf16_nhwc,fp16_nhwc,bf16_nchw}.md) it takes conv2-5 at N = 32 and 128 and, in 64 x 64 tiles
-split 1-8 ways, conv3-5 at N = 1 (and conv2 there in NCHW and in fp16 channels_last). In NCHW its plans stage each output tile through the
-idle ring (32 channels at a time, each thread storing one pixel per channel plane) instead of storing from the
-registers, where each warp store wrote 8 runs of 16 bytes: with it, and the plan's own input copy, it takes conv2-5
-at every N in bfloat16 and float16 NCHW (1.08-1.81x cuDNN in graphs, bench_layers_h200_{bf16,fp16}_nchw.md), where
-before, in bfloat16, cuDNN's NCHW kernels kept conv4-5 at N = 128.
+split 1-8 ways, conv3-5 at N = 1 (and conv2 there in NCHW and in fp16 channels_last). In NCHW its plans stage each
+output tile through the idle ring (32 channels at a time, each thread storing one pixel per channel plane) instead of
+storing from the registers, where each warp store wrote 8 runs of 16 bytes: with it, and the plan's own input copy,
+it takes conv2-5 at every N in bfloat16 and float16 NCHW (1.08-1.81x cuDNN in graphs,
+bench_layers_h200_{bf16,fp16}_nchw.md), where before, in bfloat16, cuDNN's NCHW kernels kept conv4-5 at N = 128.
 """
 
 from __future__ import annotations
