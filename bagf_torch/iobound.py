@@ -490,10 +490,9 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     its BN pixels, so the input is ``ceil(K/BM) * N * C * sum_rs |P_r| * |Q_s|`` words as ``implicit_gemm_wgmma``'s,
     and the weight's BM x 32 panel within K and C, ``ceil(NPQ/BN) * K * CRS``. The epilogue reads the bias once per
     output element (the finishing slice only; an NCHW plan's staged epilogue otherwise, below) and writes the output
-    once. With SPLIT > 1 the slices hand over in
-    order through a workspace: every slice writes its whole BM x BN partial tile, the last to arrive reads all
-    SPLIT of them, and each tile's counter is zeroed by the host and incremented once per slice (an atomic: a read
-    and a write). With stream-K (SK = 1) the grid is the G blocks of the host's launch (here the H200's, as
+    once. With SPLIT > 1 the slices hand over in order through a workspace: every slice writes its whole BM x BN
+    partial tile, the last to arrive reads all SPLIT of them, and each tile's counter is zeroed by the host and
+    incremented once per slice (an atomic: a read and a write). With stream-K (SK = 1) the grid is the G blocks of the host's launch (here the H200's, as
     ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the tiles' k tiles evenly: each k tile is
     still copied once, and a tile whose k tiles lie in the shares of several blocks is handed over as split-K's
     slices are, one partial tile and one atomic per sharing block (every tile's counter zeroed). An NCHW plan adds
