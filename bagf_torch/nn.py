@@ -27,6 +27,8 @@ _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
+# (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
+_stream_capturing = torch._C._cuda_isCurrentStreamCapturing
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _FORMATS = supported_formats()
@@ -88,6 +90,20 @@ def _inference_call():
     return None if ext is None else ext.conv2d_inference
 
 
+def _reads_krsc(handle: int) -> bool:
+    """Whether plan ``handle`` reads its weight KRSC (channels_last; ``bagf_ext.plan_reads_krsc``): every TMA plan and
+    every channels_last plan. False before the extension is loaded (a test's stand-in handle)."""
+    from .jit import extension
+
+    ext = extension.loaded()
+    if ext is None:
+        return False
+    try:
+        return bool(ext.plan_reads_krsc(handle))
+    except RuntimeError:  # (no such plan: the op's call falls back to ATen anyway)
+        return False
+
+
 def _needs_dispatcher(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
     """Whether a call must go through the dispatcher: a gradient to record, or a JIT trace to record it in."""
     if torch.jit.is_tracing():
@@ -143,6 +159,7 @@ class TunedConv2d(nn.Conv2d):
         self.__dict__["_bagf_plans"] = {}
         self.__dict__["_bagf_last"] = None  # the last entry used, checked before the dict
         self.__dict__["_bagf_told"] = set()  # kinds of input the kernels never take, already checked and logged
+        self.__dict__["_bagf_krsc"] = None  # the weight's KRSC copy (``_krsc_weight``)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "TunedConv2d":
@@ -155,7 +172,7 @@ class TunedConv2d(nn.Conv2d):
     def __getstate__(self):
         # Plan handles index this process's loaded kernels: never let them travel with a pickle or deepcopy.
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")}
-        state.update(_bagf_plans={}, _bagf_last=None, _bagf_told=set())
+        state.update(_bagf_plans={}, _bagf_last=None, _bagf_told=set(), _bagf_krsc=None)
         return state
 
     def _apply(self, *args, **kwargs):
@@ -243,8 +260,28 @@ class TunedConv2d(nn.Conv2d):
         return ("aten",) if final else ("later", time.monotonic() + RECHECK_S, generation)
 
     def _kernel_entry(self, handle: int, padding: tuple[int, int]) -> tuple:
-        """The entry of a call that runs plan ``handle``: the op's arguments after the tensors."""
-        return ("kernel", handle, list(self.stride), list(padding), list(self.dilation))
+        """The entry of a call that runs plan ``handle``: the op's arguments after the tensors, and whether the plan
+        reads its weight KRSC (then inference calls pass ``_krsc_weight``'s copy)."""
+        return ("kernel", handle, list(self.stride), list(padding), list(self.dilation), _reads_krsc(handle))
+
+    def _krsc_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """``w`` in KRSC (channels_last), for a plan that reads it so, which would otherwise convert it on every call
+        (an extra copy kernel and several microseconds of host time): a copy made once and kept while ``w`` is the
+        same tensor with the same version and storage (an in-place update, ``load_state_dict`` or ``.data =`` makes a
+        new copy at the next call). It costs the weight's size again in device memory. Inside a CUDA graph capture
+        the answer is ``w`` itself, and the op's conversion is captured: a replay then reads the weight as it is at
+        that replay, as nn.Conv2d's would, not a copy an in-place update after the capture would leave stale. An
+        inference tensor (no version counter to tell an update by) is converted by the op too."""
+        if _stream_capturing():
+            return w
+        kept = self.__dict__.get("_bagf_krsc")
+        if kept is not None and kept[0] is w and kept[1] == w._version and kept[2] == w.data_ptr():
+            return kept[3]
+        if w.is_inference():
+            return w
+        krsc = w.contiguous(memory_format=torch.channels_last)  # (``w`` itself when it is KRSC already)
+        self.__dict__["_bagf_krsc"] = (w, w._version, w.data_ptr(), krsc)
+        return krsc
 
     def __prepare_scriptable__(self) -> nn.Module:
         """What ``torch.jit.script`` compiles in this module's place: a plain ``nn.Conv2d`` sharing its parameters,
@@ -300,10 +337,11 @@ class TunedConv2d(nn.Conv2d):
         # costs more per call than the whole fast path below. (A parametrized or weight-normed module keeps its
         # weight elsewhere: then the attribute.)
         params = self._parameters
+        own = True  # ``w`` is this layer's own weight tensor, the same from call to call (``_krsc_weight`` keeps a copy)
         try:
             w, b = params["weight"], params["bias"]
         except KeyError:
-            w, b = self.weight, self.bias
+            w, b, own = self.weight, self.bias, False
         if _compiling():
             return self._traced_forward(input, w, b)
         if _any_autocast() and _autocast_on(input):
@@ -320,6 +358,7 @@ class TunedConv2d(nn.Conv2d):
             fmt = (torch.channels_last if not input.is_contiguous()
                    and input.is_contiguous(memory_format=torch.channels_last) else torch.preserve_format)
             input, w, b = input.to(cast), w.to(dtype=cast, memory_format=fmt), None if b is None else b.to(cast)
+            own = False
         # Input the kernels never take (a dtype and memory format no family computes, other strides): nn.Conv2d's
         # forward at once, for two checks; the reason is logged once.
         dtype, contiguous = input.dtype, input.is_contiguous()
@@ -332,8 +371,9 @@ class TunedConv2d(nn.Conv2d):
         # The plan table: what calls like this one (same shape, device, TF32 flag, dtype and format) run, learnt on
         # the first such call; the last entry used first, else the table. It skips the support checks and the runtime's
         # lookup, which cost several microseconds per call (batch-1 calls are host-bound). An entry is
-        # - ("kernel", handle, stride, padding, dilation): our kernel, while the weight still has the input's dtype
-        #   (and, for an NCHW input, is contiguous);
+        # - ("kernel", handle, stride, padding, dilation, krsc): our kernel, while the weight still has the input's
+        #   dtype (and, for an NCHW input, is contiguous); with ``krsc`` (the plan reads the weight KRSC) a call that
+        #   needs no gradient passes the layer's KRSC copy of it;
         # - ("aten",): the plan is torch's conv (cuDNN won);
         # - ("unsupported",): a call the kernels do not take for another reason (device, groups, padding...);
         # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
@@ -349,8 +389,11 @@ class TunedConv2d(nn.Conv2d):
             kind = hit[0]
             if kind == "kernel":
                 if w.dtype is dtype and (not contiguous or w.is_contiguous()):
-                    call = None if _needs_dispatcher(input, w, b) else _inference_call()
-                    return (call or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1])
+                    if _needs_dispatcher(input, w, b):
+                        return _op()(input, w, b, hit[2], hit[3], hit[4], hit[1])
+                    if hit[5] and own:
+                        w = self._krsc_weight(w)
+                    return (_inference_call() or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1])
             elif kind == "aten" or kind == "unsupported" or (
                     kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
                 return self._conv_forward(input, w, b)

@@ -575,9 +575,10 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
   // The kernels read the weight in the plan's format (KRSC for a channels_last plan and for every TMA plan): a
-  // weight in another format is converted for this call. unsupported_reason has checked dtypes and shapes, and that
-  // fp32 and NCHW plans get a contiguous weight, so for them (TMA plans aside) this is the weight itself. An NCHW
-  // TMA plan reads a channels_last copy of the input (its maps view channels innermost) and writes NCHW.
+  // weight in another format is converted for this call (TunedConv2d passes a KRSC copy it keeps: plan_reads_krsc).
+  // unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get a contiguous weight, so for
+  // them (TMA plans aside) this is the weight itself. An NCHW TMA plan reads a channels_last copy of the input (its
+  // maps view channels innermost) and writes NCHW.
   const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
   const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
   at::Tensor xf = x;
@@ -661,6 +662,15 @@ const Plan* plan_for(int64_t handle) {
   if (handle < 0 || handle >= g_count.load(std::memory_order_acquire)) return nullptr;
   const Plan& p = g_plans[handle];
   return p.fn != nullptr ? &p : nullptr;
+}
+
+// Whether a plan reads its weight KRSC (channels_last): every TMA plan and every channels_last plan. launch_plan
+// converts a weight in another format on every call (an extra copy kernel), so a caller that keeps a KRSC copy of a
+// weight it calls with again (TunedConv2d, the tuner's timings) passes that copy instead.
+bool plan_reads_krsc(int64_t handle) {
+  const Plan* plan = plan_for(handle);
+  BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", handle);
+  return plan->geo.tma != 0 || plan->geo.nhwc != 0;
 }
 
 at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -853,6 +863,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
+  m.def("plan_reads_krsc", &plan_reads_krsc,
+        "Whether a loaded plan reads its weight KRSC (channels_last): a weight in another format is converted per call");
   m.def("conv2d_inference", &conv2d_inference,
         "bagf::conv2d's CUDA kernel without the dispatcher (no autograd); with out=, the plan launched into it or "
         "an error (never ATen)",

@@ -741,3 +741,85 @@ def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypa
     conv.bias.requires_grad_(False)
     conv(x)  # grad mode on but nothing needs a gradient
     assert len(inference) == 2
+
+
+def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monkeypatch):
+    """A plan that reads its weight KRSC gets, on calls that need no gradient, a channels_last copy the layer made once
+    and keeps while the weight is unchanged: a new copy after an in-place update or a ``.data`` swap, none inside a
+    CUDA graph capture (the op converts the weight there, so a replay reads the weight as it then is), none for a
+    call that records a gradient (which must see the parameter itself), under autocast or for an inference-tensor
+    weight. ``.to`` and copies forget it."""
+    import torch.nn.functional as F
+
+    from bagf_torch import nn as bnn
+    from bagf_torch import runtime
+
+    class FakeRuntime:
+        def lookup(self, problem, device):
+            return 7, True
+
+    got = []  # (weight passed, whether through the dispatcher-free call)
+
+    def call(via):
+        def run(x, w, b, stride, padding, dilation, handle):
+            got.append((w, via))
+            return F.conv2d(x, w, b, stride, padding, dilation)
+        return run
+
+    capturing = [False]
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(runtime, "get", lambda: FakeRuntime())
+    monkeypatch.setattr(bnn, "_op", lambda: call("op"))
+    monkeypatch.setattr(bnn, "_inference_call", lambda: call("inference"))
+    monkeypatch.setattr(bnn, "_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(bnn, "_reads_krsc", lambda handle: handle == 7)
+    conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1)
+    x = torch.randn(2, 4, 7, 7)
+
+    def passed(expect_krsc: bool):
+        out = conv(x)
+        w, via = got[-1]
+        torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias, 1, 1))
+        torch.testing.assert_close(w, conv.weight)
+        assert w.is_contiguous(memory_format=torch.channels_last) is expect_krsc
+        assert (w is not conv.weight) is expect_krsc
+        return w, via
+
+    with torch.no_grad():
+        passed(False)  # the first call looks the plan up and runs the op with the weight as it is
+        first, via = passed(True)
+        assert via == "inference"
+        assert passed(True)[0] is first  # kept: no copy per call
+        conv.weight.mul_(2)  # an in-place update: a new copy of the new values
+        second = passed(True)[0]
+        assert second is not first
+        conv.weight.data = torch.randn(6, 4, 3, 3)  # another storage under the same Parameter
+        third = passed(True)[0]
+        assert third is not second and passed(True)[0] is third
+        capturing[0] = True
+        assert passed(False)[0] is conv.weight  # capturing: the weight itself, the copy kept for later
+        capturing[0] = False
+        assert passed(True)[0] is third
+    assert passed(False)[1] == "op"  # a call that records a gradient goes through the op with the parameter
+    assert copy.deepcopy(conv)._bagf_krsc is None
+    conv.to(torch.float32)  # .to forgets what the layer learnt, the copy with it
+    assert conv._bagf_krsc is None
+    with torch.no_grad():
+        passed(False)
+        passed(True)
+        assert conv._bagf_krsc is not None
+
+    # a weight already KRSC (a channels_last layer) is passed as it is
+    conv.to(memory_format=torch.channels_last)
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        conv(x_cl)
+        conv(x_cl)
+        assert got[-1] == (conv.weight, "inference")
+    # an inference tensor (a layer made in inference mode) has no version counter: the op converts it
+    with torch.inference_mode():
+        inf = bagf_torch.TunedConv2d(4, 6, 3, padding=1)
+        assert inf.weight.is_inference()
+        inf(x)
+        inf(x)
+        assert got[-1] == (inf.weight, "inference") and inf._bagf_krsc is None

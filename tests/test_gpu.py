@@ -385,6 +385,45 @@ def test_inference_calls_skip_the_autograd_node(compiler):
     assert graph.grad_fn is not None and graph.requires_grad
 
 
+def test_a_layer_keeps_a_krsc_weight_for_a_krsc_plan_and_a_graph_reads_the_weight_itself(compiler):
+    """A layer whose plan reads the weight KRSC (an NCHW TMA plan) passes, on inference calls, a channels_last copy it
+    made once: the same output as the op converting the weight itself, the copy kept from call to call and made
+    again after an in-place update. A CUDA graph captured after those calls reads the weight as it is at each
+    replay (the capture runs the op's conversion), so an in-place update after the capture is seen, as it is with
+    nn.Conv2d."""
+    if torch.cuda.get_device_capability(0) < (9, 0):
+        pytest.skip("TMA plans need sm_90")
+    import bagf_torch
+
+    fam = _family("implicit_gemm_tma_tf32")
+    tma = compiler.compile(fam, [dict(fam.DEFAULT, NHWC=0, SPLIT=1)])[0].handle
+    tc = _family("implicit_gemm_tc")
+    plain = compiler.compile(tc, [tc.DEFAULT])[0].handle
+    assert compiler.ext.plan_reads_krsc(tma) and not compiler.ext.plan_reads_krsc(plain)
+    conv = bagf_torch.TunedConv2d(64, 96, 3, padding=1).cuda()
+    x = torch.randn(2, 64, 15, 17, device="cuda")
+    conv._remember(x, conv._kernel_entry(tma, (1, 1)))
+
+    def want():  # the plan with the op converting the weight itself
+        return compiler.ext.conv2d_inference(x, conv.weight.detach(), conv.bias.detach(), [1, 1], [1, 1], [1, 1],
+                                             tma)
+
+    with torch.no_grad():
+        assert torch.equal(conv(x), want())
+        kept = conv._bagf_krsc[3]
+        assert kept.is_contiguous(memory_format=torch.channels_last) and torch.equal(kept, conv.weight)
+        assert torch.equal(conv(x), want()) and conv._bagf_krsc[3] is kept
+        conv.weight.mul_(-0.5)
+        assert torch.equal(conv(x), want()) and conv._bagf_krsc[3] is not kept
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = conv(x)
+        conv.weight.mul_(2.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, want())
+
+
 def test_bad_geometry_and_bad_outputs_raise_never_crash(compiler):
     """A loaded plan handed a stride or dilation of 0 or a negative padding: ATen's own error through the op (the
     output-size formula divides by the stride: a SIGFPE had taken the process down); the strict launch into out=

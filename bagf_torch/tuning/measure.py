@@ -85,7 +85,9 @@ class Workspace:
     def op_call(self, handle: int) -> Callable[[], torch.Tensor]:
         """The call a user's inference forward makes (allocating its output, as F.conv2d does): TunedConv2d's
         fast path, the op's kernel without the dispatcher (``conv2d_inference``; these tensors need no
-        gradient)."""
+        gradient). The weight as the workspace holds it (KCRS for an NCHW problem): a plan that reads it KRSC converts
+        it in the call, as a CUDA graph of a TunedConv2d runs it (its eager calls pass a KRSC copy they keep,
+        ``TunedConv2d._krsc_weight``)."""
         x, w, b, (s, p, d) = self.x, self.w, self.b, self.args
         from ..jit import extension
 
