@@ -84,9 +84,11 @@ def _cubin_digest_from_env(family: Any, config: dict, env: dict) -> str | None:
     """The digest our compiler gives ``config``'s cubin on a machine with ``env`` (None when ``env`` lacks
     what it takes): the same ``KernelSpec.digest`` the compiler uses, so a plan names the cubin the runtime
     will look up."""
-    from .jit.compiler import KernelSpec
+    from .jit.compiler import KernelSpec, is_library
     from .jit.extension import source_hash
 
+    if is_library(family):  # a library call: no cubin to name
+        return None
     cc, nvrtc = env.get("cc"), env.get("nvrtc")
     if not isinstance(cc, str) or not re.fullmatch(r"\d+\.\d+", cc) or not isinstance(nvrtc, str):
         return None
@@ -220,6 +222,9 @@ def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, c
             todo.append((_replace(record, cubin_digests=()), []))
             continue
         family = FAMILIES[record.family]
+        if getattr(family, "LIBRARY", ""):  # a library call: no cubin to carry or build, nothing of the file's to run
+            todo.append((_replace(record, cubin_digests=()), []))
+            continue
         file_digest = record.cubin_digests[0] if record.cubin_digests else None
         digest = compiler.digest(family, record.config) if compiler is not None else \
             _cubin_digest_from_env(family, record.config, record.env)

@@ -337,7 +337,7 @@ class TunedConv2d(nn.Conv2d):
         # costs more per call than the whole fast path below. (A parametrized or weight-normed module keeps its
         # weight elsewhere: then the attribute.)
         params = self._parameters
-        own = True  # ``w`` is this layer's own weight tensor, the same from call to call (``_krsc_weight`` keeps a copy)
+        own = True  # ``w`` is the layer's own weight tensor, the same from call to call (``_krsc_weight``)
         try:
             w, b = params["weight"], params["bias"]
         except KeyError:

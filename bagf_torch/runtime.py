@@ -417,12 +417,12 @@ class Runtime:
             result = tuner.tune(problem, seeds=seeds)
         self.stats["tuned"] += 1
         self.results.append(result)
+        # (no cubin for torch's conv, nor for a library family's plan)
+        digest = None if result.config is None else dev.compiler.digest(FAMILIES[result.family], result.config)
         written = cache.put_plan(key, problem=problem.as_dict(), env=dev.env, family=result.family,
                                  config=result.config, time_us=result.time_us, aten_us=result.aten_us,
                                  default_us=result.default_us, evaluations=result.evaluations,
-                                 tune_seconds=result.seconds,
-                                 cubin_digests=[] if result.config is None else
-                                 [dev.compiler.digest(FAMILIES[result.family], result.config)])
+                                 tune_seconds=result.seconds, cubin_digests=[] if digest is None else [digest])
         handle = result.handle
         if isolated:
             # The winner ran only in the child: free it there, load it here (its cubin is in the cache).

@@ -51,6 +51,9 @@ BAGF_PRUNE_FACTOR          bound-guided pruning: before a family's     0 (off)
                            Off by default: on the H200 tc recording
                            only >= 4 kept every optimum, and that cut
                            15% (benchmarks/results/prune_h200_tc.md)
+BAGF_CUBLASLT              1: also search cuBLASLt GEMM plans for 1x1  0
+                           stride-1 unpadded convolutions
+                           (experimental; kernels.cublaslt_1x1)
 =========================  ==========================================  ======================================
 """
 
@@ -295,6 +298,11 @@ def claim_wait() -> float:
     """``BAGF_CLAIM_WAIT``: seconds a call waits for another process that is tuning the same problem before it
     runs torch's conv meanwhile (later calls take the winner once it is stored)."""
     return get_float("BAGF_CLAIM_WAIT", 60.0, minimum=0.0, maximum=DAY_S)
+
+
+def cublaslt() -> bool:
+    """``BAGF_CUBLASLT``: search the experimental cuBLASLt plans of 1x1 convolutions (``kernels.cublaslt_1x1``)."""
+    return get_bool("BAGF_CUBLASLT", False)
 
 
 def isolate() -> bool:

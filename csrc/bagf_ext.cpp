@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cublaslt_plan.h"
 #include "kernels/conv_params.h"
 #include "nvrtc_compile.h"
 
@@ -53,6 +54,9 @@ struct LaunchGeometry {
   int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
                   // fp32 with TF32 products)
   int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan)
+  int blas = 0;       // 1: a cuBLASLt plan computing in fp32 (cublaslt_plan.h); 2: in fp32 with TF32 products
+  int blas_algo = 0;  // a cuBLASLt plan's entry of the heuristic's list for the call's shape (0-7)
+  int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
 };
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
@@ -74,6 +78,7 @@ struct Plan {
   LaunchGeometry geo;
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
   int64_t resident = 0;  // stream-K plans: blocks the device holds at once (occupancy x SMs, at load)
+  bagf_lt::State* blas = nullptr;  // cuBLASLt plans: their GEMMs per shape (no module, no fn); freed by unload_plan
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -186,7 +191,33 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
-    if (geo.split < 1 || geo.split > 65535) {
+    if (geo.blas != 0) {  // no cubin: cuBLASLt's GEMMs, resolved per shape at the first call of each
+      std::string why;
+      if (geo.blas < 0 || geo.blas > 2 || geo.blas_algo < 0 || geo.blas_algo > 7 || geo.blas_ws < 0 ||
+          geo.blas_ws > 256 || geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
+          (geo.blas == 2 && geo.dtype != 0) || geo.tma != 0 || geo.gemm != 0 || geo.split != 1 || geo.tile != 1 ||
+          geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0 || geo.stream_k != 0 || geo.fix_s != 0 ||
+          geo.fix_u != 0 || !cubin.empty()) {
+        err = cat("cuBLASLt plan with blas=", geo.blas, ", blas_algo=", geo.blas_algo, ", blas_ws=", geo.blas_ws,
+                  ", dtype ", geo.dtype, " is out of range or has kernel fields or a cubin");
+      } else if (idx >= kMaxPlans) {
+        err = cat("more than ", kMaxPlans,
+                  " kernels loaded in one process; set a smaller tuning budget or restart the process");
+      } else if (bagf_lt::handle(device, why) == nullptr) {
+        err = cat("cuBLASLt plan: ", why);
+      } else {
+        plan.blas = new bagf_lt::State();
+        plan.blas->dtype = geo.dtype;
+        plan.blas->nhwc = geo.nhwc != 0;
+        plan.blas->tf32 = geo.blas == 2;
+        plan.blas->algo = geo.blas_algo;
+        plan.blas->max_workspace = static_cast<size_t>(geo.blas_ws) << 20;
+        d["registers"] = 0;
+        d["local_bytes"] = 0;
+        d["max_threads"] = 0;
+        d["static_smem"] = 0;
+      }
+    } else if (geo.split < 1 || geo.split > 65535) {
       err = cat("split-K of ", geo.split, " slices is out of range");
     } else if (geo.tile < 1 || geo.tile > (geo.tile_w > 0 ? 64 : 8) || geo.tile_w < 0 || geo.tile_w > 256) {
       err = cat("output tile of ", geo.tile, "x", geo.tile_w, " is out of range");
@@ -305,6 +336,7 @@ void unload_plan(int64_t handle) {
     make_context_current(p.device);
     cuModuleUnload(p.module);
   }
+  delete p.blas;
   p = Plan();
 }
 
@@ -399,6 +431,12 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   // KRSC, and the host converts one in another format
   if (!w.is_contiguous() && !geo.nhwc && !geo.tma) return "weight not contiguous NCHW";
   if (x.numel() > INT_MAX || w.numel() > INT_MAX) return "tensor too large for 32-bit indexing";
+  if (geo.blas) {  // one GEMM over the pixels: the weight read as [K][C]
+    if (w.size(2) != 1 || w.size(3) != 1 || stride[0] != 1 || stride[1] != 1 || padding[0] != 0 || padding[1] != 0)
+      return "a cuBLASLt plan takes 1x1 convolutions at stride 1 without padding";
+    if (!w.is_contiguous() && !w.is_contiguous(at::MemoryFormat::ChannelsLast))
+      return "weight is not a dense 1x1 filter (contiguous or channels_last)";
+  }
   if (geo.tile > 1 && geo.tile_w == 0 && geo.gemm == 1) {
     // the non-fused plan also takes stride s > 1 with R, S <= 3s, as 3x3 over the s x s polyphase components
     const int64_t s = stride[0];
@@ -552,10 +590,61 @@ void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, con
                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
+// A cuBLASLt plan's call (cublaslt_plan.h): the GEMM for this call's shape and alignments (resolved at the first such
+// call), a workspace from torch's caching allocator, one cublasLtMatmul on the current stream. False, with ``why``
+// and nothing launched, when the shape has no GEMM of the plan's entry or cuBLASLt refuses the call.
+bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                      at::Tensor& y, std::string& why) {
+  bagf_lt::State& st = *plan.blas;
+  const int device = x.get_device();
+  bagf_lt::Handle h = bagf_lt::handle(device, why);
+  if (h == nullptr) return false;
+  const bool has_bias = b.has_value() && b->defined();
+  const void* bp = has_bias ? b->const_data_ptr() : nullptr;
+  bagf_lt::Shape shape;
+  shape.n = x.size(0);
+  shape.c = x.size(1);
+  shape.hw = x.size(2) * x.size(3);
+  shape.k = w.size(0);
+  shape.bias = has_bias;
+  // an NCHW plan's batch of images: each image's matrix is as aligned as the base and the stride both are
+  const bool batched = !plan.geo.nhwc && shape.n > 1;
+  const int64_t bytes = x.element_size();
+  auto aligned = [&](const void* p, int64_t stride) {
+    const uint32_t a = bagf_lt::alignment(reinterpret_cast<uintptr_t>(p));
+    return batched ? std::min(a, bagf_lt::alignment(static_cast<uintptr_t>(stride * bytes))) : a;
+  };
+  shape.align_x = aligned(x.const_data_ptr(), shape.c * shape.hw);
+  shape.align_w = bagf_lt::alignment(reinterpret_cast<uintptr_t>(w.const_data_ptr()));
+  shape.align_y = aligned(y.const_data_ptr(), shape.k * shape.hw);
+  shape.align_b = has_bias ? bagf_lt::alignment(reinterpret_cast<uintptr_t>(bp)) : 256;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bp, why);
+  if (g == nullptr) return false;
+  at::Tensor ws;  // (freed after the launch: the caching allocator hands it out again only to later work)
+  void* wsp = nullptr;
+  if (g->workspace > 0) {
+    ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
+    wsp = ws.mutable_data_ptr();
+  }
+  const bagf_lt::Status s = bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp,
+                                         c10::cuda::getCurrentCUDAStream(device).stream());
+  if (s != 0) {
+    why = "cublasLtMatmul refused the call: " + bagf_lt::status_text(s);
+    return false;
+  }
+  return true;
+}
+
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor& y, at::IntArrayRef stride,
                  at::IntArrayRef padding, at::IntArrayRef dilation) {
   const LaunchGeometry& geo = plan.geo;
+  if (plan.blas != nullptr) {
+    std::string why;
+    BAGF_CHECK(launch_blas_plan(plan, x, w, b, y, why), "bagf_torch: ", why);
+    return;
+  }
   bagf::Conv2dParams p;
   p.N = static_cast<int>(x.size(0));
   p.C = static_cast<int>(x.size(1));
@@ -661,7 +750,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
 const Plan* plan_for(int64_t handle) {
   if (handle < 0 || handle >= g_count.load(std::memory_order_acquire)) return nullptr;
   const Plan& p = g_plans[handle];
-  return p.fn != nullptr ? &p : nullptr;
+  return p.fn != nullptr || p.blas != nullptr ? &p : nullptr;
 }
 
 // Whether a plan reads its weight KRSC (channels_last): every TMA plan and every channels_last plan. launch_plan
@@ -670,7 +759,7 @@ const Plan* plan_for(int64_t handle) {
 bool plan_reads_krsc(int64_t handle) {
   const Plan* plan = plan_for(handle);
   BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", handle);
-  return plan->geo.tma != 0 || plan->geo.nhwc != 0;
+  return (plan->geo.tma != 0 || plan->geo.nhwc != 0) && plan->blas == nullptr;  // (a 1x1 filter: KCRS is KRSC)
 }
 
 at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -694,6 +783,14 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan->geo)));
   if (y.numel() == 0) return y;
   if (y.numel() > INT_MAX) return aten_conv(x, w, b, stride, padding, dilation);
+  if (plan->blas != nullptr) {
+    std::string why;
+    if (!launch_blas_plan(*plan, x, w, b, y, why)) {
+      TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
+      return aten_conv(x, w, b, stride, padding, dilation);
+    }
+    return y;
+  }
   launch_plan(*plan, x, w, b, y, stride, padding, dilation);
   return y;
 }
@@ -828,17 +925,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<LaunchGeometry>(m, "LaunchGeometry", "A plan's launch fields (bagf_torch/kernels/geometry.py)")
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
-                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k) {
+                       int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k, int blas,
+                       int blas_algo, int blas_ws) {
              return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
                                    smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
-                                   gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k};
+                                   gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k,
+                                   blas, blas_algo, blas_ws};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
            py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
-           py::arg("stream_k") = 0)
+           py::arg("stream_k") = 0, py::arg("blas") = 0, py::arg("blas_algo") = 0, py::arg("blas_ws") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -859,7 +958,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("dtype", &LaunchGeometry::dtype)
       .def_readwrite("nhwc", &LaunchGeometry::nhwc)
       .def_readwrite("tma", &LaunchGeometry::tma)
-      .def_readwrite("stream_k", &LaunchGeometry::stream_k);
+      .def_readwrite("stream_k", &LaunchGeometry::stream_k)
+      .def_readwrite("blas", &LaunchGeometry::blas)
+      .def_readwrite("blas_algo", &LaunchGeometry::blas_algo)
+      .def_readwrite("blas_ws", &LaunchGeometry::blas_ws);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -424,6 +424,80 @@ def test_a_layer_keeps_a_krsc_weight_for_a_krsc_plan_and_a_graph_reads_the_weigh
         assert torch.equal(static, want())
 
 
+CUBLASLT_SHAPES = [
+    (1, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), True),  # ResNet's 1x1 1024 -> 256 at N = 1
+    (3, 64, 7, 9, 40, 1, 1, (1, 1), (0, 0), (1, 1), False),      # no bias: NCHW's column-major batch
+    (2, 24, 5, 5, 16, 1, 1, (1, 1), (0, 0), (2, 3), True),       # a dilation (a 1x1 filter ignores it)
+    (2, 5, 9, 9, 70, 1, 1, (1, 1), (0, 0), (1, 1), True),        # C = 5, K = 70: 2- and 4-byte alignments only
+]
+
+
+def test_cublaslt_1x1_plans_in_every_dtype_format_and_mode(compiler):
+    """cuBLASLt plans of every dtype, memory format and TF32 mode on 1x1 shapes (with and without bias, odd C and K,
+    a dilation, N = 1 and batches), NaN-poisoned output within the tuner's bound (fp32's, or twice cuDNN's error in
+    the problem's mode and dtype): the heuristic's first entry with and without workspace always runs; a later entry
+    either runs correctly or the shape has no such entry (a launch failure that says so, nothing written). Through the
+    op: the same output as the checked launch, in a CUDA graph too; a 3x3 call and a plan's missing entry are ATen's."""
+    from bagf_torch.kernels import cublaslt_1x1 as lt
+    from bagf_torch.tuning.measure import CudaChecker, Workspace
+
+    fam = _family("cublaslt_1x1")
+    checker = CudaChecker(compiler.ext)
+    modes = [(fmt, tf32) for fmt in _formats(fam) for tf32 in ((False, True) if fmt[0] == "float32" else (False,))]
+    missing, ran = [], 0
+    for fmt, tf32 in modes:
+        p0 = _problem(CUBLASLT_SHAPES[0], tf32=tf32, fmt=fmt)
+        configs = [c for c in fam.space().valid_configs() if fam.problem_rule(c, p0) is None]
+        assert len(configs) == 16
+        built = compiler.compile(fam, configs)
+        assert all(hasattr(b, "handle") for b in built), [b.detail for b in built if not hasattr(b, "handle")]
+        assert not any(compiler.ext.plan_reads_krsc(b.handle) for b in built)  # (a 1x1 filter: KCRS is KRSC)
+        for shape in CUBLASLT_SHAPES:
+            ws = Workspace(_problem(shape, tf32=tf32, fmt=fmt), torch.device("cuda", 0))
+            for c, b in zip(configs, built):
+                out = checker.check(ws, b.handle)
+                if out is not None and c["ALG"] > 0 and out.status == "launch" and "offers" in out.detail:
+                    missing.append((fmt, tf32, shape, lt.name(c)))
+                    assert torch.isnan(ws.out).all(), "a refused call wrote nothing"
+                    continue
+                assert out is None, (fmt, tf32, shape, lt.name(c), out.detail)
+                ran += 1
+        for b in built:
+            compiler.unload(b.handle)
+    print(f"cuBLASLt plans: {ran} ran correctly, {len(missing)} asked for an entry the heuristic did not list")
+    assert ran >= len(modes) * len(CUBLASLT_SHAPES) * 2
+
+    # through the op, eager and in a CUDA graph, TF32 NCHW with a bias (row-major batch) at N = 2
+    p = _problem((2, 96, 12, 10, 48, 1, 1, (1, 1), (0, 0), (1, 1), True), tf32=True)
+    handle = compiler.compile(fam, [lt.default_for(p)])[0].handle
+    ws = Workspace(p, torch.device("cuda", 0))
+    assert checker.check(ws, handle) is None
+    want = ws.out.clone()
+    got = torch.ops.bagf.conv2d(ws.x, ws.w, ws.b, [1, 1], [0, 0], [1, 1], handle)
+    assert torch.equal(got, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, [1, 1], [0, 0], [1, 1], handle)
+    ws.x.mul_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, torch.ops.bagf.conv2d(ws.x, ws.w, ws.b, [1, 1], [0, 0], [1, 1], handle))
+    w3 = torch.randn(48, 96, 3, 3, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        torch.testing.assert_close(torch.ops.bagf.conv2d(ws.x, w3, None, [1, 1], [1, 1], [1, 1], handle),
+                                   F.conv2d(ws.x, w3, None, 1, 1))
+    with pytest.raises(RuntimeError, match="1x1"):
+        compiler.ext.conv2d_inference(ws.x, w3, None, [1, 1], [1, 1], [1, 1], handle,
+                                      out=torch.empty(2, 48, 12, 10, device="cuda"))
+    if missing:  # a plan whose entry this shape lacks: ATen's answer through the op, not an error
+        fmt, tf32, shape, name = missing[0]
+        c = next(c for c in fam.space().valid_configs() if lt.name(c) == name)
+        h = compiler.compile(fam, [c])[0].handle
+        wsm = Workspace(_problem(shape, tf32=tf32, fmt=fmt), torch.device("cuda", 0))
+        ref = F.conv2d(wsm.x, wsm.w, wsm.b, 1, 0, shape[9])
+        torch.testing.assert_close(torch.ops.bagf.conv2d(wsm.x, wsm.w, wsm.b, [1, 1], [0, 0], list(shape[9]), h), ref)
+
+
 def test_bad_geometry_and_bad_outputs_raise_never_crash(compiler):
     """A loaded plan handed a stride or dilation of 0 or a negative padding: ATen's own error through the op (the
     output-size formula divides by the stride: a SIGFPE had taken the process down); the strict launch into out=

@@ -10,6 +10,10 @@ cannot be interrupted, so it finishes on its daemon thread and its cubin lands i
 request finds it; a request for a digest whose compile is still running waits for that compile instead of
 starting a second one.
 
+A library family (``LIBRARY``, e.g. cuBLASLt's plans) has nothing to compile: ``compile`` loads its configurations at
+once with no cubin, ``digest`` is None for them (no cubin to name), ``build`` has nothing to do and ``prefetch``
+leaves them out.
+
 Which bytes get loaded (docs/cache.md): a cubin is looked up under its digest, which this compiler computes
 from our kernel sources, the name expression, options, NVRTC version and architecture, and only this
 compiler writes cubins under such a digest. Cubins imported with ``cache import --trust-cubins`` live under
@@ -69,6 +73,11 @@ class KernelSpec:
         blob = "\0".join([source_hash, self.source(), self.name_expression, *self.options(), nvrtc_version,
                           self.arch])
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def is_library(family: ModuleType) -> bool:
+    """Whether ``family`` calls a library instead of compiling a kernel (its ``LIBRARY``, see kernels.family)."""
+    return bool(getattr(family, "LIBRARY", ""))
 
 
 @dataclass
@@ -186,8 +195,10 @@ class KernelCompiler:
         self._inflight: dict[str, Future] = {}
         self._inflight_lock = threading.Lock()
 
-    def digest(self, family: ModuleType, config: Mapping[str, int]) -> str:
-        """The cache digest of one configuration's cubin on this device."""
+    def digest(self, family: ModuleType, config: Mapping[str, int]) -> str | None:
+        """The cache digest of one configuration's cubin on this device; None for a library family (no cubin)."""
+        if is_library(family):
+            return None
         return KernelSpec(family, dict(config), self.arch).digest(self.source_hash, self.nvrtc_version)
 
     def _cubin(self, spec: KernelSpec, foreign: bool = True) -> tuple[bytes, str, float] | Outcome:
@@ -299,6 +310,8 @@ class KernelCompiler:
         cubin is not ready by then is None and not loaded; its compile finishes in the background into the cache
         (the tuner's deadline: a compile wave that runs long ends the search instead of overrunning the budget)."""
         specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
+        if is_library(family):  # nothing to compile: the host resolves the library call per shape
+            return [self._load(s, b"", "", 0.0) for s in specs]
         cubins = self._cubins(specs, seconds)
         # Module loading stays on this thread: it needs the device's context current, which torch made so.
         return [c if c is None or isinstance(c, Outcome) else self._load(s, *c) for s, c in zip(specs, cubins)]
@@ -308,7 +321,7 @@ class KernelCompiler:
         the tuner's start points, one per family, would otherwise compile one family at a time. Failures are
         left for ``compile`` to report. Returns, per family, the longest NVRTC compile of its configurations that
         succeeded now (families whose cubins came from the cache, or failed, are absent)."""
-        specs = [KernelSpec(family, dict(c), self.arch) for family, c in items]
+        specs = [KernelSpec(family, dict(c), self.arch) for family, c in items if not is_library(family)]
         got = self._cubins(specs)
         compiled: dict[str, float] = {}
         for spec, g in zip(specs, got):
@@ -322,6 +335,8 @@ class KernelCompiler:
         the cache now holds our cubin under ``digest(family, config)``, else the first lines of why not.
         An imported foreign cubin for the same digest is ignored: this is how a machine gets its own."""
         specs = [KernelSpec(family, dict(c), self.arch) for c in configs]
+        if is_library(family):
+            return [None] * len(specs)  # (no cubin: the plan loads as it is)
 
         def one(spec: KernelSpec) -> str | None:
             try:

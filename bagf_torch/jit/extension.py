@@ -105,7 +105,7 @@ def load() -> ModuleType:
                 sources=[str(src / "bagf_ext.cpp")],
                 extra_include_paths=[str(src)],
                 extra_cflags=["-O3", "-std=c++17"],
-                extra_ldflags=["-lnvrtc", "-lcuda", f"-L{lib}", f"-L{lib / 'stubs'}", f"-Wl,-rpath,{lib}"],
+                extra_ldflags=["-lnvrtc", "-lcuda", "-ldl", f"-L{lib}", f"-L{lib / 'stubs'}", f"-Wl,-rpath,{lib}"],
                 with_cuda=True,
                 build_directory=str(out),
                 verbose=settings.log_level() <= 10,

@@ -10,8 +10,10 @@ is its own kernel, name_expression() names both kernels ("a;b", one cubin) and l
 in ``FAMILIES`` below (docs/adding-a-family.md).
 """
 
-from . import (direct, implicit_gemm, implicit_gemm_h16, implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_tma_h16,
-               implicit_gemm_tma_tf32, implicit_gemm_wgmma, implicit_gemm_wgmma_h16, winograd, winograd_gemm, winograd_tc)
+from . import (cublaslt_1x1, direct, implicit_gemm, implicit_gemm_h16, implicit_gemm_tc, implicit_gemm_tf32,
+               implicit_gemm_tma_h16, implicit_gemm_tma_tf32, implicit_gemm_wgmma, implicit_gemm_wgmma_h16, winograd,
+               winograd_gemm, winograd_tc)
+from .. import settings
 from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
@@ -19,16 +21,18 @@ from .space import Config, Space, config_key
 FAMILIES: dict[str, KernelFamily] = {
     f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd,
                           winograd_gemm, implicit_gemm, direct, implicit_gemm_h16, implicit_gemm_wgmma_h16,
-                          implicit_gemm_tma_h16, implicit_gemm_tma_tf32)}
+                          implicit_gemm_tma_h16, implicit_gemm_tma_tf32, cublaslt_1x1)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,
 which the tuner names when cuDNN wins, is unchanged)."""
 
 
 def families_for(capability: tuple[int, int]) -> list:
-    """The families that run on a device of compute capability ``capability`` (e.g. (9, 0))."""
+    """The families the runtime's tuner searches on a device of compute capability ``capability`` (e.g. (9, 0)):
+    those that run there, the experimental ``cublaslt_1x1`` only with ``BAGF_CUBLASLT=1`` (a cached or imported plan
+    of it is used either way)."""
     cc = 10 * capability[0] + capability[1]
-    return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH]
+    return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH and (f is not cublaslt_1x1 or settings.cublaslt())]
 
 
 DEFAULT_FORMATS: tuple[tuple[str, str], ...] = (("float32", "nchw"),)

@@ -70,6 +70,11 @@ class FamilyHooks(Protocol):
     LEGACY: Config
     """Values of knobs added after configurations were recorded, meaning what older records ran
     (``kernels.complete_config``; e.g. winograd_gemm's GE = 0: cuBLAS's GEMM)."""
+    LIBRARY: str
+    """A plan that calls a library (``cublaslt_1x1``: "cublasLt") in place of a kernel of ours: nothing is compiled
+    (SOURCE and KERNEL are empty, name_expression gives the library's name), ``KernelCompiler`` loads a configuration
+    at once with no cubin (its LaunchGeometry says which library call), and the cache stores its plans without cubin
+    digests. Without it, a CUDA C++ kernel family. TEMPLATE_ORDER and estimated_registers do not apply to one."""
     TEMPLATE_ORDER: tuple[str, ...]
     """The knobs in the order of the kernel template's parameters; tests/test_nvcc.py builds the default's
     mangled name from it."""

@@ -100,6 +100,17 @@ class LaunchGeometry:
     the device holds at once (the driver's occupancy of the kernel times the SMs; fewer where a block would get
     under 8 k tiles) and passes a workspace of two bm x bn fp32 tiles per block and a zeroed counter per output tile;
     the blocks share all tiles' k tiles evenly and the last block of a shared tile sums it in k order."""
+    blas: int = 0
+    """1 or 2: a cuBLASLt plan (csrc/cublaslt_plan.h), no cubin (load_plan is handed none) and no kernel fields set:
+    a 1x1 stride-1 unpadded convolution as cuBLASLt GEMMs in ``dtype`` and the ``nhwc`` format, the bias in the
+    GEMM's epilogue, fp32 sums; 2 (float32 only) with TF32 products (CUBLAS_COMPUTE_32F_FAST_TF32). The host resolves
+    each call shape's GEMM once (descriptors and cuBLASLt's heuristic for the call's alignments) and sends to ATen a
+    call of another filter, stride or padding, or one whose shape has no ``blas_algo``-th algorithm."""
+    blas_algo: int = 0
+    """A cuBLASLt plan's entry (0 to 7) of the list cuBLASLt's heuristic gives for the call's shape, best first."""
+    blas_ws: int = 0
+    """A cuBLASLt plan's workspace limit in MiB (0 to 256) for the heuristic; the chosen algorithm's workspace comes
+    from torch's caching allocator per call."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

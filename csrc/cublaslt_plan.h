@@ -1,0 +1,309 @@
+// cuBLASLt plans (LaunchGeometry.blas): a 1x1 stride-1 unpadded convolution as cuBLASLt GEMMs with the bias in the
+// GEMM's epilogue. Host code of bagf_ext.cpp; no torch types here.
+//
+// The extension is built without cuBLAS headers or libraries: it uses the cuBLASLt that torch has loaded
+// (libcublasLt.so.<CUDA major>), found with dlopen/dlsym, and declares the few types and enum values it passes,
+// with cublasLt.h's values. The library checks every attribute's size, so a value of the wrong width is a
+// CUBLAS_STATUS_INVALID_VALUE, not a misread.
+//
+// The GEMMs, column-major as cuBLASLt counts (m x n output D = op(A) op(B), k the reduction), for a call with N
+// images of C channels and HW pixels and K filters (the weight [K][C], a 1x1 filter read the same way in either
+// memory format):
+// - channels_last: one GEMM, m = K, n = N*HW, k = C: D = the output [N*HW][K], A = the weight transposed, B = the
+//   input [N*HW][C]; the bias runs along m, as the epilogue adds it.
+// - NCHW with a bias: N GEMMs (a strided batch) in row-major order, m = K, n = HW, k = C: D[i] = the output image
+//   [K][HW], A = the weight (batch stride 0), B = the input image [C][HW].
+// - NCHW without a bias: the same batch column-major, m = HW, n = K: D[i] = the output image read as [HW][K]
+//   column-major, A = the input image, B = the weight. (Row-major layouts are there only for the bias's direction.)
+#pragma once
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <library_types.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace bagf_lt {
+
+// cublasLt.h's types and values (the subset used here)
+using Status = int;  // cublasStatus_t, 0: CUBLAS_STATUS_SUCCESS
+using Handle = void*;  // cublasLtHandle_t
+using MatmulDesc = void*;  // cublasLtMatmulDesc_t
+using Layout = void*;  // cublasLtMatrixLayout_t
+using Preference = void*;  // cublasLtMatmulPreference_t
+struct Algo {  // cublasLtMatmulAlgo_t
+  uint64_t data[8];
+};
+struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
+  Algo algo;
+  size_t workspace_size;
+  Status state;
+  float waves_count;
+  int reserved[4];
+};
+static_assert(sizeof(Algo) == 64 && sizeof(HeuristicResult) == 96, "cuBLASLt's struct sizes");
+
+constexpr int kComputeF32 = 68;          // CUBLAS_COMPUTE_32F
+constexpr int kComputeF32FastTF32 = 77;  // CUBLAS_COMPUTE_32F_FAST_TF32
+constexpr int kOpN = 0, kOpT = 1;        // CUBLAS_OP_N, CUBLAS_OP_T
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;  // cublasLtMatmulDescAttributes_t
+constexpr uint32_t kEpilogueDefault = 1, kEpilogueBias = 4;                              // cublasLtEpilogue_t
+constexpr int kLayoutOrder = 1, kLayoutBatchCount = 5, kLayoutBatchStride = 6;  // cublasLtMatrixLayoutAttribute_t
+constexpr int32_t kOrderRow = 1;                                                 // CUBLASLT_ORDER_ROW
+constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,
+              kPrefAlignD = 8;  // cublasLtMatmulPreferenceAttributes_t
+
+// The entry points, from the loaded library.
+struct Api {
+  std::string error;  // why cuBLASLt cannot be used (empty: it can)
+  Status (*create)(Handle*) = nullptr;
+  Status (*desc_create)(MatmulDesc*, int, int) = nullptr;
+  Status (*desc_set)(MatmulDesc, int, const void*, size_t) = nullptr;
+  Status (*desc_destroy)(MatmulDesc) = nullptr;
+  Status (*layout_create)(Layout*, int, uint64_t, uint64_t, int64_t) = nullptr;
+  Status (*layout_set)(Layout, int, const void*, size_t) = nullptr;
+  Status (*layout_destroy)(Layout) = nullptr;
+  Status (*pref_create)(Preference*) = nullptr;
+  Status (*pref_set)(Preference, int, const void*, size_t) = nullptr;
+  Status (*pref_destroy)(Preference) = nullptr;
+  Status (*heuristic)(Handle, MatmulDesc, Layout, Layout, Layout, Layout, Preference, int, HeuristicResult*,
+                      int*) = nullptr;
+  Status (*matmul)(Handle, MatmulDesc, const void*, const void*, Layout, const void*, Layout, const void*,
+                   const void*, Layout, void*, Layout, const Algo*, void*, size_t, cudaStream_t) = nullptr;
+  const char* (*status_string)(Status) = nullptr;
+  std::mutex handles_mutex;
+  std::array<Handle, 64> handles{};  // per device, created on first use
+};
+
+template <typename F>
+bool bind(void* lib, const char* name, F& fn, std::string& error) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr && error.empty()) error = std::string("libcublasLt has no ") + name;
+  return fn != nullptr;
+}
+
+// The process's cuBLASLt: torch's copy, already loaded (RTLD_NOLOAD), for the CUDA runtime's major version and
+// then the one this extension was built with; else the first of those the dynamic loader finds.
+inline Api& api() {
+  static Api* const a = [] {
+    Api* a = new Api();  // (never freed: plans may be used until the process ends)
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    const int majors[] = {runtime / 1000, CUDART_VERSION / 1000};
+    void* lib = nullptr;
+    for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
+      for (int major : majors) {
+        const std::string name = "libcublasLt.so." + std::to_string(major);
+        if ((lib = dlopen(name.c_str(), flags)) != nullptr) break;
+      }
+      if (lib != nullptr) break;
+    }
+    if (lib == nullptr) {
+      a->error = "libcublasLt.so." + std::to_string(majors[0]) + " is not loaded and cannot be found";
+      return a;
+    }
+    std::string& e = a->error;
+    bind(lib, "cublasLtCreate", a->create, e);
+    bind(lib, "cublasLtMatmulDescCreate", a->desc_create, e);
+    bind(lib, "cublasLtMatmulDescSetAttribute", a->desc_set, e);
+    bind(lib, "cublasLtMatmulDescDestroy", a->desc_destroy, e);
+    bind(lib, "cublasLtMatrixLayoutCreate", a->layout_create, e);
+    bind(lib, "cublasLtMatrixLayoutSetAttribute", a->layout_set, e);
+    bind(lib, "cublasLtMatrixLayoutDestroy", a->layout_destroy, e);
+    bind(lib, "cublasLtMatmulPreferenceCreate", a->pref_create, e);
+    bind(lib, "cublasLtMatmulPreferenceSetAttribute", a->pref_set, e);
+    bind(lib, "cublasLtMatmulPreferenceDestroy", a->pref_destroy, e);
+    bind(lib, "cublasLtMatmulAlgoGetHeuristic", a->heuristic, e);
+    bind(lib, "cublasLtMatmul", a->matmul, e);
+    bind(lib, "cublasLtGetStatusString", a->status_string, e);
+    return a;
+  }();
+  return *a;
+}
+
+inline std::string status_text(Status s) {
+  const char* t = api().status_string != nullptr ? api().status_string(s) : nullptr;
+  return "cuBLASLt status " + std::to_string(s) + (t != nullptr ? std::string(" (") + t + ")" : std::string());
+}
+
+// The device's handle (the caller has made the device current); nullptr with ``error`` set when it cannot be made.
+inline Handle handle(int device, std::string& error) {
+  Api& a = api();
+  if (!a.error.empty()) {
+    error = a.error;
+    return nullptr;
+  }
+  if (device < 0 || device >= static_cast<int>(a.handles.size())) {
+    error = "device index " + std::to_string(device) + " out of range for cuBLASLt handles";
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(a.handles_mutex);
+  if (a.handles[device] == nullptr) {
+    Handle h = nullptr;
+    const Status s = a.create(&h);
+    if (s != 0) {
+      error = "cublasLtCreate failed: " + status_text(s);
+      return nullptr;
+    }
+    a.handles[device] = h;
+  }
+  return a.handles[device];
+}
+
+// One call's shape and alignments: what a resolved GEMM depends on.
+struct Shape {
+  int64_t n = 0, c = 0, hw = 0, k = 0;
+  bool bias = false;
+  uint32_t align_x = 0, align_w = 0, align_y = 0, align_b = 0;
+  bool operator==(const Shape& o) const {
+    return n == o.n && c == o.c && hw == o.hw && k == o.k && bias == o.bias && align_x == o.align_x &&
+           align_w == o.align_w && align_y == o.align_y && align_b == o.align_b;
+  }
+};
+
+// Bytes a pointer (or a byte stride) is aligned to, at most 256 (cuBLASLt's own default assumption).
+inline uint32_t alignment(uintptr_t v) {
+  if (v == 0) return 256;
+  const uintptr_t low = v & (~v + 1);
+  return low >= 256 ? 256u : static_cast<uint32_t>(low);
+}
+
+// A resolved GEMM: descriptors and the chosen algorithm for one shape.
+struct Gemm {
+  Shape shape;
+  MatmulDesc desc = nullptr;
+  Layout a = nullptr, b = nullptr, d = nullptr;
+  bool a_is_x = false;  // A is the input (NCHW without bias), else the weight
+  Algo algo{};
+  size_t workspace = 0;
+  int offered = 0;  // algorithms the heuristic listed
+};
+
+inline void destroy(Gemm& g) {
+  Api& a = api();
+  if (g.desc) a.desc_destroy(g.desc);
+  for (Layout l : {g.a, g.b, g.d})
+    if (l) a.layout_destroy(l);
+  g.desc = g.a = g.b = g.d = nullptr;
+}
+
+// A plan's resolved GEMMs, one per shape seen (a plan serves one problem; a few shapes at most).
+struct State {
+  int dtype = 0;  // 0 float32, 1 float16, 2 bfloat16
+  bool nhwc = false;
+  bool tf32 = false;
+  int algo = 0;  // the heuristic's list index
+  size_t max_workspace = 0;
+  std::mutex mutex;  // over gemms and over each call's bias-pointer attribute and launch
+  std::vector<std::unique_ptr<Gemm>> gemms;
+
+  ~State() {
+    for (auto& g : gemms) destroy(*g);
+  }
+};
+
+inline int data_type(int dtype) { return dtype == 1 ? CUDA_R_16F : dtype == 2 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// A layout of ``rows`` x ``cols`` with leading dimension ``ld``, row-major when ``row``, a strided batch of ``batch``
+// (stride ``stride`` elements) when batch > 1.
+inline Status make_layout(Layout* l, int type, int64_t rows, int64_t cols, int64_t ld, bool row, int64_t batch,
+                          int64_t stride) {
+  Api& a = api();
+  Status s = a.layout_create(l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld);
+  if (s == 0 && row) s = a.layout_set(*l, kLayoutOrder, &kOrderRow, sizeof(kOrderRow));
+  if (s == 0 && batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    s = a.layout_set(*l, kLayoutBatchCount, &count, sizeof(count));
+    if (s == 0) s = a.layout_set(*l, kLayoutBatchStride, &stride, sizeof(stride));
+  }
+  return s;
+}
+
+// The GEMM of ``st`` for ``shape``: found among those resolved, else resolved now (descriptors, the heuristic's list
+// for the call's alignments, the plan's entry of it). nullptr with ``error`` set when the shape has no such entry.
+// ``bias`` is the call's bias pointer (the heuristic reads its alignment). Called with st.mutex held.
+inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, std::string& error) {
+  for (auto& g : st.gemms)
+    if (g->shape == shape) return g.get();
+  Api& a = api();
+  auto g = std::make_unique<Gemm>();
+  g->shape = shape;
+  const int type = data_type(st.dtype);
+  const int compute = st.tf32 ? kComputeF32FastTF32 : kComputeF32;
+  const int64_t N = shape.n, C = shape.c, HW = shape.hw, K = shape.k;
+  Status s = a.desc_create(&g->desc, compute, CUDA_R_32F);
+  int32_t ta = kOpN, tb = kOpN;
+  if (s == 0 && st.nhwc) {  // column-major: D as K x N*HW (ld K) = (w as C x K, ld C)^T times x as C x N*HW (ld C)
+    ta = kOpT;
+    s = make_layout(&g->a, type, C, K, C, false, 1, 0);
+    if (s == 0) s = make_layout(&g->b, type, C, N * HW, C, false, 1, 0);
+    if (s == 0) s = make_layout(&g->d, type, K, N * HW, K, false, 1, 0);
+  } else if (s == 0 && shape.bias) {  // row-major: D[i] [K][HW] = w [K][C] x[i] [C][HW]
+    s = make_layout(&g->a, type, K, C, C, true, N, 0);
+    if (s == 0) s = make_layout(&g->b, type, C, HW, HW, true, N, C * HW);
+    if (s == 0) s = make_layout(&g->d, type, K, HW, HW, true, N, K * HW);
+  } else if (s == 0) {  // column-major: D[i] as HW x K (ld HW) = x[i] as HW x C (ld HW) times w as C x K (ld C)
+    g->a_is_x = true;
+    s = make_layout(&g->a, type, HW, C, HW, false, N, C * HW);
+    if (s == 0) s = make_layout(&g->b, type, C, K, C, false, N, 0);
+    if (s == 0) s = make_layout(&g->d, type, HW, K, HW, false, N, K * HW);
+  }
+  if (s == 0) s = a.desc_set(g->desc, kDescTransA, &ta, sizeof(ta));
+  if (s == 0) s = a.desc_set(g->desc, kDescTransB, &tb, sizeof(tb));
+  const uint32_t epilogue = shape.bias ? kEpilogueBias : kEpilogueDefault;
+  if (s == 0) s = a.desc_set(g->desc, kDescEpilogue, &epilogue, sizeof(epilogue));
+  if (s == 0 && shape.bias) s = a.desc_set(g->desc, kDescBiasPointer, &bias, sizeof(bias));
+  if (s != 0) {
+    error = "cuBLASLt descriptors for this shape: " + status_text(s);
+    destroy(*g);
+    return nullptr;
+  }
+  Preference pref = nullptr;
+  s = a.pref_create(&pref);
+  const uint64_t ws = st.max_workspace;
+  const uint32_t align_a = g->a_is_x ? shape.align_x : shape.align_w;
+  const uint32_t align_b = g->a_is_x ? shape.align_w : shape.align_x;
+  if (s == 0) s = a.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws));
+  if (s == 0) s = a.pref_set(pref, kPrefAlignA, &align_a, sizeof(align_a));
+  if (s == 0) s = a.pref_set(pref, kPrefAlignB, &align_b, sizeof(align_b));
+  if (s == 0) s = a.pref_set(pref, kPrefAlignC, &shape.align_y, sizeof(shape.align_y));
+  if (s == 0) s = a.pref_set(pref, kPrefAlignD, &shape.align_y, sizeof(shape.align_y));
+  std::array<HeuristicResult, 8> results{};
+  int returned = 0;
+  if (s == 0) s = a.heuristic(h, g->desc, g->a, g->b, g->d, g->d, pref, static_cast<int>(results.size()),
+                              results.data(), &returned);
+  if (pref != nullptr) a.pref_destroy(pref);
+  if (s != 0 || returned <= st.algo || results[st.algo].state != 0) {
+    error = s != 0 ? "cuBLASLt's heuristic failed for this shape: " + status_text(s)
+                   : "cuBLASLt's heuristic offers " + std::to_string(returned) + " algorithms for this shape; the plan "
+                     "takes entry " + std::to_string(st.algo);
+    destroy(*g);
+    return nullptr;
+  }
+  g->algo = results[st.algo].algo;
+  g->workspace = results[st.algo].workspace_size;
+  g->offered = returned;
+  st.gemms.push_back(std::move(g));
+  return st.gemms.back().get();
+}
+
+// Run ``g`` on the stream (st.mutex held: the bias pointer is an attribute of the shared descriptor).
+inline Status run(Handle h, Gemm& g, const void* x, const void* w, const void* bias, void* y, void* workspace,
+                  cudaStream_t stream) {
+  Api& a = api();
+  if (g.shape.bias) {
+    const Status s = a.desc_set(g.desc, kDescBiasPointer, &bias, sizeof(bias));
+    if (s != 0) return s;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  return a.matmul(h, g.desc, &one, g.a_is_x ? x : w, g.a, g.a_is_x ? w : x, g.b, &zero, y, g.d, y, g.d, &g.algo,
+                  workspace, g.workspace, stream);
+}
+
+}  // namespace bagf_lt
