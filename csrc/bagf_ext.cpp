@@ -197,7 +197,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
           geo.blas_ws > 256 || geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
           (geo.blas == 2 && geo.dtype != 0) || geo.tma != 0 || geo.gemm != 0 || geo.split != 1 || geo.tile != 1 ||
           geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0 || geo.stream_k != 0 || geo.fix_s != 0 ||
-          geo.fix_u != 0 || !cubin.empty()) {
+          geo.fix_u != 0 || geo.bm != 0 || geo.bn != 0 || geo.threads != 0 || geo.smem != 0 || geo.layout != 0 ||
+          geo.gemm_bm != 0 || geo.gemm_bn != 0 || geo.gemm_threads != 0 || geo.gemm_smem != 0 || !cubin.empty()) {
         err = cat("cuBLASLt plan with blas=", geo.blas, ", blas_algo=", geo.blas_algo, ", blas_ws=", geo.blas_ws,
                   ", dtype ", geo.dtype, " is out of range or has kernel fields or a cubin");
       } else if (idx >= kMaxPlans) {
@@ -621,11 +622,16 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
   std::lock_guard<std::mutex> lock(st.mutex);
   bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bp, why);
   if (g == nullptr) return false;
-  at::Tensor ws;  // (freed after the launch: the caching allocator hands it out again only to later work)
+  // (freed after the launch: the caching allocator hands them out again only to later work on this stream)
+  at::Tensor ws, broadcast;
   void* wsp = nullptr;
   if (g->workspace > 0) {
     ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
     wsp = ws.mutable_data_ptr();
+  }
+  if (g->bias_in_c) {  // an NCHW plan's bias, as one output image of it (the GEMM's C, batch stride 0)
+    broadcast = b->view({shape.k, 1}).expand({shape.k, shape.hw}).contiguous();
+    bp = broadcast.const_data_ptr();
   }
   const bagf_lt::Status s = bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp,
                                          c10::cuda::getCurrentCUDAStream(device).stream());

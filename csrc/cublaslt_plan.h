@@ -6,15 +6,16 @@
 // with cublasLt.h's values. The library checks every attribute's size, so a value of the wrong width is a
 // CUBLAS_STATUS_INVALID_VALUE, not a misread.
 //
-// The GEMMs, column-major as cuBLASLt counts (m x n output D = op(A) op(B), k the reduction), for a call with N
-// images of C channels and HW pixels and K filters (the weight [K][C], a 1x1 filter read the same way in either
-// memory format):
+// The GEMMs, column-major as cuBLASLt counts (m x n output D = op(A) op(B) + beta C, k the reduction), for a call
+// with N images of C channels and HW pixels and K filters (the weight [K][C], a 1x1 filter read the same way in
+// either memory format):
 // - channels_last: one GEMM, m = K, n = N*HW, k = C: D = the output [N*HW][K], A = the weight transposed, B = the
-//   input [N*HW][C]; the bias runs along m, as the epilogue adds it.
-// - NCHW with a bias: N GEMMs (a strided batch) in row-major order, m = K, n = HW, k = C: D[i] = the output image
-//   [K][HW], A = the weight (batch stride 0), B = the input image [C][HW].
-// - NCHW without a bias: the same batch column-major, m = HW, n = K: D[i] = the output image read as [HW][K]
-//   column-major, A = the input image, B = the weight. (Row-major layouts are there only for the bias's direction.)
+//   input [N*HW][C]; the bias runs along m, where the epilogue adds it (CUBLASLT_EPILOGUE_BIAS).
+// - NCHW: N GEMMs (a strided batch), m = HW, n = K, k = C: D[i] = the output image [K][HW] read as HW x K, A = the
+//   input image [C][HW] read as HW x C, B = the weight read as C x K (batch stride 0). The bias runs along n, which
+//   the epilogue cannot add (it adds along m; and a row-major D, which would put K along m, is refused with a bias
+//   epilogue: CUBLAS_STATUS_NOT_SUPPORTED), so it comes in as C with beta = 1: one image's [K][HW] of the bias,
+//   broadcast per call by the caller, batch stride 0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,10 +55,11 @@ constexpr int kComputeF32FastTF32 = 77;  // CUBLAS_COMPUTE_32F_FAST_TF32
 constexpr int kOpN = 0, kOpT = 1;        // CUBLAS_OP_N, CUBLAS_OP_T
 constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;  // cublasLtMatmulDescAttributes_t
 constexpr uint32_t kEpilogueDefault = 1, kEpilogueBias = 4;                              // cublasLtEpilogue_t
-constexpr int kLayoutOrder = 1, kLayoutBatchCount = 5, kLayoutBatchStride = 6;  // cublasLtMatrixLayoutAttribute_t
-constexpr int32_t kOrderRow = 1;                                                 // CUBLASLT_ORDER_ROW
-constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,
+constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;  // cublasLtMatrixLayoutAttribute_t
+constexpr int kPrefMaxWorkspace = 1, kPrefReductionMask = 3, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,
               kPrefAlignD = 8;  // cublasLtMatmulPreferenceAttributes_t
+// cublasLtReductionScheme_t: split-K partial sums in the compute type (fp32) only, or any scheme
+constexpr uint32_t kReduceInComputeType = 2, kReduceAny = 7;
 
 // The entry points, from the loaded library.
 struct Api {
@@ -132,7 +134,8 @@ inline std::string status_text(Status s) {
   return "cuBLASLt status " + std::to_string(s) + (t != nullptr ? std::string(" (") + t + ")" : std::string());
 }
 
-// The device's handle (the caller has made the device current); nullptr with ``error`` set when it cannot be made.
+// The device's handle (made on that device: a handle keeps the properties of the device current at its creation);
+// nullptr with ``error`` set when it cannot be made.
 inline Handle handle(int device, std::string& error) {
   Api& a = api();
   if (!a.error.empty()) {
@@ -146,7 +149,11 @@ inline Handle handle(int device, std::string& error) {
   std::lock_guard<std::mutex> lock(a.handles_mutex);
   if (a.handles[device] == nullptr) {
     Handle h = nullptr;
+    int current = -1;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
     const Status s = a.create(&h);
+    if (current != device && current >= 0) cudaSetDevice(current);
     if (s != 0) {
       error = "cublasLtCreate failed: " + status_text(s);
       return nullptr;
@@ -174,23 +181,26 @@ inline uint32_t alignment(uintptr_t v) {
   return low >= 256 ? 256u : static_cast<uint32_t>(low);
 }
 
-// A resolved GEMM: descriptors and the chosen algorithm for one shape.
+// A resolved GEMM: descriptors and the chosen algorithm for one shape, or why the shape has none (``error``, kept so
+// that such calls go to ATen without asking the heuristic again).
 struct Gemm {
   Shape shape;
   MatmulDesc desc = nullptr;
-  Layout a = nullptr, b = nullptr, d = nullptr;
-  bool a_is_x = false;  // A is the input (NCHW without bias), else the weight
+  Layout a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  bool a_is_x = false;      // A is the input (NCHW), else the weight
+  bool bias_in_c = false;   // the bias comes in as C with beta = 1 (NCHW with a bias)
   Algo algo{};
   size_t workspace = 0;
   int offered = 0;  // algorithms the heuristic listed
+  std::string error;
 };
 
 inline void destroy(Gemm& g) {
   Api& a = api();
   if (g.desc) a.desc_destroy(g.desc);
-  for (Layout l : {g.a, g.b, g.d})
+  for (Layout l : {g.a, g.b, g.c, g.d})
     if (l) a.layout_destroy(l);
-  g.desc = g.a = g.b = g.d = nullptr;
+  g.desc = g.a = g.b = g.c = g.d = nullptr;
 }
 
 // A plan's resolved GEMMs, one per shape seen (a plan serves one problem; a few shapes at most).
@@ -210,13 +220,11 @@ struct State {
 
 inline int data_type(int dtype) { return dtype == 1 ? CUDA_R_16F : dtype == 2 ? CUDA_R_16BF : CUDA_R_32F; }
 
-// A layout of ``rows`` x ``cols`` with leading dimension ``ld``, row-major when ``row``, a strided batch of ``batch``
-// (stride ``stride`` elements) when batch > 1.
-inline Status make_layout(Layout* l, int type, int64_t rows, int64_t cols, int64_t ld, bool row, int64_t batch,
-                          int64_t stride) {
+// A column-major layout of ``rows`` x ``cols`` with leading dimension ``ld``, a strided batch of ``batch`` (stride
+// ``stride`` elements) when batch > 1.
+inline Status make_layout(Layout* l, int type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   Api& a = api();
   Status s = a.layout_create(l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld);
-  if (s == 0 && row) s = a.layout_set(*l, kLayoutOrder, &kOrderRow, sizeof(kOrderRow));
   if (s == 0 && batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     s = a.layout_set(*l, kLayoutBatchCount, &count, sizeof(count));
@@ -226,11 +234,24 @@ inline Status make_layout(Layout* l, int type, int64_t rows, int64_t cols, int64
 }
 
 // The GEMM of ``st`` for ``shape``: found among those resolved, else resolved now (descriptors, the heuristic's list
-// for the call's alignments, the plan's entry of it). nullptr with ``error`` set when the shape has no such entry.
-// ``bias`` is the call's bias pointer (the heuristic reads its alignment). Called with st.mutex held.
+// for the call's alignments, the plan's entry of it). nullptr with ``error`` set when the shape has no such entry
+// (remembered). ``bias`` is the call's bias pointer (the heuristic reads its alignment). Called with st.mutex held.
 inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, std::string& error) {
   for (auto& g : st.gemms)
-    if (g->shape == shape) return g.get();
+    if (g->shape == shape) {
+      if (!g->error.empty()) {
+        error = g->error;
+        return nullptr;
+      }
+      return g.get();
+    }
+  auto failed = [&](std::unique_ptr<Gemm> g, std::string why) -> Gemm* {
+    destroy(*g);
+    g->error = why;
+    error = std::move(why);
+    st.gemms.push_back(std::move(g));
+    return nullptr;
+  };
   Api& a = api();
   auto g = std::make_unique<Gemm>();
   g->shape = shape;
@@ -239,53 +260,49 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
   const int64_t N = shape.n, C = shape.c, HW = shape.hw, K = shape.k;
   Status s = a.desc_create(&g->desc, compute, CUDA_R_32F);
   int32_t ta = kOpN, tb = kOpN;
-  if (s == 0 && st.nhwc) {  // column-major: D as K x N*HW (ld K) = (w as C x K, ld C)^T times x as C x N*HW (ld C)
+  if (s == 0 && st.nhwc) {  // D as K x N*HW (ld K) = (w as C x K, ld C)^T times x as C x N*HW (ld C), bias epilogue
     ta = kOpT;
-    s = make_layout(&g->a, type, C, K, C, false, 1, 0);
-    if (s == 0) s = make_layout(&g->b, type, C, N * HW, C, false, 1, 0);
-    if (s == 0) s = make_layout(&g->d, type, K, N * HW, K, false, 1, 0);
-  } else if (s == 0 && shape.bias) {  // row-major: D[i] [K][HW] = w [K][C] x[i] [C][HW]
-    s = make_layout(&g->a, type, K, C, C, true, N, 0);
-    if (s == 0) s = make_layout(&g->b, type, C, HW, HW, true, N, C * HW);
-    if (s == 0) s = make_layout(&g->d, type, K, HW, HW, true, N, K * HW);
-  } else if (s == 0) {  // column-major: D[i] as HW x K (ld HW) = x[i] as HW x C (ld HW) times w as C x K (ld C)
+    s = make_layout(&g->a, type, C, K, C, 1, 0);
+    if (s == 0) s = make_layout(&g->b, type, C, N * HW, C, 1, 0);
+    if (s == 0) s = make_layout(&g->d, type, K, N * HW, K, 1, 0);
+  } else if (s == 0) {  // D[i] as HW x K (ld HW) = x[i] as HW x C (ld HW) times w as C x K (ld C) [+ the bias as C]
     g->a_is_x = true;
-    s = make_layout(&g->a, type, HW, C, HW, false, N, C * HW);
-    if (s == 0) s = make_layout(&g->b, type, C, K, C, false, N, 0);
-    if (s == 0) s = make_layout(&g->d, type, HW, K, HW, false, N, K * HW);
+    g->bias_in_c = shape.bias;
+    s = make_layout(&g->a, type, HW, C, HW, N, C * HW);
+    if (s == 0) s = make_layout(&g->b, type, C, K, C, N, 0);
+    if (s == 0) s = make_layout(&g->d, type, HW, K, HW, N, K * HW);
+    if (s == 0 && g->bias_in_c) s = make_layout(&g->c, type, HW, K, HW, N, 0);
   }
   if (s == 0) s = a.desc_set(g->desc, kDescTransA, &ta, sizeof(ta));
   if (s == 0) s = a.desc_set(g->desc, kDescTransB, &tb, sizeof(tb));
-  const uint32_t epilogue = shape.bias ? kEpilogueBias : kEpilogueDefault;
+  const bool epilogue_bias = shape.bias && !g->bias_in_c;
+  const uint32_t epilogue = epilogue_bias ? kEpilogueBias : kEpilogueDefault;
   if (s == 0) s = a.desc_set(g->desc, kDescEpilogue, &epilogue, sizeof(epilogue));
-  if (s == 0 && shape.bias) s = a.desc_set(g->desc, kDescBiasPointer, &bias, sizeof(bias));
-  if (s != 0) {
-    error = "cuBLASLt descriptors for this shape: " + status_text(s);
-    destroy(*g);
-    return nullptr;
-  }
+  if (s == 0 && epilogue_bias) s = a.desc_set(g->desc, kDescBiasPointer, &bias, sizeof(bias));
+  if (s != 0) return failed(std::move(g), "cuBLASLt descriptors for this shape: " + status_text(s));
   Preference pref = nullptr;
   s = a.pref_create(&pref);
   const uint64_t ws = st.max_workspace;
+  const uint32_t reduce = st.dtype == 0 ? kReduceAny : kReduceInComputeType;  // (16 bits: no 16-bit partial sums)
   const uint32_t align_a = g->a_is_x ? shape.align_x : shape.align_w;
   const uint32_t align_b = g->a_is_x ? shape.align_w : shape.align_x;
+  const uint32_t align_c = g->bias_in_c ? 256u : shape.align_y;  // (the bias's broadcast: a fresh allocation)
   if (s == 0) s = a.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws));
+  if (s == 0) s = a.pref_set(pref, kPrefReductionMask, &reduce, sizeof(reduce));
   if (s == 0) s = a.pref_set(pref, kPrefAlignA, &align_a, sizeof(align_a));
   if (s == 0) s = a.pref_set(pref, kPrefAlignB, &align_b, sizeof(align_b));
-  if (s == 0) s = a.pref_set(pref, kPrefAlignC, &shape.align_y, sizeof(shape.align_y));
+  if (s == 0) s = a.pref_set(pref, kPrefAlignC, &align_c, sizeof(align_c));
   if (s == 0) s = a.pref_set(pref, kPrefAlignD, &shape.align_y, sizeof(shape.align_y));
   std::array<HeuristicResult, 8> results{};
   int returned = 0;
-  if (s == 0) s = a.heuristic(h, g->desc, g->a, g->b, g->d, g->d, pref, static_cast<int>(results.size()),
-                              results.data(), &returned);
+  if (s == 0) s = a.heuristic(h, g->desc, g->a, g->b, g->bias_in_c ? g->c : g->d, g->d, pref,
+                              static_cast<int>(results.size()), results.data(), &returned);
   if (pref != nullptr) a.pref_destroy(pref);
-  if (s != 0 || returned <= st.algo || results[st.algo].state != 0) {
-    error = s != 0 ? "cuBLASLt's heuristic failed for this shape: " + status_text(s)
-                   : "cuBLASLt's heuristic offers " + std::to_string(returned) + " algorithms for this shape; the plan "
-                     "takes entry " + std::to_string(st.algo);
-    destroy(*g);
-    return nullptr;
-  }
+  if (s != 0 || returned <= st.algo || results[st.algo].state != 0)
+    return failed(std::move(g), s != 0 ? "cuBLASLt's heuristic failed for this shape: " + status_text(s)
+                                       : "cuBLASLt's heuristic offers " + std::to_string(returned) +
+                                             " algorithms for this shape; the plan takes entry " +
+                                             std::to_string(st.algo));
   g->algo = results[st.algo].algo;
   g->workspace = results[st.algo].workspace_size;
   g->offered = returned;
@@ -293,17 +310,18 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
   return st.gemms.back().get();
 }
 
-// Run ``g`` on the stream (st.mutex held: the bias pointer is an attribute of the shared descriptor).
+// Run ``g`` on the stream (st.mutex held: the bias pointer is an attribute of the shared descriptor). ``bias`` is the
+// bias vector for the epilogue, or with ``g.bias_in_c`` one image's [K][HW] broadcast of it.
 inline Status run(Handle h, Gemm& g, const void* x, const void* w, const void* bias, void* y, void* workspace,
                   cudaStream_t stream) {
   Api& a = api();
-  if (g.shape.bias) {
+  if (g.shape.bias && !g.bias_in_c) {
     const Status s = a.desc_set(g.desc, kDescBiasPointer, &bias, sizeof(bias));
     if (s != 0) return s;
   }
   const float one = 1.0f, zero = 0.0f;
-  return a.matmul(h, g.desc, &one, g.a_is_x ? x : w, g.a, g.a_is_x ? w : x, g.b, &zero, y, g.d, y, g.d, &g.algo,
-                  workspace, g.workspace, stream);
+  return a.matmul(h, g.desc, &one, g.a_is_x ? x : w, g.a, g.a_is_x ? w : x, g.b, g.bias_in_c ? &one : &zero,
+                  g.bias_in_c ? bias : y, g.bias_in_c ? g.c : g.d, y, g.d, &g.algo, workspace, g.workspace, stream);
 }
 
 }  // namespace bagf_lt
