@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 from torch import nn
@@ -92,7 +93,8 @@ def _inference_call():
 
 def _reads_krsc(handle: int) -> bool:
     """Whether plan ``handle`` reads its weight KRSC (channels_last; ``bagf_ext.plan_reads_krsc``): every TMA plan and
-    every channels_last plan. False before the extension is loaded (a test's stand-in handle)."""
+    every channels_last kernel of ours (not a cuBLASLt plan). False before the extension is loaded (a test's stand-in
+    handle)."""
     from .jit import extension
 
     ext = extension.loaded()
@@ -149,6 +151,7 @@ class TunedConv2d(nn.Conv2d):
     """
 
     _bagf_last: tuple | None = None  # class default: a module unpickled from an older state has none of its own
+    _bagf_frozen: bool = False  # ``freeze_weights``
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -159,7 +162,7 @@ class TunedConv2d(nn.Conv2d):
         self.__dict__["_bagf_plans"] = {}
         self.__dict__["_bagf_last"] = None  # the last entry used, checked before the dict
         self.__dict__["_bagf_told"] = set()  # kinds of input the kernels never take, already checked and logged
-        self.__dict__["_bagf_krsc"] = None  # the weight's KRSC copy (``_krsc_weight``)
+        self.__dict__["_bagf_krsc"] = None  # the weight's KRSC copy with frozen weights (``_krsc_weight``)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d) -> "TunedConv2d":
@@ -172,7 +175,8 @@ class TunedConv2d(nn.Conv2d):
     def __getstate__(self):
         # Plan handles index this process's loaded kernels: never let them travel with a pickle or deepcopy.
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")}
-        state.update(_bagf_plans={}, _bagf_last=None, _bagf_told=set(), _bagf_krsc=None)
+        state.update(_bagf_plans={}, _bagf_last=None, _bagf_told=set(), _bagf_krsc=None,
+                     _bagf_frozen=self._bagf_frozen)
         return state
 
     def _apply(self, *args, **kwargs):
@@ -261,26 +265,30 @@ class TunedConv2d(nn.Conv2d):
 
     def _kernel_entry(self, handle: int, padding: tuple[int, int]) -> tuple:
         """The entry of a call that runs plan ``handle``: the op's arguments after the tensors, and whether the plan
-        reads its weight KRSC (then inference calls pass ``_krsc_weight``'s copy)."""
+        reads its weight KRSC (then inference calls with frozen weights pass ``_krsc_weight``'s copy)."""
         return ("kernel", handle, list(self.stride), list(padding), list(self.dilation), _reads_krsc(handle))
 
     def _krsc_weight(self, w: torch.Tensor) -> torch.Tensor:
-        """``w`` in KRSC (channels_last), for a plan that reads it so, which would otherwise convert it on every call
-        (an extra copy kernel and several microseconds of host time): a copy made once and kept while ``w`` is the
-        same tensor with the same version and storage (an in-place update, ``load_state_dict`` or ``.data =`` makes a
-        new copy at the next call). It costs the weight's size again in device memory. Inside a CUDA graph capture
-        the answer is ``w`` itself, and the op's conversion is captured: a replay then reads the weight as it is at
-        that replay, as nn.Conv2d's would, not a copy an in-place update after the capture would leave stale. An
-        inference tensor (no version counter to tell an update by) is converted by the op too."""
-        if _stream_capturing():
-            return w
+        """``w`` in KRSC (channels_last) for a layer with frozen weights (``freeze_weights``) whose plan reads it so,
+        which would otherwise convert it on every call (a copy kernel, and several microseconds of host time): a copy
+        made at the first such call outside a CUDA graph capture, made again when ``w`` is another tensor or has
+        another version or storage (an in-place update, ``load_state_dict``, ``.data =``). Writes through ``.data``
+        (``w.data.copy_(...)``) change none of those: what freezing asks the caller not to do. A capture takes the
+        copy as it is (``w`` itself when there is none yet: the op's conversion is captured). An inference tensor
+        has no version counter: the op converts it. A new copy is complete before any stream can read it, and an old
+        one is freed only when no stream can still be reading it (a device synchronisation, at each new copy)."""
         kept = self.__dict__.get("_bagf_krsc")
-        if kept is not None and kept[0] is w and kept[1] == w._version and kept[2] == w.data_ptr():
+        fresh = (kept is not None and kept[0]() is w and kept[1] == w._version and kept[2] == w.data_ptr())
+        if fresh:
             return kept[3]
-        if w.is_inference():
+        if _stream_capturing() or w.is_inference():
             return w
+        if kept is not None and w.is_cuda:
+            torch.cuda.synchronize(w.device)
         krsc = w.contiguous(memory_format=torch.channels_last)  # (``w`` itself when it is KRSC already)
-        self.__dict__["_bagf_krsc"] = (w, w._version, w.data_ptr(), krsc)
+        if krsc is not w and w.is_cuda:
+            torch.cuda.current_stream(w.device).synchronize()
+        self.__dict__["_bagf_krsc"] = (weakref.ref(w), w._version, w.data_ptr(), krsc)
         return krsc
 
     def __prepare_scriptable__(self) -> nn.Module:
@@ -373,7 +381,7 @@ class TunedConv2d(nn.Conv2d):
         # lookup, which cost several microseconds per call (batch-1 calls are host-bound). An entry is
         # - ("kernel", handle, stride, padding, dilation, krsc): our kernel, while the weight still has the input's
         #   dtype (and, for an NCHW input, is contiguous); with ``krsc`` (the plan reads the weight KRSC) a call that
-        #   needs no gradient passes the layer's KRSC copy of it;
+        #   needs no gradient passes the layer's KRSC copy of it when its weights are frozen;
         # - ("aten",): the plan is torch's conv (cuDNN won);
         # - ("unsupported",): a call the kernels do not take for another reason (device, groups, padding...);
         # - ("later", until, generation): ATen for now (no plan with BAGF_TUNE=0, another process tuning it),
@@ -391,7 +399,7 @@ class TunedConv2d(nn.Conv2d):
                 if w.dtype is dtype and (not contiguous or w.is_contiguous()):
                     if _needs_dispatcher(input, w, b):
                         return _op()(input, w, b, hit[2], hit[3], hit[4], hit[1])
-                    if hit[5] and own:
+                    if hit[5] and own and self._bagf_frozen:
                         w = self._krsc_weight(w)
                     return (_inference_call() or _op())(input, w, b, hit[2], hit[3], hit[4], hit[1])
             elif kind == "aten" or kind == "unsupported" or (
@@ -407,6 +415,31 @@ class TunedConv2d(nn.Conv2d):
         if entry[0] != "kernel":  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
+
+
+def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
+    """Promise that the convolution weights of ``model``'s TunedConv2d layers will not change behind their backs,
+    so that a layer whose plan reads its weight in another layout (the TMA plans on NCHW inputs read it KRSC) keeps
+    a converted copy instead of converting the weight on every inference call, in eager mode and in CUDA graphs
+    captured afterwards. Returns ``model``.
+
+    In eager mode a layer notices an in-place update of the parameter, ``load_state_dict`` and ``.data =`` and
+    converts again; it does not notice writes through ``.data`` (``weight.data.copy_(...)``, as some EMA helpers
+    do) or raw pointers. A CUDA graph captured after freezing reads the copies: after changing weights, call
+    ``freeze_weights(model)`` again (which drops the copies), run the model once, and capture again. Each copy costs
+    its weight's size in device memory. ``frozen=False`` undoes it: every call converts, and a captured graph reads
+    the weight as it is at each replay, as nn.Conv2d's does.
+
+    >>> import torch, bagf_torch
+    >>> m = bagf_torch.freeze_weights(bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))))
+    >>> m[0]._bagf_frozen
+    True
+    """
+    for module in model.modules():
+        if isinstance(module, TunedConv2d):
+            module.__dict__["_bagf_frozen"] = bool(frozen)
+            module.__dict__["_bagf_krsc"] = None
+    return model
 
 
 def convert(model: nn.Module) -> nn.Module:

@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the models' and the input's dtype (float32 by default)")
     ap.add_argument("--channels-last", action="store_true", help="models and input in channels_last")
+    ap.add_argument("--frozen", action="store_true",
+                    help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
     report = bagf_torch.tune_model(tuned, xs, budget=args.budget, seconds=args.seconds, progress=None)
     tune_seconds = time.perf_counter() - t0
     print(report, flush=True)
+    if args.frozen:
+        bagf_torch.freeze_weights(tuned)
     tuned_before, compiles_before = runtime.get().stats["tuned"], STATS.nvrtc_compiles
 
     results: dict[int, dict] = {}
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
         "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
-        "dtype": args.dtype, "channels_last": args.channels_last,
+        "dtype": args.dtype, "channels_last": args.channels_last, "frozen_weights": args.frozen,
         "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
         "commit": git_commit(), "command": command_line("bench_alexnet.py", sys.argv[1:] if argv is None else argv),
     }
@@ -84,7 +88,8 @@ def main(argv=None) -> int:
     stem = out / f"bench_alexnet_{args.tag}"
 
     mode = (f"fp32, TF32 {'on' if args.tf32 else 'off'}" if args.dtype == "float32" else args.dtype) + (
-        ", channels_last" if args.channels_last else "")
+        ", channels_last" if args.channels_last else "") + (", bagf's weights frozen (freeze_weights)" if args.frozen
+                                                             else "")
 
     def write():
         meta["tuned_during_timing"] = runtime.get().stats["tuned"] - tuned_before

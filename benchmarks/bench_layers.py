@@ -199,7 +199,10 @@ def markdown(doc: dict) -> list[str]:
              "Times are medians (us) of interleaved re-timing in one run.", "",
              f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
              "Graph columns: GPU time per call in a CUDA graph (cuDNN and the tuned plan, interleaved rounds, "
-             "median); the other columns are eager calls.", "",
+             "median); the other columns are eager calls."
+             + (" The tuned plans are timed as layers with frozen weights run them (`freeze_weights`: a KRSC copy of "
+                "the weight for plans that read it so, no conversion per call)." if meta.get("frozen_weights") else ""),
+             "",
              "| layer | N | cuDNN graph us | tuned graph us | vs cuDNN (graph) | cuDNN us | default us | TC default us "
              "| tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -294,6 +297,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the layers' dtype (cuDNN in the same dtype; --tf32 only for float32)")
     ap.add_argument("--channels-last", action="store_true", help="channels_last (NHWC) inputs, weights and outputs")
+    ap.add_argument("--frozen", action="store_true",
+                    help="time the final table as layers with frozen weights run (bagf_torch.freeze_weights: a plan "
+                         "that reads the weight KRSC gets a kept KRSC copy); the tuning itself is unchanged")
     ap.add_argument("--from-json", default=None, help="rewrite the Markdown of a run's JSON beside it (CPU) and exit")
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
@@ -342,6 +348,7 @@ def main(argv=None) -> int:
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
             "warm_start": not args.cold,
             "tf32": args.tf32, "cudnn_benchmark": True, "dtype": args.dtype, "channels_last": args.channels_last,
+            "frozen_weights": args.frozen,
             "commit": git_commit(), "command": command_line("bench_layers.py", sys.argv[1:] if argv is None else argv),
             "ceilings": {"precision": ceilings.precision, "peak_tflops": ceilings.flops / 1e12,
                          "copy_gbs": ceilings.bandwidth / 1e9, "how": ceilings.how},
@@ -377,7 +384,7 @@ def main(argv=None) -> int:
             result = tuner.tune(p, seeds=seeds)
             wall = time.perf_counter() - t0
             stored.append({"problem": p.as_dict(), "env": dev.env, "family": result.family, "config": result.config})
-            ws = Workspace(p, device)  # fresh data for the final comparison
+            ws = Workspace(p, device, frozen=args.frozen)  # fresh data for the final comparison
             start_handle = None
             if not fp32:  # the 16-bit family's start point for this layer is the untuned reference
                 start_handle = dev.compiler.compile(h16, [h16.default_for(p, torch.cuda.get_device_properties(0)

@@ -629,8 +629,11 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
     ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
     wsp = ws.mutable_data_ptr();
   }
-  if (g->bias_in_c) {  // an NCHW plan's bias, as one output image of it (the GEMM's C, batch stride 0)
-    broadcast = b->view({shape.k, 1}).expand({shape.k, shape.hw}).contiguous();
+  if (g->bias_in_c) {  // an NCHW plan's bias, as one output image of it (the GEMM's C, batch stride 0), in a fresh
+                       // allocation, as aligned as resolve told cuBLASLt (contiguous() would return the bias itself
+                       // when HW = 1)
+    broadcast = at::empty({shape.k, shape.hw}, b->options());
+    broadcast.copy_(b->view({shape.k, 1}).expand({shape.k, shape.hw}));
     bp = broadcast.const_data_ptr();
   }
   const bagf_lt::Status s = bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp,
@@ -670,7 +673,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
   // The kernels read the weight in the plan's format (KRSC for a channels_last plan and for every TMA plan): a
-  // weight in another format is converted for this call (TunedConv2d passes a KRSC copy it keeps: plan_reads_krsc).
+  // weight in another format is converted for this call (a frozen TunedConv2d passes a KRSC copy: plan_reads_krsc).
   // unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get a contiguous weight, so for
   // them (TMA plans aside) this is the weight itself. An NCHW TMA plan reads a channels_last copy of the input (its
   // maps view channels innermost) and writes NCHW.
@@ -759,9 +762,9 @@ const Plan* plan_for(int64_t handle) {
   return p.fn != nullptr || p.blas != nullptr ? &p : nullptr;
 }
 
-// Whether a plan reads its weight KRSC (channels_last): every TMA plan and every channels_last plan. launch_plan
-// converts a weight in another format on every call (an extra copy kernel), so a caller that keeps a KRSC copy of a
-// weight it calls with again (TunedConv2d, the tuner's timings) passes that copy instead.
+// Whether a plan reads its weight KRSC (channels_last): every TMA plan and every channels_last kernel of ours.
+// launch_plan converts a weight in another format on every call (an extra copy kernel), so a caller that keeps a
+// KRSC copy of a weight it calls with again (TunedConv2d with frozen weights) passes that copy instead.
 bool plan_reads_krsc(int64_t handle) {
   const Plan* plan = plan_for(handle);
   BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", handle);
@@ -972,7 +975,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("plan_reads_krsc", &plan_reads_krsc,
-        "Whether a loaded plan reads its weight KRSC (channels_last): a weight in another format is converted per call");
+        "Whether a loaded plan reads its weight KRSC (channels_last; it converts one in another format per call)");
   m.def("conv2d_inference", &conv2d_inference,
         "bagf::conv2d's CUDA kernel without the dispatcher (no autograd); with out=, the plan launched into it or "
         "an error (never ATen)",

@@ -13,9 +13,9 @@
 //   input [N*HW][C]; the bias runs along m, where the epilogue adds it (CUBLASLT_EPILOGUE_BIAS).
 // - NCHW: N GEMMs (a strided batch), m = HW, n = K, k = C: D[i] = the output image [K][HW] read as HW x K, A = the
 //   input image [C][HW] read as HW x C, B = the weight read as C x K (batch stride 0). The bias runs along n, which
-//   the epilogue cannot add (it adds along m; and a row-major D, which would put K along m, is refused with a bias
-//   epilogue: CUBLAS_STATUS_NOT_SUPPORTED), so it comes in as C with beta = 1: one image's [K][HW] of the bias,
-//   broadcast per call by the caller, batch stride 0.
+//   the epilogue cannot add (it adds along m; a row-major D would put K along m, but another project reports a bias
+//   epilogue on one refused, CUBLAS_STATUS_NOT_SUPPORTED), so it comes in as C with beta = 1: one image's [K][HW]
+//   of the bias, broadcast per call by the caller into a fresh allocation, batch stride 0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,7 +53,8 @@ static_assert(sizeof(Algo) == 64 && sizeof(HeuristicResult) == 96, "cuBLASLt's s
 constexpr int kComputeF32 = 68;          // CUBLAS_COMPUTE_32F
 constexpr int kComputeF32FastTF32 = 77;  // CUBLAS_COMPUTE_32F_FAST_TF32
 constexpr int kOpN = 0, kOpT = 1;        // CUBLAS_OP_N, CUBLAS_OP_T
-constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;  // cublasLtMatmulDescAttributes_t
+// cublasLtMatmulDescAttributes_t
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;
 constexpr uint32_t kEpilogueDefault = 1, kEpilogueBias = 4;                              // cublasLtEpilogue_t
 constexpr int kLayoutBatchCount = 5, kLayoutBatchStride = 6;  // cublasLtMatrixLayoutAttribute_t
 constexpr int kPrefMaxWorkspace = 1, kPrefReductionMask = 3, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7,

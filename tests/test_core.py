@@ -743,12 +743,12 @@ def test_forward_fast_path_skips_checks_only_for_a_call_like_one_it_ran(monkeypa
     assert len(inference) == 2
 
 
-def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monkeypatch):
-    """A plan that reads its weight KRSC gets, on calls that need no gradient, a channels_last copy the layer made once
-    and keeps while the weight is unchanged: a new copy after an in-place update or a ``.data`` swap, none inside a
-    CUDA graph capture (the op converts the weight there, so a replay reads the weight as it then is), none for a
-    call that records a gradient (which must see the parameter itself), under autocast or for an inference-tensor
-    weight. ``.to`` and copies forget it."""
+def test_frozen_layers_pass_a_kept_krsc_copy_of_the_weight_to_a_krsc_plan(monkeypatch):
+    """With frozen weights (``freeze_weights``), a plan that reads its weight KRSC gets, on calls that need no gradient,
+    a channels_last copy the layer made once and keeps while the weight is unchanged: a new copy after an in-place
+    update or a ``.data`` swap; a capture takes the kept copy as it is, or the weight itself when there is none; a call
+    that records a gradient, an autocast call or an inference-tensor weight gets no copy. Without freezing, every call
+    gets the weight itself (the op converts it). ``.to``, copies and freezing again drop the copy; the flag stays."""
     import torch.nn.functional as F
 
     from bagf_torch import nn as bnn
@@ -776,10 +776,10 @@ def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monk
     conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1)
     x = torch.randn(2, 4, 7, 7)
 
-    def passed(expect_krsc: bool):
-        out = conv(x)
+    def passed(expect_krsc: bool, inp=x):
+        out = conv(inp)
         w, via = got[-1]
-        torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias, 1, 1))
+        torch.testing.assert_close(out, F.conv2d(inp, conv.weight, conv.bias, 1, 1))
         torch.testing.assert_close(w, conv.weight)
         assert w.is_contiguous(memory_format=torch.channels_last) is expect_krsc
         assert (w is not conv.weight) is expect_krsc
@@ -787,9 +787,11 @@ def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monk
 
     with torch.no_grad():
         passed(False)  # the first call looks the plan up and runs the op with the weight as it is
+        assert passed(False)[1] == "inference"  # not frozen: the weight itself, every call
+        assert conv._bagf_krsc is None
+        assert bagf_torch.freeze_weights(conv) is conv and conv._bagf_frozen
         first, via = passed(True)
-        assert via == "inference"
-        assert passed(True)[0] is first  # kept: no copy per call
+        assert via == "inference" and passed(True)[0] is first  # kept: no copy per call
         conv.weight.mul_(2)  # an in-place update: a new copy of the new values
         second = passed(True)[0]
         assert second is not first
@@ -797,19 +799,33 @@ def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monk
         third = passed(True)[0]
         assert third is not second and passed(True)[0] is third
         capturing[0] = True
-        assert passed(False)[0] is conv.weight  # capturing: the weight itself, the copy kept for later
+        assert passed(True)[0] is third  # a capture takes the kept copy
+        conv.weight.mul_(-1)
+        assert passed(False)[0] is conv.weight  # a stale one is not used, nor replaced, while capturing
         capturing[0] = False
-        assert passed(True)[0] is third
+        fourth = passed(True)[0]
+        assert fourth is not third
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's cast weight: never the kept copy
+            for _ in range(2):  # (the second call takes the fast path)
+                conv(x)
+                assert got[-1][0].dtype is torch.bfloat16 and conv._bagf_krsc[3] is fourth
     assert passed(False)[1] == "op"  # a call that records a gradient goes through the op with the parameter
-    assert copy.deepcopy(conv)._bagf_krsc is None
-    conv.to(torch.float32)  # .to forgets what the layer learnt, the copy with it
-    assert conv._bagf_krsc is None
+    dup = copy.deepcopy(conv)
+    assert dup._bagf_krsc is None and dup._bagf_frozen
+    conv.to(torch.float32)  # .to forgets what the layer learnt, the copy with it; it stays frozen
+    assert conv._bagf_krsc is None and conv._bagf_frozen
     with torch.no_grad():
         passed(False)
         passed(True)
         assert conv._bagf_krsc is not None
+        bagf_torch.freeze_weights(conv)  # freezing again drops the copy (weights changed through .data, say)
+        assert conv._bagf_krsc is None
+        passed(True)
+        bagf_torch.freeze_weights(conv, frozen=False)
+        assert passed(False)[0] is conv.weight and conv._bagf_krsc is None
 
     # a weight already KRSC (a channels_last layer) is passed as it is
+    bagf_torch.freeze_weights(conv)
     conv.to(memory_format=torch.channels_last)
     x_cl = x.contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
@@ -818,7 +834,7 @@ def test_inference_calls_of_a_krsc_plan_pass_a_kept_krsc_copy_of_the_weight(monk
         assert got[-1] == (conv.weight, "inference")
     # an inference tensor (a layer made in inference mode) has no version counter: the op converts it
     with torch.inference_mode():
-        inf = bagf_torch.TunedConv2d(4, 6, 3, padding=1)
+        inf = bagf_torch.freeze_weights(bagf_torch.TunedConv2d(4, 6, 3, padding=1))
         assert inf.weight.is_inference()
         inf(x)
         inf(x)

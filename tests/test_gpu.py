@@ -387,12 +387,13 @@ def test_inference_calls_skip_the_autograd_node(compiler):
     assert graph.grad_fn is not None and graph.requires_grad
 
 
-def test_a_layer_keeps_a_krsc_weight_for_a_krsc_plan_and_a_graph_reads_the_weight_itself(compiler):
-    """A layer whose plan reads the weight KRSC (an NCHW TMA plan) passes, on inference calls, a channels_last copy it
-    made once: the same output as the op converting the weight itself, the copy kept from call to call and made
-    again after an in-place update. A CUDA graph captured after those calls reads the weight as it is at each
-    replay (the capture runs the op's conversion), so an in-place update after the capture is seen, as it is with
-    nn.Conv2d."""
+def test_frozen_layers_keep_a_krsc_weight_for_a_krsc_plan_in_eager_calls_and_graphs(compiler):
+    """A layer whose plan reads the weight KRSC (an NCHW TMA plan): without freezing, every call converts the weight
+    and a CUDA graph replay reads the weight as it is then (an in-place update after the capture is seen, as with
+    nn.Conv2d). With ``freeze_weights``: inference calls pass a channels_last copy made once, with the same output as
+    the op converting the weight itself; an in-place update makes a new copy; a graph captured after freezing reads
+    the copy (an update after the capture is not seen) until the weights are frozen again and the graph captured
+    again."""
     if torch.cuda.get_device_capability(0) < (9, 0):
         pytest.skip("TMA plans need sm_90")
     import bagf_torch
@@ -410,17 +411,36 @@ def test_a_layer_keeps_a_krsc_weight_for_a_krsc_plan_and_a_graph_reads_the_weigh
         return compiler.ext.conv2d_inference(x, conv.weight.detach(), conv.bias.detach(), [1, 1], [1, 1], [1, 1],
                                              tma)
 
+    def captured():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = conv(x)
+        return graph, static
+
     with torch.no_grad():
+        assert torch.equal(conv(x), want()) and conv._bagf_krsc is None
+        graph, static = captured()
+        conv.weight.mul_(-0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, want())  # not frozen: the replay converts the updated weight
+
+        bagf_torch.freeze_weights(conv)
         assert torch.equal(conv(x), want())
         kept = conv._bagf_krsc[3]
         assert kept.is_contiguous(memory_format=torch.channels_last) and torch.equal(kept, conv.weight)
         assert torch.equal(conv(x), want()) and conv._bagf_krsc[3] is kept
-        conv.weight.mul_(-0.5)
-        assert torch.equal(conv(x), want()) and conv._bagf_krsc[3] is not kept
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static = conv(x)
         conv.weight.mul_(2.0)
+        assert torch.equal(conv(x), want()) and conv._bagf_krsc[3] is not kept
+        before = want()
+        graph, static = captured()
+        conv.weight.mul_(3.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, before) and not torch.equal(static, want())  # frozen: the capture's copy
+        bagf_torch.freeze_weights(conv)  # the documented way after an update: freeze again, run once, capture again
+        conv(x)
+        graph, static = captured()
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, want())
@@ -428,7 +448,7 @@ def test_a_layer_keeps_a_krsc_weight_for_a_krsc_plan_and_a_graph_reads_the_weigh
 
 CUBLASLT_SHAPES = [
     (1, 1024, 14, 14, 256, 1, 1, (1, 1), (0, 0), (1, 1), True),  # ResNet's 1x1 1024 -> 256 at N = 1
-    (3, 64, 7, 9, 40, 1, 1, (1, 1), (0, 0), (1, 1), False),      # no bias: NCHW's column-major batch
+    (3, 64, 7, 9, 40, 1, 1, (1, 1), (0, 0), (1, 1), False),      # no bias
     (2, 24, 5, 5, 16, 1, 1, (1, 1), (0, 0), (2, 3), True),       # a dilation (a 1x1 filter ignores it)
     (2, 5, 9, 9, 70, 1, 1, (1, 1), (0, 0), (1, 1), True),        # C = 5, K = 70: 2- and 4-byte alignments only
 ]
@@ -477,8 +497,9 @@ def test_cublaslt_1x1_plans_in_every_dtype_format_and_mode(compiler):
     print(f"cuBLASLt plans: {ran} ran correctly, {len(missing)} asked for an entry the heuristic did not list")
     assert ran >= len(modes) * 2 * 2  # (at least the ResNet shape and the shifted one, entry 0, both workspaces)
 
-    # through the op, eager and in a CUDA graph, TF32 NCHW with a bias (the batch's C) at N = 2
-    p = _problem((2, 256, 12, 10, 48, 1, 1, (1, 1), (0, 0), (1, 1), True), tf32=True)
+    # through the op, eager and in a CUDA graph: NCHW with a bias (the batch's C) at N = 2, strict fp32 (the bound
+    # without cuDNN's TF32 choice on this shape in it)
+    p = _problem((2, 256, 12, 10, 48, 1, 1, (1, 1), (0, 0), (1, 1), True))
     handle = compiler.compile(fam, [lt.default_for(p)])[0].handle
     ws = Workspace(p, torch.device("cuda", 0))
     assert checker.check(ws, handle) is None

@@ -284,7 +284,7 @@ FIELD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_p
              "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem", "dtype", "nhwc", "tma", "stream_k",
              "blas", "blas_algo", "blas_ws")
 """The LaunchGeometry fields in the host's order: the tuples above hold the first ``len(RECORDED)``; the fields after
-them came with plan kinds the recorded families do not use (left at their defaults there)."""
+them belong to plan kinds the recorded families do not use (at their defaults there)."""
 
 RECORDED = FIELD_ORDER[:21]
 

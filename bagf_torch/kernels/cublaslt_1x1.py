@@ -11,7 +11,8 @@ torch's matmul TF32 flag is off by default and is not the convolution's), in str
 and bfloat16 fp32 sums (split-K partial sums too). On the H200 cuBLAS's TF32 GEMM took ResNet's 1x1 NCHW layers
 1.27-1.78x faster than cuDNN's TF32 convolution, without the bias
 (``benchmarks/results/conv1x1_gemm_probe_h200.md``); adding the bias as ATen's ``baddbmm`` (the whole output written
-with the bias first) lost that gain, hence the epilogue, or a C of one image.
+with the bias first) lost that gain. What the bias costs here, with the epilogue (channels_last) or a C of one image
+(NCHW: a copy of K*H*W values per call, C read per image), is not measured yet.
 
 What is tuned is which algorithm runs: cuBLASLt's heuristic lists up to eight for the call's shape and alignments,
 best first, and ALG picks an entry of that list; WS is the workspace the heuristic may give them (none, or 32 MiB,

@@ -46,7 +46,9 @@ def output_error(out: torch.Tensor, ref: torch.Tensor, ref_norm: float, ref_max:
 class Workspace:
     """Fresh random tensors for one problem on one device, and their float64 reference (computed once)."""
 
-    def __init__(self, problem: ConvProblem, device: torch.device, seed: int | None = None):
+    def __init__(self, problem: ConvProblem, device: torch.device, seed: int | None = None, frozen: bool = False):
+        self.frozen = frozen  # op_call passes a KRSC plan the weight's KRSC copy, as a frozen TunedConv2d does
+        self._w_krsc: torch.Tensor | None = None
         g = torch.Generator(device=device)
         # fresh data per workspace without touching the user's global RNG (torch.seed() would reseed it)
         g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % (2**63))
@@ -86,12 +88,17 @@ class Workspace:
         """The call a user's inference forward makes (allocating its output, as F.conv2d does): TunedConv2d's
         fast path, the op's kernel without the dispatcher (``conv2d_inference``; these tensors need no
         gradient). The weight as the workspace holds it (KCRS for an NCHW problem): a plan that reads it KRSC converts
-        it in the call, as a CUDA graph of a TunedConv2d runs it (its eager calls pass a KRSC copy they keep,
-        ``TunedConv2d._krsc_weight``)."""
+        it in the call, as a TunedConv2d does unless its weights are frozen (``freeze_weights``); with ``frozen`` such
+        a plan gets the weight's KRSC copy, as a frozen layer's call does."""
         x, w, b, (s, p, d) = self.x, self.w, self.b, self.args
         from ..jit import extension
 
-        op = extension.loaded().conv2d_inference
+        ext = extension.loaded()
+        if self.frozen and ext.plan_reads_krsc(handle):
+            if self._w_krsc is None:
+                self._w_krsc = w.contiguous(memory_format=torch.channels_last)
+            w = self._w_krsc
+        op = ext.conv2d_inference
         s, p, d = list(s), list(p), list(d)
         return lambda: op(x, w, b, s, p, d, handle)
 
