@@ -6,6 +6,7 @@ tests/test_gpu.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,41 @@ def test_an_imported_library_plan_is_stored_without_a_cubin_or_a_build(cache_dir
             assert cache.import_(path, env, compiler=compiler) == (1, [])
             stored = cache.get_plan(row["key"])
             assert stored["family"] == lt.FAMILY and stored["config"] == config and stored["cubin_digests"] == []
+
+
+@pytest.mark.slow
+def test_the_host_plan_computes_1x1_convolutions_with_cublaslt_semantics(tmp_path):
+    """csrc/cublaslt_plan.h built with the host compiler against a stand-in libcublasLt (tests/cublaslt_fake) that
+    computes what cuBLASLt documents for the descriptors it is given: every formulation (channels_last with the bias
+    epilogue, NCHW with the bias as a batch-stride-0 C, NCHW without bias; N = 1 and a batch) equals the direct 1x1
+    convolution; the heuristic gets the workspace limit, fp32 partial sums in 16 bits, TF32 products in TF32 mode
+    and each operand's alignment; the call passes the chosen entry and its workspace; an entry the list lacks is
+    refused with the reason once and remembered. What it cannot tell: whether the real library accepts each
+    descriptor (the GPU test's part)."""
+    import os
+    import shutil
+    import subprocess
+
+    import glob
+
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    homes = [os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME, "/usr/local/cuda",
+             *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]
+    includes = [Path(h) / "include" for h in homes if h and (Path(h) / "include" / "cuda_runtime.h").is_file()]
+    if cxx is None or not includes:
+        pytest.skip("no C++ compiler or CUDA toolkit headers (cuda_runtime.h) here")
+    cuda_include = [str(includes[0])]
+    fake_dir = Path(__file__).parent / "cublaslt_fake"
+    lib = tmp_path / "libcublasLt.so.13"
+    harness = tmp_path / "harness"
+    for cmd in ([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib), str(fake_dir / "fake_cublaslt.cpp")],
+                [cxx, "-std=c++17", "-O1", f"-I{extension.csrc_dir()}", *(f"-I{p}" for p in cuda_include), "-o",
+                 str(harness), str(fake_dir / "harness.cpp"), "-ldl"]):
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-4000:]
+    res = subprocess.run([str(harness)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "FAKE_LT_ALGOS": "3"})
+    assert res.returncode == 0 and res.stdout.strip().startswith("ok"), res.stdout + res.stderr
+    print(res.stdout.strip())
