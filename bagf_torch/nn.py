@@ -30,6 +30,7 @@ _compiling = torch.compiler.is_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 # (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
 _stream_capturing = torch._C._cuda_isCurrentStreamCapturing
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device index -> the current stream's handle
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _FORMATS = supported_formats()
@@ -272,23 +273,40 @@ class TunedConv2d(nn.Conv2d):
         """``w`` in KRSC (channels_last) for a layer with frozen weights (``freeze_weights``) whose plan reads it so,
         which would otherwise convert it on every call (a copy kernel, and several microseconds of host time): a copy
         made at the first such call outside a CUDA graph capture, made again when ``w`` is another tensor or has
-        another version or storage (an in-place update, ``load_state_dict``, ``.data =``). Writes through ``.data``
-        (``w.data.copy_(...)``) change none of those: what freezing asks the caller not to do. A capture takes the
-        copy as it is (``w`` itself when there is none yet: the op's conversion is captured). An inference tensor
-        has no version counter: the op converts it. A new copy is complete before any stream can read it, and an old
-        one is freed only when no stream can still be reading it (a device synchronisation, at each new copy)."""
+        another version or storage (an in-place update, ``load_state_dict``, ``.data =``; the old storage is held
+        while its copy is, so a new one cannot take its address). Writes through ``.data`` (``w.data.copy_(...)``)
+        change none of those: what freezing asks the caller not to do. A capture takes the copy as it is (``w``
+        itself when there is none yet, or a stale one: the op's conversion is captured) and pins it: the layer
+        keeps every copy a graph reads until ``freeze_weights`` is called again. An inference tensor has no version
+        counter: the op converts it. Streams: another stream's first use of a copy waits for the copy's event and
+        records the stream with the caching allocator, so the copy is complete before it is read and not reused
+        while it is."""
         kept = self.__dict__.get("_bagf_krsc")
-        fresh = (kept is not None and kept[0]() is w and kept[1] == w._version and kept[2] == w.data_ptr())
-        if fresh:
-            return kept[3]
+        if kept is not None and kept[0]() is w and kept[1] == w._version and kept[2].data_ptr() == w.data_ptr():
+            copy = kept[3]
+            if copy is w:
+                return w
+            if _stream_capturing():
+                pinned = self.__dict__.setdefault("_bagf_pinned", [])
+                if not any(p is copy for p in pinned):
+                    pinned.append(copy)
+            elif copy.is_cuda and _raw_stream is not None:
+                stream = _raw_stream(copy.device.index)
+                if stream not in kept[5]:  # a stream other than the copy's own, first use
+                    current = torch.cuda.current_stream(copy.device)
+                    current.wait_event(kept[4])
+                    copy.record_stream(current)
+                    kept[5].add(stream)
+            return copy
         if _stream_capturing() or w.is_inference():
             return w
-        if kept is not None and w.is_cuda:
-            torch.cuda.synchronize(w.device)
         krsc = w.contiguous(memory_format=torch.channels_last)  # (``w`` itself when it is KRSC already)
-        if krsc is not w and w.is_cuda:
-            torch.cuda.current_stream(w.device).synchronize()
-        self.__dict__["_bagf_krsc"] = (weakref.ref(w), w._version, w.data_ptr(), krsc)
+        event, streams = None, set()
+        if krsc is not w and krsc.is_cuda and _raw_stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(krsc.device))
+            streams.add(_raw_stream(krsc.device.index))
+        self.__dict__["_bagf_krsc"] = (weakref.ref(w), w._version, w.detach(), krsc, event, streams)
         return krsc
 
     def __prepare_scriptable__(self) -> nn.Module:
@@ -423,12 +441,14 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     a converted copy instead of converting the weight on every inference call, in eager mode and in CUDA graphs
     captured afterwards. Returns ``model``.
 
-    In eager mode a layer notices an in-place update of the parameter, ``load_state_dict`` and ``.data =`` and
-    converts again; it does not notice writes through ``.data`` (``weight.data.copy_(...)``, as some EMA helpers
-    do) or raw pointers. A CUDA graph captured after freezing reads the copies: after changing weights, call
-    ``freeze_weights(model)`` again (which drops the copies), run the model once, and capture again. Each copy costs
-    its weight's size in device memory. ``frozen=False`` undoes it: every call converts, and a captured graph reads
-    the weight as it is at each replay, as nn.Conv2d's does.
+    Call it after ``convert`` (it sets TunedConv2d layers only). In eager mode a layer notices an in-place update of
+    the parameter, ``load_state_dict`` and ``.data =`` and converts again; it does not notice writes through
+    ``.data`` (``weight.data.copy_(...)``, as some EMA helpers do) or raw pointers. A CUDA graph captured after
+    freezing reads the copies it was captured with (the layer keeps them alive, stale or not): after changing
+    weights, call ``freeze_weights(model)`` again, which drops every copy and so voids the graphs captured before,
+    run the model once, and capture again. Each copy costs its weight's size in device memory. ``frozen=False``
+    undoes it (graphs captured while frozen are void too): every call converts, and a graph captured afterwards
+    reads the weight as it is at each replay, as nn.Conv2d's does.
 
     >>> import torch, bagf_torch
     >>> m = bagf_torch.freeze_weights(bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))))
@@ -439,6 +459,7 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
         if isinstance(module, TunedConv2d):
             module.__dict__["_bagf_frozen"] = bool(frozen)
             module.__dict__["_bagf_krsc"] = None
+            module.__dict__["_bagf_pinned"] = []  # (the copies graphs captured earlier read: those graphs are void)
     return model
 
 

@@ -201,7 +201,9 @@ def markdown(doc: dict) -> list[str]:
              "Graph columns: GPU time per call in a CUDA graph (cuDNN and the tuned plan, interleaved rounds, "
              "median); the other columns are eager calls."
              + (" The tuned plans are timed as layers with frozen weights run them (`freeze_weights`: a KRSC copy of "
-                "the weight for plans that read it so, no conversion per call)." if meta.get("frozen_weights") else ""),
+                "the weight for plans that read it so, no conversion per call); the tuning that chose them, and the "
+                "evaluations, best-candidate and family-default times in the JSON, timed them unfrozen."
+                if meta.get("frozen_weights") else ""),
              "",
              "| layer | N | cuDNN graph us | tuned graph us | vs cuDNN (graph) | cuDNN us | default us | TC default us "
              "| tuned us | vs cuDNN | vs default | TFLOP/s | plan | evals | tune s |",

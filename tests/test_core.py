@@ -799,12 +799,18 @@ def test_frozen_layers_pass_a_kept_krsc_copy_of_the_weight_to_a_krsc_plan(monkey
         third = passed(True)[0]
         assert third is not second and passed(True)[0] is third
         capturing[0] = True
-        assert passed(True)[0] is third  # a capture takes the kept copy
+        assert passed(True)[0] is third and conv._bagf_pinned == [third]  # a capture takes the kept copy, pinned
+        passed(True)
+        assert len(conv._bagf_pinned) == 1
         conv.weight.mul_(-1)
         assert passed(False)[0] is conv.weight  # a stale one is not used, nor replaced, while capturing
         capturing[0] = False
         fourth = passed(True)[0]
-        assert fourth is not third
+        assert fourth is not third and conv._bagf_pinned == [third]  # (a graph may still read the old one)
+        conv.weight = torch.nn.Parameter(conv.weight.detach().clone())  # another Parameter object
+        fifth = passed(True)[0]
+        assert fifth is not fourth
+        fourth = fifth
         with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's cast weight: never the kept copy
             for _ in range(2):  # (the second call takes the fast path)
                 conv(x)
@@ -813,13 +819,13 @@ def test_frozen_layers_pass_a_kept_krsc_copy_of_the_weight_to_a_krsc_plan(monkey
     dup = copy.deepcopy(conv)
     assert dup._bagf_krsc is None and dup._bagf_frozen
     conv.to(torch.float32)  # .to forgets what the layer learnt, the copy with it; it stays frozen
-    assert conv._bagf_krsc is None and conv._bagf_frozen
+    assert conv._bagf_krsc is None and conv._bagf_frozen and len(conv._bagf_pinned) == 1  # (graphs keep theirs)
     with torch.no_grad():
         passed(False)
         passed(True)
         assert conv._bagf_krsc is not None
-        bagf_torch.freeze_weights(conv)  # freezing again drops the copy (weights changed through .data, say)
-        assert conv._bagf_krsc is None
+        bagf_torch.freeze_weights(conv)  # freezing again drops every copy (weights changed through .data, say)
+        assert conv._bagf_krsc is None and conv._bagf_pinned == []
         passed(True)
         bagf_torch.freeze_weights(conv, frozen=False)
         assert passed(False)[0] is conv.weight and conv._bagf_krsc is None

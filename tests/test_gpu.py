@@ -392,8 +392,8 @@ def test_frozen_layers_keep_a_krsc_weight_for_a_krsc_plan_in_eager_calls_and_gra
     and a CUDA graph replay reads the weight as it is then (an in-place update after the capture is seen, as with
     nn.Conv2d). With ``freeze_weights``: inference calls pass a channels_last copy made once, with the same output as
     the op converting the weight itself; an in-place update makes a new copy; a graph captured after freezing reads
-    the copy (an update after the capture is not seen) until the weights are frozen again and the graph captured
-    again."""
+    the copy (an update after the capture is not seen, and the copy outlives the eager calls' newer ones) until the
+    weights are frozen again and the graph captured again."""
     if torch.cuda.get_device_capability(0) < (9, 0):
         pytest.skip("TMA plans need sm_90")
     import bagf_torch
@@ -438,6 +438,11 @@ def test_frozen_layers_keep_a_krsc_weight_for_a_krsc_plan_in_eager_calls_and_gra
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static, before) and not torch.equal(static, want())  # frozen: the capture's copy
+        assert torch.equal(conv(x), want())  # an eager call sees the update (a new copy) ...
+        torch.randn(64 << 20, device="cuda")  # (allocations that would take a freed copy's memory)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, before)  # ... and the graph still reads its own copy, kept alive (pinned)
         bagf_torch.freeze_weights(conv)  # the documented way after an update: freeze again, run once, capture again
         conv(x)
         graph, static = captured()
