@@ -629,12 +629,14 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
     ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
     wsp = ws.mutable_data_ptr();
   }
-  if (g->bias_in_c) {  // an NCHW plan's bias, as one output image of it (the GEMM's C, batch stride 0), in a fresh
-                       // allocation, as aligned as resolve told cuBLASLt (contiguous() would return the bias itself
-                       // when HW = 1)
+  if (g->bias == bagf_lt::Bias::kBroadcastC) {  // an NCHW plan's bias as one output image of it (the GEMM's C, batch
+                                                // stride 0), in a fresh allocation, as aligned as resolve told
+                                                // cuBLASLt (contiguous() would return the bias itself at HW = 1)
     broadcast = at::empty({shape.k, shape.hw}, b->options());
     broadcast.copy_(b->view({shape.k, 1}).expand({shape.k, shape.hw}));
     bp = broadcast.const_data_ptr();
+  } else if (g->bias == bagf_lt::Bias::kFilledD) {  // the whole output holds the bias first (C = D, beta = 1)
+    y.view({shape.n, shape.k, shape.hw}).copy_(b->view({1, shape.k, 1}).expand({shape.n, shape.k, shape.hw}));
   }
   const bagf_lt::Status s = bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp,
                                          c10::cuda::getCurrentCUDAStream(device).stream());

@@ -15,7 +15,9 @@
 //   input image [C][HW] read as HW x C, B = the weight read as C x K (batch stride 0). The bias runs along n, which
 //   the epilogue cannot add (it adds along m; a row-major D would put K along m, but another project reports a bias
 //   epilogue on one refused, CUBLAS_STATUS_NOT_SUPPORTED), so it comes in as C with beta = 1: one image's [K][HW]
-//   of the bias, broadcast per call by the caller into a fresh allocation, batch stride 0.
+//   of the bias, broadcast per call by the caller into a fresh allocation, batch stride 0 (Bias::kBroadcastC); where
+//   the heuristic takes no such C (a C batch stride other than D's), the caller fills the whole output with the bias
+//   first and C is D (Bias::kFilledD).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -182,14 +184,18 @@ inline uint32_t alignment(uintptr_t v) {
   return low >= 256 ? 256u : static_cast<uint32_t>(low);
 }
 
+// How a GEMM adds the bias: none; the epilogue (channels_last); C = one image's broadcast of it, batch stride 0,
+// beta = 1 (NCHW); or C = D, which the caller has filled with the bias, beta = 1 (NCHW, where the first is refused).
+enum class Bias { kNone, kEpilogue, kBroadcastC, kFilledD };
+
 // A resolved GEMM: descriptors and the chosen algorithm for one shape, or why the shape has none (``error``, kept so
 // that such calls go to ATen without asking the heuristic again).
 struct Gemm {
   Shape shape;
   MatmulDesc desc = nullptr;
   Layout a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  bool a_is_x = false;      // A is the input (NCHW), else the weight
-  bool bias_in_c = false;   // the bias comes in as C with beta = 1 (NCHW with a bias)
+  bool a_is_x = false;  // A is the input (NCHW), else the weight
+  Bias bias = Bias::kNone;
   Algo algo{};
   size_t workspace = 0;
   int offered = 0;  // algorithms the heuristic listed
@@ -268,37 +274,48 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
     if (s == 0) s = make_layout(&g->d, type, K, N * HW, K, 1, 0);
   } else if (s == 0) {  // D[i] as HW x K (ld HW) = x[i] as HW x C (ld HW) times w as C x K (ld C) [+ the bias as C]
     g->a_is_x = true;
-    g->bias_in_c = shape.bias;
     s = make_layout(&g->a, type, HW, C, HW, N, C * HW);
     if (s == 0) s = make_layout(&g->b, type, C, K, C, N, 0);
     if (s == 0) s = make_layout(&g->d, type, HW, K, HW, N, K * HW);
-    if (s == 0 && g->bias_in_c) s = make_layout(&g->c, type, HW, K, HW, N, 0);
+    if (s == 0 && shape.bias) s = make_layout(&g->c, type, HW, K, HW, N, 0);
   }
+  g->bias = !shape.bias ? Bias::kNone : st.nhwc ? Bias::kEpilogue : Bias::kBroadcastC;
   if (s == 0) s = a.desc_set(g->desc, kDescTransA, &ta, sizeof(ta));
   if (s == 0) s = a.desc_set(g->desc, kDescTransB, &tb, sizeof(tb));
-  const bool epilogue_bias = shape.bias && !g->bias_in_c;
-  const uint32_t epilogue = epilogue_bias ? kEpilogueBias : kEpilogueDefault;
+  const uint32_t epilogue = g->bias == Bias::kEpilogue ? kEpilogueBias : kEpilogueDefault;
   if (s == 0) s = a.desc_set(g->desc, kDescEpilogue, &epilogue, sizeof(epilogue));
-  if (s == 0 && epilogue_bias) s = a.desc_set(g->desc, kDescBiasPointer, &bias, sizeof(bias));
+  if (s == 0 && g->bias == Bias::kEpilogue) s = a.desc_set(g->desc, kDescBiasPointer, &bias, sizeof(bias));
   if (s != 0) return failed(std::move(g), "cuBLASLt descriptors for this shape: " + status_text(s));
-  Preference pref = nullptr;
-  s = a.pref_create(&pref);
-  const uint64_t ws = st.max_workspace;
-  const uint32_t reduce = st.dtype == 0 ? kReduceAny : kReduceInComputeType;  // (16 bits: no 16-bit partial sums)
-  const uint32_t align_a = g->a_is_x ? shape.align_x : shape.align_w;
-  const uint32_t align_b = g->a_is_x ? shape.align_w : shape.align_x;
-  const uint32_t align_c = g->bias_in_c ? 256u : shape.align_y;  // (the bias's broadcast: a fresh allocation)
-  if (s == 0) s = a.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws));
-  if (s == 0) s = a.pref_set(pref, kPrefReductionMask, &reduce, sizeof(reduce));
-  if (s == 0) s = a.pref_set(pref, kPrefAlignA, &align_a, sizeof(align_a));
-  if (s == 0) s = a.pref_set(pref, kPrefAlignB, &align_b, sizeof(align_b));
-  if (s == 0) s = a.pref_set(pref, kPrefAlignC, &align_c, sizeof(align_c));
-  if (s == 0) s = a.pref_set(pref, kPrefAlignD, &shape.align_y, sizeof(shape.align_y));
   std::array<HeuristicResult, 8> results{};
   int returned = 0;
-  if (s == 0) s = a.heuristic(h, g->desc, g->a, g->b, g->bias_in_c ? g->c : g->d, g->d, pref,
-                              static_cast<int>(results.size()), results.data(), &returned);
-  if (pref != nullptr) a.pref_destroy(pref);
+  // the heuristic's list with C as ``c`` (aligned to ``align_c`` bytes)
+  auto query = [&](Layout c, uint32_t align_c) {
+    Preference pref = nullptr;
+    Status q = a.pref_create(&pref);
+    const uint64_t ws = st.max_workspace;
+    const uint32_t reduce = st.dtype == 0 ? kReduceAny : kReduceInComputeType;  // (16 bits: no 16-bit partial sums)
+    const uint32_t align_a = g->a_is_x ? shape.align_x : shape.align_w;
+    const uint32_t align_b = g->a_is_x ? shape.align_w : shape.align_x;
+    if (q == 0) q = a.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws));
+    if (q == 0) q = a.pref_set(pref, kPrefReductionMask, &reduce, sizeof(reduce));
+    if (q == 0) q = a.pref_set(pref, kPrefAlignA, &align_a, sizeof(align_a));
+    if (q == 0) q = a.pref_set(pref, kPrefAlignB, &align_b, sizeof(align_b));
+    if (q == 0) q = a.pref_set(pref, kPrefAlignC, &align_c, sizeof(align_c));
+    if (q == 0) q = a.pref_set(pref, kPrefAlignD, &shape.align_y, sizeof(shape.align_y));
+    returned = 0;
+    if (q == 0) q = a.heuristic(h, g->desc, g->a, g->b, c, g->d, pref, static_cast<int>(results.size()),
+                                results.data(), &returned);
+    if (pref != nullptr) a.pref_destroy(pref);
+    return q;
+  };
+  // (the bias's broadcast is a fresh allocation: 256-byte aligned)
+  s = g->bias == Bias::kBroadcastC ? query(g->c, 256u) : query(g->d, shape.align_y);
+  if (g->bias == Bias::kBroadcastC && (s != 0 || returned == 0)) {  // no batch-stride-0 C: C = D, filled first
+    a.layout_destroy(g->c);
+    g->c = nullptr;
+    g->bias = Bias::kFilledD;
+    s = query(g->d, shape.align_y);
+  }
   if (s != 0 || returned <= st.algo || results[st.algo].state != 0)
     return failed(std::move(g), s != 0 ? "cuBLASLt's heuristic failed for this shape: " + status_text(s)
                                        : "cuBLASLt's heuristic offers " + std::to_string(returned) +
@@ -312,17 +329,19 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
 }
 
 // Run ``g`` on the stream (st.mutex held: the bias pointer is an attribute of the shared descriptor). ``bias`` is the
-// bias vector for the epilogue, or with ``g.bias_in_c`` one image's [K][HW] broadcast of it.
+// bias vector for the epilogue, or for Bias::kBroadcastC one image's [K][HW] broadcast of it; for Bias::kFilledD the
+// caller has filled ``y`` with the bias.
 inline Status run(Handle h, Gemm& g, const void* x, const void* w, const void* bias, void* y, void* workspace,
                   cudaStream_t stream) {
   Api& a = api();
-  if (g.shape.bias && !g.bias_in_c) {
+  if (g.bias == Bias::kEpilogue) {
     const Status s = a.desc_set(g.desc, kDescBiasPointer, &bias, sizeof(bias));
     if (s != 0) return s;
   }
   const float one = 1.0f, zero = 0.0f;
-  return a.matmul(h, g.desc, &one, g.a_is_x ? x : w, g.a, g.a_is_x ? w : x, g.b, g.bias_in_c ? &one : &zero,
-                  g.bias_in_c ? bias : y, g.bias_in_c ? g.c : g.d, y, g.d, &g.algo, workspace, g.workspace, stream);
+  const bool broadcast = g.bias == Bias::kBroadcastC, filled = g.bias == Bias::kFilledD;
+  return a.matmul(h, g.desc, &one, g.a_is_x ? x : w, g.a, g.a_is_x ? w : x, g.b, broadcast || filled ? &one : &zero,
+                  broadcast ? bias : y, broadcast ? g.c : g.d, y, g.d, &g.algo, workspace, g.workspace, stream);
 }
 
 }  // namespace bagf_lt

@@ -5,14 +5,15 @@ A 1x1 convolution is a matrix product: each output pixel's K channels are the we
 channels. In channels_last that is one GEMM over all N*H*W pixels, the bias added by cuBLASLt's epilogue; in NCHW a
 strided batch of one GEMM per image (the weight shared, batch stride 0), where the bias runs along a dimension the
 epilogue cannot add along, so it comes in as the GEMM's C (beta = 1): one image's worth of it, broadcast per call (a
-small copy beside the GEMM), batch stride 0. The products are cuBLASLt's own kernels (torch's copy of the library,
-found at run time): in TF32 mode one TF32 product per multiply, asked for explicitly (CUBLAS_COMPUTE_32F_FAST_TF32:
-torch's matmul TF32 flag is off by default and is not the convolution's), in strict fp32 fp32 products, in float16
-and bfloat16 fp32 sums (split-K partial sums too). On the H200 cuBLAS's TF32 GEMM took ResNet's 1x1 NCHW layers
-1.27-1.78x faster than cuDNN's TF32 convolution, without the bias
-(``benchmarks/results/conv1x1_gemm_probe_h200.md``); adding the bias as ATen's ``baddbmm`` (the whole output written
-with the bias first) lost that gain. What the bias costs here, with the epilogue (channels_last) or a C of one image
-(NCHW: a copy of K*H*W values per call, C read per image), is not measured yet.
+small copy beside the GEMM), batch stride 0, or, where cuBLASLt takes no such C, the whole output filled with it
+first and C = D. The products are cuBLASLt's own kernels (torch's copy of the library, found at run time): in TF32
+mode one TF32 product per multiply, asked for explicitly (CUBLAS_COMPUTE_32F_FAST_TF32: torch's matmul TF32 flag is
+off by default and is not the convolution's), in strict fp32 fp32 products, in float16 and bfloat16 fp32 sums
+(split-K partial sums too). On the H200 cuBLAS's TF32 GEMM took ResNet's 1x1 NCHW layers 1.27-1.78x faster than
+cuDNN's TF32 convolution, without the bias (``benchmarks/results/conv1x1_gemm_probe_h200.md``); adding the bias as
+ATen's ``baddbmm`` (the whole output written with the bias first) lost that gain. What the bias costs here, with the
+epilogue (channels_last) or as C (NCHW: a copy of K*H*W values per call, or of the whole output), is not measured
+yet.
 
 What is tuned is which algorithm runs: cuBLASLt's heuristic lists up to eight for the call's shape and alignments,
 best first, and ALG picks an entry of that list; WS is the workspace the heuristic may give them (none, or 32 MiB,

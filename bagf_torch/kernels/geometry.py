@@ -103,10 +103,11 @@ class LaunchGeometry:
     blas: int = 0
     """1 or 2: a cuBLASLt plan (csrc/cublaslt_plan.h), no cubin (load_plan is handed none) and no kernel fields set:
     a 1x1 stride-1 unpadded convolution as cuBLASLt GEMMs in ``dtype`` and the ``nhwc`` format, fp32 sums, the bias
-    in the GEMM's epilogue (channels_last) or as its C (NCHW: one image's broadcast of it, made per call); 2 (float32
-    only) with TF32 products (CUBLAS_COMPUTE_32F_FAST_TF32). The host resolves each call shape's GEMM once
-    (descriptors and cuBLASLt's heuristic for the call's alignments) and sends to ATen a call of another filter,
-    stride or padding, or one whose shape has no ``blas_algo``-th algorithm."""
+    in the GEMM's epilogue (channels_last) or as its C (NCHW: one image's broadcast of it made per call, or the
+    output filled with it first where cuBLASLt takes no such C); 2 (float32 only) with TF32 products
+    (CUBLAS_COMPUTE_32F_FAST_TF32). The host resolves each call shape's GEMM once (descriptors and cuBLASLt's
+    heuristic for the call's alignments) and sends to ATen a call of another filter, stride or padding, or one whose
+    shape has no ``blas_algo``-th algorithm."""
     blas_algo: int = 0
     """A cuBLASLt plan's entry (0 to 7) of the list cuBLASLt's heuristic gives for the call's shape, best first."""
     blas_ws: int = 0

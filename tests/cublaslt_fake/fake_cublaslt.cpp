@@ -1,6 +1,6 @@
 // A stand-in for libcublasLt.so with the entry points csrc/cublaslt_plan.h binds, for a CPU test: descriptors keep
 // their attributes (each attribute's size checked, as cuBLASLt checks it), the heuristic lists FAKE_LT_ALGOS
-// algorithms (default 3) and records its call, and cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ the
+// algorithms (default 3; with FAKE_LT_STRICT_C set, none for a C whose batch stride is not D's) and records its call, and cublasLtMatmul computes D = alpha op(A) op(B) + beta C (+ the
 // bias epilogue) on host memory, for float32, column- and row-major layouts, strided batches; cuBLASLt's documented
 // semantics, so the plan's layouts are checked by what they compute.
 #include <cstdint>
@@ -139,6 +139,8 @@ int cublasLtMatmulAlgoGetHeuristic(void*, void* d, void* a, void* b, void* c, vo
                         static_cast<Layout*>(dd)};
   for (const Layout* l : ls)  // ld too small for the layout: cuBLASLt refuses
     if (l->ld < static_cast<int64_t>(l->order == 1 ? l->cols : l->rows)) return kInvalid;
+  const Layout &lc = *ls[2], &ld = *ls[3];
+  if (std::getenv("FAKE_LT_STRICT_C") && lc.batch > 1 && lc.stride != ld.stride) return kNotSupported;
   const char* env = std::getenv("FAKE_LT_ALGOS");
   const int offered = env ? std::atoi(env) : 3;
   if (offered == 0) return kNotSupported;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,8 +41,13 @@ F fake(const char* name) {
   return lib ? reinterpret_cast<F>(dlsym(lib, name)) : nullptr;
 }
 
-// One convolution through a plan of ``algo`` (workspace limit ``ws``): y against the direct sum.
-void conv_case(bool nhwc, bool bias, int64_t N, int algo, size_t ws) {
+// One convolution through a plan of ``algo`` (workspace limit ``ws``): y against the direct sum; ``strict_c``: the
+// library takes no C with a batch stride other than D's.
+void conv_case(bool nhwc, bool bias, int64_t N, int algo, size_t ws, bool strict_c = false) {
+  if (strict_c)
+    setenv("FAKE_LT_STRICT_C", "1", 1);
+  else
+    unsetenv("FAKE_LT_STRICT_C");
   const int64_t C = 5, HW = 7, K = 6;
   std::mt19937 rng(static_cast<unsigned>(N * 100 + nhwc * 10 + bias));
   std::normal_distribution<float> dist;
@@ -63,18 +69,25 @@ void conv_case(bool nhwc, bool bias, int64_t N, int algo, size_t ws) {
   shape.bias = bias;
   shape.align_x = shape.align_w = shape.align_y = shape.align_b = 256;
   const std::string label = std::string(nhwc ? "nhwc" : "nchw") + (bias ? " bias" : "") + " N=" + std::to_string(N) +
-                            " algo " + std::to_string(algo);
+                            " algo " + std::to_string(algo) + (strict_c ? " strict C" : "");
   bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bias ? b.data() : nullptr, error);
   expect(g != nullptr, label + ": resolve: " + error);
   if (g == nullptr) return;
-  expect(g->bias_in_c == (bias && !nhwc), label + ": the bias as C exactly for NCHW with a bias");
+  using bagf_lt::Bias;
+  const Bias want = !bias ? Bias::kNone : nhwc ? Bias::kEpilogue : strict_c && N > 1 ? Bias::kFilledD
+                                                                                      : Bias::kBroadcastC;
+  expect(g->bias == want, label + ": the bias mode");
   std::vector<float> broadcast;
   const void* bp = bias ? b.data() : nullptr;
-  if (g->bias_in_c) {  // what bagf_ext.cpp's launch_blas_plan makes: one image's [K][HW] of the bias
+  if (g->bias == Bias::kBroadcastC) {  // what bagf_ext.cpp's launch_blas_plan makes: one image's [K][HW] of the bias
     broadcast.resize(K * HW);
     for (int64_t k = 0; k < K; ++k)
       for (int64_t p = 0; p < HW; ++p) broadcast[k * HW + p] = b[k];
     bp = broadcast.data();
+  } else if (g->bias == Bias::kFilledD) {  // ... or the whole output filled with the bias first
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t p = 0; p < HW; ++p) y[(n * K + k) * HW + p] = b[k];
   }
   std::vector<char> workspace(g->workspace);
   const bagf_lt::Status s = bagf_lt::run(h, *g, x.data(), w.data(), bp, y.data(), workspace.data(), nullptr);
@@ -101,6 +114,9 @@ int main() {
       for (int64_t N : {1, 3}) conv_case(nhwc, bias, N, 0, 0);
   conv_case(false, true, 3, 1, 32 << 20);  // the fake's entry 1 needs a 4 KiB workspace: the call must pass it
   conv_case(true, true, 2, 2, 0);
+  conv_case(false, true, 3, 0, 0, true);  // no batch-stride-0 C: the output filled with the bias, C = D
+  conv_case(false, true, 1, 0, 0, true);  // (one image: no batch, the broadcast C is taken)
+  unsetenv("FAKE_LT_STRICT_C");
 
   auto calls = fake<int (*)()>("fake_lt_heuristic_calls");
   auto reduce = fake<uint32_t (*)()>("fake_lt_last_reduce");
