@@ -446,9 +446,11 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     ``.data`` (``weight.data.copy_(...)``, as some EMA helpers do) or raw pointers. A CUDA graph captured after
     freezing reads the copies it was captured with (the layer keeps them alive, stale or not): after changing
     weights, call ``freeze_weights(model)`` again, which drops every copy and so voids the graphs captured before,
-    run the model once, and capture again. Each copy costs its weight's size in device memory. ``frozen=False``
-    undoes it (graphs captured while frozen are void too): every call converts, and a graph captured afterwards
-    reads the weight as it is at each replay, as nn.Conv2d's does.
+    run the model once, and capture again (it waits for the device when there are such copies to free). Each copy
+    costs its weight's size in device memory, and a layer keeps each copy a capture took, so memory grows with every
+    refresh followed by a capture until the next ``freeze_weights``. ``frozen=False`` undoes it (graphs captured
+    while frozen are void too): every call converts, and a graph captured afterwards reads the weight as it is at
+    each replay, as nn.Conv2d's does.
 
     >>> import torch, bagf_torch
     >>> m = bagf_torch.freeze_weights(bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))))
@@ -457,9 +459,12 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     """
     for module in model.modules():
         if isinstance(module, TunedConv2d):
+            # the copies graphs captured earlier read (those graphs are void now): freed once no replay can be running
+            for device in {p.device for p in module.__dict__.get("_bagf_pinned", ()) if p.is_cuda}:
+                torch.cuda.synchronize(device)
             module.__dict__["_bagf_frozen"] = bool(frozen)
             module.__dict__["_bagf_krsc"] = None
-            module.__dict__["_bagf_pinned"] = []  # (the copies graphs captured earlier read: those graphs are void)
+            module.__dict__["_bagf_pinned"] = []
     return model
 
 

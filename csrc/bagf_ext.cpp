@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
@@ -213,6 +214,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
         plan.blas->tf32 = geo.blas == 2;
         plan.blas->algo = geo.blas_algo;
         plan.blas->max_workspace = static_cast<size_t>(geo.blas_ws) << 20;
+        const char* filled = std::getenv("BAGF_TEST_CUBLASLT_FILLED_BIAS");  // (tests: run the filled-D path)
+        plan.blas->filled_bias_only = filled != nullptr && std::string(filled) == "1";
         d["registers"] = 0;
         d["local_bytes"] = 0;
         d["max_threads"] = 0;
@@ -592,8 +595,10 @@ void encode_tma_maps(const LaunchGeometry& geo, const bagf::Conv2dParams& p, con
 }
 
 // A cuBLASLt plan's call (cublaslt_plan.h): the GEMM for this call's shape and alignments (resolved at the first such
-// call), a workspace from torch's caching allocator, one cublasLtMatmul on the current stream. False, with ``why``
-// and nothing launched, when the shape has no GEMM of the plan's entry or cuBLASLt refuses the call.
+// call), a workspace from torch's caching allocator, the bias as the GEMM needs it, one cublasLtMatmul on the current
+// stream. False, with ``why``, when the shape has no GEMM of the plan's entry or cuBLASLt refuses the call: nothing
+// launched, except that a Bias::kFilledD GEMM has written the bias into ``y`` first. A refused broadcast-C GEMM is
+// demoted to a filled D and tried once more; a refusal after that is remembered (later calls fail at once).
 bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                       at::Tensor& y, std::string& why) {
   bagf_lt::State& st = *plan.blas;
@@ -601,7 +606,6 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
   bagf_lt::Handle h = bagf_lt::handle(device, why);
   if (h == nullptr) return false;
   const bool has_bias = b.has_value() && b->defined();
-  const void* bp = has_bias ? b->const_data_ptr() : nullptr;
   bagf_lt::Shape shape;
   shape.n = x.size(0);
   shape.c = x.size(1);
@@ -618,33 +622,40 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
   shape.align_x = aligned(x.const_data_ptr(), shape.c * shape.hw);
   shape.align_w = bagf_lt::alignment(reinterpret_cast<uintptr_t>(w.const_data_ptr()));
   shape.align_y = aligned(y.const_data_ptr(), shape.k * shape.hw);
-  shape.align_b = has_bias ? bagf_lt::alignment(reinterpret_cast<uintptr_t>(bp)) : 256;
+  shape.align_b = has_bias ? bagf_lt::alignment(reinterpret_cast<uintptr_t>(b->const_data_ptr())) : 256;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   std::lock_guard<std::mutex> lock(st.mutex);
-  bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bp, why);
-  if (g == nullptr) return false;
-  // (freed after the launch: the caching allocator hands them out again only to later work on this stream)
-  at::Tensor ws, broadcast;
-  void* wsp = nullptr;
-  if (g->workspace > 0) {
-    ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
-    wsp = ws.mutable_data_ptr();
-  }
-  if (g->bias == bagf_lt::Bias::kBroadcastC) {  // an NCHW plan's bias as one output image of it (the GEMM's C, batch
-                                                // stride 0), in a fresh allocation, as aligned as resolve told
-                                                // cuBLASLt (contiguous() would return the bias itself at HW = 1)
-    broadcast = at::empty({shape.k, shape.hw}, b->options());
-    broadcast.copy_(b->view({shape.k, 1}).expand({shape.k, shape.hw}));
-    bp = broadcast.const_data_ptr();
-  } else if (g->bias == bagf_lt::Bias::kFilledD) {  // the whole output holds the bias first (C = D, beta = 1)
-    y.view({shape.n, shape.k, shape.hw}).copy_(b->view({1, shape.k, 1}).expand({shape.n, shape.k, shape.hw}));
-  }
-  const bagf_lt::Status s = bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp,
-                                         c10::cuda::getCurrentCUDAStream(device).stream());
-  if (s != 0) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const void* bp = has_bias ? b->const_data_ptr() : nullptr;
+    bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bp, why);
+    if (g == nullptr) return false;
+    // (freed after the launch: the caching allocator hands them out again only to later work on this stream)
+    at::Tensor ws, broadcast;
+    void* wsp = nullptr;
+    if (g->workspace > 0) {
+      ws = at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte));
+      wsp = ws.mutable_data_ptr();
+    }
+    if (g->bias == bagf_lt::Bias::kBroadcastC) {  // an NCHW plan's bias as one output image of it (the GEMM's C,
+                                                  // batch stride 0), in a fresh allocation, as aligned as resolve
+                                                  // told cuBLASLt (contiguous() would return the bias itself at HW = 1)
+      broadcast = at::empty({shape.k, shape.hw}, b->options());
+      broadcast.copy_(b->view({shape.k, 1}).expand({shape.k, shape.hw}));
+      bp = broadcast.const_data_ptr();
+    } else if (g->bias == bagf_lt::Bias::kFilledD) {  // the whole output holds the bias first (C = D, beta = 1)
+      y.view({shape.n, shape.k, shape.hw}).copy_(b->view({1, shape.k, 1}).expand({shape.n, shape.k, shape.hw}));
+    }
+    const bagf_lt::Status s =
+        bagf_lt::run(h, *g, x.const_data_ptr(), w.const_data_ptr(), bp, y.mutable_data_ptr(), wsp, stream);
+    if (s == 0) return true;
     why = "cublasLtMatmul refused the call: " + bagf_lt::status_text(s);
-    return false;
+    if (g->bias != bagf_lt::Bias::kBroadcastC) {
+      g->error = why;  // (resolve answers this shape with it from now on)
+      return false;
+    }
+    bagf_lt::demote(st);  // a broadcast C refused: once more with the output filled
   }
-  return true;
+  return false;
 }
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,

@@ -217,6 +217,9 @@ struct State {
   bool tf32 = false;
   int algo = 0;  // the heuristic's list index
   size_t max_workspace = 0;
+  // NCHW's bias only as a filled D, never as a broadcast C: cuBLASLt refused a call with one (``demote``), or
+  // BAGF_TEST_CUBLASLT_FILLED_BIAS was set when the plan was loaded (so that a GPU test runs this path)
+  bool filled_bias_only = false;
   std::mutex mutex;  // over gemms and over each call's bias-pointer attribute and launch
   std::vector<std::unique_ptr<Gemm>> gemms;
 
@@ -277,9 +280,10 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
     s = make_layout(&g->a, type, HW, C, HW, N, C * HW);
     if (s == 0) s = make_layout(&g->b, type, C, K, C, N, 0);
     if (s == 0) s = make_layout(&g->d, type, HW, K, HW, N, K * HW);
-    if (s == 0 && shape.bias) s = make_layout(&g->c, type, HW, K, HW, N, 0);
+    if (s == 0 && shape.bias && !st.filled_bias_only) s = make_layout(&g->c, type, HW, K, HW, N, 0);
   }
-  g->bias = !shape.bias ? Bias::kNone : st.nhwc ? Bias::kEpilogue : Bias::kBroadcastC;
+  g->bias = !shape.bias ? Bias::kNone : st.nhwc ? Bias::kEpilogue : st.filled_bias_only ? Bias::kFilledD
+                                                                                          : Bias::kBroadcastC;
   if (s == 0) s = a.desc_set(g->desc, kDescTransA, &ta, sizeof(ta));
   if (s == 0) s = a.desc_set(g->desc, kDescTransB, &tb, sizeof(tb));
   const uint32_t epilogue = g->bias == Bias::kEpilogue ? kEpilogueBias : kEpilogueDefault;
@@ -310,7 +314,8 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
   };
   // (the bias's broadcast is a fresh allocation: 256-byte aligned)
   s = g->bias == Bias::kBroadcastC ? query(g->c, 256u) : query(g->d, shape.align_y);
-  if (g->bias == Bias::kBroadcastC && (s != 0 || returned == 0)) {  // no batch-stride-0 C: C = D, filled first
+  if (g->bias == Bias::kBroadcastC && (s != 0 || returned <= st.algo)) {  // no batch-stride-0 C (or too few
+                                                                           // algorithms with one): C = D, filled first
     a.layout_destroy(g->c);
     g->c = nullptr;
     g->bias = Bias::kFilledD;
@@ -326,6 +331,20 @@ inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, 
   g->offered = returned;
   st.gemms.push_back(std::move(g));
   return st.gemms.back().get();
+}
+
+// ``g`` (Bias::kBroadcastC) failed in cublasLtMatmul: forget it and every broadcast-C GEMM of ``st`` (resolved again,
+// as Bias::kFilledD, at their next call). Called with st.mutex held; ``g`` is invalid afterwards.
+inline void demote(State& st) {
+  st.filled_bias_only = true;
+  for (auto it = st.gemms.begin(); it != st.gemms.end();) {
+    if ((*it)->bias == Bias::kBroadcastC) {
+      destroy(**it);
+      it = st.gemms.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 // Run ``g`` on the stream (st.mutex held: the bias pointer is an attribute of the shared descriptor). ``bias`` is the

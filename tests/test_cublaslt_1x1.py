@@ -159,6 +159,7 @@ def test_the_host_plan_computes_1x1_convolutions_with_cublaslt_semantics(tmp_pat
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-4000:]
     res = subprocess.run([str(harness)], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "FAKE_LT_ALGOS": "3"})
+                         env={**os.environ, "FAKE_LT_ALGOS": "3", "LD_LIBRARY_PATH": os.pathsep.join(
+                             [str(tmp_path), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])})
     assert res.returncode == 0 and res.stdout.strip().startswith("ok"), res.stdout + res.stderr
     print(res.stdout.strip())

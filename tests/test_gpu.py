@@ -466,7 +466,8 @@ def test_cublaslt_1x1_plans_in_every_dtype_format_and_mode(compiler):
     cuDNN itself computes in TF32, as the tuner's bound is fp32's elsewhere): the heuristic's first entry with and
     without workspace always runs; a later entry either runs correctly or the shape has no such entry (a launch
     failure that says so, nothing written). Through the op: the same output as the checked launch, in a CUDA graph
-    too; a 3x3 call and a plan's missing entry are ATen's."""
+    too; a 3x3 call and a plan's missing entry are ATen's. NCHW's bias also through the fallback (the output filled
+    with it first, C = D), forced by BAGF_TEST_CUBLASLT_FILLED_BIAS."""
     from bagf_torch.kernels import cublaslt_1x1 as lt
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
@@ -525,6 +526,17 @@ def test_cublaslt_1x1_plans_in_every_dtype_format_and_mode(compiler):
     with pytest.raises(RuntimeError, match="1x1"):
         compiler.ext.conv2d_inference(ws.x, w3, None, [1, 1], [1, 1], [1, 1], handle,
                                       out=torch.empty(2, 48, 12, 10, device="cuda"))
+    # the output filled with the bias first and C = D: the path taken where cuBLASLt refuses the broadcast C, forced
+    os.environ["BAGF_TEST_CUBLASLT_FILLED_BIAS"] = "1"
+    try:
+        for tf32 in (False, True):
+            p = _problem((3, 256, 7, 9, 40, 1, 1, (1, 1), (0, 0), (1, 1), True), tf32=tf32)
+            ws = Workspace(p, torch.device("cuda", 0))
+            handle = compiler.compile(fam, [lt.default_for(p)])[0].handle
+            assert checker.check(ws, handle) is None, ("filled D", tf32)
+            compiler.unload(handle)
+    finally:
+        del os.environ["BAGF_TEST_CUBLASLT_FILLED_BIAS"]
     aligned = [m[:4] for m in missing if not m[4]]
     if aligned:  # a plan whose entry this shape lacks (with fresh, aligned tensors): ATen's answer through the op
         fmt, tf32, shape, name = aligned[0]

@@ -109,6 +109,15 @@ void conv_case(bool nhwc, bool bias, int64_t N, int algo, size_t ws, bool strict
 }  // namespace
 
 int main() {
+  {  // the stand-in, not some real libcublasLt the loader found first
+    std::string error;
+    expect(bagf_lt::handle(0, error) != nullptr && fake<int (*)()>("fake_lt_heuristic_calls") != nullptr,
+           "the plan loaded the stand-in library: " + error);
+    if (failures) {
+      std::printf("ok %d of %d\n", checks - failures, checks);
+      return 1;
+    }
+  }
   for (bool nhwc : {false, true})
     for (bool bias : {false, true})
       for (int64_t N : {1, 3}) conv_case(nhwc, bias, N, 0, 0);
@@ -167,6 +176,18 @@ int main() {
     shape.n = 3;
     st.algo = 0;
     expect(bagf_lt::resolve(st, h, shape, nullptr, e2) != nullptr, "another shape resolves: " + e2);
+  }
+  // a broadcast C that cublasLtMatmul refused (demote): the plan's NCHW bias GEMMs are resolved again as filled D
+  {
+    bagf_lt::State st;
+    bagf_lt::Shape shape{3, 8, 9, 4, true, 256, 256, 256, 256};
+    std::vector<float> bias(4, 1.0f);
+    bagf_lt::Gemm* g = bagf_lt::resolve(st, h, shape, bias.data(), error);
+    expect(g != nullptr && g->bias == bagf_lt::Bias::kBroadcastC, "a broadcast C first");
+    bagf_lt::demote(st);
+    expect(st.filled_bias_only && st.gemms.empty(), "demoted: broadcast-C GEMMs forgotten");
+    g = bagf_lt::resolve(st, h, shape, bias.data(), error);
+    expect(g != nullptr && g->bias == bagf_lt::Bias::kFilledD && g->c == nullptr, "then a filled D");
   }
   std::printf("ok %d of %d\n", checks - failures, checks);
   return failures == 0 ? 0 : 1;
