@@ -199,6 +199,7 @@ def local_compiler(cache) -> KernelBuilder:
 def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, compiler: KernelBuilder | None = None,
                 trust_cubins: bool = False) -> tuple[int, list[str]]:
     """Import an export file's plans for this machine (``env``) into ``cache``; see ``Cache.import_``."""
+    from .jit.compiler import is_library
     from .kernels import FAMILIES
 
     if cache.path is not None and cache.in_memory:
@@ -218,11 +219,8 @@ def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, c
         if cache.get_plan(record.key) is not None:
             skipped.append(f"{label}: this cache already has a plan for it (kept)")
             continue
-        if record.family == "aten":
-            todo.append((_replace(record, cubin_digests=()), []))
-            continue
-        family = FAMILIES[record.family]
-        if getattr(family, "LIBRARY", ""):  # a library call: no cubin to carry or build, nothing of the file's to run
+        family = None if record.family == "aten" else FAMILIES[record.family]
+        if family is None or is_library(family):  # torch's conv, or a library call: no cubin to carry or build
             todo.append((_replace(record, cubin_digests=()), []))
             continue
         file_digest = record.cubin_digests[0] if record.cubin_digests else None

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <type_traits>
@@ -59,6 +60,16 @@ struct LaunchGeometry {
   int blas_algo = 0;  // a cuBLASLt plan's entry of the heuristic's list for the call's shape (0-7)
   int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
 };
+
+static_assert(sizeof(LaunchGeometry) == 24 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
+
+// Whether a cuBLASLt plan's geometry leaves every kernel field at its default (it sets only blas, blas_algo, blas_ws,
+// dtype and nhwc).
+bool kernel_fields_unset(LaunchGeometry geo) {
+  geo.blas = geo.blas_algo = geo.blas_ws = geo.dtype = geo.nhwc = 0;
+  const LaunchGeometry defaults;
+  return std::memcmp(&geo, &defaults, sizeof(LaunchGeometry)) == 0;
+}
 
 at::ScalarType plan_dtype(const LaunchGeometry& geo) {
   return geo.dtype == 1 ? at::kHalf : geo.dtype == 2 ? at::kBFloat16 : at::kFloat;
@@ -196,10 +207,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       std::string why;
       if (geo.blas < 0 || geo.blas > 2 || geo.blas_algo < 0 || geo.blas_algo > 7 || geo.blas_ws < 0 ||
           geo.blas_ws > 256 || geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
-          (geo.blas == 2 && geo.dtype != 0) || geo.tma != 0 || geo.gemm != 0 || geo.split != 1 || geo.tile != 1 ||
-          geo.tile_w != 0 || geo.smem_patch != 0 || geo.smem_taps != 0 || geo.stream_k != 0 || geo.fix_s != 0 ||
-          geo.fix_u != 0 || geo.bm != 0 || geo.bn != 0 || geo.threads != 0 || geo.smem != 0 || geo.layout != 0 ||
-          geo.gemm_bm != 0 || geo.gemm_bn != 0 || geo.gemm_threads != 0 || geo.gemm_smem != 0 || !cubin.empty()) {
+          (geo.blas == 2 && geo.dtype != 0) || !kernel_fields_unset(geo) || !cubin.empty()) {
         err = cat("cuBLASLt plan with blas=", geo.blas, ", blas_algo=", geo.blas_algo, ", blas_ws=", geo.blas_ws,
                   ", dtype ", geo.dtype, " is out of range or has kernel fields or a cubin");
       } else if (idx >= kMaxPlans) {
