@@ -492,15 +492,16 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     output element (the finishing slice only; an NCHW plan's staged epilogue otherwise, below) and writes the output
     once. With SPLIT > 1 the slices hand over in order through a workspace: every slice writes its whole BM x BN
     partial tile, the last to arrive reads all SPLIT of them, and each tile's counter is zeroed by the host and
-    incremented once per slice (an atomic: a read and a write). With stream-K (SK = 1) the grid is the G blocks of the host's launch (here the H200's, as
-    ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the tiles' k tiles evenly: each k tile is
-    still copied once, and a tile whose k tiles lie in the shares of several blocks is handed over as split-K's
-    slices are, one partial tile and one atomic per sharing block (every tile's counter zeroed). An NCHW plan adds
-    the per-call copies, counted as workspaces: the input to channels_last (N*C*H*W words read and written, by the
-    plan's own kernel) and the weight to KRSC by the host (K*CRS; a channels_last plan is taken to get a
-    channels_last weight, which is read in place). An NCHW plan without stream-K stages its stores through shared
-    memory: each consumer thread reads the bias of its two channels of every 8 once per tile, so each channel of a
-    tile is read by the 32 WG threads that hold it (``grid.x * K * 32 * WG``)."""
+    incremented once per slice (an atomic: a read and a write). With stream-K (SK = 1) the grid is the G blocks of
+    the host's launch (here the H200's, as ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the
+    tiles' k tiles evenly: each k tile is still copied once, and a tile whose k tiles lie in the shares of several
+    blocks is handed over as split-K's slices are, one partial tile and one atomic per sharing block (every tile's
+    counter zeroed). An NCHW plan adds the per-call copies, counted as workspaces: the input to channels_last
+    (N*C*H*W words read and written, by the plan's own kernel) and the weight to KRSC by the host (K*CRS; a
+    channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan without
+    stream-K stages its stores through shared memory: each consumer thread reads the bias of its two channels of
+    every 8 once per tile, so each channel of a tile is read by the 32 WG threads that hold it (``grid.x * K * 32 *
+    WG``)."""
     _check_problem(problem)
     p, q = problem.out_hw
     crs = problem.c * problem.r * problem.s

@@ -241,7 +241,8 @@ def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
     or more within implicit_gemm_h16's ``SPLIT_WORKSPACE_LIMIT`` bytes, and a stream-K one count all tiles' k tiles
     in 32 bits. Also implicit_gemm_tma_tf32's."""
     p, q = problem.out_hw
-    if problem.n * p * q + bn(c) > INT32_MAX or (problem.n * p * q + bn(c)) * problem.k > INT32_MAX:
+    last = problem.n * p * q + bn(c)
+    if last > INT32_MAX or last * problem.k > INT32_MAX:
         return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
     if c.get("SK", 0):  # (stream-K's workspace is bounded by the grid: workspace_bytes)
         if tiles(c, problem) * k > INT32_MAX:
