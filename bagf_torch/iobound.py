@@ -492,7 +492,8 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     output element (the finishing slice only; an NCHW plan's staged epilogue otherwise, below) and writes the output
     once. With SPLIT > 1 the slices hand over in order through a workspace: every slice writes its whole BM x BN
     partial tile, the last to arrive reads all SPLIT of them, and each tile's counter is zeroed by the host and
-    incremented once per slice (an atomic: a read and a write). With stream-K (SK = 1) the grid is the G blocks of
+    incremented once per slice (an atomic: a read and a write); split-K in clusters (CR = 1) hands over in
+    distributed shared memory, no global traffic. With stream-K (SK = 1) the grid is the G blocks of
     the host's launch (here the H200's, as ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the
     tiles' k tiles evenly: each k tile is still copied once, and a tile whose k tiles lie in the shares of several
     blocks is handed over as split-K's slices are, one partial tile and one atomic per sharing block (every tile's
@@ -532,7 +533,7 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         written += [("stream-K partials", shared * bm * bn), ("stream-K counters", tiles + shared)]
         read += [("stream-K partials", shared * bm * bn), ("stream-K counters", shared)]
         grid = (blocks, 1, 1)
-    elif split > 1:
+    elif split > 1 and not config.get("CR", 0):  # (in clusters the slices hand over in shared memory)
         written += [("split-K partials", split * tiles * bm * bn), ("split-K counters", tiles + split * tiles)]
         read += [("split-K partials", split * tiles * bm * bn), ("split-K counters", split * tiles)]
     return Traffic(

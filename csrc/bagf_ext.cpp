@@ -29,6 +29,10 @@
 namespace {
 
 constexpr int kMaxPlans = 8192;
+// A TMA plan's split-K slices launched as one thread block cluster per tile hand their sums over through distributed
+// shared memory (kernels/implicit_gemm_tma_h16.cuh, wgt::cluster_reduce): at most 8 slices, the portable cluster
+// size.
+constexpr int kMaxClusterSplit = 8;
 
 // The launch fields of a plan, as its family's launch(config) gives them: bagf_torch/kernels/geometry.py's
 // LaunchGeometry (same names, same defaults) says what this file does with each. Bound to Python below; load_plan
@@ -59,9 +63,10 @@ struct LaunchGeometry {
   int blas = 0;       // 1: a cuBLASLt plan computing in fp32 (cublaslt_plan.h); 2: in fp32 with TF32 products
   int blas_algo = 0;  // a cuBLASLt plan's entry of the heuristic's list for the call's shape (0-7)
   int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
+  int split_cluster = 0;  // 1: a TMA plan's split-K slices launched as one cluster per tile (launch_plan)
 };
 
-static_assert(sizeof(LaunchGeometry) == 24 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
+static_assert(sizeof(LaunchGeometry) == 25 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
 
 // Whether a cuBLASLt plan's geometry leaves every kernel field at its default (it sets only blas, blas_algo, blas_ws,
 // dtype and nhwc).
@@ -184,6 +189,35 @@ py::dict device_limits(int device) {
 // "error" set and no "handle", and the caller records a typed "resources" failure. (A C++ exception thrown
 // from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
 // the fault-matrix test instead of raising.)
+// The launch of a split-K cluster plan (LaunchGeometry.split_cluster): grid (gx, gy, split) in clusters of
+// (1, 1, split) blocks, the slices of one tile.
+CUlaunchConfig cluster_launch(const LaunchGeometry& geo, unsigned gx, unsigned gy, unsigned smem, CUstream stream,
+                              CUlaunchAttribute* attr) {
+  attr->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr->value.clusterDim.x = 1;
+  attr->value.clusterDim.y = 1;
+  attr->value.clusterDim.z = static_cast<unsigned>(geo.split);
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = gx;
+  cfg.gridDimY = gy;
+  cfg.gridDimZ = static_cast<unsigned>(geo.split);
+  cfg.blockDimX = static_cast<unsigned>(geo.threads);
+  cfg.blockDimY = 1;
+  cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = smem;
+  cfg.hStream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// How many clusters of a split-K cluster plan the device holds at once (0: none fits, so no launch could run).
+CUresult max_active_clusters(CUfunction fn, const LaunchGeometry& geo, int smem, int* clusters) {
+  CUlaunchAttribute attr;
+  const CUlaunchConfig cfg = cluster_launch(geo, 1, 1, static_cast<unsigned>(smem), nullptr, &attr);
+  return cuOccupancyMaxActiveClusters(clusters, fn, &cfg);
+}
+
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, const LaunchGeometry& geo) {
   std::string cubin = cubin_bytes;
   py::dict d;
@@ -253,11 +287,15 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 1 ||
                (geo.stream_k && (!geo.tma || geo.split != 1)) ||
                (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
-                            geo.bm < 1 || geo.bm > 256))) {
+                            geo.bm < 1 || geo.bm > 256)) ||
+               geo.split_cluster < 0 || geo.split_cluster > 1 ||
+               (geo.split_cluster && (!geo.tma || geo.stream_k || geo.split < 2 || geo.split > kMaxClusterSplit ||
+                                      4ll * geo.bm * geo.bn > geo.smem - 1024ll))) {
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
                 "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256; "
-                "stream-K only in a TMA plan without split-K)");
+                "stream-K only in a TMA plan without split-K; split-K in clusters only in a TMA plan of 2 to ",
+                kMaxClusterSplit, " slices whose ring holds a tile's fp32 sums)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
     } else if (idx >= kMaxPlans) {
@@ -306,6 +344,15 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                     plan.smem_max, " bytes of shared memory)");
         } else {
           plan.resident = static_cast<int64_t>(sms) * per_sm;
+        }
+      } else if (geo.split_cluster) {
+        // a cluster of `split` blocks must fit the device at once (its blocks share a GPC), or every launch would fail
+        int clusters = 0;
+        if ((r = max_active_clusters(plan.fn, geo, plan.smem_max, &clusters)) != CUDA_SUCCESS) {
+          err = cat("split-K cluster plan ", lowered_name, ": the cluster occupancy query failed: ", cu_error(r));
+        } else if (clusters < 1) {
+          err = cat("out of resources: ", lowered_name, " fits no cluster of ", geo.split, " blocks (", geo.threads,
+                    " threads, ", plan.smem_max, " bytes of shared memory each)");
         }
       } else if (own_gemm) {
         int gemm_max_threads = 0, gemm_regs = 0;
@@ -399,9 +446,10 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
 
 // The split-K workspace of a call (launch_plan's grid) for a plan whose slices hand their sums over in order (16-bit
 // and TMA plans, kernels/implicit_gemm_h16.cuh's protocol): each slice's fp32 sums of each BM x BN tile, then one
-// arrival counter per tile; 0 for other plans (other fp32 split-K plans add atomically into a zeroed output).
+// arrival counter per tile; 0 for other plans (other fp32 split-K plans add atomically into a zeroed output; a split-K
+// cluster plan's slices hand over in shared memory).
 int64_t split_workspace_floats(const LaunchGeometry& geo, int64_t cols, int64_t k) {
-  if (geo.split <= 1 || (geo.dtype == 0 && !geo.tma)) return 0;
+  if (geo.split <= 1 || (geo.dtype == 0 && !geo.tma) || geo.split_cluster) return 0;  // (a cluster's: none)
   const int64_t tiles = ((cols + geo.bn - 1) / geo.bn) * ((k + geo.bm - 1) / geo.bm);
   return tiles * geo.split * geo.bm * geo.bn + tiles;
 }
@@ -762,7 +810,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     const int64_t tiles = static_cast<int64_t>(gx) * gy;
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - tiles)), 0,
                                    static_cast<size_t>(tiles), stream));
-  } else if (geo.split > 1) {
+  } else if (geo.split > 1 && geo.dtype == 0 && !geo.tma) {
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
   }
   CUtensorMap xm, wm;
@@ -771,6 +819,12 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     encode_tma_maps(geo, p, xp, wp, xm, wm);
     args[0] = &xm;
     args[1] = &wm;
+  }
+  if (geo.split_cluster) {  // the slices of a tile as one cluster: no workspace, nothing to zero
+    CUlaunchAttribute attr;
+    const CUlaunchConfig cfg = cluster_launch(geo, gx, gy, static_cast<unsigned>(smem), stream, &attr);
+    BAGF_CU_CHECK(cuLaunchKernelEx(&cfg, plan.fn, args, nullptr));
+    return;
   }
   BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
                                static_cast<unsigned>(smem),
@@ -956,18 +1010,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
                        int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k, int blas,
-                       int blas_algo, int blas_ws) {
+                       int blas_algo, int blas_ws, int split_cluster) {
              return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
                                    smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
                                    gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k,
-                                   blas, blas_algo, blas_ws};
+                                   blas, blas_algo, blas_ws, split_cluster};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
            py::arg("smem_taps") = 0, py::arg("gemm") = 0, py::arg("layout") = 0, py::arg("fix_s") = 0,
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
            py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
-           py::arg("stream_k") = 0, py::arg("blas") = 0, py::arg("blas_algo") = 0, py::arg("blas_ws") = 0)
+           py::arg("stream_k") = 0, py::arg("blas") = 0, py::arg("blas_algo") = 0, py::arg("blas_ws") = 0,
+           py::arg("split_cluster") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -991,7 +1046,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("stream_k", &LaunchGeometry::stream_k)
       .def_readwrite("blas", &LaunchGeometry::blas)
       .def_readwrite("blas_algo", &LaunchGeometry::blas_algo)
-      .def_readwrite("blas_ws", &LaunchGeometry::blas_ws);
+      .def_readwrite("blas_ws", &LaunchGeometry::blas_ws)
+      .def_readwrite("split_cluster", &LaunchGeometry::split_cluster);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

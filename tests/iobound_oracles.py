@@ -382,7 +382,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
                     m0, n0 = by * bm, bx * bn
                     copies(n0, m0, t_begin, t_end)
                     finishing = split == 1 or bz == split - 1  # (the last slice to arrive: one per tile)
-                    if split > 1:
+                    if split > 1 and not config.get("CR", 0):  # (a cluster's slices hand over in shared memory)
                         partials_w += bm * bn
                         counter_atomics += 1
                         if finishing:
@@ -398,7 +398,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     if config.get("SK", 0):
         written += [("stream-K partials", partials_w), ("stream-K counters", tiles + counter_atomics)]
         read += [("stream-K partials", partials_r), ("stream-K counters", counter_atomics)]
-    elif split > 1:
+    elif split > 1 and not config.get("CR", 0):
         written += [("split-K partials", partials_w), ("split-K counters", tiles + counter_atomics)]
         read += [("split-K partials", partials_r), ("split-K counters", counter_atomics)]
     return Traffic(words_read_input=counts["n_in"], words_read_weight=counts["n_w"], words_read_bias=counts["n_b"],

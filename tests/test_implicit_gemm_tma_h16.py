@@ -20,12 +20,13 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = th.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"])
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"])
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
-    assert len({th.name_expression(c) for c in valid}) == len({th.name(dict(c, SPLIT=1)) for c in valid})
+    # SPLIT and CR are launch parameters: configurations that differ only in them share a cubin
+    assert len({th.name_expression(c) for c in valid}) == len({th.name(dict(c, SPLIT=1, CR=0)) for c in valid})
     s = th.space()
     assert "accumulators" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=2))
     assert "shared memory" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
@@ -78,3 +79,32 @@ def test_the_start_point_follows_the_grid():
     assert th.tiles(one, _problem(1, 192, 13, 384, 3)) * one["SPLIT"] <= th.H200_SMS
     assert th.default_for(_problem(32, 64, 27, 192, 5))["WN"] == 192
     assert th.default_for(_problem(32, 192, 13, 384, 3, "float16"))["DT"] == 0
+
+
+def test_split_k_in_clusters_rules_workspace_and_start():
+    """CR = 1 (a tile's split-K slices as one thread block cluster, handing over in shared memory): SPLIT 2-8, no
+    stream-K, a ring that holds the tile's fp32 sums; no workspace; its own plan name but the workspace twin's cubin;
+    its problem rule only asks for 2 k tiles per slice (no workspace limit); the start's cluster twin is the second
+    start on an sm_90 GPU where the start splits 2-8 ways."""
+    conv3 = _problem(1, 192, 13, 384, 3)
+    one = th.default_for(conv3)
+    assert one["SPLIT"] in (2, 4, 8) and one["CR"] == 0
+    twin = dict(one, CR=1)
+    s = th.space()
+    assert s.invalid_reason(twin) is None and th.problem_rule(twin, conv3) is None
+    assert th.workspace_bytes(twin, conv3) == 0 < th.workspace_bytes(one, conv3)
+    assert th.name(twin) == th.name(one).replace(f"_s{one['SPLIT']}_", f"_c{one['SPLIT']}_")
+    assert th.name_expression(twin) == th.name_expression(one)
+    assert th.start_alternatives(conv3, arch="sm_90") == [twin]
+    assert th.start_alternatives(conv3, arch="sm_80") == [] == th.start_alternatives(conv3)
+    assert th.start_alternatives(_problem(128, 192, 13, 384, 3), arch="sm_90") == []  # (no split at N = 128)
+    assert "2 to 8" in s.invalid_reason(dict(twin, SPLIT=16)) and "2 to 8" in s.invalid_reason(dict(twin, SPLIT=1))
+    # the ring holds every valid tile's sums (the accumulator rule keeps 256 x 256 tiles out); the rule guards it
+    assert all(th.cluster_rule(dict(c, CR=1, SPLIT=2)) is None for c in s.valid_configs() if not c["SK"])
+    assert "ring" in th.cluster_rule(dict(th.DEFAULT, WN=256, MI=2, WG=2, STAGES=3, SPLIT=2, CR=1))
+    # one k tile per slice is refused as the workspace plan's is; a workspace past the limit is not a reason
+    assert "under 2" in th.problem_rule(dict(twin, SPLIT=8), _problem(1, 64, 13, 64, 1))
+    huge = _problem(64, 512, 56, 512, 3)
+    wide = dict(th.DEFAULT, WN=64, MI=1, WG=1, STAGES=4, SPLIT=8)
+    assert "MiB" in th.problem_rule(wide, huge) and th.problem_rule(dict(wide, CR=1), huge) is None
+

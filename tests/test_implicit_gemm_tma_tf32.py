@@ -26,12 +26,13 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = tt.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k) == (0, c["NHWC"], 1, c["SPLIT"], c["SK"]) and c["DT"] == 2
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == (0, c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"]) and c["DT"] == 2
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["NHWC"] for c in valid} == {0, 1}
-    assert len({tt.name_expression(c) for c in valid}) == len({tt.name(dict(c, SPLIT=1)) for c in valid})
+    # SPLIT and CR are launch parameters: configurations that differ only in them share a cubin
+    assert len({tt.name_expression(c) for c in valid}) == len({tt.name(dict(c, SPLIT=1, CR=0)) for c in valid})
     # the same kernel template as the 16-bit family, DT 2; never one of its instantiations
     h16 = {th.name_expression(c) for c in th.space().valid_configs()}
     assert h16.isdisjoint(tt.name_expression(c) for c in valid)

@@ -30,25 +30,25 @@ from bagf_torch.kernels.geometry import FIELDS, LaunchGeometry
 
 EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
     'implicit_gemm_tma_h16': [
-        ({'DT': 1, 'NHWC': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1, 'SK': 0},
+        ({'DT': 1, 'NHWC': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1, 'SK': 0, 'CR': 0},
          (128, 128, 384, 164864, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 0)),
-        ({'DT': 0, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1},
+        ({'DT': 0, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1, 'CR': 0},
          (128, 128, 384, 132096, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1)),
-        ({'DT': 1, 'NHWC': 0, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0},
+        ({'DT': 1, 'NHWC': 0, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0, 'CR': 0},
          (192, 128, 384, 123904, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 1, 0)),
-        ({'DT': 0, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8, 'SK': 0},
+        ({'DT': 0, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8, 'SK': 0, 'CR': 0},
          (64, 64, 256, 50176, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0)),
-        ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2, 'SK': 0},
+        ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2, 'SK': 0, 'CR': 0},
          (256, 128, 384, 148480, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 0)),
     ],
     'implicit_gemm_tma_tf32': [
-        ({'DT': 2, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 0},
+        ({'DT': 2, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 0, 'CR': 0},
          (128, 128, 384, 132096, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0)),
-        ({'DT': 2, 'NHWC': 1, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1},
+        ({'DT': 2, 'NHWC': 1, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1, 'CR': 0},
          (192, 128, 384, 164864, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1)),
-        ({'DT': 2, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 6, 'SPLIT': 4, 'SK': 0},
+        ({'DT': 2, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 6, 'SPLIT': 4, 'SK': 0, 'CR': 0},
          (64, 64, 256, 99328, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0)),
-        ({'DT': 2, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0},
+        ({'DT': 2, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0, 'CR': 0},
          (256, 128, 384, 148480, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0)),
     ],
     'implicit_gemm_tc': [
@@ -282,7 +282,7 @@ EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
 
 FIELD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
              "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem", "dtype", "nhwc", "tma", "stream_k",
-             "blas", "blas_algo", "blas_ws")
+             "blas", "blas_algo", "blas_ws", "split_cluster")
 """The LaunchGeometry fields in the host's order: the tuples above hold the first ``len(RECORDED)``; the fields after
 them belong to plan kinds the recorded families do not use (at their defaults there)."""
 
@@ -317,6 +317,25 @@ def test_launch_geometry_is_unchanged(family):
     for config, want in rows:
         assert space.invalid_reason(config) is None, config
         assert _host_values(fam, config) == want, config
+
+
+@pytest.mark.parametrize("family", ["implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"])
+def test_split_k_in_clusters_changes_only_split_cluster(family):
+    """A TMA configuration with CR = 1 (split-K in clusters) hands the host its CR = 0 twin's values with
+    split_cluster = 1; the space admits it only with SPLIT 2-8, without stream-K, and where the ring holds the tile's
+    fp32 sums."""
+    fam = FAMILIES[family]
+    space = fam.space()
+    clustered = [c for c in space.valid_configs() if c["CR"]]
+    assert clustered and {c["SPLIT"] for c in clustered} == {2, 4, 8} and not any(c["SK"] for c in clustered)
+    for c in clustered:
+        geo = fam.launch(c)
+        assert geo == dataclasses.replace(fam.launch(dict(c, CR=0)), split_cluster=1), c
+        assert 4 * geo.bm * geo.bn <= geo.smem - 1024, c
+    base = dict(EXPECTED[family][0][0], WN=64, MI=1, WG=1, STAGES=4, SPLIT=4)
+    assert space.invalid_reason(dict(base, CR=1)) is None
+    for bad in (dict(base, CR=1, SPLIT=1), dict(base, CR=1, SPLIT=16), dict(base, CR=1, SPLIT=1, SK=1)):
+        assert space.invalid_reason(bad) is not None, bad
 
 
 def test_launch_geometry_fields_defaults_and_types():
@@ -440,6 +459,10 @@ def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
             geo = FAMILIES[family].launch(config)
             held = ext.held(geo.to_host(ext))
             assert held == tuple(geo.as_dict().values()) and held[:len(RECORDED)] == want, (family, config)
+    for family in ("implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"):  # split_cluster: split-K in clusters
+        config = dict(EXPECTED[family][-1 if family == "implicit_gemm_tma_h16" else 2][0], CR=1)
+        geo = FAMILIES[family].launch(config)
+        assert geo.split_cluster == 1 and ext.held(geo.to_host(ext)) == tuple(geo.as_dict().values()), config
     lt = FAMILIES["cublaslt_1x1"]  # the fields after RECORDED: a cuBLASLt plan's
     for config in (lt.DEFAULT, dict(lt.DEFAULT, TF=1, ALG=7, WS=0), dict(lt.DEFAULT, DT=2, NHWC=1, ALG=3)):
         geo = lt.launch(config)

@@ -42,7 +42,8 @@ class LaunchGeometry:
     """Split-K slices, grid.z (1 to 65535); > 1 in a float32 plan without ``tma``: the host zeroes the output and
     the slices add atomically; in a 16-bit or ``tma`` one (an implicit GEMM only): the host passes a workspace of
     ``split`` fp32 sums per bm x bn tile and a zeroed counter per tile, the last slice of a tile adds them up in
-    order (and refuses, to ATen, a call whose workspace would pass 1 GiB)."""
+    order (and refuses, to ATen, a call whose workspace would pass 1 GiB); with ``split_cluster`` the slices hand
+    over inside a cluster instead."""
     tile: int = 1
     """1: the columns are output pixels (N*P*Q). m > 1 with ``tile_w`` = 0: Winograd F(m x m, 3x3), the columns
     are m x m output tiles (N * ceil(P/m) * ceil(Q/m)) and the host takes only 3x3 stride-1 dilation-1 calls
@@ -113,6 +114,11 @@ class LaunchGeometry:
     blas_ws: int = 0
     """A cuBLASLt plan's workspace limit in MiB (0 to 256) for the heuristic; the chosen algorithm's workspace comes
     from torch's caching allocator per call."""
+    split_cluster: int = 0
+    """1 (a ``tma`` plan without ``stream_k``, ``split`` 2 to 8, whose ``smem`` holds a bm x bn tile of fp32 sums
+    besides 1024 bytes): split-K in clusters. The host launches the grid in thread block clusters of (1, 1, ``split``)
+    blocks, the slices of one tile, which hand their sums over in distributed shared memory: no workspace, nothing to
+    zero before the launch. load_plan refuses a kernel of which no such cluster fits the device at once."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

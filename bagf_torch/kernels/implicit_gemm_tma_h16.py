@@ -37,7 +37,17 @@ SK        0 1                 1: stream-K (SPLIT = 1): a grid of the blocks the 
                               (:func:`stream_k_blocks`) shares all tiles' k tiles evenly, each block
                               walking its share tile by tile; a tile split between blocks is summed in
                               k order by the last of them to finish (two workspace slots per block)
+CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0): the host launches a
+                              tile's slices as one thread block cluster and they hand their sums over
+                              in distributed shared memory (:func:`cluster_rule`), no workspace
 ========  ==================  ======================================================================
+
+Split-K in clusters (CR = 1) is for the small grids split-K serves (batch 1): the workspace hand-over costs each
+call a memset of the tiles' counters before the launch (a node of its own in a CUDA graph) and, in the last slice
+of each tile, a round trip through L2 behind a fence and an atomic, and that last slice reduces and stores the
+whole tile alone. In a cluster each slice puts its sums in its own shared memory and, after a cluster barrier,
+reduces and stores its share of the tile's channels from all of them, in slice order, so a CR = 1 plan gives its
+workspace twin's bits. CR is a launch parameter like SPLIT: both share one cubin. Not yet measured on a GPU.
 
 Stream-K is for the grids whose last wave is part empty: AlexNet's conv4 at N = 128 in 128 x 128 tiles is 338
 tiles, 2.56 waves on 132 SMs (Nsight Compute, TF32: tensor pipe busy 66% over the kernel), and at N = 32 86 tiles,
@@ -92,8 +102,9 @@ LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
 """The problem's memory format (``ConvProblem.layout``) -> NHWC."""
 FORMATS: tuple[tuple[str, str], ...] = tuple((d, layout) for d in DTYPES for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-LEGACY: Config = {"NHWC": 1, "SK": 0}
-"""Configurations recorded before the NCHW kernels were channels_last ones, and before stream-K."""
+LEGACY: Config = {"NHWC": 1, "SK": 0, "CR": 0}
+"""Configurations recorded before the NCHW kernels were channels_last ones, before stream-K and before split-K in
+clusters."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "DT": (0, 1),
@@ -104,11 +115,12 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "STAGES": (3, 4, 5, 6),
     "SPLIT": (1, 2, 4, 8, 16),
     "SK": (0, 1),
+    "CR": (0, 1),
 }
 
 # 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
 # and sizes WN, WG, STAGES and SPLIT to the problem.
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0, "CR": 0}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
 """Static shared memory (the arrival flags of split-K's and stream-K's hand-overs, the deepest ring's full and empty
@@ -192,6 +204,8 @@ def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: in
     at most 2 x 132 x 32768 floats, 33 MiB, on an H200), 0 for neither. The host sizes stream-K's grid by the
     driver's occupancy; ``blocks_per_sm`` estimates it."""
     c = {**LEGACY, **c}
+    if c["CR"]:
+        return 0
     if c["SK"]:
         return 4 * (2 * stream_k_blocks(c, problem, k_tiles(problem) if k is None else k, sms) * bm(c) * bn(c)
                     + tiles(c, problem))
@@ -235,6 +249,29 @@ def stream_k_rule(c: Mapping[str, int]) -> str | None:
     return None
 
 
+MAX_CLUSTER_SPLIT = 8
+"""The most slices split-K in clusters takes: the portable cluster size (csrc/bagf_ext.cpp ``kMaxClusterSplit``)."""
+
+
+def ring_bytes(c: Mapping[str, int]) -> int:
+    """The ring's bytes, STAGES x (BN + WN) x 128 (:func:`smem_bytes` without the alignment's 1024)."""
+    return c["STAGES"] * (bn(c) + bm(c)) * 128
+
+
+def cluster_rule(c: Mapping[str, int]) -> str | None:
+    """Split-K in clusters (CR = 1) needs SPLIT of 2 to :data:`MAX_CLUSTER_SPLIT`, no stream-K, and a ring that holds
+    the tile's fp32 sums (4 x WN x BN bytes: the slices hand them over there; csrc/bagf_ext.cpp's load_plan checks the
+    same)."""
+    if not c.get("CR", 0):
+        return None
+    if c.get("SK", 0) or not 2 <= c["SPLIT"] <= MAX_CLUSTER_SPLIT:
+        return f"split-K in clusters (CR = 1) takes SPLIT 2 to {MAX_CLUSTER_SPLIT} without stream-K"
+    if 4 * bm(c) * bn(c) > ring_bytes(c):
+        return (f"split-K in clusters hands a tile's {4 * bm(c) * bn(c)} bytes of sums over in the ring, which has "
+                f"{ring_bytes(c)}")
+    return None
+
+
 def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
     """Why ``c``'s grid cannot run ``problem`` of ``k`` k tiles, or None: the epilogue's 32-bit indices must hold for
     the last blocks (N*P*Q + BN and N*P*Q*K below 2^31), a split-K configuration must give every slice 2 k tiles
@@ -248,6 +285,9 @@ def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
         if tiles(c, problem) * k > INT32_MAX:
             return "stream-K's 32-bit iteration count would pass 2^31 - 1 (all tiles' k tiles)"
         return None
+    if c.get("CR", 0):  # (no workspace: only the slices' k tiles)
+        split = c["SPLIT"]
+        return f"split-K of {split} leaves under 2 of the problem's {k} k tiles per slice" if k // split < 2 else None
     return _h16.split_refuses(c.get("SPLIT", 1), k, tiles(c, problem), bm(c), bn(c), "k tiles")
 
 
@@ -295,25 +335,25 @@ def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) ->
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
-                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
+                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``,
-    ``..._st5_sk_sm90`` (stream-K)."""
+    ``..._st5_sk_sm90`` (stream-K), ``..._st5_c4_sm90`` (split-K of 4 in clusters)."""
     c = {**LEGACY, **c}
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{split_name(c)}_{arch}")
 
 
 def split_name(c: Mapping[str, int]) -> str:
-    """``s<SPLIT>``, or ``sk`` for stream-K. Also implicit_gemm_tma_tf32's."""
-    return "sk" if c.get("SK", 0) else f"s{c['SPLIT']}"
+    """``s<SPLIT>``, ``c<SPLIT>`` for split-K in clusters, or ``sk`` for stream-K. Also implicit_gemm_tma_tf32's."""
+    return "sk" if c.get("SK", 0) else f"c{c['SPLIT']}" if c.get("CR", 0) else f"s{c['SPLIT']}"
 
 
 
 def name_expression(c: Mapping[str, int]) -> str:
-    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT: a launch parameter); an
+    """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT and CR: launch parameters); an
     NCHW plan's cubin also holds its input copy, ``...;bagf::nchw_to_nhwc<1>`` (:data:`TRANSPOSE_KERNEL`)."""
     c = {**LEGACY, **c}
     main = template_expression(KERNEL, TEMPLATE_ORDER, c)
@@ -324,8 +364,21 @@ gpu_arch = _wgmma.gpu_arch  # sm_90a: wgmma and the TMA need the architecture-sp
 arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
+def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
+    """The start's split-K in clusters (CR = 1) where the start splits 2 to 8 ways (the small grids of batch 1): the
+    same cubin, so one more timing and no compile. Also implicit_gemm_tma_tf32's (with its ``default_for``)."""
+    return cluster_alternatives(default_for(problem, sms), arch)
+
+
+def cluster_alternatives(start: Config, arch: str | None) -> list[Config]:
+    """``start`` with CR = 1 when :func:`cluster_rule` lets it through on an sm_90 GPU, else none."""
+    twin = dict(start, CR=1)
+    return [twin] if arch == "sm_90" and not start.get("SK", 0) and start["SPLIT"] > 1 and cluster_rule(twin) is None \
+        else []
+
+
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, stream_k_rule, cluster_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

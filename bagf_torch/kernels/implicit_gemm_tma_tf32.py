@@ -35,6 +35,8 @@ SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand
                               every slice gets >= 2 k tiles and the partial sums fit 32 MiB
 SK        0 1                 1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device
                               holds at once share all tiles' k tiles evenly
+CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0), implicit_gemm_tma_h16's:
+                              a tile's slices hand over in distributed shared memory, no workspace
 ========  ==================  ======================================================================
 
 Problems: C % 4 == 0 (the maps' 16-byte strides) and the windows the TMA maps can describe
@@ -95,9 +97,9 @@ FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in L
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
 PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
 
-DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0}
-LEGACY: Config = {"SK": 0}
-"""Configurations recorded before stream-K."""
+DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0, "CR": 0}
+LEGACY: Config = {"SK": 0, "CR": 0}
+"""Configurations recorded before stream-K and before split-K in clusters."""
 
 STATIC_SMEM = _th.STATIC_SMEM
 SM90_SMEM_LIMIT = _wh.SM90_SMEM_LIMIT
@@ -172,12 +174,13 @@ def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
-                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"])
+                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``,
-    ``..._st4_sk_sm90`` (stream-K)."""
+    ``..._st4_sk_sm90`` (stream-K), ``..._st4_c4_sm90`` (split-K of 4 in clusters)."""
+    c = {**LEGACY, **c}
     return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{_th.split_name(c)}_{arch}")
 
@@ -189,8 +192,13 @@ def name_expression(c: Mapping[str, int]) -> str:
     return _th.name_expression({**LEGACY, **c})
 
 
+def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
+    """implicit_gemm_tma_h16's: the start's split-K in clusters where the start splits 2 to 8 ways."""
+    return _th.cluster_alternatives(default_for(problem, sms), arch)
+
+
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, _th.stream_k_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
+    return (_wh.accumulator_rule, _th.stream_k_rule, _th.cluster_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
             register_rule(threads, estimated_registers))
 
 

@@ -42,7 +42,8 @@
 // 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
 // blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
 // STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin). Split-K is
-// the launch's grid.z, implicit_gemm_wgmma_h16's protocol.
+// the launch's grid.z, implicit_gemm_wgmma_h16's protocol through a workspace, or, when the host launches the slices
+// of a tile as one thread block cluster, a hand-over in distributed shared memory (wgt::cluster_reduce).
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
 // encodes the maps per call from the tensors themselves and refuses (to ATen) what the maps cannot describe:
@@ -262,18 +263,89 @@ __device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __
   return true;
 }
 
+// Split-K inside a thread block cluster: the host launches a split-K cluster plan's grid (gx, gy, split) in clusters
+// of (1, 1, split) blocks, the slices of one tile (cluster rank = blockIdx.z = the slice), and the slices hand their
+// sums over through distributed shared memory instead of the workspace: no workspace, no counters for the host to
+// zero before the launch (a memset, one more node in a CUDA graph), no round trip through L2 behind a fence and an
+// atomic, and the tile's reduction and stores shared by its blocks instead of left to the last one. Each rank puts
+// its fp32 sums into its own idle ring (element v of thread tid at v T + tid: a warp's stores are one row) and
+// arrives at the cluster barrier; after it, rank r adds up its share of the tile's channels -- channel groups
+// [jb, je) of 8 (units of U groups: 1 for a channels_last store, 4 for an NCHW tile staged 32 channels a pass), the
+// units split evenly over the ranks -- from every rank's ring in rank order (split_hand_over's order, so the same
+// bits as the workspace plan), arrives at the barrier again (it has read what it needs) and stores that share. A
+// rank waits at that second barrier before it leaves or overwrites its ring (the staged NCHW store), since the others
+// read it until then (cluster_wait). The producer warpgroups may have exited: an exited thread does not hold up a
+// cluster barrier (PTX ISA, `exit`).
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// this thread's arrival at the cluster barrier (its earlier writes released to the cluster), and the wait for all
+// of the cluster's threads that have not exited (acquire)
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+
+template <int WN, int MI, int WG, int U>
+__device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigned ring, int& jb, int& je) {
+  constexpr int T = 128 * WG;
+  constexpr int UNITS = WN / 8 / U;
+  static_assert(UNITS * U * 8 == WN, "whole units of channel groups");
+  const unsigned rank = cluster_rank();
+  const unsigned n = cluster_size();
+  const unsigned mine = ring + 4u * threadIdx.x;
+  asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory");  // every consumer warpgroup's wgmma has read the ring
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v)
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(mine + 4u * ((mi * (WN / 2) + v) * T)), "f"(acc[mi][v])
+                   : "memory");
+  cluster_arrive();
+  cluster_wait();  // every rank's sums are in its ring
+  jb = U * static_cast<int>(rank * UNITS / n);
+  je = U * static_cast<int>((rank + 1) * UNITS / n);
+  for (unsigned r = 0; r < n; ++r) {
+    unsigned src;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(src) : "r"(mine), "r"(r));
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        if (j < jb || j >= je) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int v = 4 * j + e;
+          float part;
+          asm volatile("ld.shared::cluster.f32 %0, [%1];\n"
+                       : "=f"(part)
+                       : "r"(src + 4u * ((mi * (WN / 2) + v) * T))
+                       : "memory");
+          acc[mi][v] = r == 0 ? part : acc[mi][v] + part;
+        }
+      }
+  }
+  cluster_arrive();  // this rank has read its share of every ring
+}
+
 // An NCHW tile's stores staged through shared memory (SK = 0 only: then the ring is idle once every k tile has been
 // consumed; stream-K's producer is already filling it with the next tile). From the registers, a warp's NCHW stores
 // cover 8 runs of 8 pixels of one channel (wgh::store); staged, each thread owns one pixel of the tile and a warp
 // writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their accumulators, bias
 // added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32 banks), meet,
 // and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the output dtype.
-// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1.
+// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1. Passes
+// [pass_begin, pass_end) only: split-K in a cluster stores each rank's share.
 template <int DT, int WN, int MI, int WG>
 __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                                   const typename wgh::Elem<DT>::T* __restrict__ bias,
                                                   typename wgh::Elem<DT>::T* __restrict__ y, int n0, int m0,
-                                                  float* stage) {
+                                                  float* stage, int pass_begin = 0, int pass_end = WN / 32) {
   using E = typename wgh::Elem<DT>::T;
   constexpr int T = 128 * WG;
   constexpr int BN = 64 * MI * WG;
@@ -295,6 +367,7 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
   E* const yout = y + img * p.K * PQ + (npq - img * PQ);
 #pragma unroll
   for (int pass = 0; pass < WN / 32; ++pass) {
+    if (pass < pass_begin || pass >= pass_end) continue;  // (another rank's share: uniform across the block)
     sync();  // every warpgroup's wgmma has read the ring (first pass) or the last pass's values were stored
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
@@ -459,13 +532,30 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
         wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
       }
     wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+    static_assert(32 * (BN + 4) * 4 <= STAGES * (BN + BM) * 128, "the staged NCHW tile fits the ring");
+    float* const stage = reinterpret_cast<float*>(smem_raw + (smem0 - smem_base));
+    if (split > 1 && wgt::cluster_size() > 1) {
+      // split-K in a cluster (the host launched the slices as one; only for a tile whose fp32 sums fit the ring, as
+      // the host checks at load): each rank reduces and stores its share of the tile's channels
+      if constexpr (4 * BM * BN <= STAGES * (BN + BM) * 128) {
+        int jb, je;
+        wgt::cluster_reduce<WN, MI, WG, NHWC == 1 ? 1 : 4>(acc, smem0, jb, je);
+        if constexpr (NHWC == 1) {
+          wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM, jb, je);
+          wgt::cluster_wait();  // the other ranks have read this block's ring
+        } else {
+          wgt::cluster_wait();  // (before the staged store overwrites the ring the other ranks read)
+          wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM, stage, jb / 4,
+                                                 je / 4);
+        }
+      }
+      return;
+    }
     if (!wgh::split_hand_over<WN, MI, WG, false>(acc, ws)) return;
     if constexpr (NHWC == 1) {
       wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM);
     } else {
-      static_assert(32 * (BN + 4) * 4 <= STAGES * (BN + BM) * 128, "the staged NCHW tile fits the ring");
-      wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM,
-                                             reinterpret_cast<float*>(smem_raw + (smem0 - smem_base)));
+      wgt::store_nchw_staged<DT, WN, MI, WG>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM, stage);
     }
   }
 #elif defined(__CUDA_ARCH__)

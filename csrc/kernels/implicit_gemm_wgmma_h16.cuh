@@ -258,11 +258,12 @@ __device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float*
 // store: bias in fp32 and the one rounding to the output dtype, stored from the registers into the channels_last
 // output (NHWC true: two channels per store) or the NCHW one (NHWC false: each of a warp's stores then covers 8
 // runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory instead,
-// wgt::store_nchw_staged).
+// wgt::store_nchw_staged). Channel groups [j_begin, j_end) of 8 only: split-K in a cluster stores each rank's share.
 template <int DT, int WN, int MI, int WG, bool NHWC = true>
 __device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                       const typename Elem<DT>::T* __restrict__ bias,
-                                      typename Elem<DT>::T* __restrict__ y, int n0, int m0) {
+                                      typename Elem<DT>::T* __restrict__ y, int n0, int m0, int j_begin = 0,
+                                      int j_end = WN / 8) {
   using E = typename Elem<DT>::T;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -284,7 +285,7 @@ __device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv
 #pragma unroll
       for (int j = 0; j < WN / 8; ++j) {
         const int ch = m0 + 8 * j + 2 * tig;
-        if (ch >= p.K) continue;
+        if (ch >= p.K || j < j_begin || j >= j_end) continue;
         float v0 = acc[mi][4 * j + 2 * h];
         float v1 = acc[mi][4 * j + 2 * h + 1];
         const bool two = ch + 1 < p.K;
