@@ -223,13 +223,15 @@ def tf32_round(t: torch.Tensor) -> torch.Tensor:
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,
-           stride: int = 1, tf32: bool = False) -> torch.Tensor:
+           stride: int = 1, tf32: bool = False, products: torch.dtype | None = None) -> torch.Tensor:
     """Stride-1 3x3 convolution by Winograd F(m x m, 3 x 3), computed in ``x``'s dtype (all transforms and
     the elementwise products included), NCHW in, NKPQ out. The reference the GPU kernels are checked
     against, and what :func:`fp32_error` measures. ``stride`` s > 1: the convolution of an up to 3s x 3s
     filter at stride s, through its :func:`polyphase` components (as the non-fused family computes it).
     ``tf32``: the Winograd-domain products take TF32-rounded operands (:func:`tf32_round`) and sum in float32, the
-    transforms stay float32 (``x`` must be float32): a tensor-core TF32 product's arithmetic."""
+    transforms stay float32 (``x`` must be float32): a tensor-core TF32 product's arithmetic. ``products``
+    (torch.bfloat16 or torch.float16): the same with the Winograd-domain operands rounded to that dtype (to nearest
+    even, as ``cvt.rn`` does) instead: a 16-bit tensor-core product's arithmetic."""
     if stride > 1:
         x, w = polyphase(x, w, stride, padding)
         padding = (0, 0)
@@ -246,6 +248,8 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding:
     u = torch.einsum("ij,kcjl,lm->kcim", g, w, g.T)                # G g G^T: K, C, a, a
     if tf32:
         u, v = tf32_round(u), tf32_round(v)
+    elif products is not None:
+        u, v = u.to(products).to(x.dtype), v.to(products).to(x.dtype)
     mm = torch.einsum("kcij,nctuij->nktuij", u, v)                 # sum over C, per Winograd point
     y = torch.einsum("ij,nktujl,lm->nktuim", at, mm, at.T)         # A^T M A: N, K, th, tw, m, m
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, k, th * m, tw * m)[:, :, :p, :q]
@@ -280,3 +284,35 @@ def fp32_error(problem: ConvProblem, m: int, seed: int = 0, tf32: bool = False) 
     direct_max, direct_norm = err(F.conv2d(tf32_round(x), tf32_round(w), b, s, pad) if tf32 else F.conv2d(x, w, b, s, pad))
     return {"winograd_max": wino_max, "winograd_norm": wino_norm, "direct_max": direct_max,
             "direct_norm": direct_norm}
+
+
+def h16_error(problem: ConvProblem, m: int, dtype: torch.dtype, seed: int = 0) -> dict[str, float]:
+    """Error of F(m x m, 3 x 3) on ``dtype`` (torch.bfloat16 or torch.float16) tensors against a float64 direct
+    convolution of the same 16-bit values, on :func:`fp32_error`'s data rounded to ``dtype``: with 16-bit products
+    (``winograd16_*``: the transforms in float32, the Winograd-domain operands rounded to ``dtype``, products summed
+    in float32, the bias added in float32 and the output rounded once to ``dtype``) and with float32 products
+    (``winograd32_*``, what winograd_gemm computes for 16-bit tensors), beside the direct convolution summed in
+    float32 and rounded once (``direct_*``: what the 16-bit implicit GEMMs compute; on the H200 cuDNN's 16-bit
+    error on AlexNet's layers is 1.28-1.30x it, benchmarks/results/bench_layers_h200_{bf16,fp16}_nhwc.md).
+    ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref||."""
+    why = polyphase_applies(problem)
+    if why is not None:
+        raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g).to(dtype).float()
+    fan_in = problem.c * problem.r * problem.s
+    w = (torch.randn(problem.k, problem.c, problem.r, problem.s, generator=g) / fan_in ** 0.5).to(dtype).float()
+    b = torch.randn(problem.k, generator=g).to(dtype).float() if problem.bias else None
+    pad, s = tuple(problem.padding), phase_stride(problem)
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), s, pad)
+
+    def err(y: torch.Tensor) -> tuple[float, float]:
+        e = y.to(dtype).double() - ref  # (the one rounding to the output dtype)
+        return float(e.abs().max() / ref.abs().max()), float(e.norm() / ref.norm())
+
+    out = {}
+    for key, y in (("winograd16", conv2d(x, w, b, pad, m, s, products=dtype)), ("winograd32", conv2d(x, w, b, pad, m, s)),
+                   ("direct", F.conv2d(x, w, b, s, pad))):
+        out[f"{key}_max"], out[f"{key}_norm"] = err(y)
+    return out
+

@@ -7,12 +7,20 @@ AlexNet's layers it lands on cuDNN's own TF32 error measured on the H200, benchm
 A tile may take TF32 products where its error stays within ``--factor`` (2) x the direct TF32 error on every layer,
 both metrics: the rule a TF32 mode's Winograd tiles follow. Writes winograd_error_tf32_cpu.{json,md}.
 
+``--dtype bfloat16`` / ``--dtype float16``: on tensors of that dtype, Winograd with 16-bit products (the transforms in
+float32, the Winograd-domain operands rounded to the dtype, products summed in float32, the output rounded once)
+and with float32 products, next to the direct convolution summed in float32 and rounded once (what the 16-bit
+implicit GEMMs compute; cuDNN's own 16-bit error on the H200 is 1.28-1.30x it). A tile may take 16-bit products
+where its error stays within ``--factor`` (2) x that direct error on every layer, both metrics: stricter than the
+tuner's check (twice cuDNN's error). Writes winograd_error_{bf16,fp16}_cpu.{json,md}.
+
 Runs anywhere (the arithmetic is bagf_torch.winograd_math's plain-torch reference, in float32 on the CPU), so the
 numbers are the algorithm's rounding, not any GPU kernel's; a GPU kernel that sums in another order lands
 near them. Writes JSON and a Markdown table.
 
     python benchmarks/probes/winograd_error.py --out benchmarks/results
     python benchmarks/probes/winograd_error.py --tf32 --out benchmarks/results
+    python benchmarks/probes/winograd_error.py --dtype bfloat16 --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -47,8 +55,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="fresh data per seed; the worst is reported")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tf32", action="store_true", help="TF32 products (see the docstring)")
-    ap.add_argument("--factor", type=float, default=2.0, help="--tf32: allowed error over the direct TF32 one (2)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), help="16-bit tensors (see the docstring)")
+    ap.add_argument("--factor", type=float, default=2.0,
+                    help="--tf32, --dtype: allowed error over the direct convolution's in the same mode (2)")
     args = ap.parse_args(argv)
+    if args.dtype:
+        return h16_main(args)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     for name, (c, hw, k, r, st, pd) in LAYERS.items():
@@ -117,6 +129,65 @@ def write_tf32(out: Path, meta: dict, rows: list[dict], args) -> int:
     lines += ["", "Within the rule on every layer: " + ", ".join(
         f"F({m}x{m}) {'yes' if ok else 'no'}" for m, ok in sorted(verdicts.items())) + "."]
     (out / "winograd_error_tf32_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+H16_SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def h16_verdicts(rows: list[dict], factor: float) -> dict[int, bool]:
+    """Per tile m: whether its 16-bit-product error is within ``factor`` x the direct 16-bit error on every layer,
+    max and norm."""
+    ok: dict[int, bool] = {}
+    for r in rows:
+        within = r["winograd16_max"] <= factor * r["direct_max"] and r["winograd16_norm"] <= factor * r["direct_norm"]
+        ok[r["m"]] = ok.get(r["m"], True) and within
+    return ok
+
+
+def h16_main(args) -> int:
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for name, (c, hw, k, r, st, pd) in LAYERS.items():
+        p = ConvProblem(n=args.batch, c=c, h=hw, w=hw, k=k, r=r, s=r, stride=(st, st), padding=(pd, pd))
+        for m in winograd.TILES:
+            errs = [winograd.h16_error(p, m, dtype, seed) for seed in range(args.seeds)]
+            worst = {key: max(e[key] for e in errs) for key in errs[0]}
+            rows.append({"layer": name, "n": args.batch, "m": m, **worst})
+            print(f"{name} F({m}x{m}): 16-bit products norm {worst['winograd16_norm']:.2e}, direct "
+                  f"{worst['direct_norm']:.2e}", flush=True)
+    verdicts = h16_verdicts(rows, args.factor)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "python": platform.python_version(), "device": "cpu", "dtype": args.dtype,
+            "seeds": args.seeds, "factor": args.factor,
+            "command": " ".join(["python", "benchmarks/probes/winograd_error.py", *(sys.argv[1:])])}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"winograd_error_{H16_SHORT[args.dtype]}_cpu"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "verdicts": verdicts, "rows": rows}, indent=1))
+    lines = [f"# Winograd error on {args.dtype} tensors against float64 (CPU emulation)", "",
+             f"{meta['date']}; torch {meta['torch']}, Python {meta['python']}; N={args.batch}, worst of {args.seeds} "
+             f"seeds of unit-normal input and 1/sqrt(fan-in) weights, rounded to {args.dtype}; the reference is the "
+             "float64 convolution of those 16-bit values.", "", f"Command: `{meta['command']}`", "",
+             f"Winograd 16-bit: the transforms in float32, the Winograd-domain operands rounded to {args.dtype} (to "
+             "nearest even), their products summed in float32, the bias added in float32, the output rounded once. "
+             "Winograd fp32: float32 products (what winograd_gemm computes on 16-bit tensors). Direct: float32 sums "
+             "rounded once, what the 16-bit implicit GEMMs compute (on the H200 their error on AlexNet's layers is "
+             "1.64e-3 / 2.07e-4 of the output's norm in bf16 / fp16, cuDNN's 1.28-1.30x that: "
+             "`bench_layers_h200_{bf16,fp16}_nhwc.md`). `max` = max|err| / max|ref|, `norm` = ||err|| / ||ref||. "
+             f"x direct = Winograd 16-bit's over direct's, the larger of the two metrics; a tile may take 16-bit "
+             f"products where that stays within {args.factor:g} on every layer (twice the direct error: stricter "
+             "than the tuner's check, twice cuDNN's).", "",
+             "| layer | F(m,3) | Winograd 16-bit max | Winograd 16-bit norm | Winograd fp32 norm | direct max | "
+             "direct norm | x direct |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        x = max(r["winograd16_max"] / r["direct_max"], r["winograd16_norm"] / r["direct_norm"])
+        lines.append(f"| {r['layer']} | F({r['m']}x{r['m']}) | {r['winograd16_max']:.2e} | {r['winograd16_norm']:.2e} | "
+                     f"{r['winograd32_norm']:.2e} | {r['direct_max']:.2e} | {r['direct_norm']:.2e} | {x:.2f} |")
+    lines += ["", "Within the rule on every layer: " + ", ".join(
+        f"F({m}x{m}) {'yes' if ok else 'no'}" for m, ok in sorted(verdicts.items())) + "."]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
