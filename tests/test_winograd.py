@@ -289,3 +289,18 @@ def test_tf32_products_keep_f2_near_a_tf32_direct_conv_and_not_the_larger_tiles(
     assert 1e-4 < e2["direct_norm"] < 4e-4  # cuDNN's own TF32 error on the H200 is about 2e-4
     assert e2["winograd_norm"] <= 2 * e2["direct_norm"] and e4["winograd_norm"] > 5 * e4["direct_norm"]
     assert wg.fp32_error(p, 2)["winograd_norm"] < 1e-5  # without tf32: float32 throughout
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_16_bit_products_keep_f2_within_twice_the_direct_error_and_not_the_larger_tiles(dtype):
+    """On 16-bit tensors, F(2x2) with 16-bit Winograd-domain products misses by under twice what the direct
+    convolution (float32 sums, one rounding) misses by, F(4x4) by over 5x; with float32 products either tile is the
+    direct error (the output's one rounding dominates): benchmarks/results/winograd_error_{bf16,fp16}_cpu.md."""
+    p = ConvProblem(n=1, c=64, h=13, w=13, k=32, r=3, s=3, padding=(1, 1))
+    e2, e4 = wg.h16_error(p, 2, dtype), wg.h16_error(p, 4, dtype)
+    unit = 2.0 ** -8 if dtype is torch.bfloat16 else 2.0 ** -11  # the dtype's half ulp at 1
+    assert 0.2 * unit < e2["direct_norm"] < unit  # (the H200's 16-bit plans: 1.66e-3 bf16, 2.07e-4 fp16)
+    assert e2["direct_norm"] < e2["winograd16_norm"] <= 2 * e2["direct_norm"]
+    assert e4["winograd16_norm"] > 5 * e4["direct_norm"]
+    for e in (e2, e4):
+        assert e["winograd32_norm"] < 1.05 * e["direct_norm"]
