@@ -837,6 +837,8 @@ _MODELS = {
     "winograd": (winograd_traffic, winograd_fast_memory_words),
     "winograd_tc": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),
                     lambda config: winograd_fast_memory_words(config, _winograd_tc())),
+    "winograd_tf32": (lambda problem, config: winograd_traffic(problem, config, _winograd_tc()),  # the same kernel
+                      lambda config: winograd_fast_memory_words(config, _winograd_tc())),
     "direct": (direct_traffic, direct_fast_memory_words),
     "winograd_gemm": (winograd_gemm_traffic, winograd_gemm_fast_memory_words),
 }

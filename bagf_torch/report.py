@@ -173,7 +173,7 @@ def layer_analysis(problem: ConvProblem, time_us: float, ceilings: Ceilings | No
         bound = iobound.direct_lower_bound(problem, fast)
         out.update(traffic_words=words, fast_memory_words=fast, lower_bound_words=bound,
                    traffic_over_bound=words / bound)
-        if family in ("winograd", "winograd_tc", "winograd_gemm"):
+        if family in ("winograd", "winograd_tc", "winograd_tf32", "winograd_gemm"):
             # also against the bound of its own algorithm: the fused form for the fused kernels, the summed
             # (unfused) form for the one that stores its transformed operands (iobound docs); a strided
             # problem's is that of its polyphase form (winograd_gemm computes it so)

@@ -239,6 +239,32 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
         assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
+@pytest.mark.parametrize("shape", [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
+                                   (2, 128, 28, 28, 128, 3, 3, (1, 1), (1, 1), (1, 1), False),
+                                   (1, 256, 56, 56, 256, 3, 3, (1, 1), (1, 1), (1, 1), True)])
+def test_winograd_tf32_stays_within_cudnns_tf32_bound_and_fails_the_strict_one(compiler, shape):
+    """winograd_tf32 (F(2x2) with one TF32 product per Winograd-domain multiply) on AlexNet's conv3 and two ResNet
+    3x3 layers in TF32 mode: within twice cuDNN's own TF32 error on the same data (the tuner's check), and past the
+    strict-fp32 check of the same problem, so a TF32 plan never reaches a strict caller; its error against the
+    float64 convolution is printed beside cuDNN's (the CPU emulation, winograd_error_tf32_cpu.md, has F(2x2) at
+    1.62-1.98x a TF32 direct convolution's)."""
+    from bagf_torch.tuning.measure import CudaChecker, Workspace, output_error
+
+    fam = _family("winograd_tf32")
+    cfg = fam.default_for(_problem(shape, tf32=True))
+    handle = compiler.compile(fam, [cfg])[0].handle
+    checker = CudaChecker(compiler.ext)
+    tf32_ws = Workspace(_problem(shape, tf32=True), torch.device("cuda", 0))
+    theirs = tf32_ws.cudnn_error
+    assert theirs is not None and theirs[0] > 1e-5, theirs  # cuDNN computed it with TF32 products
+    ours = output_error(tf32_ws.op_call(handle)(), tf32_ws.ref, tf32_ws.ref_norm, tf32_ws.ref_max)
+    print(f"{_problem(shape).short()} {fam.name(cfg)}: cuDNN TF32 error {theirs[0]:.2e} (max {theirs[1]:.2e}), "
+          f"ours {ours[0]:.2e} (max {ours[1]:.2e}), {ours[0] / theirs[0]:.2f}x")
+    assert checker.check(tf32_ws, handle) is None
+    wrong = checker.check(Workspace(_problem(shape), torch.device("cuda", 0)), handle)
+    assert wrong is not None and "relative error" in wrong.detail, wrong
+
+
 @pytest.mark.parametrize("family", ["implicit_gemm_tc", "implicit_gemm_tf32", "implicit_gemm_wgmma"])
 def test_a_nan_input_reaches_the_outputs_it_reaches_in_cudnn(compiler, family):
     """A NaN in the input (GPU arithmetic's 0x7fffffff, whose rounding carry would make it a zero) and in the

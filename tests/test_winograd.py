@@ -304,3 +304,27 @@ def test_16_bit_products_keep_f2_within_twice_the_direct_error_and_not_the_large
     assert e4["winograd16_norm"] > 5 * e4["direct_norm"]
     for e in (e2, e4):
         assert e["winograd32_norm"] < 1.05 * e["direct_norm"]
+
+
+def test_winograd_tf32_is_winograd_tc_in_f2_for_tf32_mode_only():
+    """winograd_tf32: winograd_tc's knobs, rules, launch and start with MT = 2 only (the one tile whose TF32
+    products stay within the rule), its own kernel (one TF32 product per multiply), TF32-mode problems only."""
+    from bagf_torch.kernels import FAMILIES, family_refuses
+    from bagf_torch.kernels import winograd_tc as wtc
+    from bagf_torch.kernels import winograd_tf32 as wt
+
+    assert FAMILIES["winograd_tf32"] is wt
+    valid = wt.space().valid_configs()
+    assert valid and {c["MT"] for c in valid} == {2}
+    assert len(valid) == sum(1 for c in wtc.space().valid_configs() if c["MT"] == 2)
+    assert wt.space().invalid_reason(dict(wt.DEFAULT, MT=4)) is not None
+    for c in valid[::97]:
+        assert wt.launch(c) == wtc.launch(c) and wt.smem_bytes(c) == wtc.smem_bytes(c)
+        assert wt.name(c) == wtc.name(c).replace("winograd_tc_", "winograd_tf32_", 1)
+        assert wt.name_expression(c) == wtc.name_expression(c).replace("winograd_tc_conv2d", "winograd_tf32_conv2d")
+    p = ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1))
+    tf32 = ConvProblem(n=1, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1), tf32=True)
+    assert "TF32 mode only" in wt.applies(p) and wt.applies(tf32) is None
+    assert "TF32 mode only" in family_refuses("winograd_tf32", wt.DEFAULT, p)
+    assert wt.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=5, s=5, padding=(2, 2), tf32=True)) is not None
+    assert wt.default_for(tf32) == wtc.default_for(tf32) and wt.default_for(tf32)["MT"] == 2

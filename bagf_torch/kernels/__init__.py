@@ -12,14 +12,14 @@ in ``FAMILIES`` below (docs/adding-a-family.md).
 
 from . import (cublaslt_1x1, direct, implicit_gemm, implicit_gemm_h16, implicit_gemm_tc, implicit_gemm_tf32,
                implicit_gemm_tma_h16, implicit_gemm_tma_tf32, implicit_gemm_wgmma, implicit_gemm_wgmma_h16, winograd,
-               winograd_gemm, winograd_tc)
+               winograd_gemm, winograd_tc, winograd_tf32)
 from .. import settings
 from .family import OPTIONAL, REQUIRED, FamilyHooks, KernelFamily
 from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
 FAMILIES: dict[str, KernelFamily] = {
-    f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd,
+    f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd_tf32, winograd,
                           winograd_gemm, implicit_gemm, direct, implicit_gemm_h16, implicit_gemm_wgmma_h16,
                           implicit_gemm_tma_h16, implicit_gemm_tma_tf32, cublaslt_1x1)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
@@ -97,4 +97,4 @@ __all__ = ["Config", "FAMILIES", "FamilyHooks", "KernelFamily", "LaunchGeometry"
            "complete_config", "config_key", "direct", "families_for", "family_name", "family_refuses",
            "format_refuses", "formats", "implicit_gemm", "implicit_gemm_h16", "supported_formats", "implicit_gemm_tc",
            "implicit_gemm_tf32", "implicit_gemm_tma_h16", "implicit_gemm_tma_tf32", "implicit_gemm_wgmma", "implicit_gemm_wgmma_h16", "winograd",
-           "winograd_gemm", "winograd_tc"]
+           "winograd_gemm", "winograd_tc", "winograd_tf32"]

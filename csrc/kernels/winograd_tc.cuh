@@ -16,6 +16,7 @@
 //   WE  warp groups over the E points (each warp: E/WE points)
 //   DB  1: prefetch the next chunk's raw patches and weights into registers (wino::channel_loop)
 //   SPLIT  input-channel slices (grid.z), added atomically into the output the host zeroed
+// winograd_tf32_conv2d is the same kernel with one TF32 product per fragment pair, for TF32 mode (F(2x2) only).
 //
 // Shared memory rows are padded to BK+8 and BT+8 words (= 8 or 24 mod 32) so that a fragment load (lanes:
 // 8 rows x 4 reduction steps) touches 32 different banks.
@@ -25,10 +26,16 @@
 
 namespace bagf {
 
-template <int MT, int BK, int BT, int BC, int WK, int WT, int WE, int DB, int SPLIT>
-__global__ void __launch_bounds__(32 * WK * WT * WE)
-winograd_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-                   float* __restrict__ y, const Conv2dParams p) {
+namespace wtc {
+
+// The kernel body, for both precisions (implicit_gemm_tc.cuh's PREC): 3, three TF32 products per fragment pair
+// (fp32 accuracy, winograd_tc_conv2d); 1, one, each Winograd-domain operand rounded to TF32 (to nearest, ties away
+// from zero, as cvt.rna.tf32.f32) and fp32 sums, for fp32 convolutions in TF32 mode (winograd_tf32_conv2d, F(2x2)
+// only: bagf_torch/kernels/winograd_tf32.py says why).
+template <int MT, int BK, int BT, int BC, int WK, int WT, int WE, int DB, int SPLIT, int PREC>
+__device__ __forceinline__ void body(const float* __restrict__ x, const float* __restrict__ w,
+                                     const float* __restrict__ bias, float* __restrict__ y, const Conv2dParams& p) {
+  static_assert(PREC == 1 || PREC == 3, "one TF32 product (TF32 mode) or three (fp32 accuracy)");
   constexpr int A = MT + 2;
   constexpr int E = A * A;
   constexpr int T = 32 * WK * WT * WE;
@@ -84,27 +91,47 @@ winograd_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w, con
       for (int kk = 0; kk < BC; kk += 8) {
         const float* ua = Us + (e * BC + kk + tig) * ULD + wk * WTK + gid;
         const float* vb = Vs + (e * BC + kk + tig) * VLD + wt * WTT + gid;
-        unsigned a_big[MI][4], a_small[MI][4], b_big[NI][2], b_small[NI][2];
+        if constexpr (PREC == 1) {
+          unsigned a_t[MI][4], b_t[NI][2];
 #pragma unroll
-        for (int i = 0; i < MI; ++i) {
-          tc::split_tf32(ua[i * 16], a_big[i][0], a_small[i][0]);
-          tc::split_tf32(ua[i * 16 + 8], a_big[i][1], a_small[i][1]);
-          tc::split_tf32(ua[4 * ULD + i * 16], a_big[i][2], a_small[i][2]);
-          tc::split_tf32(ua[4 * ULD + i * 16 + 8], a_big[i][3], a_small[i][3]);
-        }
-#pragma unroll
-        for (int l = 0; l < NI; ++l) {
-          tc::split_tf32(vb[l * 8], b_big[l][0], b_small[l][0]);
-          tc::split_tf32(vb[4 * VLD + l * 8], b_big[l][1], b_small[l][1]);
-        }
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
+          for (int i = 0; i < MI; ++i) {
+            a_t[i][0] = tc::round_tf32(ua[i * 16]);
+            a_t[i][1] = tc::round_tf32(ua[i * 16 + 8]);
+            a_t[i][2] = tc::round_tf32(ua[4 * ULD + i * 16]);
+            a_t[i][3] = tc::round_tf32(ua[4 * ULD + i * 16 + 8]);
+          }
 #pragma unroll
           for (int l = 0; l < NI; ++l) {
-            tc::mma_16x8x8(acc[j][i][l], a_small[i], b_big[l]);
-            tc::mma_16x8x8(acc[j][i][l], a_big[i], b_small[l]);
-            tc::mma_16x8x8(acc[j][i][l], a_big[i], b_big[l]);
+            b_t[l][0] = tc::round_tf32(vb[l * 8]);
+            b_t[l][1] = tc::round_tf32(vb[4 * VLD + l * 8]);
           }
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int l = 0; l < NI; ++l) tc::mma_16x8x8(acc[j][i][l], a_t[i], b_t[l]);
+        } else {
+          unsigned a_big[MI][4], a_small[MI][4], b_big[NI][2], b_small[NI][2];
+#pragma unroll
+          for (int i = 0; i < MI; ++i) {
+            tc::split_tf32(ua[i * 16], a_big[i][0], a_small[i][0]);
+            tc::split_tf32(ua[i * 16 + 8], a_big[i][1], a_small[i][1]);
+            tc::split_tf32(ua[4 * ULD + i * 16], a_big[i][2], a_small[i][2]);
+            tc::split_tf32(ua[4 * ULD + i * 16 + 8], a_big[i][3], a_small[i][3]);
+          }
+#pragma unroll
+          for (int l = 0; l < NI; ++l) {
+            tc::split_tf32(vb[l * 8], b_big[l][0], b_small[l][0]);
+            tc::split_tf32(vb[4 * VLD + l * 8], b_big[l][1], b_small[l][1]);
+          }
+#pragma unroll
+          for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int l = 0; l < NI; ++l) {
+              tc::mma_16x8x8(acc[j][i][l], a_small[i], b_big[l]);
+              tc::mma_16x8x8(acc[j][i][l], a_big[i], b_small[l]);
+              tc::mma_16x8x8(acc[j][i][l], a_big[i], b_big[l]);
+            }
+        }
       }
     }
   });
@@ -132,6 +159,23 @@ winograd_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w, con
     wino::output_round<MT, BK, BTR, T, SPLIT>(bias, y, p, Ms, t0, k0, round, add_bias);
     __syncthreads();
   }
+}
+
+}  // namespace wtc
+
+template <int MT, int BK, int BT, int BC, int WK, int WT, int WE, int DB, int SPLIT>
+__global__ void __launch_bounds__(32 * WK * WT * WE)
+winograd_tc_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                   float* __restrict__ y, const Conv2dParams p) {
+  wtc::body<MT, BK, BT, BC, WK, WT, WE, DB, SPLIT, 3>(x, w, bias, y, p);
+}
+
+template <int MT, int BK, int BT, int BC, int WK, int WT, int WE, int DB, int SPLIT>
+__global__ void __launch_bounds__(32 * WK * WT * WE)
+winograd_tf32_conv2d(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                     float* __restrict__ y, const Conv2dParams p) {
+  static_assert(MT == 2, "TF32 products keep F(2x2,3x3) within twice a TF32 convolution's error, not F(4x4)");
+  wtc::body<MT, BK, BT, BC, WK, WT, WE, DB, SPLIT, 1>(x, w, bias, y, p);
 }
 
 }  // namespace bagf
