@@ -271,7 +271,7 @@ __device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __
 // its fp32 sums into its own idle ring (element v of thread tid at v T + tid: a warp's stores are one row) and
 // arrives at the cluster barrier; after it, rank r adds up its share of the tile's channels -- channel groups
 // [jb, je) of 8 (units of U groups: 1 for a channels_last store, 4 for an NCHW tile staged 32 channels a pass), the
-// units split evenly over the ranks -- from every rank's ring in rank order (split_hand_over's order, so the same
+// units that hold channels below K split evenly over the ranks -- from every rank's ring in rank order (split_hand_over's order, so the same
 // bits as the workspace plan), arrives at the barrier again (it has read what it needs) and stores that share. A
 // rank waits at that second barrier before it leaves or overwrites its ring (the staged NCHW store), since the others
 // read it until then (cluster_wait). The producer warpgroups may have exited: an exited thread does not hold up a
@@ -292,10 +292,12 @@ __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 
 template <int WN, int MI, int WG, int U>
-__device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigned ring, int& jb, int& je) {
+__device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigned ring, int channels, int& jb,
+                                               int& je) {
   constexpr int T = 128 * WG;
-  constexpr int UNITS = WN / 8 / U;
-  static_assert(UNITS * U * 8 == WN, "whole units of channel groups");
+  static_assert((WN / 8) % U == 0, "whole units of channel groups");
+  // the units that hold output channels (a tile past K's end is partly empty), shared evenly over the ranks
+  const int units = min(WN / 8 / U, (channels + 8 * U - 1) / (8 * U));
   const unsigned rank = cluster_rank();
   const unsigned n = cluster_size();
   const unsigned mine = ring + 4u * threadIdx.x;
@@ -308,8 +310,8 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
                    : "memory");
   cluster_arrive();
   cluster_wait();  // every rank's sums are in its ring
-  jb = U * static_cast<int>(rank * UNITS / n);
-  je = U * static_cast<int>((rank + 1) * UNITS / n);
+  jb = U * static_cast<int>(rank * units / n);
+  je = U * static_cast<int>((rank + 1) * units / n);
   for (unsigned r = 0; r < n; ++r) {
     unsigned src;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(src) : "r"(mine), "r"(r));
@@ -539,7 +541,8 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
       // the host checks at load): each rank reduces and stores its share of the tile's channels
       if constexpr (4 * BM * BN <= STAGES * (BN + BM) * 128) {
         int jb, je;
-        wgt::cluster_reduce<WN, MI, WG, NHWC == 1 ? 1 : 4>(acc, smem0, jb, je);
+        wgt::cluster_reduce<WN, MI, WG, NHWC == 1 ? 1 : 4>(acc, smem0, p.K - static_cast<int>(blockIdx.y) * BM, jb,
+                                                          je);
         if constexpr (NHWC == 1) {
           wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, blockIdx.x * BN, blockIdx.y * BM, jb, je);
           wgt::cluster_wait();  // the other ranks have read this block's ring
