@@ -311,8 +311,8 @@ def h16_error(problem: ConvProblem, m: int, dtype: torch.dtype, seed: int = 0) -
         return float(e.abs().max() / ref.abs().max()), float(e.norm() / ref.norm())
 
     out = {}
-    for key, y in (("winograd16", conv2d(x, w, b, pad, m, s, products=dtype)), ("winograd32", conv2d(x, w, b, pad, m, s)),
-                   ("direct", F.conv2d(x, w, b, s, pad))):
+    for key, y in (("winograd16", conv2d(x, w, b, pad, m, s, products=dtype)),
+                   ("winograd32", conv2d(x, w, b, pad, m, s)), ("direct", F.conv2d(x, w, b, s, pad))):
         out[f"{key}_max"], out[f"{key}_norm"] = err(y)
     return out
 

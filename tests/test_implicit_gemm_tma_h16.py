@@ -20,7 +20,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = th.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"])
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == \
+            (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"])
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM

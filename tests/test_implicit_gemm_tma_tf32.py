@@ -26,7 +26,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = tt.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == (0, c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"]) and c["DT"] == 2
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == \
+            (0, c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"]) and c["DT"] == 2
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= tt.SM90_SMEM_LIMIT - tt.STATIC_SMEM

@@ -19,8 +19,8 @@ from .geometry import LaunchGeometry
 from .space import Config, Space, config_key
 
 FAMILIES: dict[str, KernelFamily] = {
-    f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd_tf32, winograd,
-                          winograd_gemm, implicit_gemm, direct, implicit_gemm_h16, implicit_gemm_wgmma_h16,
+    f.FAMILY: f for f in (implicit_gemm_tc, implicit_gemm_tf32, implicit_gemm_wgmma, winograd_tc, winograd_tf32,
+                          winograd, winograd_gemm, implicit_gemm, direct, implicit_gemm_h16, implicit_gemm_wgmma_h16,
                           implicit_gemm_tma_h16, implicit_gemm_tma_tf32, cublaslt_1x1)}
 """Every family, in the order the tuner tries them (its budget split is by measured default speed, so the order
 only breaks ties and decides whose start point is measured first; ``direct`` is last so that the first family,

@@ -198,8 +198,8 @@ def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) ->
 
 
 def _rules(smem_limit: int):
-    return (_wh.accumulator_rule, _th.stream_k_rule, _th.cluster_rule, shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM),
-            register_rule(threads, estimated_registers))
+    return (_wh.accumulator_rule, _th.stream_k_rule, _th.cluster_rule,
+            shared_memory_rule(smem_bytes, smem_limit - STATIC_SMEM), register_rule(threads, estimated_registers))
 
 
 def space(smem_limit: int = SM90_SMEM_LIMIT) -> Space:

@@ -183,8 +183,9 @@ def h16_main(args) -> int:
              "direct norm | x direct |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x = max(r["winograd16_max"] / r["direct_max"], r["winograd16_norm"] / r["direct_norm"])
-        lines.append(f"| {r['layer']} | F({r['m']}x{r['m']}) | {r['winograd16_max']:.2e} | {r['winograd16_norm']:.2e} | "
-                     f"{r['winograd32_norm']:.2e} | {r['direct_max']:.2e} | {r['direct_norm']:.2e} | {x:.2f} |")
+        lines.append(f"| {r['layer']} | F({r['m']}x{r['m']}) | {r['winograd16_max']:.2e} | "
+                     f"{r['winograd16_norm']:.2e} | {r['winograd32_norm']:.2e} | {r['direct_max']:.2e} | "
+                     f"{r['direct_norm']:.2e} | {x:.2f} |")
     lines += ["", "Within the rule on every layer: " + ", ".join(
         f"F({m}x{m}) {'yes' if ok else 'no'}" for m, ok in sorted(verdicts.items())) + "."]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
