@@ -497,10 +497,11 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     the host's launch (here the H200's, as ``implicit_gemm_tma_h16.stream_k_blocks`` estimates it), which share the
     tiles' k tiles evenly: each k tile is still copied once, and a tile whose k tiles lie in the shares of several
     blocks is handed over as split-K's slices are, one partial tile and one atomic per sharing block (every tile's
-    counter zeroed). An NCHW plan adds the per-call copies, counted as workspaces: the input to channels_last
-    (N*C*H*W words read and written, by the plan's own kernel) and the weight to KRSC by the host (K*CRS; a
-    channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan without
-    stream-K stages its stores through shared memory: each consumer thread reads the bias of its two channels of
+    counter zeroed). Persistent blocks (SK = 2): SK = 0's traffic (every tile whole, once) on the grid of the host's
+    launch, stored from the registers. An NCHW plan adds the per-call copies, counted as workspaces: the input to
+    channels_last (N*C*H*W words read and written, by the plan's own kernel) and the weight to KRSC by the host
+    (K*CRS; a channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan with
+    SK = 0 stages its stores through shared memory: each consumer thread reads the bias of its two channels of
     every 8 once per tile, so each channel of a tile is read by the 32 WG threads that hold it (``grid.x * K * 32 *
     WG``)."""
     _check_problem(problem)
@@ -522,7 +523,11 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         read += [("x channels_last", x_words), ("w KRSC", w_words)]
     tiles = gx * gy
     grid = (gx, gy, split)
-    if config.get("SK", 0):
+    if config.get("SK", 0) == 2:  # persistent blocks: SK = 0's copies and stores, whole tiles in turn
+        from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rule)
+
+        grid = (tma_tf32.persistent_blocks(config, problem), 1, 1)
+    elif config.get("SK", 0):
         from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rule)
 
         num_k = tma_tf32.k_tiles(problem)

@@ -59,7 +59,8 @@ struct LaunchGeometry {
   int nhwc = 0;   // 1: channels_last input and output, KRSC weight
   int tma = 0;    // 1: the kernel takes TMA maps of x and w (encoded per call) in place of their pointers (16-bit, or
                   // fp32 with TF32 products)
-  int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan)
+  int stream_k = 0;  // 1: a TMA plan's stream-K launch (one-dimensional grid of resident blocks, launch_plan);
+                     // 2: persistent blocks (the same grid, whole tiles per block, no workspace)
   int blas = 0;       // 1: a cuBLASLt plan computing in fp32 (cublaslt_plan.h); 2: in fp32 with TF32 products
   int blas_algo = 0;  // a cuBLASLt plan's entry of the heuristic's list for the call's shape (0-7)
   int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
@@ -284,7 +285,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                ((geo.dtype != 0 || geo.nhwc != 0 || geo.tma != 0) &&
                 ((geo.split != 1 && ((geo.dtype == 0 && !geo.tma) || geo.gemm != 0)) || geo.tile_w != 0 || geo.smem_patch != 0 ||
                  geo.smem_taps != 0 || (geo.gemm == 0 && geo.tile != 1) || (geo.nhwc && (geo.layout & 8)))) ||
-               geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 1 ||
+               geo.tma < 0 || geo.tma > 1 || geo.stream_k < 0 || geo.stream_k > 2 ||
                (geo.stream_k && (!geo.tma || geo.split != 1)) ||
                (geo.tma && (geo.gemm != 0 || geo.bn < 1 || geo.bn > 256 ||
                             geo.bm < 1 || geo.bm > 256)) ||
@@ -294,7 +295,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("dtype ", geo.dtype, " and nhwc ", geo.nhwc, " out of range, or a 16-bit or channels_last plan that is "
                 "neither one implicit-GEMM launch nor a non-fused Winograd plan (split-K only in a 16-bit or TMA implicit "
                 "GEMM; staged outputs NCHW only; TMA maps only in an implicit GEMM of tiles of at most 256 x 256; "
-                "stream-K only in a TMA plan without split-K; split-K in clusters only in a TMA plan of 2 to ",
+                "stream-K and persistent blocks only in a TMA plan without split-K; split-K in clusters only in a "
+                "TMA plan of 2 to ",
                 kMaxClusterSplit, " slices whose ring holds a tile's fp32 sums)");
     } else if (geo.smem_patch < 0 || geo.smem_taps < 0) {
       err = cat("negative shared-memory coefficients ", geo.smem_patch, ", ", geo.smem_taps);
@@ -532,7 +534,7 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
         return "stride above 8, padding above 128 or a window the TMA unit's im2col box cannot describe";
     }
   }
-  if (geo.stream_k) {  // the kernel counts all tiles' k tiles in 32 bits
+  if (geo.stream_k == 1) {  // the kernel counts all tiles' k tiles in 32 bits
     if (P > 0 && Q > 0 &&
         stream_k_work(geo, (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm), w.size(2),
                       w.size(3), x.size(1)) > INT_MAX)
@@ -781,6 +783,18 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
   BAGF_CHECK(geo.stream_k || gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  if (geo.stream_k == 2) {
+    // Persistent blocks: as many as the device holds at once (at most one per tile), each taking whole tiles in turn;
+    // no workspace.
+    const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, static_cast<int64_t>(gx) * gy));
+    CUtensorMap xm, wm;
+    encode_tma_maps(geo, p, xp, wp, xm, wm);
+    float* wsp = nullptr;
+    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp};
+    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1,
+                                 static_cast<unsigned>(smem), stream, args, nullptr));
+    return;
+  }
   if (geo.stream_k) {
     // Stream-K: the resident blocks share the gx gy tiles' k tiles, at least kStreamKMinIters per block; each block
     // has two workspace tiles for the parts of tiles it shares, then a zeroed counter per tile.

@@ -352,7 +352,15 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
 
     partials_w = partials_r = counter_atomics = 0
     tiles = gx * gy
-    if config.get("SK", 0):
+    if config.get("SK", 0) == 2:  # persistent blocks: whole tiles round-robin over the host's grid
+        blocks = tma_tf32.persistent_blocks(config, problem)
+        for c in range(blocks):
+            for tile in range(c, tiles, blocks):
+                n0, m0 = (tile // gy) * bn, (tile % gy) * bm  # channel blocks innermost
+                copies(n0, m0, 0, num_k)
+                epilogue(n0, m0)
+        grid = (blocks, 1, 1)
+    elif config.get("SK", 0):
         blocks = tma_tf32.stream_k_blocks(config, problem)
         work = tiles * num_k
         parts: dict[int, int] = {}
@@ -395,7 +403,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * problem.c * problem.r * problem.s
         written += [("x channels_last", x_words), ("w KRSC", w_words)]
         read += [("x channels_last", x_words), ("w KRSC", w_words)]
-    if config.get("SK", 0):
+    if config.get("SK", 0) == 1:
         written += [("stream-K partials", partials_w), ("stream-K counters", tiles + counter_atomics)]
         read += [("stream-K partials", partials_r), ("stream-K counters", counter_atomics)]
     elif split > 1 and not config.get("CR", 0):

@@ -1454,53 +1454,85 @@ def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     _stream_k_checks(compiler, fam, ("float32", "nchw"))
 
 
-def test_tma_split_k_in_clusters_gives_the_workspace_plans_bits(compiler):
-    """Split-K in clusters (CR = 1: a tile's slices launched as one thread block cluster, handing their sums over in
-    distributed shared memory) in both TMA families, every format: tiles of one and two consumer warpgroups, the
-    deepest and shallowest rings, 2, 4 and 8 slices, on odd shapes and AlexNet's conv3-like layer at N = 1:
-    NaN-poisoned output within the check's bound wherever the tuner would run them, and bit for bit the output of
-    the same configuration handing over through the workspace (CR = 0: the same sums added in the same order).
-    Then the op checks (CUDA graph, opcheck, torch.compile) on a cluster plan of each family."""
+def _tma_twin_bits(compiler, name, variant, twin, shapes, op_cfg):
+    """Family ``name``'s configurations ``variant`` (every format, DT and NHWC set), compiled and checked on ``shapes``
+    (NaN-poisoned output within the check's bound wherever the tuner would run them), then bit for bit against
+    ``twin(config)`` on every shape and format; then the op checks (CUDA graph, opcheck, torch.compile) on ``op_cfg``
+    of them."""
     from bagf_torch.tuning.measure import Workspace
 
-    tiles = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=1, WG=2, STAGES=6), dict(WN=256, MI=1, WG=2, STAGES=3),
-             dict(WN=128, MI=2, WG=2, STAGES=4)]
-    shapes = PIPE_SHAPES + H16_SHAPES + [(1, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
-                                         (1, 256, 14, 14, 256, 3, 3, (1, 1), (1, 1), (1, 1), False)]
-    for name in ("implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"):
-        fam = _family(name)
-        fmts = _formats(fam)
-        dts = sorted({fam.DTYPES[d] for d, _ in fmts}) if name.endswith("h16") else [2]
-        configs = [dict(fam.DEFAULT, **t, DT=dt, NHWC=nh, SPLIT=sp, CR=1) for dt in dts for nh in (0, 1)
-                   for t in tiles for sp in (2, 4, 8)]
-        assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
-                                                               if not fam.space().is_valid(c)]
-        fam_shapes = [s for s in shapes if s[1] % (8 if name.endswith("h16") else 4) == 0]
-        for sp in (2, 4, 8):
-            assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in fam_shapes for f in fmts)
-        built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, fam_shapes, fmts)))
-        twins = [dict(c, CR=0) for c in configs]
-        twin_built = dict(zip(map(fam.name, twins), compiler.compile(fam, twins)))
-        differ, compared = [], 0
-        for fmt in fmts:
-            for shape in fam_shapes:
-                ws = Workspace(_problem(shape, tf32=not name.endswith("h16"), fmt=fmt), torch.device("cuda", 0))
-                for c in configs:
-                    if not _runs(fam, c, shape, fmt):
-                        continue
-                    with torch.no_grad():  # (strict: a plan that cannot take the call raises, never ATen)
-                        got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle,
-                                                            out=torch.full_like(ws.out, float("nan")))
-                        want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args,
-                                                             twin_built[fam.name(dict(c, CR=0))].handle,
-                                                             out=torch.full_like(ws.out, float("nan")))
-                    compared += 1
-                    if not torch.equal(got, want):
-                        differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
-        assert compared > 0 and not differ, (name, compared, differ[:10])
-        fmt = ("bfloat16", "nhwc") if name.endswith("h16") else ("float32", "nchw")
-        op_cfg = dict(fam.DEFAULT, **tiles[0], DT=dts[-1], NHWC=int(fmt[1] == "nhwc"), SPLIT=8, CR=1)
-        _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(op_cfg)].handle, fmt=fmt)
+    fam = _family(name)
+    fmts = _formats(fam)
+    tf32 = not name.endswith("h16")
+    fam_shapes = [s for s in shapes if s[1] % (4 if tf32 else 8) == 0]
+    built = dict(zip(map(fam.name, variant), _compile_and_check(compiler, fam, variant, fam_shapes, fmts)))
+    twins = [twin(c) for c in variant]
+    assert all(fam.space().is_valid(t) for t in twins)
+    twin_built = dict(zip(map(fam.name, twins), compiler.compile(fam, twins)))
+    differ, compared = [], 0
+    for fmt in fmts:
+        for shape in fam_shapes:
+            ws = Workspace(_problem(shape, tf32=tf32, fmt=fmt), torch.device("cuda", 0))
+            for c in variant:
+                if not _runs(fam, c, shape, fmt):
+                    continue
+                with torch.no_grad():  # (strict: a plan that cannot take the call raises, never ATen)
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle,
+                                                        out=torch.full_like(ws.out, float("nan")))
+                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args,
+                                                         twin_built[fam.name(twin(c))].handle,
+                                                         out=torch.full_like(ws.out, float("nan")))
+                compared += 1
+                if not torch.equal(got, want):
+                    differ.append((shape, fmt, fam.name(c), float((got.float() - want.float()).abs().max())))
+    assert compared > 0 and not differ, (name, compared, differ[:10])
+    fmt = ("float32", "nchw") if tf32 else ("bfloat16", "nhwc")
+    _wgmma_h16_schedule_and_op_checks(compiler, fam, built[fam.name(op_cfg)].handle, fmt=fmt)
+
+
+_TMA_VARIANT_TILES = [dict(WN=64, MI=1, WG=1, STAGES=3), dict(WN=128, MI=1, WG=2, STAGES=6),
+                      dict(WN=256, MI=1, WG=2, STAGES=3), dict(WN=128, MI=2, WG=2, STAGES=4)]
+_TMA_VARIANT_SHAPES = PIPE_SHAPES + H16_SHAPES + [(1, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),
+                                                  (1, 256, 14, 14, 256, 3, 3, (1, 1), (1, 1), (1, 1), False)]
+
+
+def _tma_dts(fam):
+    return sorted({fam.DTYPES[d] for d, _ in _formats(fam)}) if fam.FAMILY.endswith("h16") else [2]
+
+
+@pytest.mark.parametrize("name", ["implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"])
+def test_tma_split_k_in_clusters_gives_the_workspace_plans_bits(compiler, name):
+    """Split-K in clusters (CR = 1: a tile's slices launched as one thread block cluster, each reducing and storing
+    its share of the tile's channels from every slice's shared memory) in every format: tiles of one and two
+    consumer warpgroups, the deepest and shallowest rings, 2, 4 and 8 slices, on odd shapes and AlexNet's conv3 and a
+    ResNet 3x3 layer at N = 1: within the check's bound wherever the tuner would run them, and bit for bit the output
+    of the same configuration handing over through the workspace (CR = 0: the same sums added in the same order)."""
+    fam = _family(name)
+    configs = [dict(fam.DEFAULT, **t, DT=dt, NHWC=nh, SPLIT=sp, CR=1) for dt in _tma_dts(fam) for nh in (0, 1)
+               for t in _TMA_VARIANT_TILES for sp in (2, 4, 8)]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
+                                                           if not fam.space().is_valid(c)]
+    for sp in (2, 4, 8):
+        assert any(_runs(fam, c, sh, f) for c in configs if c["SPLIT"] == sp for sh in _TMA_VARIANT_SHAPES
+                   for f in _formats(fam))
+    op_cfg = dict(fam.DEFAULT, **_TMA_VARIANT_TILES[0], DT=_tma_dts(fam)[-1], NHWC=int(name.endswith("h16")), SPLIT=8,
+                  CR=1)
+    _tma_twin_bits(compiler, name, configs, lambda c: dict(c, CR=0), _TMA_VARIANT_SHAPES, op_cfg)
+
+
+@pytest.mark.parametrize("name", ["implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"])
+def test_tma_persistent_blocks_give_the_one_tile_per_block_bits(compiler, name):
+    """Persistent blocks (SK = 2: the blocks the device holds at once, each taking whole tiles in turn while its
+    producer fills the ring with the next tile) in every format and the tiles above, on the odd shapes and on AlexNet's
+    conv3 at N = 128 (338 tiles of 128 x 128 over 132 blocks: each block three tiles, the ring carried across them):
+    within the check's bound, and bit for bit the one-tile-per-block plan's output (SK = 0, the same products in the
+    same order), however many tiles each block takes."""
+    fam = _family(name)
+    configs = [dict(fam.DEFAULT, **t, DT=dt, NHWC=nh, SPLIT=1, SK=2) for dt in _tma_dts(fam) for nh in (0, 1)
+               for t in _TMA_VARIANT_TILES]
+    shapes = _TMA_VARIANT_SHAPES + [(128, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True)]
+    op_cfg = dict(configs[-1], DT=_tma_dts(fam)[-1], NHWC=int(name.endswith("h16")))
+    _tma_twin_bits(compiler, name, configs, lambda c: dict(c, SK=0), shapes, op_cfg)
 
 
 def _h16_model(dtype, layout):

@@ -32,7 +32,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     assert "accumulators" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=2))
     assert "shared memory" in s.invalid_reason(dict(th.DEFAULT, WN=256, MI=1, WG=2, STAGES=6))
     assert "SPLIT must be 1" in s.invalid_reason(dict(th.DEFAULT, SK=1, SPLIT=2))
-    assert {c["SK"] for c in valid} == {0, 1}
+    assert {c["SK"] for c in valid} == {0, 1, 2}
+    assert "SPLIT must be 1" in s.invalid_reason(dict(th.DEFAULT, SK=2, SPLIT=4))
 
 
 def test_names_formats_and_the_problem_rule():
@@ -42,6 +43,8 @@ def test_names_formats_and_the_problem_rule():
     assert th.name_expression(dict(th.DEFAULT, NHWC=0, DT=0)) == ("bagf::implicit_gemm_tma_h16_conv2d<0, 128, 1, 2, 5, 0, "
                                                                   "0>;bagf::nchw_to_nhwc<0>")  # (its input copy)
     assert th.name(dict(th.DEFAULT, SK=1)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_sk_sm90"
+    assert th.name(dict(th.DEFAULT, SK=2)) == "implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_pt_sm90"
+    assert th.name_expression(dict(th.DEFAULT, SK=2)) == "bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 2>"
     assert th.name(dict(th.DEFAULT, NHWC=0, DT=0)) == "implicit_gemm_tma_h16_fp16_nchw_wn128_mi1_wg2_st5_s1_sm90"
     # a configuration recorded before the knobs is a channels_last one without stream-K
     legacy = {k: v for k, v in th.DEFAULT.items() if k not in ("NHWC", "SK")}

@@ -124,3 +124,20 @@ def test_stream_k_grid_workspace_and_features():
     assert tt.problem_rule(sk, conv4) is None
     huge = _problem(64, 16384, 128, 1024, 11)  # 65536 tiles of 61952 k tiles; N*P*Q*K = 2^30
     assert "2^31" in tt.problem_rule(sk, huge) and tt.problem_rule(dict(sk, SK=0), huge) is None
+
+
+def test_persistent_blocks_grid_workspace_and_features():
+    """Persistent blocks (SK = 2): the blocks the device holds at once, at most one per tile, each taking whole tiles
+    in turn; no workspace; the grid features see the blocks and each block's k tiles (its tiles' all); no 2^31 rule
+    on the k tiles (none are counted)."""
+    pt = dict(tt.DEFAULT, SK=2)
+    conv4 = _problem(128, 384, 13, 256, 3)  # 338 tiles of 128 x 128, 108 k tiles each
+    assert tt.persistent_blocks(pt, conv4) == tt.H200_SMS and tt.workspace_bytes(pt, conv4) == 0
+    small = _problem(1, 16, 13, 64, 3)  # 2 tiles: 2 blocks
+    assert tt.persistent_blocks(pt, small) == 2
+    f = tt.features(conv4, pt)
+    assert f["log2_blocks_per_sm"] == 0 and f["log2_k_tiles"] == math.log2(3 * 108)
+    huge = _problem(64, 16384, 128, 1024, 11)
+    assert tt.problem_rule(pt, huge) is None and tt.launch(pt).stream_k == 2
+    assert tt.name(pt) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_pt_sm90"
+

@@ -292,15 +292,16 @@ def _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, fam, configs):
 
 def test_tma_h16_wgmma_groups_overlap_and_nothing_spills(tmp_path):
     """implicit_gemm_tma_h16 at its start point, its largest accumulator tiles (128 per consumer thread, one and two
-    consumer warpgroups) and its deepest rings, channels_last and NCHW. Two consumer warpgroups run at 168 registers
-    per thread at launch, which the producer's setmaxnreg hands over."""
+    consumer warpgroups) and its deepest rings, channels_last and NCHW, stream-K and persistent blocks. Two consumer
+    warpgroups run at 168 registers per thread at launch, which the producer's setmaxnreg hands over."""
     from bagf_torch.kernels import implicit_gemm_tma_h16 as th
 
     _tma_compiles_without_serialized_wgmma_or_spills(tmp_path, th, [
         th.DEFAULT, dict(th.DEFAULT, NHWC=0, DT=0), dict(th.DEFAULT, WN=256, STAGES=3),
         dict(th.DEFAULT, WN=128, MI=2, STAGES=4), dict(th.DEFAULT, WN=256, WG=1, STAGES=4),
         dict(th.DEFAULT, WN=64, WG=1, STAGES=6), dict(th.DEFAULT, SK=1), dict(th.DEFAULT, WN=256, STAGES=3, SK=1),
-        dict(th.DEFAULT, WN=128, MI=2, STAGES=4, SK=1, NHWC=0)])
+        dict(th.DEFAULT, WN=128, MI=2, STAGES=4, SK=1, NHWC=0), dict(th.DEFAULT, SK=2),
+        dict(th.DEFAULT, WN=256, STAGES=3, SK=2, NHWC=0), dict(th.DEFAULT, WN=256, WG=1, STAGES=4, SK=2)])
 
 
 def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
@@ -312,7 +313,8 @@ def test_tma_tf32_wgmma_groups_overlap_and_nothing_spills(tmp_path):
         tt.DEFAULT, dict(tt.DEFAULT, NHWC=1, SPLIT=4), dict(tt.DEFAULT, WN=256, STAGES=3),
         dict(tt.DEFAULT, WN=128, MI=2, STAGES=4), dict(tt.DEFAULT, WN=256, WG=1, STAGES=4),
         dict(tt.DEFAULT, WN=64, WG=1, STAGES=6), dict(tt.DEFAULT, WN=192, STAGES=3), dict(tt.DEFAULT, SK=1),
-        dict(tt.DEFAULT, WN=256, STAGES=3, SK=1, NHWC=1), dict(tt.DEFAULT, WN=128, MI=2, STAGES=4, SK=1)])
+        dict(tt.DEFAULT, WN=256, STAGES=3, SK=1, NHWC=1), dict(tt.DEFAULT, WN=128, MI=2, STAGES=4, SK=1),
+        dict(tt.DEFAULT, SK=2), dict(tt.DEFAULT, WN=256, STAGES=3, SK=2, NHWC=1)])
 
 
 _SLICE_HOST = r"""

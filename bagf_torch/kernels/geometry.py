@@ -97,10 +97,12 @@ class LaunchGeometry:
     16 bits, C % 4 != 0 in float32; a tensor read in place off 16-byte alignment, stride above 8, padding above
     128, a window wider than the im2col box's range)."""
     stream_k: int = 0
-    """1 (a ``tma`` plan with ``split`` = 1 only): stream-K. The host launches a one-dimensional grid of the blocks
-    the device holds at once (the driver's occupancy of the kernel times the SMs; fewer where a block would get
-    under 8 k tiles) and passes a workspace of two bm x bn fp32 tiles per block and a zeroed counter per output tile;
-    the blocks share all tiles' k tiles evenly and the last block of a shared tile sums it in k order."""
+    """2 (a ``tma`` plan with ``split`` = 1 only): persistent blocks, a one-dimensional grid of the blocks the device
+    holds at once (at most one per output tile), each taking whole tiles in turn, no workspace. 1 (the same): stream-K.
+    The host launches a one-dimensional grid of the blocks the device holds at once (the driver's occupancy of the
+    kernel times the SMs; fewer where a block would get under 8 k tiles) and passes a workspace of two bm x bn fp32
+    tiles per block and a zeroed counter per output tile; the blocks share all tiles' k tiles evenly and the last block
+    of a shared tile sums it in k order."""
     blas: int = 0
     """1 or 2: a cuBLASLt plan (csrc/cublaslt_plan.h), no cubin (load_plan is handed none) and no kernel fields set:
     a 1x1 stride-1 unpadded convolution as cuBLASLt GEMMs in ``dtype`` and the ``nhwc`` format, fp32 sums, the bias

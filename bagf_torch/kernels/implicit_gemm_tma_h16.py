@@ -33,14 +33,22 @@ STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1
                               device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
                               problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
-SK        0 1                 1: stream-K (SPLIT = 1): a grid of the blocks the device holds at once
+SK        0 1 2               1: stream-K (SPLIT = 1): a grid of the blocks the device holds at once
                               (:func:`stream_k_blocks`) shares all tiles' k tiles evenly, each block
                               walking its share tile by tile; a tile split between blocks is summed in
-                              k order by the last of them to finish (two workspace slots per block)
+                              k order by the last of them to finish (two workspace slots per block).
+                              2: persistent blocks (SPLIT = 1): a grid of the blocks the device holds
+                              at once (:func:`persistent_blocks`), each taking whole tiles in turn
 CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0): the host launches a
                               tile's slices as one thread block cluster and they hand their sums over
                               in distributed shared memory (:func:`cluster_rule`), no workspace
 ========  ==================  ======================================================================
+
+Persistent blocks (SK = 2) are for the grids of several waves (N = 32 and 128): a block that has consumed its
+tile's last k tile stores it while its producer already fills the ring with its next tile's, where a new block would
+start from an empty ring and an idle SM; the products and their order are SK = 0's (the same bits), no workspace.
+Its NCHW tiles are stored from the registers, as stream-K's (the producer refills the ring the staged store would
+use). Not yet measured on a GPU.
 
 Split-K in clusters (CR = 1) is for the small grids split-K serves (batch 1): the workspace hand-over costs each
 call a memset of the tiles' counters before the launch (a node of its own in a CUDA graph) and, in the last slice
@@ -114,7 +122,7 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "WG": (1, 2),
     "STAGES": (3, 4, 5, 6),
     "SPLIT": (1, 2, 4, 8, 16),
-    "SK": (0, 1),
+    "SK": (0, 1, 2),
     "CR": (0, 1),
 }
 
@@ -197,6 +205,12 @@ def stream_k_blocks(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) 
     return max(1, min(sms * blocks_per_sm(c), work // STREAM_K_MIN_ITERS))
 
 
+def persistent_blocks(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
+    """Blocks of a persistent launch (SK = 2) of ``c`` on ``problem``, as the host sizes it: the blocks the device holds
+    at once (here estimated by :func:`blocks_per_sm`; the host asks the driver's occupancy), at most one per tile."""
+    return max(1, min(sms * blocks_per_sm(c), tiles(c, problem)))
+
+
 def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: int = H200_SMS) -> int:
     """The workspace the host allocates for ``c`` on ``problem`` of ``k`` k tiles per output tile (default: this
     family's :func:`k_tiles`): split-K's slices of every tile and a counter per tile, or stream-K's two tiles per
@@ -204,7 +218,7 @@ def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: in
     at most 2 x 132 x 32768 floats, 33 MiB, on an H200), 0 for neither. The host sizes stream-K's grid by the
     driver's occupancy; ``blocks_per_sm`` estimates it."""
     c = {**LEGACY, **c}
-    if c["CR"]:
+    if c["CR"] or c["SK"] == 2:
         return 0
     if c["SK"]:
         return 4 * (2 * stream_k_blocks(c, problem, k_tiles(problem) if k is None else k, sms) * bm(c) * bn(c)
@@ -243,9 +257,9 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
 
 
 def stream_k_rule(c: Mapping[str, int]) -> str | None:
-    """Stream-K (SK = 1) divides the work itself: SPLIT = 1."""
+    """Stream-K (SK = 1) divides the work itself, and persistent blocks (SK = 2) take whole tiles: SPLIT = 1."""
     if c.get("SK", 0) and c["SPLIT"] != 1:
-        return "stream-K (SK = 1) splits the k tiles itself; SPLIT must be 1"
+        return "stream-K (SK = 1) and persistent blocks (SK = 2) take no split-K; SPLIT must be 1"
     return None
 
 
@@ -281,6 +295,8 @@ def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
     last = problem.n * p * q + bn(c)
     if last > INT32_MAX or last * problem.k > INT32_MAX:
         return "the epilogue's 32-bit output offsets would pass 2^31 - 1 in the last blocks"
+    if c.get("SK", 0) == 2:  # (whole tiles, no workspace: the epilogue's rule bounds the tile count)
+        return None
     if c.get("SK", 0):  # (stream-K's workspace is bounded by the grid: workspace_bytes)
         if tiles(c, problem) * k > INT32_MAX:
             return "stream-K's 32-bit iteration count would pass 2^31 - 1 (all tiles' k tiles)"
@@ -326,6 +342,9 @@ def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) ->
     """implicit_gemm_wgmma_h16's grid features of ``c`` on ``problem`` of ``k`` k tiles per tile; a stream-K grid as
     its blocks, each with its share of the k tiles. Also implicit_gemm_tma_tf32's."""
     c = {**LEGACY, **c}
+    if c["SK"] == 2:  # (each block: its tiles' k tiles, one after another)
+        blocks = persistent_blocks(c, problem, sms)
+        return _wh.grid_features(blocks, -(-tiles(c, problem) // blocks) * k, 1, blocks_per_sm(c), sms)
     if c["SK"]:
         blocks = stream_k_blocks(c, problem, k, sms)
         return _wh.grid_features(blocks, -(-tiles(c, problem) * k // blocks), 1, blocks_per_sm(c), sms)
@@ -340,15 +359,18 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``,
-    ``..._st5_sk_sm90`` (stream-K), ``..._st5_c4_sm90`` (split-K of 4 in clusters)."""
+    ``..._st5_sk_sm90`` (stream-K), ``..._st5_pt_sm90`` (persistent blocks), ``..._st5_c4_sm90`` (split-K of 4 in
+    clusters)."""
     c = {**LEGACY, **c}
     return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{split_name(c)}_{arch}")
 
 
 def split_name(c: Mapping[str, int]) -> str:
-    """``s<SPLIT>``, ``c<SPLIT>`` for split-K in clusters, or ``sk`` for stream-K. Also implicit_gemm_tma_tf32's."""
-    return "sk" if c.get("SK", 0) else f"c{c['SPLIT']}" if c.get("CR", 0) else f"s{c['SPLIT']}"
+    """``s<SPLIT>``, ``c<SPLIT>`` for split-K in clusters, ``sk`` for stream-K or ``pt`` for persistent blocks. Also
+    implicit_gemm_tma_tf32's."""
+    sk = c.get("SK", 0)
+    return "pt" if sk == 2 else "sk" if sk else f"c{c['SPLIT']}" if c.get("CR", 0) else f"s{c['SPLIT']}"
 
 
 

@@ -33,8 +33,9 @@ STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1
                               device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand-over: on a problem
                               every slice gets >= 2 k tiles and the partial sums fit 32 MiB
-SK        0 1                 1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device
-                              holds at once share all tiles' k tiles evenly
+SK        0 1 2               1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device
+                              holds at once share all tiles' k tiles evenly; 2: persistent blocks
+                              (SPLIT = 1), each taking whole tiles in turn
 CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0), implicit_gemm_tma_h16's:
                               a tile's slices hand over in distributed shared memory, no workspace
 ========  ==================  ======================================================================
@@ -161,6 +162,11 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
     return _th.grid_features(c, problem, k_tiles(problem), sms)
 
 
+def persistent_blocks(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
+    """implicit_gemm_tma_h16's :func:`~.implicit_gemm_tma_h16.persistent_blocks`."""
+    return _th.persistent_blocks(c, problem, sms)
+
+
 def stream_k_blocks(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
     """implicit_gemm_tma_h16's :func:`~.implicit_gemm_tma_h16.stream_k_blocks` with this family's k tiles."""
     return _th.stream_k_blocks(c, problem, k_tiles(problem), sms)
@@ -179,7 +185,8 @@ def launch(c: Mapping[str, int]) -> LaunchGeometry:
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_tf32_wn128_mi1_wg2_st4_s1_sm90`` (channels_last), ``..._tf32_nchw_wn128...``,
-    ``..._st4_sk_sm90`` (stream-K), ``..._st4_c4_sm90`` (split-K of 4 in clusters)."""
+    ``..._st4_sk_sm90`` (stream-K), ``..._st4_pt_sm90`` (persistent blocks), ``..._st4_c4_sm90`` (split-K of 4 in
+    clusters)."""
     c = {**LEGACY, **c}
     return (f"{FAMILY}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
             f"_{_th.split_name(c)}_{arch}")

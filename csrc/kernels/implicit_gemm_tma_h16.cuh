@@ -41,7 +41,11 @@
 // Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
 // 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
 // blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
-// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin). Split-K is
+// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin), 2 for
+// persistent blocks (a one-dimensional grid of the blocks the device holds at once, each taking whole tiles
+// blockIdx.x, + gridDim.x, ...: its producer fills the ring with the next tile's k tiles while its consumers store
+// the last one, where a new block would start from an empty ring; no hand-over, the products and their order are
+// SK = 0's, so the same bits). Split-K is
 // the launch's grid.z, implicit_gemm_wgmma_h16's protocol through a workspace, or, when the host launches the slices
 // of a tile as one thread block cluster, a hand-over in distributed shared memory (wgt::cluster_reduce).
 //
@@ -263,19 +267,19 @@ __device__ __forceinline__ bool sk_hand_over(float (&acc)[MI][WN / 2], float* __
   return true;
 }
 
-// Split-K inside a thread block cluster: the host launches a split-K cluster plan's grid (gx, gy, split) in clusters
-// of (1, 1, split) blocks, the slices of one tile (cluster rank = blockIdx.z = the slice), and the slices hand their
-// sums over through distributed shared memory instead of the workspace: no workspace, no counters for the host to
-// zero before the launch (a memset, one more node in a CUDA graph), no round trip through L2 behind a fence and an
-// atomic, and the tile's reduction and stores shared by its blocks instead of left to the last one. Each rank puts
-// its fp32 sums into its own idle ring (element v of thread tid at v T + tid: a warp's stores are one row) and
-// arrives at the cluster barrier; after it, rank r adds up its share of the tile's channels -- channel groups
-// [jb, je) of 8 (units of U groups: 1 for a channels_last store, 4 for an NCHW tile staged 32 channels a pass), the
-// units that hold channels below K split evenly over the ranks -- from every rank's ring in rank order (split_hand_over's order, so the same
-// bits as the workspace plan), arrives at the barrier again (it has read what it needs) and stores that share. A
-// rank waits at that second barrier before it leaves or overwrites its ring (the staged NCHW store), since the others
-// read it until then (cluster_wait). The producer warpgroups may have exited: an exited thread does not hold up a
-// cluster barrier (PTX ISA, `exit`).
+// Split-K inside a thread block cluster: the host launches a split-K cluster plan's grid (gx, gy, split) in clusters of
+// (1, 1, split) blocks, the slices of one tile (cluster rank = blockIdx.z = the slice), and the slices hand their sums
+// over through distributed shared memory instead of the workspace: no workspace, no counters for the host to zero
+// before the launch (a memset, one more node in a CUDA graph), no round trip through L2 behind a fence and an atomic,
+// and the tile's reduction and stores shared by its blocks instead of left to the last one. Each rank puts its fp32
+// sums into its own idle ring (element v of thread tid at v T + tid: a warp's stores are one row) and arrives at the
+// cluster barrier; after it, rank r adds up its share of the tile's channels -- channel groups [jb, je) of 8 (units of
+// U groups: 1 for a channels_last store, 4 for an NCHW tile staged 32 channels a pass), the units that hold channels
+// below K split evenly over the ranks -- from every rank's ring in rank order (split_hand_over's order, so the same
+// bits as the workspace plan), arrives at the barrier again (it has read what it needs) and stores that share. A rank
+// waits at that second barrier before it leaves or overwrites its ring (the staged NCHW store), since the others read
+// it until then (cluster_wait). The producer warpgroups may have exited: an exited thread does not hold up a cluster
+// barrier (PTX ISA, `exit`).
 __device__ __forceinline__ unsigned cluster_size() {
   unsigned n;
   asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
@@ -336,13 +340,13 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
 }
 
 // An NCHW tile's stores staged through shared memory (SK = 0 only: then the ring is idle once every k tile has been
-// consumed; stream-K's producer is already filling it with the next tile). From the registers, a warp's NCHW stores
-// cover 8 runs of 8 pixels of one channel (wgh::store); staged, each thread owns one pixel of the tile and a warp
-// writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their accumulators, bias
-// added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32 banks), meet,
-// and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the output dtype.
-// Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named barrier 1. Passes
-// [pass_begin, pass_end) only: split-K in a cluster stores each rank's share.
+// consumed; stream-K's and persistent blocks' producers are already filling it with the next tile). From the registers,
+// a warp's NCHW stores cover 8 runs of 8 pixels of one channel (wgh::store); staged, each thread owns one pixel of the
+// tile and a warp writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their
+// accumulators, bias added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32
+// banks), meet, and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the
+// output dtype. Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named
+// barrier 1. Passes [pass_begin, pass_end) only: split-K in a cluster stores each rank's share.
 template <int DT, int WN, int MI, int WG>
 __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                                   const typename wgh::Elem<DT>::T* __restrict__ bias,
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   static_assert(BN <= 256, "one im2col copy loads at most 256 pixels here");
   static_assert(STAGES >= 2, "a stage being read and one being filled");
   static_assert(NACC <= 128, "accumulators fit the register file");
-  static_assert(SK == 0 || SK == 1, "stream-K or not");
+  static_assert(SK == 0 || SK == 1 || SK == 2, "one tile per block, stream-K or persistent blocks");
 
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[STAGES], then empty[STAGES]
@@ -460,15 +464,17 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   // SK = 0: the block's tile is (blockIdx.x, blockIdx.y), its k tiles slice blockIdx.z of split-K's even split.
   // SK = 1: a one-dimensional grid; the block walks its share of the iterations tile by tile, the tiles numbered
   // with the output-channel blocks innermost (tile = pixel block * gy + channel block: the blocks that read the same
-  // input pixels run together).
+  // input pixels run together). SK = 2: a one-dimensional grid; the block takes tiles blockIdx.x, + gridDim.x, ...
+  // whole, numbered as for SK = 1.
   const int split = static_cast<int>(gridDim.z);
   const int t_begin = h16::slice_begin(blockIdx.z, num_k, split);
   const int tiles = h16::slice_begin(static_cast<long long>(blockIdx.z) + 1, num_k, split) - t_begin;
   const int gy = (p.K + BM - 1) / BM;
   // (the problem rule keeps stream-K's work, all tiles' k tiles, below 2^31)
-  const int work = SK ? (p.N * p.P * p.Q + BN - 1) / BN * gy * num_k : 0;
-  const int sk_start = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x, work, gridDim.x)) : 0;
-  const int sk_end = SK ? static_cast<int>(wgt::sk_begin(blockIdx.x + 1ll, work, gridDim.x)) : 0;
+  const int work = SK == 1 ? (p.N * p.P * p.Q + BN - 1) / BN * gy * num_k : 0;
+  const int sk_start = SK == 1 ? static_cast<int>(wgt::sk_begin(blockIdx.x, work, gridDim.x)) : 0;
+  const int sk_end = SK == 1 ? static_cast<int>(wgt::sk_begin(blockIdx.x + 1ll, work, gridDim.x)) : 0;
+  const int ntiles = SK == 2 ? (p.N * p.P * p.Q + BN - 1) / BN * gy : 0;  // (the epilogue's rule keeps it in 32 bits)
 
   if (tid == TC) {
 #pragma unroll
@@ -487,7 +493,11 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
     if constexpr (SHIFT_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == TC) {
       int issued = 0;
-      if constexpr (SK) {
+      if constexpr (SK == 2) {
+        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x)
+          wgt::produce<DT, BN, BM, STAGES>(&xmap, &wmap, p, tile / gy * BN, tile % gy * BM, 0, num_k, cb_n, smem0,
+                                           full0, empty0, slot, phase, issued);
+      } else if constexpr (SK == 1) {
         for (int x = sk_start; x < sk_end;) {
           const int tile = x / num_k;
           const int kb = x - tile * num_k;
@@ -507,7 +517,20 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
 
   float acc[MI][WN / 2];
   const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);  // this warpgroup's MI blocks of 64 pixel rows
-  if constexpr (SK) {
+  if constexpr (SK == 2) {
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int v = 0; v < WN / 2; ++v) {
+          acc[mi][v] = 0.f;
+          wg::keep(acc[mi][v]);
+        }
+      wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, num_k, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
+      // (from the registers: the ring already holds the next tile's k tiles)
+      wgh::store<DT, WN, MI, WG, NHWC == 1>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
+    }
+  } else if constexpr (SK == 1) {
     for (int x = sk_start; x < sk_end;) {
       const int tile = x / num_k;
       const int kb = x - tile * num_k;
