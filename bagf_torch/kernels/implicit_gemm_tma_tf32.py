@@ -76,6 +76,7 @@ from . import implicit_gemm_h16 as _h16
 from . import implicit_gemm_tma_h16 as _th
 from . import implicit_gemm_wgmma_h16 as _wh
 from .geometry import LaunchGeometry
+from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, register_rule, shared_memory_rule, template_expression
 
 FAMILY = "implicit_gemm_tma_tf32"
@@ -121,9 +122,8 @@ def applies(problem) -> str | None:
     """None for a float32 problem tuned in TF32 mode with C % 4 == 0."""
     if (problem.dtype, problem.layout) not in FORMATS:
         return f"computes float32; this problem is {problem.dtype} {problem.layout}"
-    if not getattr(problem, "tf32", False):
-        return ("one TF32 product per multiply is for TF32 mode only (torch.backends.cudnn.allow_tf32 = True when "
-                "tuned); this problem is strict fp32")
+    if (why := _tf32_mode(problem)) is not None:
+        return why
     if problem.c % 4:
         return f"copies 4 channels (16 bytes) at a time; C = {problem.c} is not a multiple of 4"
     return None

@@ -39,6 +39,7 @@ import math
 from typing import Mapping
 
 from .geometry import LaunchGeometry
+from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
 
 FAMILY = "implicit_gemm_wgmma"
@@ -65,11 +66,8 @@ SM90_SMEM_LIMIT = 232448
 
 
 def applies(problem) -> str | None:
-    """None in TF32 mode; a strict-fp32 problem must not get TF32 products."""
-    if not getattr(problem, "tf32", False):
-        return ("one TF32 product per multiply is for TF32 mode only (torch.backends.cudnn.allow_tf32 = True when "
-                "tuned); this problem is strict fp32")
-    return None
+    """None in TF32 mode; a strict-fp32 problem must not get TF32 products (implicit_gemm_tf32's rule)."""
+    return _tf32_mode(problem)
 
 
 def _grid(problem, c: Mapping[str, int]) -> tuple[int, int]:

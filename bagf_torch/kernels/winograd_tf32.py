@@ -27,6 +27,7 @@ from typing import Mapping
 
 from . import winograd as _wg
 from . import winograd_tc as _wtc
+from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, template_expression
 
 FAMILY = "winograd_tf32"
@@ -50,13 +51,7 @@ default_for = _wtc.default_for
 
 def applies(problem) -> str | None:
     """None for a problem ``winograd`` computes (3x3, stride 1, dilation 1) tuned in TF32 mode."""
-    why = _wg.applies(problem)
-    if why is not None:
-        return why
-    if not getattr(problem, "tf32", False):
-        return ("one TF32 product per multiply is for TF32 mode only (torch.backends.cudnn.allow_tf32 = True when "
-                "tuned); this problem is strict fp32")
-    return None
+    return _wg.applies(problem) or _tf32_mode(problem)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

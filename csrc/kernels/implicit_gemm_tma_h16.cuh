@@ -187,6 +187,19 @@ __device__ __forceinline__ void produce(const TmaMap* xmap, const TmaMap* wmap, 
   }
 }
 
+// The accumulators of a tile zeroed, each kept as a register value (not a constant ptxas may re-create inside the
+// loop, between the wgmma groups).
+template <int WN, int MI>
+__device__ __forceinline__ void zero(float (&acc)[MI][WN / 2]) {
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int v = 0; v < WN / 2; ++v) {
+      acc[mi][v] = 0.f;
+      wg::keep(acc[mi][v]);
+    }
+}
+
 // A consumer warpgroup's share of `count` k tiles from the ring: wait for each stage's copies, issue its wgmma group,
 // wait for the group before and release that one's stage; at the end wait for the last group and release its stage.
 template <int DT, int WN, int MI, int BN, int BM, int STAGES>
@@ -519,13 +532,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
   const unsigned a_rows = (warp >> 2) * (MI * 64 * 128);  // this warpgroup's MI blocks of 64 pixel rows
   if constexpr (SK == 2) {
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int v = 0; v < WN / 2; ++v) {
-          acc[mi][v] = 0.f;
-          wg::keep(acc[mi][v]);
-        }
+      wgt::zero<WN, MI>(acc);
       wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, num_k, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
       // (from the registers: the ring already holds the next tile's k tiles)
       wgh::store<DT, WN, MI, WG, NHWC == 1>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
@@ -535,13 +542,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
       const int tile = x / num_k;
       const int kb = x - tile * num_k;
       const int ke = min(num_k, sk_end - tile * num_k);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int v = 0; v < WN / 2; ++v) {
-          acc[mi][v] = 0.f;
-          wg::keep(acc[mi][v]);
-        }
+      wgt::zero<WN, MI>(acc);
       wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, ke - kb, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
       if ((kb == 0 && ke == num_k) ||
           wgt::sk_hand_over<WN, MI, WG>(acc, ws, tile, num_k, work, gridDim.x, x == sk_start ? 0 : 1))
@@ -549,13 +550,7 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
       x = tile * num_k + ke;
     }
   } else {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int v = 0; v < WN / 2; ++v) {
-        acc[mi][v] = 0.f;
-        wg::keep(acc[mi][v]);  // (not a constant ptxas may re-create inside the loop, between the wgmma groups)
-      }
+    wgt::zero<WN, MI>(acc);
     wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, tiles, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
     static_assert(32 * (BN + 4) * 4 <= STAGES * (BN + BM) * 128, "the staged NCHW tile fits the ring");
     float* const stage = reinterpret_cast<float*>(smem_raw + (smem0 - smem_base));
