@@ -77,12 +77,17 @@ if has build; then
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
 fi
 if has smoke; then
-  # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here
+  # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here.
+  # SMOKE_RUNS: several, "family smoke.py-arguments" separated by ';' (e.g. "implicit_gemm_tma_h16 --set
+  # SPLIT=4,CR=1; implicit_gemm_tma_tf32 --set SK=2,SPLIT=1"), each with its own limit, in place of SMOKE_FAMILY.
   repo=$PWD
-  # shellcheck disable=SC2086  # SMOKE_ARGS: more smoke.py arguments (e.g. "--set SK=1,SPLIT=1")
-  (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" ${SMOKE_FAMILY:-implicit_gemm_tc} ${SMOKE_ARGS:-}) 2>&1 \
-    | tee "$OUT/smoke.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed: stopping"; exit 1; }
+  IFS=';' read -r -a smoke_runs <<< "${SMOKE_RUNS:-${SMOKE_FAMILY:-implicit_gemm_tc} ${SMOKE_ARGS:-}}"
+  : > "$OUT/smoke.log"
+  for run in "${smoke_runs[@]}"; do
+    # shellcheck disable=SC2086  # the run's words: the family, then smoke.py's arguments (e.g. "--set SK=1,SPLIT=1")
+    (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" $run) 2>&1 | tee -a "$OUT/smoke.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed ($run): stopping"; exit 1; }
+  done
 fi
 if has alexnet; then
   t=${ALEXNET_TIMEOUT:-300}
