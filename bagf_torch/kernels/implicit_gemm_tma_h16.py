@@ -16,7 +16,8 @@ channels_last ones on AlexNet) runs the same kernel on a channels_last copy of t
 second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
 ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output, staged through the ring.
 
-Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
+Knobs (template parameters; SPLIT, the launch's grid.z, and CR are launch parameters) and the validity rules enforced
+before anything is compiled:
 
 ========  ==================  ======================================================================
 knob      values              rule

@@ -15,7 +15,8 @@ only to problems tuned in TF32 mode (``ConvProblem.tf32``, part of every plan's 
 strict-fp32 caller never gets one of its plans; the correctness check's tolerance is twice what cuDNN's own TF32
 convolution misses by on the same data (``tuning.measure.Workspace``).
 
-Knobs (template parameters, SPLIT the launch's grid.z) and the validity rules enforced before anything is compiled:
+Knobs (template parameters; SPLIT, the launch's grid.z, and CR are launch parameters) and the validity rules enforced
+before anything is compiled:
 
 ========  ==================  ======================================================================
 knob      values              rule
