@@ -185,11 +185,6 @@ py::dict device_limits(int device) {
 
 // ------------------------------------------------------------------------------------------- loading
 
-// Load a cubin and register it as a plan. A candidate that cannot be loaded (too many threads for its
-// registers, too much shared memory, a bad cubin, the plan table full) is not an exception: the result has
-// "error" set and no "handle", and the caller records a typed "resources" failure. (A C++ exception thrown
-// from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
-// the fault-matrix test instead of raising.)
 // The launch of a split-K cluster plan (LaunchGeometry.split_cluster): grid (gx, gy, split) in clusters of
 // (1, 1, split) blocks, the slices of one tile.
 CUlaunchConfig cluster_launch(const LaunchGeometry& geo, unsigned gx, unsigned gy, unsigned smem, CUstream stream,
@@ -219,6 +214,11 @@ CUresult max_active_clusters(CUfunction fn, const LaunchGeometry& geo, int smem,
   return cuOccupancyMaxActiveClusters(clusters, fn, &cfg);
 }
 
+// Load a cubin and register it as a plan. A candidate that cannot be loaded (too many threads for its
+// registers, too much shared memory, a bad cubin, the plan table full) is not an exception: the result has
+// "error" set and no "handle", and the caller records a typed "resources" failure. (A C++ exception thrown
+// from here took the whole process down on the H200 image, 2026-11-30: a 4096-thread candidate segfaulted
+// the fault-matrix test instead of raising.)
 py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int device, const LaunchGeometry& geo) {
   std::string cubin = cubin_bytes;
   py::dict d;
