@@ -38,15 +38,14 @@
 // TF32 error to three digits, as it did with each stage rounded again in shared memory (cvt.rna); operands the
 // tensor cores read as plain fp32 would be truncated to TF32 (2.6x that error, emulated on the CPU).
 //
-// Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16,
-// 1 bf16, 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row
-// blocks per warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy),
-// STAGES >= 2, NHWC the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin), 2 for
-// persistent blocks (a one-dimensional grid of the blocks the device holds at once, each taking whole tiles
-// blockIdx.x, + gridDim.x, ...: its producer fills the ring with the next tile's k tiles while its consumers store
-// the last one, where a new block would start from an empty ring; no hand-over, the products and their order are
-// SK = 0's, so the same bits). Split-K is
-// the launch's grid.z, implicit_gemm_wgmma_h16's protocol through a workspace, or, when the host launches the slices
+// Template parameters (bagf_torch/kernels/implicit_gemm_tma_{h16,tf32}.py have the validity rules): DT (0 fp16, 1 bf16,
+// 2 fp32 with TF32 products), WN = wgmma's N = output channels per block (64, 128, 192 or 256), MI m64 row blocks per
+// warpgroup and WG warpgroups (BN = 64 MI WG output pixels per block, at most 256: one im2col copy), STAGES >= 2, NHWC
+// the output's format, SK 1 for stream-K (a one-dimensional grid: see wgt::sk_begin), 2 for persistent blocks (a
+// one-dimensional grid of the blocks the device holds at once, each taking whole tiles blockIdx.x, + gridDim.x, ...:
+// its producer fills the ring with the next tile's k tiles while its consumers store the last one, where a new block
+// would start from an empty ring; no hand-over, the products and their order are SK = 0's, so the same bits). Split-K
+// is the launch's grid.z, implicit_gemm_wgmma_h16's protocol through a workspace, or, when the host launches the slices
 // of a tile as one thread block cluster, a hand-over in distributed shared memory (wgt::cluster_reduce).
 //
 // Safety: the copies cannot leave the tensors (the TMA unit bounds every element by the map's extents); the host
