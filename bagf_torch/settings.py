@@ -169,7 +169,7 @@ def tune_enabled() -> bool:
 
 # The defaults bound a first call: a layer tuned in about 6 s of wall time (the time budget ends the search;
 # the batch in flight and the finalists' re-timing follow it), with enough evaluations for every family that
-# applies (up to seven: six strict fp32, one more in TF32 mode). 6 s rather than 25 or 7, measured on the H200
+# applies (up to ten on an H200: six strict fp32, four more in TF32 mode). 6 s rather than 25 or 7, measured on the H200
 # (benchmarks/results/budgets_*_h200.md, each problem's plans re-timed beside the 25 s plans): one forward's
 # convs kept 1.044 / 0.980 / 1.019 of the 25 s plans' speedup for AlexNet at N = 1 / 32 / 128 (74.8 s for its
 # 15 problems), 0.995 for ResNet-18 at N = 32 (53.8 s, tune's split by share giving 2-6 s a problem; 62.6 s and

@@ -95,7 +95,7 @@ struct Plan {
   int device = -1;
   LaunchGeometry geo;
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
-  int64_t resident = 0;  // stream-K plans: blocks the device holds at once (occupancy x SMs, at load)
+  int64_t resident = 0;  // stream-K and persistent plans: blocks the device holds at once (occupancy x SMs, at load)
   bagf_lt::State* blas = nullptr;  // cuBLASLt plans: their GEMMs per shape (no module, no fn); freed by unload_plan
 };
 
@@ -340,7 +340,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
             (r = cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS ||
             (r = cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plan.fn, geo.threads,
                                                              static_cast<size_t>(plan.smem_max))) != CUDA_SUCCESS) {
-          err = cat("stream-K plan ", lowered_name, ": the occupancy query failed: ", cu_error(r));
+          err = cat("stream-K or persistent plan ", lowered_name, ": the occupancy query failed: ", cu_error(r));
         } else if (per_sm < 1) {
           err = cat("out of resources: ", lowered_name, " fits no block on an SM (", geo.threads, " threads, ",
                     plan.smem_max, " bytes of shared memory)");
@@ -516,6 +516,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
       if (stride[i] > 65535 || dilation[i] > 65535 || padding[i] > 65535)
         return "stride, padding or dilation above 65535 for a 16-bit, channels_last or TMA plan";
   }
+  if (geo.tma && P > 0 && Q > 0 &&
+      (x.size(0) * P * Q + geo.bn > INT_MAX || (x.size(0) * P * Q + geo.bn) * w.size(0) > INT_MAX))
+    return "the output's pixels pass the TMA kernel's 32-bit tile and output offsets";  // (the problem rule's bound)
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     // (an input or weight not already channels_last is copied first: a fresh allocation, aligned; an NCHW input
     // with H = W = 1 is channels_last as it is, and read in place)

@@ -11,7 +11,7 @@
 // the TMA unit computes the addresses, the padding (zero fill outside the image) and the walk over output pixels
 // across rows and images; the warps only wait on the stage's mbarrier and issue wgmma. The products, their order
 // and the split-K hand-over are implicit_gemm_wgmma_h16's (wgh::mma, wgh::split_hand_over), and so is the epilogue
-// (wgh::store) but for NCHW tiles without stream-K, which are staged through the idle ring (wgt::store_nchw_staged).
+// (wgh::store) but for NCHW tiles of SK = 0, which are staged through the idle ring (wgt::store_nchw_staged).
 //
 // GEMM view as there: D[npq][k] = sum_kk X[npq][kk] W[k][kk] (+ bias[k]), but the reduction runs tap by tap and
 // BK channels at a time (one 128-byte row: 64 16-bit or 32 fp32 values): k tile t is tap (r, s) = t / CB and
