@@ -498,10 +498,10 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     tiles' k tiles evenly: each k tile is still copied once, and a tile whose k tiles lie in the shares of several
     blocks is handed over as split-K's slices are, one partial tile and one atomic per sharing block (every tile's
     counter zeroed). Persistent blocks (SK = 2): SK = 0's traffic (every tile whole, once) on the grid of the host's
-    launch, stored from the registers. An NCHW plan adds the per-call copies, counted as workspaces: the input to
+    launch. An NCHW plan adds the per-call copies, counted as workspaces: the input to
     channels_last (N*C*H*W words read and written, by the plan's own kernel) and the weight to KRSC by the host
-    (K*CRS; a channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan with
-    SK = 0 stages its stores through shared memory: each consumer thread reads the bias of its two channels of
+    (K*CRS; a channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan
+    without stream-K stages its stores through shared memory: each consumer thread reads the bias of its two channels of
     every 8 once per tile, so each channel of a tile is read by the 32 WG threads that hold it (``grid.x * K * 32 *
     WG``)."""
     _check_problem(problem)
@@ -515,7 +515,7 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     rows_ok = np.array([m.sum() for m in _valid_taps(p, sh, ph, dh, problem.r, problem.h)], dtype=np.int64)
     cols_ok = np.array([m.sum() for m in _valid_taps(q, sw, pw, dw, problem.s, problem.w)], dtype=np.int64)
     out = problem.k * npq
-    staged = not config["NHWC"] and not config.get("SK", 0)
+    staged = not config["NHWC"] and config.get("SK", 0) != 1  # (stream-K stores from the registers)
     written, read = [], []
     if not config["NHWC"]:
         x_words, w_words = problem.n * problem.c * problem.h * problem.w, problem.k * crs

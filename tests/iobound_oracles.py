@@ -307,7 +307,7 @@ def brute_force_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, int]
     cb_n = -(-problem.c // bk)
     num_k = problem.r * problem.s * cb_n
     gx, gy = -(-npq // bn), -(-problem.k // bm)
-    staged = not config["NHWC"] and not config.get("SK", 0)
+    staged = not config["NHWC"] and config.get("SK", 0) != 1  # (stream-K stores from the registers)
     counts = dict(n_in=0, n_w=0, n_b=0, n_out=0)
 
     def copies(n0, m0, t_begin, t_end):  # the TMA boxes of k tiles [t_begin, t_end) of the tile at (n0, m0)

@@ -24,7 +24,9 @@ def test_every_valid_config_obeys_the_documented_rules():
             (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"])
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
-        assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
+        assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 + th.stage_bytes(c) \
+            <= th.SM90_SMEM_LIMIT - th.STATIC_SMEM
+        assert th.stage_bytes(c) == (32 * (g.bn + 4) * 4 if c["SK"] == 2 and not c["NHWC"] else 0)
     assert {c["WN"] for c in valid} == {64, 128, 192, 256} and {c["STAGES"] for c in valid} == {3, 4, 5, 6}
     # SPLIT and CR are launch parameters: configurations that differ only in them share a cubin
     assert len({th.name_expression(c) for c in valid}) == len({th.name(dict(c, SPLIT=1, CR=0)) for c in valid})

@@ -30,8 +30,8 @@ MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/
                               per thread, at most 128
 WG        1 2                 consumer warpgroups: BN = 64*MI*WG output pixels per block (one im2col
                               copy), 128*(WG + 1) threads
-STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
-                              device's opt-in limit
+STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes (and an NCHW
+                              staging buffer with SK = 2) <= the device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices, ``implicit_gemm_h16``'s even split and workspace: on a
                               problem every slice gets >= 2 k tiles and the partial sums fit 32 MiB
 SK        0 1 2               1: stream-K (SPLIT = 1): a grid of the blocks the device holds at once
@@ -48,8 +48,9 @@ CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0): 
 Persistent blocks (SK = 2) are for the grids of several waves (N = 32 and 128): a block that has consumed its
 tile's last k tile stores it while its producer already fills the ring with its next tile's, where a new block would
 start from an empty ring and an idle SM; the products and their order are SK = 0's (the same bits), no workspace.
-Its NCHW tiles are stored from the registers, as stream-K's (the producer refills the ring the staged store would
-use). Not yet measured on a GPU.
+Its NCHW tiles are staged through a buffer of their own after the ring (:func:`stage_bytes`: the producer is
+refilling the ring the SK = 0 store stages through; stored from the registers, NCHW tiles ran 1.2x slower on
+AlexNet's conv3 at N = 128 in TF32). Not yet measured on a GPU.
 
 Split-K in clusters (CR = 1) is for the small grids split-K serves (batch 1): the workspace hand-over costs each
 call a memset of the tiles' counters before the launch (a node of its own in a CUDA graph) and, in the last slice
@@ -157,10 +158,17 @@ def threads(c: Mapping[str, int]) -> int:
     return 128 * (c["WG"] + 1)
 
 
+def stage_bytes(c: Mapping[str, int]) -> int:
+    """The NCHW store's own staging buffer after the ring, 32 channels x (BN + 4) floats, for persistent blocks
+    (SK = 2, NHWC = 0: the producer refills the ring the SK = 0 store stages through); 0 otherwise."""
+    c = {**LEGACY, **c}
+    return 32 * (bn(c) + 4) * 4 if c["SK"] == 2 and not c["NHWC"] else 0
+
+
 def smem_bytes(c: Mapping[str, int]) -> int:
-    """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, and 1024 bytes to align it to the swizzle's
-    atom."""
-    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024
+    """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, 1024 bytes to align it to the swizzle's atom,
+    and :func:`stage_bytes`."""
+    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024 + stage_bytes(c)
 
 
 def estimated_registers(c: Mapping[str, int]) -> int:

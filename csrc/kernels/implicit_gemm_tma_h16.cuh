@@ -11,7 +11,7 @@
 // the TMA unit computes the addresses, the padding (zero fill outside the image) and the walk over output pixels
 // across rows and images; the warps only wait on the stage's mbarrier and issue wgmma. The products, their order
 // and the split-K hand-over are implicit_gemm_wgmma_h16's (wgh::mma, wgh::split_hand_over), and so is the epilogue
-// (wgh::store) but for NCHW tiles of SK = 0, which are staged through the idle ring (wgt::store_nchw_staged).
+// (wgh::store) but for NCHW tiles without stream-K, which are staged through shared memory (wgt::store_nchw_staged).
 //
 // GEMM view as there: D[npq][k] = sum_kk X[npq][kk] W[k][kk] (+ bias[k]), but the reduction runs tap by tap and
 // BK channels at a time (one 128-byte row: 64 16-bit or 32 fp32 values): k tile t is tap (r, s) = t / CB and
@@ -351,8 +351,9 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
   cluster_arrive();  // this rank has read its share of every ring
 }
 
-// An NCHW tile's stores staged through shared memory (SK = 0 only: then the ring is idle once every k tile has been
-// consumed; stream-K's and persistent blocks' producers are already filling it with the next tile). From the registers,
+// An NCHW tile's stores staged through shared memory (SK = 0: the ring, idle once every k tile has been consumed;
+// SK = 2: a buffer of its own after the ring, which the producer is already filling with the next tile; stream-K
+// stores from the registers). From the registers,
 // a warp's NCHW stores cover 8 runs of 8 pixels of one channel (wgh::store); staged, each thread owns one pixel of the
 // tile and a warp writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their
 // accumulators, bias added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32
@@ -533,8 +534,13 @@ __global__ void __launch_bounds__(128 * (WG + 1), 1)
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
       wgt::zero<WN, MI>(acc);
       wgt::consume<DT, WN, MI, BN, BM, STAGES>(acc, num_k, smem0, full0, empty0, a_rows, tid & 31, slot, phase);
-      // (from the registers: the ring already holds the next tile's k tiles)
-      wgh::store<DT, WN, MI, WG, NHWC == 1>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
+      if constexpr (NHWC == 1) {
+        wgh::store<DT, WN, MI, WG, true>(acc, p, bias, y, tile / gy * BN, tile % gy * BM);
+      } else {  // staged through the buffer after the ring (the ring already holds the next tile's k tiles)
+        wgt::store_nchw_staged<DT, WN, MI, WG>(
+            acc, p, bias, y, tile / gy * BN, tile % gy * BM,
+            reinterpret_cast<float*>(smem_raw + (smem0 - smem_base) + STAGES * (BN + BM) * 128));
+      }
     }
   } else if constexpr (SK == 1) {
     for (int x = sk_start; x < sk_end;) {
