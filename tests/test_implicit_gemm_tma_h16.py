@@ -91,7 +91,7 @@ def test_split_k_in_clusters_rules_workspace_and_start():
     """CR = 1 (a tile's split-K slices as one thread block cluster, handing over in shared memory): SPLIT 2-8, no
     stream-K, a ring that holds the tile's fp32 sums; no workspace; its own plan name but the workspace twin's cubin;
     its problem rule only asks for 2 k tiles per slice (no workspace limit); the start's cluster twin is the second
-    start on an sm_90 GPU where the start splits 2-8 ways."""
+    start on an sm_90 GPU where the start splits 2-8 ways, its persistent twin where it has more tiles than SMs."""
     conv3 = _problem(1, 192, 13, 384, 3)
     one = th.default_for(conv3)
     assert one["SPLIT"] in (2, 4, 8) and one["CR"] == 0
@@ -103,7 +103,9 @@ def test_split_k_in_clusters_rules_workspace_and_start():
     assert th.name_expression(twin) == th.name_expression(one)
     assert th.start_alternatives(conv3, arch="sm_90") == [twin]
     assert th.start_alternatives(conv3, arch="sm_80") == [] == th.start_alternatives(conv3)
-    assert th.start_alternatives(_problem(128, 192, 13, 384, 3), arch="sm_90") == []  # (no split at N = 128)
+    big = _problem(128, 192, 13, 384, 3)  # no split at N = 128: 507 tiles, the persistent twin instead
+    assert th.start_alternatives(big, arch="sm_90") == [dict(th.default_for(big), SK=2)]
+    assert th.start_alternatives(_problem(32, 192, 13, 384, 3), arch="sm_90") == []  # (129 tiles: one wave, no split)
     assert "2 to 8" in s.invalid_reason(dict(twin, SPLIT=16)) and "2 to 8" in s.invalid_reason(dict(twin, SPLIT=1))
     # the ring holds every valid tile's sums (the accumulator rule keeps 256 x 256 tiles out); the rule guards it
     assert all(th.cluster_rule(dict(c, CR=1, SPLIT=2)) is None for c in s.valid_configs() if not c["SK"])

@@ -396,16 +396,22 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
-    """The start's split-K in clusters (CR = 1) where the start splits 2 to 8 ways (the small grids of batch 1): the
-    same cubin, so one more timing and no compile. Also implicit_gemm_tma_tf32's (with its ``default_for``)."""
-    return cluster_alternatives(default_for(problem, sms), arch)
+    """The start's twin the start rule cannot choose against, measured beside it: split-K in clusters (CR = 1) where
+    the start splits 2 to 8 ways (the small grids of batch 1; the same cubin, so one more timing and no compile), or
+    persistent blocks (SK = 2) where the start's grid has more tiles than the GPU has SMs (one more compile, in the
+    up-front wave). Also implicit_gemm_tma_tf32's (with its ``default_for``)."""
+    return twin_alternatives(default_for(problem, sms), problem, arch, sms)
 
 
-def cluster_alternatives(start: Config, arch: str | None) -> list[Config]:
-    """``start`` with CR = 1 when :func:`cluster_rule` lets it through on an sm_90 GPU, else none."""
-    twin = dict(start, CR=1)
-    return [twin] if arch == "sm_90" and not start.get("SK", 0) and start["SPLIT"] > 1 and cluster_rule(twin) is None \
-        else []
+def twin_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
+    """``start`` with CR = 1 when it splits and :func:`cluster_rule` lets that through, or with SK = 2 when it does
+    not split and its tiles pass ``sms``; on sm_90 GPUs only."""
+    if arch != "sm_90" or start.get("SK", 0):
+        return []
+    if start["SPLIT"] > 1:
+        twin = dict(start, CR=1)
+        return [twin] if cluster_rule(twin) is None else []
+    return [dict(start, SK=2)] if tiles(start, problem) > sms else []
 
 
 def _rules(smem_limit: int):

@@ -201,8 +201,9 @@ def name_expression(c: Mapping[str, int]) -> str:
 
 
 def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
-    """implicit_gemm_tma_h16's: the start's split-K in clusters where the start splits 2 to 8 ways."""
-    return _th.cluster_alternatives(default_for(problem, sms), arch)
+    """implicit_gemm_tma_h16's: the start's split-K in clusters where the start splits, its persistent blocks where
+    its grid has more tiles than the GPU has SMs."""
+    return _th.twin_alternatives(default_for(problem, sms), problem, arch, sms)
 
 
 def _rules(smem_limit: int):
