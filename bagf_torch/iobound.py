@@ -502,8 +502,8 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
     channels_last (N*C*H*W words read and written, by the plan's own kernel) and the weight to KRSC by the host
     (K*CRS; a channels_last plan is taken to get a channels_last weight, which is read in place). An NCHW plan
     without stream-K stages its stores through shared memory: each consumer thread reads the bias of its two channels of
-    every 8 once per tile, so each channel of a tile is read by the 32 WG threads that hold it (``grid.x * K * 32 *
-    WG``)."""
+    every 8 once per tile, so each channel of a tile is read by the 32 WG threads that hold it (``ceil(NPQ/BN) * K *
+    32 * WG``)."""
     _check_problem(problem)
     p, q = problem.out_hw
     crs = problem.c * problem.r * problem.s

@@ -85,7 +85,8 @@ if has smoke; then
   : > "$OUT/smoke.log"
   for run in "${smoke_runs[@]}"; do
     # shellcheck disable=SC2086  # the run's words: the family, then smoke.py's arguments (e.g. "--set SK=1,SPLIT=1")
-    (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" $run) 2>&1 | tee -a "$OUT/smoke.log"
+    (cd /tmp && timeout -k 10 ${SMOKE_TIMEOUT:-120} python3 "$repo/scripts/smoke.py" $run) 2>&1 \
+      | tee -a "$OUT/smoke.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed ($run): stopping"; exit 1; }
   done
 fi

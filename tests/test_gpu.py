@@ -1523,7 +1523,7 @@ def test_tma_split_k_in_clusters_gives_the_workspace_plans_bits(compiler, name):
 def test_tma_persistent_blocks_give_the_one_tile_per_block_bits(compiler, name):
     """Persistent blocks (SK = 2: the blocks the device holds at once, each taking whole tiles in turn while its
     producer fills the ring with the next tile) in every format and the tiles above, on the odd shapes and on AlexNet's
-    conv3 at N = 128 (338 tiles of 128 x 128 over 132 blocks: each block three tiles, the ring carried across them):
+    conv3 at N = 128 (hundreds of tiles over at most 132 blocks: each block several, the ring carried across them):
     within the check's bound, and bit for bit the one-tile-per-block plan's output (SK = 0, the same products in the
     same order), however many tiles each block takes."""
     fam = _family(name)

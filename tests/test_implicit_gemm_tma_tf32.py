@@ -141,4 +141,9 @@ def test_persistent_blocks_grid_workspace_and_features():
     huge = _problem(64, 16384, 128, 1024, 11)
     assert tt.problem_rule(pt, huge) is None and tt.launch(pt).stream_k == 2
     assert tt.name(pt) == "implicit_gemm_tma_tf32_nchw_wn128_mi1_wg2_st4_pt_sm90"
+    # the start's persistent twin is its second start on a multi-wave grid, its cluster twin where it splits
+    assert tt.start_alternatives(conv4, arch="sm_90") == [dict(tt.default_for(conv4), SK=2)]
+    one = _problem(1, 384, 13, 256, 3)
+    assert tt.start_alternatives(one, arch="sm_90") == [dict(tt.default_for(one), CR=1)]
+    assert tt.start_alternatives(conv4, arch="sm_80") == []
 

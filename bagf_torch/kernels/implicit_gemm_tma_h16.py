@@ -14,7 +14,8 @@ stride above 8, padding above 128, a filter window past the im2col box's range):
 out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
 channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input made per call by the plan's
 second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
-ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output, staged through the ring.
+ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output, staged through the ring (through
+a buffer of its own with persistent blocks; from the registers with stream-K).
 
 Knobs (template parameters; SPLIT, the launch's grid.z, and CR are launch parameters) and the validity rules enforced
 before anything is compiled:

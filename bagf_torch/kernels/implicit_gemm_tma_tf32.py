@@ -30,8 +30,8 @@ MI        1 2                 64-pixel row blocks per consumer warpgroup; MI*WN/
                               per thread, at most 128
 WG        1 2                 consumer warpgroups: BN = 64*MI*WG output pixels per block (one im2col
                               copy), 128*(WG + 1) threads
-STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes <= the
-                              device's opt-in limit
+STAGES    3 4 5 6             ring depth; shared memory STAGES*(BN + WN)*128 + 1024 bytes (and an NCHW
+                              staging buffer with SK = 2) <= the device's opt-in limit
 SPLIT     1 2 4 8 16          split-K slices in implicit_gemm_h16's ordered hand-over: on a problem
                               every slice gets >= 2 k tiles and the partial sums fit 32 MiB
 SK        0 1 2               1: stream-K (SPLIT = 1), implicit_gemm_tma_h16's: the blocks the device

@@ -174,7 +174,7 @@ def h16_main(args) -> int:
              "nearest even), their products summed in float32, the bias added in float32, the output rounded once. "
              "Winograd fp32: float32 products (what winograd_gemm computes on 16-bit tensors). Direct: float32 sums "
              "rounded once, what the 16-bit implicit GEMMs compute (on the H200 their error on AlexNet's layers is "
-             "1.64e-3 / 2.07e-4 of the output's norm in bf16 / fp16, cuDNN's 1.28-1.30x that: "
+             "1.65-1.66e-3 / 2.07e-4 of the output's norm in bf16 / fp16, cuDNN's 1.28-1.30x that: "
              "`bench_layers_h200_{bf16,fp16}_nhwc.md`). `max` = max|err| / max|ref|, `norm` = ||err|| / ||ref||. "
              f"x direct = Winograd 16-bit's over direct's, the larger of the two metrics; a tile may take 16-bit "
              f"products where that stays within {args.factor:g} on every layer (twice the direct error: stricter "

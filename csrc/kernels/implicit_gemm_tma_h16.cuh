@@ -387,7 +387,8 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
 #pragma unroll
   for (int pass = 0; pass < WN / 32; ++pass) {
     if (pass < pass_begin || pass >= pass_end) continue;  // (another rank's share: uniform across the block)
-    sync();  // every warpgroup's wgmma has read the ring (first pass) or the last pass's values were stored
+    sync();  // every warpgroup's wgmma has read the ring (first pass; SK = 2: the last tile's last pass was stored
+             // from the buffer) or the last pass's values were stored
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
       const int j = 4 * pass + jj;
