@@ -374,6 +374,48 @@ def test_stream_k_shares_and_owners_on_host(tmp_path):
             assert bounds[owner] <= x < bounds[owner + 1], (work, blocks, x, owner)
 
 
+_CLUSTER_SHARE_HOST = r"""
+#include <cstdio>
+#include "implicit_gemm_tma_h16.cuh"
+
+int main() {  // every tile width, unit, cluster size, rank and channel count below the tile's end
+  for (int wn = 64; wn <= 256; wn += 64)
+    for (int unit = 1; unit <= 4; unit += 3)
+      for (int ranks = 2; ranks <= 8; ranks *= 2)
+        for (int channels = 1; channels <= wn; ++channels)
+          for (int rank = 0; rank < ranks; ++rank) {
+            int jb = -1, je = -1;
+            bagf::wgt::cluster_share(rank, ranks, wn / 8, unit, channels, &jb, &je);
+            printf("%d %d %d %d %d %d %d\n", wn, unit, ranks, channels, rank, jb, je);
+          }
+  return 0;
+}
+"""
+
+
+def test_cluster_shares_cover_each_channel_group_once_on_host(tmp_path):
+    """Split-K in clusters: the kernel's share of each rank (``wgt::cluster_share``) is the Python rule's
+    (``implicit_gemm_tma_h16.cluster_share``) for every tile width, unit (channels_last 1, NCHW 4 groups), cluster size
+    and channel count; the ranks' shares are consecutive and disjoint and cover every group holding a channel below K
+    (so each output channel is stored by exactly one rank), in whole units."""
+    from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+
+    exe = _host_program(tmp_path, "cluster_share_host", _CLUSTER_SHARE_HOST)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout
+    shares: dict[tuple[int, int, int, int], list[range]] = {}
+    for line in out.splitlines():
+        wn, unit, ranks, channels, rank, jb, je = map(int, line.split())
+        assert range(jb, je) == th.cluster_share(rank, ranks, wn, int(unit == 1), channels), line
+        assert jb % unit == 0 and je % unit == 0 and 0 <= jb <= je <= wn // 8, line
+        shares.setdefault((wn, unit, ranks, channels), []).append(range(jb, je))
+    assert len(shares) == (64 + 128 + 192 + 256) * 2 * 3  # every tile width's channel counts x units x cluster sizes
+    for (wn, unit, ranks, channels), parts in shares.items():
+        assert len(parts) == ranks
+        assert all(a.stop == b.start for a, b in zip(parts, parts[1:])) and parts[0].start == 0
+        held = -(-channels // 8)  # the groups holding a channel below K
+        assert held <= parts[-1].stop <= held + unit - 1, (wn, unit, ranks, channels, parts)
+
+
 def test_h16_split_k_slices_match_python_on_host(tmp_path):
     """The kernel's even split (``h16::slice_begin``) equals ``implicit_gemm_h16.split_range`` for every slice count
     of the space and K-step counts from 0 up (num_k near 2^31 and split up to the host's 65535 too: no overflow):

@@ -277,6 +277,17 @@ MAX_CLUSTER_SPLIT = 8
 """The most slices split-K in clusters takes: the portable cluster size (csrc/bagf_ext.cpp ``kMaxClusterSplit``)."""
 
 
+def cluster_share(rank: int, ranks: int, wn: int, nhwc: int, channels: int) -> range:
+    """The channel groups of 8 that rank ``rank`` of a split-K cluster of ``ranks`` reduces and stores in a tile of
+    ``wn`` output channels whose first ``channels`` lie below K (csrc/kernels/implicit_gemm_tma_h16.cuh
+    ``wgt::cluster_share``): in units of 1 group (channels_last) or 4 (an NCHW tile, staged 32 channels a pass), the
+    units that hold channels split evenly over the ranks as split-K's slices are (``implicit_gemm_h16.split_range``)."""
+    unit = 1 if nhwc else 4
+    units = min(wn // 8 // unit, -(-channels // (8 * unit)))
+    share = _h16.split_range(rank, units, ranks)
+    return range(unit * share.start, unit * share.stop)
+
+
 def ring_bytes(c: Mapping[str, int]) -> int:
     """The ring's bytes, STAGES x (BN + WN) x 128 (:func:`smem_bytes` without the alignment's 1024)."""
     return c["STAGES"] * (bn(c) + bm(c)) * 128

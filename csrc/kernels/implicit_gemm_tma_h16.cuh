@@ -137,6 +137,19 @@ __host__ __device__ __forceinline__ long long sk_owner(long long x, long long wo
   return ((x + 1) * blocks - 1) / work;
 }
 
+// Split-K in a cluster (wgt::cluster_reduce): rank `rank` of `ranks` reduces and stores channel groups [*jb, *je) of
+// 8 of a tile whose `channels` output channels (below K) lie in its first groups, in units of `unit` groups (1 for a
+// channels_last store, 4 for an NCHW tile staged 32 channels a pass) of the tile's `groups` (WN / 8): the units that
+// hold channels split evenly over the ranks (h16::slice_begin's rule), so every such group is one rank's, and a
+// rank's share may be empty. tests/test_nvcc.py runs it on the host against the Python rule.
+__host__ __device__ __forceinline__ void cluster_share(int rank, int ranks, int groups, int unit, int channels, int* jb,
+                                                       int* je) {
+  const int held = (channels + 8 * unit - 1) / (8 * unit);
+  const int units = held < groups / unit ? held : groups / unit;
+  *jb = unit * (rank * units / ranks);
+  *je = unit * ((rank + 1) * units / ranks);
+}
+
 }  // namespace wgt
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -312,8 +325,6 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
                                                int& je) {
   constexpr int T = 128 * WG;
   static_assert((WN / 8) % U == 0, "whole units of channel groups");
-  // the units that hold output channels (a tile past K's end is partly empty), shared evenly over the ranks
-  const int units = min(WN / 8 / U, (channels + 8 * U - 1) / (8 * U));
   const unsigned rank = cluster_rank();
   const unsigned n = cluster_size();
   const unsigned mine = ring + 4u * threadIdx.x;
@@ -326,8 +337,7 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
                    : "memory");
   cluster_arrive();
   cluster_wait();  // every rank's sums are in its ring
-  jb = U * static_cast<int>(rank * units / n);
-  je = U * static_cast<int>((rank + 1) * units / n);
+  cluster_share(static_cast<int>(rank), static_cast<int>(n), WN / 8, U, channels, &jb, &je);
   for (unsigned r = 0; r < n; ++r) {
     unsigned src;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(src) : "r"(mine), "r"(r));
