@@ -786,49 +786,37 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const unsigned gy = static_cast<unsigned>((p.K + geo.bm - 1) / geo.bm);
   BAGF_CHECK(geo.stream_k || gy <= 65535, "bagf_torch: K=", p.K, " needs ", gy, " blocks along grid.y (limit 65535)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  if (geo.stream_k == 2) {
-    // Persistent blocks: as many as the device holds at once (at most one per tile), each taking whole tiles in turn;
-    // no workspace.
-    const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, static_cast<int64_t>(gx) * gy));
-    CUtensorMap xm, wm;
-    encode_tma_maps(geo, p, xp, wp, xm, wm);
-    float* wsp = nullptr;
-    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp};
-    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1,
-                                 static_cast<unsigned>(smem), stream, args, nullptr));
-    return;
-  }
+  // The grid and the workspace (the 16-bit and TMA kernels take it as a sixth argument, null when there is none; the
+  // other fp32 kernels have five, and the driver reads only those), whose last `counters` floats start at zero:
+  // - stream-K (SK 1): the resident blocks share the gx gy tiles' k tiles, at least kStreamKMinIters per block; two
+  //   workspace tiles per block for the parts of tiles it shares, then a counter per tile;
+  // - persistent blocks (SK 2): the resident blocks, at most one per tile, each taking whole tiles; none;
+  // - split-K: a 16-bit or TMA plan sums its slices in a workspace with a counter per tile (a split-K cluster plan
+  //   hands over in shared memory: none); another fp32 one adds them atomically into a zeroed output.
+  unsigned lx = gx, ly = gy, lz = static_cast<unsigned>(geo.split);
+  int64_t floats = 0, counters = 0;
   if (geo.stream_k) {
-    // Stream-K: the resident blocks share the gx gy tiles' k tiles, at least kStreamKMinIters per block; each block
-    // has two workspace tiles for the parts of tiles it shares, then a zeroed counter per tile.
     const int64_t tiles = static_cast<int64_t>(gx) * gy;
-    const int64_t work = stream_k_work(geo, tiles, p.R, p.S, p.C);
-    const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, work / kStreamKMinIters));
-    const int64_t floats = 2 * blocks * geo.bm * geo.bn + tiles;
-    at::Tensor ws = at::empty({floats}, x.options().dtype(at::kFloat));
-    float* wsp = ws.mutable_data_ptr<float>();
-    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - tiles)), 0,
-                                   static_cast<size_t>(tiles), stream));
-    CUtensorMap xm, wm;
-    encode_tma_maps(geo, p, xp, wp, xm, wm);
-    void* args[] = {&xm, &wm, &bp, &yp, &p, &wsp};
-    BAGF_CU_CHECK(cuLaunchKernel(plan.fn, static_cast<unsigned>(blocks), 1, 1, geo.threads, 1, 1,
-                                 static_cast<unsigned>(smem), stream, args, nullptr));
-    return;
-  }
-  // A 16-bit or TMA split-K plan sums its slices in a workspace whose per-tile counters start at zero; another fp32
-  // one adds them atomically into a zeroed output. (The 16-bit and TMA kernels take the workspace as a sixth
-  // argument, null without split-K; the other fp32 kernels have five, and the driver reads only those.)
-  at::Tensor ws;
-  float* wsp = nullptr;
-  if (const int64_t floats = split_workspace_floats(geo, cols, p.K); floats > 0) {
-    ws = at::empty({floats}, x.options().dtype(at::kFloat));
-    wsp = ws.mutable_data_ptr<float>();
-    const int64_t tiles = static_cast<int64_t>(gx) * gy;
-    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - tiles)), 0,
-                                   static_cast<size_t>(tiles), stream));
+    const int64_t most = geo.stream_k == 1 ? stream_k_work(geo, tiles, p.R, p.S, p.C) / kStreamKMinIters : tiles;
+    const int64_t blocks = std::max<int64_t>(1, std::min(plan.resident, most));
+    lx = static_cast<unsigned>(blocks);
+    ly = lz = 1;
+    if (geo.stream_k == 1) {
+      floats = 2 * blocks * geo.bm * geo.bn + tiles;
+      counters = tiles;
+    }
+  } else if ((floats = split_workspace_floats(geo, cols, p.K)) > 0) {
+    counters = static_cast<int64_t>(gx) * gy;
   } else if (geo.split > 1 && geo.dtype == 0 && !geo.tma) {
     BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(yp), 0, static_cast<size_t>(y.numel()), stream));
+  }
+  at::Tensor ws;
+  float* wsp = nullptr;
+  if (floats > 0) {
+    ws = at::empty({floats}, x.options().dtype(at::kFloat));
+    wsp = ws.mutable_data_ptr<float>();
+    BAGF_CU_CHECK(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(wsp + (floats - counters)), 0,
+                                   static_cast<size_t>(counters), stream));
   }
   CUtensorMap xm, wm;
   void* args[] = {&xp, &wp, &bp, &yp, &p, &wsp};
@@ -843,9 +831,8 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     BAGF_CU_CHECK(cuLaunchKernelEx(&cfg, plan.fn, args, nullptr));
     return;
   }
-  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, gx, gy, static_cast<unsigned>(geo.split), geo.threads, 1, 1,
-                               static_cast<unsigned>(smem),
-                               stream, args, nullptr));
+  BAGF_CU_CHECK(cuLaunchKernel(plan.fn, lx, ly, lz, geo.threads, 1, 1, static_cast<unsigned>(smem), stream, args,
+                               nullptr));
 }
 
 const Plan* plan_for(int64_t handle) {
