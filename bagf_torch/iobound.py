@@ -523,13 +523,11 @@ def implicit_gemm_tma_tf32_traffic(problem: ConvProblem, config: Mapping[str, in
         read += [("x channels_last", x_words), ("w KRSC", w_words)]
     tiles = gx * gy
     grid = (gx, gy, split)
-    if config.get("SK", 0) == 2:  # persistent blocks: SK = 0's copies and stores, whole tiles in turn
-        from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rule)
+    from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rules)
 
+    if config.get("SK", 0) == 2:  # persistent blocks: SK = 0's copies and stores, whole tiles in turn
         grid = (tma_tf32.persistent_blocks(config, problem), 1, 1)
     elif config.get("SK", 0):
-        from .kernels import implicit_gemm_tma_tf32 as tma_tf32  # (the host's grid rule)
-
         num_k = tma_tf32.k_tiles(problem)
         work, blocks = tiles * num_k, tma_tf32.stream_k_blocks(config, problem)
         first = np.arange(tiles, dtype=np.int64) * num_k  # each tile's first k tile; its owners by sk_owner

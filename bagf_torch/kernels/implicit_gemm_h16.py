@@ -194,15 +194,19 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     return split_refuses(c.get("SPLIT", 1), k_steps, tiles(c, problem), c["BM"], c["BN"])
 
 
-def split_refuses(split: int, k_steps: int, tiles: int, bm: int, bn: int, steps: str = "K-steps") -> str | None:
+def split_refuses(split: int, k_steps: int, tiles: int, bm: int, bn: int, steps: str = "K-steps",
+                  workspace: bool = True) -> str | None:
     """Why a split-K of ``split`` must not run a problem of ``k_steps`` reduction steps (of the kernel's own size,
     named ``steps``) on ``tiles`` output tiles of ``bm`` x ``bn``, or None: every slice of the even split gets 2
-    steps or more, and the partial sums (:func:`split_workspace_bytes`) fit :data:`SPLIT_WORKSPACE_LIMIT`. The
-    16-bit families' shared rule (implicit_gemm_wgmma_h16 sums its slices the same way)."""
+    steps or more, and the partial sums (:func:`split_workspace_bytes`) fit :data:`SPLIT_WORKSPACE_LIMIT` unless
+    ``workspace`` is False (the TMA families' split-K in clusters hands them over in shared memory). The 16-bit
+    families' shared rule (implicit_gemm_wgmma_h16 sums its slices the same way)."""
     if split == 1:
         return None
     if k_steps // split < 2:
         return f"split-K of {split} leaves under 2 of the problem's {k_steps} {steps} per slice"
+    if not workspace:
+        return None
     need = split_workspace_bytes(split, tiles, bm, bn)
     if need > SPLIT_WORKSPACE_LIMIT:
         return (f"split-K of {split} needs {need >> 20} MiB of partial sums on this problem (at most "

@@ -322,10 +322,8 @@ def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
         if tiles(c, problem) * k > INT32_MAX:
             return "stream-K's 32-bit iteration count would pass 2^31 - 1 (all tiles' k tiles)"
         return None
-    if c.get("CR", 0):  # (no workspace: only the slices' k tiles)
-        split = c["SPLIT"]
-        return f"split-K of {split} leaves under 2 of the problem's {k} k tiles per slice" if k // split < 2 else None
-    return _h16.split_refuses(c.get("SPLIT", 1), k, tiles(c, problem), bm(c), bn(c), "k tiles")
+    return _h16.split_refuses(c.get("SPLIT", 1), k, tiles(c, problem), bm(c), bn(c), "k tiles",
+                              workspace=not c.get("CR", 0))  # (split-K in clusters has none)
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
