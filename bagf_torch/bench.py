@@ -14,7 +14,10 @@ Variants (each a function from the input to the output):
 * ``stock_benchmark``  the same with cudnn.benchmark on
 * ``bagf``             the same weights with TunedConv2d, pre-tuned plans; layers whose plan is ATen run
                        cuDNN in benchmark mode, the mode the tuner compared them in
-* ``stock_graph`` / ``bagf_graph``  the stock / bagf forward captured once in a CUDA graph and replayed
+* ``bagf_served``      TunedConv2d as a serving process runs it: a fresh CHILD process with BAGF_TUNE=0 and
+                       PyTorch's default flags, its plans loaded from the cache (the tuner and Ax never imported)
+* ``stock_graph`` / ``bagf_graph`` / ``bagf_served_graph``  the stock / bagf / served forward captured once in a
+                       CUDA graph and replayed
 * ``compile_max_autotune``  ``torch.compile(stock, mode="max-autotune")`` (benchmarks/bench_alexnet.py only;
                        its compile time is reported)
 
@@ -23,8 +26,13 @@ and the first call picks it. A heuristic pick (benchmark off) is cached and reus
 calls, so timing ``stock`` first made ``stock_benchmark`` -- and bagf's ATen-planned layers -- run the
 heuristic algorithm too (AlexNet N=128 on the H200: conv3 1024 us instead of 415-450 us, conv4 1362 instead
 of 490; benchmarks/results/cudnn_contexts_h200.json). So this process runs only benchmark-mode variants,
-``stock_benchmark`` first, and ``stock`` / ``stock_graph`` come from ``python -m bagf_torch.bench --stock-child``
+``stock_benchmark`` first, and ``stock`` / ``stock_graph`` come from ``python -m bagf_torch.bench --child stock``
 (a fresh process whose first conv calls are benchmark-off, as a default PyTorch user's are).
+
+Why a child for ``bagf_served`` as well: eager calls at small batch are bound by the host, and the host cost of
+one Python call depends on the process: the tuning process holds Ax, BoTorch and every candidate it compiled, so
+its garbage collector walks far more objects than a serving process's. ``stock`` (a fresh process) against
+``bagf_served`` (a fresh process) is the comparison a user who pre-tunes and then serves sees.
 """
 
 from __future__ import annotations
@@ -126,10 +134,12 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     (otherwise its first warm-up call tunes).
 
     ``stock_model`` (a model name ``models.build`` takes, e.g. "alexnet"): the benchmark-off variants (``stock``,
-    ``stock_graph``) are timed in a child process (see the module docstring). None: they are timed here,
-    AFTER every benchmark-mode variant, so they do not poison the others' cuDNN choice -- but they then
-    inherit benchmark mode's algorithms and are not what a default PyTorch process runs. ``tf32``: every variant
-    with cuDNN's TF32 on (``fp32``); the tuned model's plans must be TF32-mode plans."""
+    ``stock_graph``) and the served ones (``bagf_served``, ``bagf_served_graph``) are timed in child processes
+    (see the module docstring), in ``x``'s dtype and memory format. None: ``stock`` and ``stock_graph`` are timed
+    here, AFTER every benchmark-mode variant, so they do not poison the others' cuDNN choice -- but they then
+    inherit benchmark mode's algorithms and are not what a default PyTorch process runs -- and there is no served
+    variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the tuned model's plans must be TF32-mode
+    plans."""
     out: dict = {}
     with torch.no_grad():
         with fp32(benchmark=True, tf32=tf32):
@@ -159,39 +169,69 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             entry.update(timing.as_dict())
             entry["max_rel_diff"] = diff
     if stock_model is not None:
-        child = stock_in_child(stock_model, tuple(x.shape), runs, graphs, tf32)
-        for name, entry in child.items():
-            out.setdefault(name, {}).update(entry)
+        fmt = "channels_last" if _channels_last(x) else "contiguous"
+        for kind in ("stock", "bagf"):
+            child = in_child(kind, stock_model, tuple(x.shape), runs, graphs, tf32, str(x.dtype).split(".")[-1], fmt)
+            for name, entry in child.items():
+                out.setdefault(name, {}).update(entry)
     order = list(VARIANT_ORDER)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
 
 
-def stock_in_child(model: str, shape: tuple, runs: int, graphs: bool, tf32: bool = False) -> dict:
-    """``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off, fp32 (cuDNN's TF32 as
-    ``tf32``)."""
-    cmd = [sys.executable, "-m", "bagf_torch.bench", "--stock-child", model, ",".join(map(str, shape)), str(runs),
-           "1" if graphs else "0", "1" if tf32 else "0"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+def _channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32: bool = False,
+             dtype: str = "float32", memory_format: str = "contiguous") -> dict:
+    """``kind`` "stock": ``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off;
+    "bagf": ``bagf_served`` (and ``bagf_served_graph``) in a fresh process with BAGF_TUNE=0, its plans from the
+    cache. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and ``memory_format``."""
+    if kind not in CHILD_KINDS:
+        raise ValueError(f"child kind {kind!r}: one of {', '.join(CHILD_KINDS)}")
+    cmd = [sys.executable, "-m", "bagf_torch.bench", "--child", kind, model, ",".join(map(str, shape)), str(runs),
+           "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format]
+    env = dict(os.environ)
+    if kind == "bagf":
+        env["BAGF_TUNE"] = "0"  # a serving process: plans from the cache, a miss runs torch's conv
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     if r.returncode != 0:
-        raise RuntimeError(f"the stock-timing child failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
+        raise RuntimeError(f"the {kind}-timing child failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _stock_child(model: str, shape: str, runs: int, graphs: bool, tf32: bool = False) -> dict:
+CHILD_KINDS = ("stock", "bagf")
+
+
+def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: bool, dtype: str,
+           memory_format: str) -> dict:
     from .models import build  # the parent built this model by name already, so the name is known to build
 
     torch.manual_seed(0)
-    net = build(model, tuned=False).cuda().eval()
-    x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda")
+    fmt = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}[memory_format]
+    dt = getattr(torch, dtype)
+    net = build(model, tuned=kind == "bagf").cuda().eval().to(dt).to(memory_format=fmt)
+    x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda").to(dt).contiguous(memory_format=fmt)
+    name = "stock" if kind == "stock" else "bagf_served"
     out: dict = {}
+    process = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}" + (
+        ", BAGF_TUNE=0 (plans from the cache)" if kind == "bagf" else "")
     with torch.no_grad(), fp32(benchmark=False, tf32=tf32):
-        for name, make in [("stock", lambda: lambda: net(x))] + (
-                [("stock_graph", lambda: _graph_call(net, x, out, "stock_graph"))] if graphs else []):
+        for variant, make in [(name, lambda: lambda: net(x))] + (
+                [(name + "_graph", lambda: _graph_call(net, x, out, name + "_graph"))] if graphs else []):
             fn = make()
             fn()
             torch.cuda.synchronize()
-            out.setdefault(name, {}).update(time_forward(fn, runs=runs).as_dict())
-            out[name]["process"] = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}"
+            out.setdefault(variant, {}).update(time_forward(fn, runs=runs).as_dict())
+            out[variant]["process"] = process
+    if kind == "bagf":
+        from . import runtime
+
+        stats = runtime.get().stats
+        for variant in out:
+            # what served the convs: plans loaded from the cache, none tuned here, the tuner's imports absent
+            out[variant].update(plans_loaded=stats["cache_hits"], tuned=stats["tuned"],
+                                ax_imported=any(m == "ax" or m.startswith("ax.") for m in sys.modules))
     return out
 
 
@@ -225,37 +265,49 @@ def speedups(row: dict) -> dict:
     out["bagf_vs_stock_benchmark"] = row["stock_benchmark"]["median_us"] / row["bagf"]["median_us"]
     if "bagf_graph" in row and "stock_graph" in row:
         out["bagf_graph_vs_stock_graph"] = row["stock_graph"]["median_us"] / row["bagf_graph"]["median_us"]
+    if "bagf_served" in row:
+        out["bagf_served_vs_stock"] = base / row["bagf_served"]["median_us"]
+    if "bagf_served_graph" in row and "stock_graph" in row:
+        out["bagf_served_graph_vs_stock_graph"] = (row["stock_graph"]["median_us"]
+                                                   / row["bagf_served_graph"]["median_us"])
     if "bagf_graph" in row and "stock_benchmark_graph" in row:
         out["bagf_graph_vs_stock_benchmark_graph"] = (row["stock_benchmark_graph"]["median_us"]
                                                       / row["bagf_graph"]["median_us"])
     return out
 
 
-VARIANT_ORDER = ("stock", "stock_benchmark", "bagf", "stock_graph", "stock_benchmark_graph", "bagf_graph",
-                 "compile_max_autotune")
+VARIANT_ORDER = ("stock", "stock_benchmark", "bagf", "bagf_served", "stock_graph", "stock_benchmark_graph",
+                 "bagf_graph", "bagf_served_graph", "compile_max_autotune")
 
 
 def table(results: dict[int, dict]) -> list[str]:
-    """Markdown lines: one row per batch size, median us per variant, then the speedups."""
+    """Markdown lines: one row per batch size, median us per variant, then the speedups (the served ones where a
+    served child ran)."""
     present = [v for v in VARIANT_ORDER if any(v in r for r in results.values())]
+    served = "bagf_served" in present
     lines = ["| N | " + " | ".join(f"{v} us" for v in present) + " | bagf vs stock | bagf graph vs stock | "
-             "bagf graph vs stock graph | max rel diff |",
-             "|---" * (len(present) + 5) + "|"]
+             "bagf graph vs stock graph | " + ("served vs stock | served graph vs stock graph | " if served else "")
+             + "max rel diff |",
+             "|---" * (len(present) + 5 + 2 * served) + "|"]
+    nan = float("nan")
     for n, row in sorted(results.items()):
         s = speedups(row)
         cells = [f"{row[v]['median_us']:.1f}" if v in row else "-" for v in present]
-        diff = max((row[v]["max_rel_diff"] for v in present if "max_rel_diff" in row.get(v, {})), default=float("nan"))
+        diff = max((row[v]["max_rel_diff"] for v in present if "max_rel_diff" in row.get(v, {})), default=nan)
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {s['bagf_vs_stock']:.2f}x | "
-                     f"{s.get('bagf_graph_vs_stock', float('nan')):.2f}x | "
-                     f"{s.get('bagf_graph_vs_stock_graph', float('nan')):.2f}x | {diff:.1e} |")
+                     f"{s.get('bagf_graph_vs_stock', nan):.2f}x | "
+                     f"{s.get('bagf_graph_vs_stock_graph', nan):.2f}x | "
+                     + (f"{s.get('bagf_served_vs_stock', nan):.2f}x | "
+                        f"{s.get('bagf_served_graph_vs_stock_graph', nan):.2f}x | " if served else "")
+                     + f"{diff:.1e} |")
     return lines
 
 
-if __name__ == "__main__":  # python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS TF32
-    if len(sys.argv) == 7 and sys.argv[1] == "--stock-child":
-        print(json.dumps(_stock_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1",
-                                      sys.argv[6] == "1")))
+if __name__ == "__main__":  # python -m bagf_torch.bench --child KIND MODEL N,C,H,W RUNS GRAPHS TF32 DTYPE FORMAT
+    if len(sys.argv) == 10 and sys.argv[1] == "--child" and sys.argv[2] in CHILD_KINDS:
+        print(json.dumps(_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1",
+                                sys.argv[7] == "1", sys.argv[8], sys.argv[9])))
     else:
-        print("usage: python -m bagf_torch.bench --stock-child MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1)",
-              file=sys.stderr)
+        print("usage: python -m bagf_torch.bench --child stock|bagf MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) "
+              "float32|float16|bfloat16 contiguous|channels_last", file=sys.stderr)
         sys.exit(2)

@@ -291,7 +291,6 @@ def bench_command(args) -> int:
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     stock, tuned = (m.to(dtype).to(memory_format=fmt) for m in (stock, tuned))
     xs = _inputs(args.model, args.batch, torch.device("cuda"), dtype, args.channels_last)
-    plain = dtype is torch.float32 and not args.channels_last  # the default-mode stock child builds fp32 NCHW
     mode = ((f"{'fp32 with cuDNN TF32 on' if tf32 else 'strict fp32 (TF32 off)'}" if dtype is torch.float32
              else DTYPES[args.dtype]) + (", channels_last" if args.channels_last else ""))
     print(f"{args.model} inference on {torch.cuda.get_device_name()}, {mode}; plans from "
@@ -303,7 +302,7 @@ def bench_command(args) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
-                                        stock_model=args.model if plain else None, tf32=tf32)
+                                        stock_model=args.model, tf32=tf32)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else

@@ -6,9 +6,9 @@ cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(m
 stock model as the peer a user would try instead (its compile time is reported; DESIGN measured 66 s at N=1
 and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
 cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
-tuning out of this run; with ``--dtype``, ``tune --dtype ... [--channels-last]``). In float16 and bfloat16 the
-benchmark-off stock variants are timed in this process, after benchmark mode's (the child process builds float32
-models). Writes JSON and a Markdown table with the GPU, versions and date.
+tuning out of this run; with ``--dtype``, ``tune --dtype ... [--channels-last]``). The benchmark-off stock variants and
+the served bagf ones (BAGF_TUNE=0, plans from the cache: a serving process) are timed in fresh child processes.
+Writes JSON and a Markdown table with the GPU, versions and date.
 
     python benchmarks/bench_alexnet.py --batch 1,32,128 --out benchmarks/results
 """
@@ -64,7 +64,6 @@ def main(argv=None) -> int:
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     stock, tuned = (m.to(dtype).to(memory_format=fmt) for m in (stock, tuned))
     xs = [torch.randn(n, 3, 224, 224, device="cuda").to(dtype).contiguous(memory_format=fmt) for n in args.batch]
-    plain = args.dtype == "float32" and not args.channels_last  # the stock child builds float32 NCHW models
     t0 = time.perf_counter()
     report = bagf_torch.tune_model(tuned, xs, budget=args.budget, seconds=args.seconds, progress=None)
     tune_seconds = time.perf_counter() - t0
@@ -102,8 +101,10 @@ def main(argv=None) -> int:
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
                  f"{meta['python']}, bagf_torch {meta['bagf_torch']}; {mode}. Median GPU time (us) of one "
                  f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
-                 f"defaults (cudnn.benchmark off) timed in {'a fresh child process' if plain else 'this process'}; every "
-                 "other variant runs in "
+                 "defaults (cudnn.benchmark off) timed in a fresh child process; `bagf_served` and "
+                 "`bagf_served_graph` are the tuned model as a serving process runs it: a fresh child with "
+                 "BAGF_TUNE=0 and PyTorch's default flags, plans from the cache"
+                 + (" (its weights not frozen)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "",
@@ -118,13 +119,14 @@ def main(argv=None) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
-                                        stock_model="alexnet" if plain else None,
+                                        stock_model="alexnet",
                                         tf32=args.tf32,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])
         print(f"N={n}: " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in results[n].items())
-              + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager; bagf {s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark",
+              + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager; bagf "
+              f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served {s['bagf_served_vs_stock']:.2f}x",
               flush=True)
         write()  # results so far survive a run cut short
     print("\n".join(write()))

@@ -72,7 +72,56 @@ def test_tf32_mode_reaches_both_sides_and_the_stock_child(monkeypatch):
         return types.SimpleNamespace(returncode=0, stdout=json.dumps({"stock": _row(1.0)}) + "\n", stderr="")
 
     monkeypatch.setattr(subprocess, "run", run)
-    assert bench.stock_in_child("alexnet", (1, 3, 224, 224), 5, False, tf32=True) == {"stock": _row(1.0)}
-    assert bench.stock_in_child("alexnet", (1, 3, 224, 224), 5, True)
-    assert seen[0][-2:] == ["0", "1"] and seen[1][-2:] == ["1", "0"]
-    assert seen[0][seen[0].index("--stock-child") + 1:] == ["alexnet", "1,3,224,224", "5", "0", "1"]
+    assert bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, False, tf32=True) == {"stock": _row(1.0)}
+    assert bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, True)
+    assert seen[0][seen[0].index("--child") + 1:] == ["stock", "alexnet", "1,3,224,224", "5", "0", "1", "float32",
+                                                       "contiguous"]
+    assert seen[1][seen[1].index("--child") + 1:][4:6] == ["1", "0"]
+
+
+def test_served_child_runs_with_tuning_off_in_the_models_dtype_and_format(monkeypatch):
+    """The served variant is a fresh process that only loads plans (BAGF_TUNE=0), in the parent's dtype and memory
+    format; the stock child keeps the parent's environment; an unknown kind is refused before anything runs."""
+    import json
+    import subprocess
+    import types
+
+    import pytest
+
+    seen = []
+
+    def run(cmd, env=None, **kw):
+        seen.append((cmd, env))
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"bagf_served": _row(2.0)}) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setenv("BAGF_TUNE", "1")
+    assert bench.in_child("bagf", "alexnet", (32, 3, 224, 224), 5, True, False, "bfloat16", "channels_last") == {
+        "bagf_served": _row(2.0)}
+    cmd, env = seen[0]
+    assert cmd[cmd.index("--child") + 1:] == ["bagf", "alexnet", "32,3,224,224", "5", "1", "0", "bfloat16",
+                                             "channels_last"]
+    assert env["BAGF_TUNE"] == "0"
+    bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, False)
+    assert seen[1][1]["BAGF_TUNE"] == "1"
+    with pytest.raises(ValueError, match="child kind"):
+        bench.in_child("tuned", "alexnet", (1, 3, 224, 224), 5, False)
+    assert len(seen) == 2
+
+
+def test_channels_last_is_told_from_the_strides():
+    x = torch.randn(2, 3, 5, 5)
+    assert not bench._channels_last(x)
+    assert bench._channels_last(x.contiguous(memory_format=torch.channels_last))
+    assert not bench._channels_last(torch.randn(2, 1, 5, 5).contiguous(memory_format=torch.channels_last))
+
+
+def test_table_shows_the_served_speedups_where_a_served_child_ran():
+    row = {"stock": _row(500.0), "stock_graph": _row(440.0), "stock_benchmark": dict(_row(480.0), max_rel_diff=0.0),
+           "bagf": dict(_row(400.0), max_rel_diff=1e-6), "bagf_served": _row(250.0),
+           "bagf_served_graph": _row(220.0)}
+    s = bench.speedups(row)
+    assert s["bagf_served_vs_stock"] == 2.0 and s["bagf_served_graph_vs_stock_graph"] == 2.0
+    lines = bench.table({1: row})
+    assert "served vs stock" in lines[0] and lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
+    assert "| 2.00x | 2.00x |" in lines[2]
