@@ -89,6 +89,34 @@ def _tf32_reference(ws, x=None, w=None, b=None):
     return ws
 
 
+def _winograd_tf32_m(fam) -> int | None:
+    """F(m x m) of a TF32-mode Winograd family (winograd_tf32), else None. Its TF32 products take the transformed
+    tiles, not the inputs, so ``_tf32_reference`` (the inputs rounded) does not describe its arithmetic;
+    ``_winograd_tf32_reference`` does."""
+    if not (fam.FAMILY.startswith("winograd") and _tf32_only(fam)):
+        return None
+    (m,) = fam.PARAMS["MT"]  # one tile size per such family: one reference per shape
+    return m
+
+
+def _winograd_tf32_reference(ws, m: int, x=None, w=None, b=None):
+    """Make ``ws``'s reference the CPU emulation of F(m x m) with TF32 products (``winograd_math.conv2d``: transforms
+    in fp32, each Winograd-domain operand rounded to TF32 to nearest, ties away, fp32 sums), which a correct kernel
+    matches up to fp32 summation order, well inside the fp32 check; a kernel that truncates, skips a rounding or
+    mixes up a tile is off by TF32's error or more. (Against float64 the family is bounded by twice cuDNN's TF32
+    error, ``test_winograd_tf32_stays_within_cudnns_tf32_bound_and_fails_the_strict_one``.)"""
+    from bagf_torch import winograd_math
+
+    p = ws.problem
+    x, w, b = (ws.x, ws.w, ws.b) if x is None else (x, w, b)
+    y = winograd_math.conv2d(x.float().cpu(), w.float().cpu(), None if b is None else b.float().cpu(),
+                             tuple(p.padding), m, tf32=True)
+    ws.ref = y.double().to(x.device)
+    ws.ref_norm = float(ws.ref.norm())
+    ws.ref_max = float(ws.ref.abs().max()) if ws.ref.numel() else 0.0
+    return ws
+
+
 @pytest.fixture
 def compiler(cache_dir):
     from bagf_torch.cache import Cache
@@ -187,7 +215,9 @@ def _compile_and_check(compiler, fam, configs, shapes, fmts=None):
             if fmt[1] == "nhwc" and (shape[1] == 1 or shape[2] * shape[3] == 1):
                 continue  # contiguous as well as channels_last: an NCHW problem (ConvProblem.from_call)
             ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
-            if _tf32_only(fam):
+            if _winograd_tf32_m(fam) is not None:
+                _winograd_tf32_reference(ws, _winograd_tf32_m(fam))
+            elif _tf32_only(fam):
                 _tf32_reference(ws)
             for c, b in zip(configs, built):
                 if not _runs(fam, c, shape, fmt):
@@ -314,6 +344,11 @@ def test_misaligned_weight_uses_scalar_path(compiler, family):
     assert w.data_ptr() % 16 != 0 and w.is_contiguous()
     b = torch.randn(16, device="cuda")
     out = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+    if _winograd_tf32_m(fam) is not None:
+        from bagf_torch import winograd_math
+
+        ref = winograd_math.conv2d(x.cpu(), w.cpu(), b.cpu(), (1, 1), _winograd_tf32_m(fam), tf32=True).double()
+        return _assert_within_check(out.cpu(), ref)
     if _tf32_only(fam):
         from bagf_torch.winograd_math import tf32_round
 
