@@ -36,6 +36,7 @@ from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_h
 from bagf_torch.problem import ConvProblem, cudnn_conv_mode  # noqa: E402
 from bagf_torch.report import PRECISIONS, layer_analysis, measure_ceilings, precision_of  # noqa: E402
 from bagf_torch.tuning.backend import cuda_backend  # noqa: E402
+from bagf_torch.tuning import strategies  # noqa: E402
 from bagf_torch.tuning.common import Budget  # noqa: E402
 from bagf_torch.kernels import FAMILIES, complete_config  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
@@ -195,7 +196,9 @@ def markdown(doc: dict) -> list[str]:
              f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
              f"NVRTC {meta['env'].get('nvrtc', '?')}, driver {meta['env'].get('driver', '?')}; {mode}, "
              "cudnn.benchmark=True; "
-             f"strategy {meta['strategy']}, budget {meta['budget']} evaluations / {meta['seconds']:.0f} s per layer. "
+             f"strategy {meta['strategy']}, budget {meta['budget']} evaluations / {meta['seconds']:.0f} s per layer"
+             + (f" (its imports loaded before the first layer, {meta['strategy_import_seconds']:.1f} s, as `tune` "
+                "loads them up front)" if meta.get("strategy_import_seconds") is not None else "") + ". "
              "Times are medians (us) of interleaved re-timing in one run.", "",
              f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
              "Graph columns: GPU time per call in a CUDA graph (cuDNN and the tuned plan, interleaved rounds, "
@@ -348,7 +351,7 @@ def main(argv=None) -> int:
             "gpu": torch.cuda.get_device_name(0), "env": dev.env, "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
             "strategy": args.strategy, "budget": args.budget, "seconds": args.seconds, "seed": args.seed,
-            "warm_start": not args.cold,
+            "strategy_import_seconds": strategy_import_seconds, "warm_start": not args.cold,
             "tf32": args.tf32, "cudnn_benchmark": True, "dtype": args.dtype, "channels_last": args.channels_last,
             "frozen_weights": args.frozen,
             "commit": git_commit(), "command": command_line("bench_layers.py", sys.argv[1:] if argv is None else argv),
@@ -373,6 +376,14 @@ def main(argv=None) -> int:
         lines = markdown({"meta": meta, "summary": summary, "rows": rows})
         stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
         return lines
+
+    # The strategy's imports (Ax: seconds on this host) before the first layer, as `tune` and tune_model load them up
+    # front beside their first compiles: otherwise the first layer alone spends most of its seconds on them.
+    t0 = time.perf_counter()
+    wait = strategies.preload(args.strategy)
+    if wait is not None:
+        wait()
+    strategy_import_seconds = time.perf_counter() - t0
 
     for n in batches:
         for layer in layers:
