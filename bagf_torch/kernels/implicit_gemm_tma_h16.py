@@ -51,14 +51,16 @@ tile's last k tile stores it while its producer already fills the ring with its 
 start from an empty ring and an idle SM; the products and their order are SK = 0's (the same bits), no workspace.
 Its NCHW tiles are staged through a buffer of their own after the ring (:func:`stage_bytes`: the producer is
 refilling the ring the SK = 0 store stages through; stored from the registers, NCHW tiles ran 1.2x slower on
-AlexNet's conv3 at N = 128 in TF32). Not yet measured on a GPU.
+AlexNet's conv3 at N = 128 in TF32). On the H200 (bench_layers_h200_tf32.md, bench_layers_h200_fp16_nhwc.md) the
+tuner took them on AlexNet's conv2-5 at N = 128 in TF32 and float16 channels_last (1.09-1.44x cuDNN).
 
 Split-K in clusters (CR = 1) is for the small grids split-K serves (batch 1): the workspace hand-over costs each
 call a memset of the tiles' counters before the launch (a node of its own in a CUDA graph) and, in the last slice
 of each tile, a round trip through L2 behind a fence and an atomic, and that last slice reduces and stores the
 whole tile alone. In a cluster each slice puts its sums in its own shared memory and, after a cluster barrier,
 reduces and stores its share of the tile's channels from all of them, in slice order, so a CR = 1 plan gives its
-workspace twin's bits. CR is a launch parameter like SPLIT: both share one cubin. Not yet measured on a GPU.
+workspace twin's bits. CR is a launch parameter like SPLIT: both share one cubin. On the H200 the tuner took them on
+AlexNet's conv2-5 at N = 1 in float16 channels_last (1.24-1.47x cuDNN) and on conv2 / conv3 in TF32 (1.37x / 1.52x).
 
 Stream-K is for the grids whose last wave is part empty: AlexNet's conv4 at N = 128 in 128 x 128 tiles is 338
 tiles, 2.56 waves on 132 SMs (Nsight Compute, TF32: tensor pipe busy 66% over the kernel), and at N = 32 86 tiles,
