@@ -1,11 +1,12 @@
 """End-to-end inference timing of a whole model: stock PyTorch against bagf_torch, eager and CUDA graphs.
 
-Shared by ``python -m bagf_torch bench`` and ``benchmarks/bench_alexnet.py``. Everything is fp32 with TF32
-off for convs and matmuls (strict fp32, both sides), or with ``tf32``: cuDNN's TF32 on for convs as PyTorch's
-default has it (matmuls stay strict, also PyTorch's default), and the tuned model's plans are the ones tuned
-in that mode (one precision on both sides either way). One forward is timed as the GPU sees it: CUDA events recorded before and after the call on an
-idle stream (a synchronize between runs), so the launch gaps of eager mode are in the time (at N=1 they are
-most of it) and the synchronize is not. Median and quartiles of many runs, after warm-up.
+Shared by ``python -m bagf_torch bench`` and ``benchmarks/bench_alexnet.py``. Both models run in one dtype and
+memory format (the caller's). In fp32, convs and matmuls are strict (TF32 off, both sides), or with ``tf32``
+cuDNN's TF32 is on for convs as PyTorch's default has it (matmuls stay strict, also PyTorch's default), and the
+tuned model's plans are the ones tuned in that mode (one precision on both sides either way). One forward is timed
+as the GPU sees it: CUDA events recorded before and after the call on an idle stream (a synchronize between runs), so
+the launch gaps of eager mode are in the time (at N=1 they are most of it) and the synchronize is not. Median and
+quartiles of many runs, after warm-up.
 
 Variants (each a function from the input to the output):
 
@@ -15,7 +16,10 @@ Variants (each a function from the input to the output):
 * ``bagf``             the same weights with TunedConv2d, pre-tuned plans; layers whose plan is ATen run
                        cuDNN in benchmark mode, the mode the tuner compared them in
 * ``bagf_served``      TunedConv2d as a serving process runs it: a fresh CHILD process with BAGF_TUNE=0 and
-                       PyTorch's default flags, its plans loaded from the cache (the tuner and Ax never imported)
+                       PyTorch's default flags, its plans loaded from the cache (the tuner and Ax never imported);
+                       layers whose plan is ATen run cuDNN with benchmark off there, as a default user's do. Each
+                       layer must run what it runs in ``bagf`` (our kernel or ATen), else the run stops with the
+                       layers that differ (a plan missing from the cache would time torch's conv unnoticed)
 * ``stock_graph`` / ``bagf_graph`` / ``bagf_served_graph``  the stock / bagf / served forward captured once in a
                        CUDA graph and replayed
 * ``compile_max_autotune``  ``torch.compile(stock, mode="max-autotune")`` (benchmarks/bench_alexnet.py only;
@@ -29,10 +33,11 @@ of 490; benchmarks/results/cudnn_contexts_h200.json). So this process runs only 
 ``stock_benchmark`` first, and ``stock`` / ``stock_graph`` come from ``python -m bagf_torch.bench --child stock``
 (a fresh process whose first conv calls are benchmark-off, as a default PyTorch user's are).
 
-Why a child for ``bagf_served`` as well: eager calls at small batch are bound by the host, and the host cost of
-one Python call depends on the process: the tuning process holds Ax, BoTorch and every candidate it compiled, so
-its garbage collector walks far more objects than a serving process's. ``stock`` (a fresh process) against
-``bagf_served`` (a fresh process) is the comparison a user who pre-tunes and then serves sees.
+Why a child for ``bagf_served`` as well: eager calls at small batch are bound by the host, and their time depends on
+the process (which modules it has loaded, what its allocator and garbage collector hold, what ran before): in one
+TF32 AlexNet run at N=1 stock took 618 us in its fresh child and 558 us in benchmark mode in the tuning process,
+bagf 362 us in the tuning process and 549 us served. ``stock`` (a fresh process) against ``bagf_served`` (a fresh
+process) is the comparison a user who pre-tunes and then serves sees.
 """
 
 from __future__ import annotations
@@ -128,18 +133,20 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
-                 compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False) -> dict:
+                 compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False,
+                 channels_last: bool | None = None) -> dict:
     """Time every variant on input ``x``; returns {variant: {median_us, ..., max_rel_diff}} and, with
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
     (otherwise its first warm-up call tunes).
 
     ``stock_model`` (a model name ``models.build`` takes, e.g. "alexnet"): the benchmark-off variants (``stock``,
     ``stock_graph``) and the served ones (``bagf_served``, ``bagf_served_graph``) are timed in child processes
-    (see the module docstring), in ``x``'s dtype and memory format. None: ``stock`` and ``stock_graph`` are timed
-    here, AFTER every benchmark-mode variant, so they do not poison the others' cuDNN choice -- but they then
-    inherit benchmark mode's algorithms and are not what a default PyTorch process runs -- and there is no served
-    variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the tuned model's plans must be TF32-mode
-    plans."""
+    (see the module docstring), in ``x``'s dtype and in channels_last as ``channels_last`` says (None: as ``x``'s
+    strides say); no served variant when the cache is in memory (a child cannot see its plans). None: ``stock`` and
+    ``stock_graph`` are timed here, AFTER every benchmark-mode variant, so they do not poison the others' cuDNN
+    choice -- but they then inherit benchmark mode's algorithms and are not what a default PyTorch process runs --
+    and there is no served variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the tuned model's plans
+    must be TF32-mode plans."""
     out: dict = {}
     with torch.no_grad():
         with fp32(benchmark=True, tf32=tf32):
@@ -169,29 +176,73 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             entry.update(timing.as_dict())
             entry["max_rel_diff"] = diff
     if stock_model is not None:
-        fmt = "channels_last" if _channels_last(x) else "contiguous"
-        for kind in ("stock", "bagf"):
-            child = in_child(kind, stock_model, tuple(x.shape), runs, graphs, tf32, str(x.dtype).split(".")[-1], fmt)
+        shape, dtype, fmt = child_args(x, channels_last)
+        for kind in ["stock"] + (["bagf"] if _cache_shared() else []):
+            child = in_child(kind, stock_model, shape, runs, graphs, tf32, dtype, fmt)
+            if kind == "bagf":
+                _check_served(layer_kinds(tuned), child)
             for name, entry in child.items():
                 out.setdefault(name, {}).update(entry)
     order = list(VARIANT_ORDER)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
 
 
-def _channels_last(x: torch.Tensor) -> bool:
-    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+def child_args(x: torch.Tensor, channels_last: bool | None = None) -> tuple[tuple, str, str]:
+    """(shape, dtype name, memory format name) of the children's input, as ``x``'s; channels_last as
+    ``channels_last`` says, or as ``x``'s strides say when None (a 1-channel or 1x1 input is both formats: say it)."""
+    if channels_last is None:
+        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    return tuple(x.shape), str(x.dtype).split(".")[-1], "channels_last" if channels_last else "contiguous"
+
+
+def _cache_shared() -> bool:
+    """Whether a child process sees this process's plans: the runtime's cache is a file, not memory."""
+    from . import runtime
+
+    return not runtime.get().cache().in_memory
+
+
+def layer_kinds(model: nn.Module) -> dict[str, str]:
+    """What each TunedConv2d of ``model`` ran on its last call: "kernel" (our plan), "aten" (torch's conv: cuDNN won
+    the tuning, or a call the kernels do not take), "later" (no plan yet: torch's conv meanwhile) or "none" (not
+    called); by module name."""
+    from .nn import TunedConv2d
+
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, TunedConv2d):
+            last = m.__dict__.get("_bagf_last")
+            kind = "none" if last is None else last[-1][0]
+            out[name] = "aten" if kind == "unsupported" else kind
+    return out
+
+
+def _check_served(tuned: dict[str, str], child: dict) -> None:
+    """The served child must run each layer as the tuned model here does, and must not have tuned."""
+    entry = next(iter(child.values()), {})
+    served = entry.get("layer_kinds", {})
+    differ = {n: (k, served.get(n, "missing")) for n, k in tuned.items() if served.get(n) != k}
+    if differ or entry.get("tuned"):
+        raise RuntimeError(
+            "the served child (BAGF_TUNE=0, plans from the cache) did not run the tuned model's plans: "
+            + ", ".join(f"{n}: {a} here, {b} served" for n, (a, b) in sorted(differ.items()))
+            + (f"; it tuned {entry['tuned']} problem(s)" if entry.get("tuned") else "")
+            + ". Is the cache (BAGF_CACHE_DIR) the one this process tuned into, and the TF32 mode the same?")
 
 
 def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32: bool = False,
              dtype: str = "float32", memory_format: str = "contiguous") -> dict:
     """``kind`` "stock": ``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off;
     "bagf": ``bagf_served`` (and ``bagf_served_graph``) in a fresh process with BAGF_TUNE=0, its plans from the
-    cache. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and ``memory_format``."""
+    cache. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and ``memory_format``. The child
+    imports this process's bagf_torch (its folder first on PYTHONPATH), wherever the parent was started."""
     if kind not in CHILD_KINDS:
         raise ValueError(f"child kind {kind!r}: one of {', '.join(CHILD_KINDS)}")
     cmd = [sys.executable, "-m", "bagf_torch.bench", "--child", kind, model, ",".join(map(str, shape)), str(runs),
            "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format]
     env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if kind == "bagf":
         env["BAGF_TUNE"] = "0"  # a serving process: plans from the cache, a miss runs torch's conv
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -228,9 +279,11 @@ def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: boo
         from . import runtime
 
         stats = runtime.get().stats
+        kinds = layer_kinds(net)
         for variant in out:
-            # what served the convs: plans loaded from the cache, none tuned here, the tuner's imports absent
-            out[variant].update(plans_loaded=stats["cache_hits"], tuned=stats["tuned"],
+            # what served the convs: each layer's kind, plans loaded from the cache, none tuned here, the tuner's
+            # imports absent
+            out[variant].update(layer_kinds=kinds, plans_loaded=stats["cache_hits"], tuned=stats["tuned"],
                                 ax_imported=any(m == "ax" or m.startswith("ax.") for m in sys.modules))
     return out
 
@@ -303,11 +356,18 @@ def table(results: dict[int, dict]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":  # python -m bagf_torch.bench --child KIND MODEL N,C,H,W RUNS GRAPHS TF32 DTYPE FORMAT
-    if len(sys.argv) == 10 and sys.argv[1] == "--child" and sys.argv[2] in CHILD_KINDS:
-        print(json.dumps(_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1",
-                                sys.argv[7] == "1", sys.argv[8], sys.argv[9])))
-    else:
-        print("usage: python -m bagf_torch.bench --child stock|bagf MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) "
-              "float32|float16|bfloat16 contiguous|channels_last", file=sys.stderr)
-        sys.exit(2)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bagf_torch.bench --child KIND MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) DTYPE FORMAT``: one child's
+    timings as a JSON line on stdout (``in_child`` writes this command line)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 9 and argv[0] == "--child" and argv[1] in CHILD_KINDS:
+        kind, model, shape, runs, graphs, tf32, dtype, fmt = argv[1:]
+        print(json.dumps(_child(kind, model, shape, int(runs), graphs == "1", tf32 == "1", dtype, fmt)))
+        return 0
+    print("usage: python -m bagf_torch.bench --child stock|bagf MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) "
+          "float32|float16|bfloat16 contiguous|channels_last", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -302,7 +302,8 @@ def bench_command(args) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
-                                        stock_model=args.model, tf32=tf32)
+                                        stock_model=args.model, tf32=tf32,
+                                        channels_last=args.channels_last)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else

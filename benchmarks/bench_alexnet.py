@@ -2,7 +2,8 @@
 ``--dtype float16|bfloat16`` with ``--channels-last`` or not (both models and the input in that dtype and format).
 
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
-cudnn.benchmark, bagf eager, stock and bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
+cudnn.benchmark, bagf eager, bagf served (a fresh process loading the plans with BAGF_TUNE=0), stock, bagf and served
+bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
 stock model as the peer a user would try instead (its compile time is reported; DESIGN measured 66 s at N=1
 and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
 cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
@@ -119,14 +120,14 @@ def main(argv=None) -> int:
     for x in xs:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
-                                        stock_model="alexnet",
-                                        tf32=args.tf32,
+                                        stock_model="alexnet", tf32=args.tf32,
+                                        channels_last=args.channels_last,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])
         print(f"N={n}: " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in results[n].items())
               + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager; bagf "
-              f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served {s['bagf_served_vs_stock']:.2f}x",
+              f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served {s.get('bagf_served_vs_stock', float('nan')):.2f}x",
               flush=True)
         write()  # results so far survive a run cut short
     print("\n".join(write()))

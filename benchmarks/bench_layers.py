@@ -381,9 +381,10 @@ def main(argv=None) -> int:
     # front beside their first compiles: otherwise the first layer alone spends most of its seconds on them.
     t0 = time.perf_counter()
     wait = strategies.preload(args.strategy)
+    strategy_import_seconds = None  # (nothing to load: a strategy without imports, or Ax imported already)
     if wait is not None:
         wait()
-    strategy_import_seconds = time.perf_counter() - t0
+        strategy_import_seconds = time.perf_counter() - t0
 
     for n in batches:
         for layer in layers:

@@ -109,11 +109,62 @@ def test_served_child_runs_with_tuning_off_in_the_models_dtype_and_format(monkey
     assert len(seen) == 2
 
 
-def test_channels_last_is_told_from_the_strides():
+def test_child_args_carry_the_inputs_shape_dtype_and_format():
     x = torch.randn(2, 3, 5, 5)
-    assert not bench._channels_last(x)
-    assert bench._channels_last(x.contiguous(memory_format=torch.channels_last))
-    assert not bench._channels_last(torch.randn(2, 1, 5, 5).contiguous(memory_format=torch.channels_last))
+    assert bench.child_args(x) == ((2, 3, 5, 5), "float32", "contiguous")
+    assert bench.child_args(x.to(torch.float16).contiguous(memory_format=torch.channels_last)) == (
+        (2, 3, 5, 5), "float16", "channels_last")
+    one = torch.randn(2, 1, 5, 5, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    assert bench.child_args(one)[1:] == ("bfloat16", "contiguous")  # both formats at once: the strides cannot tell
+    assert bench.child_args(one, channels_last=True)[2] == "channels_last"  # the caller can
+    assert bench.child_args(x, channels_last=False)[2] == "contiguous"
+
+
+def test_the_childs_command_line_reaches_the_child_as_written(monkeypatch):
+    """What ``in_child`` writes, ``main`` (``python -m bagf_torch.bench``) reads back into the same arguments, and
+    the child imports this process's package whatever the working directory."""
+    import json
+    import os
+    import subprocess
+    import types
+
+    got = []
+    monkeypatch.setattr(bench, "_child", lambda *a: got.append(a) or {"bagf_served": _row(1.0)})
+
+    def run(cmd, env=None, **kw):
+        assert cmd[1:3] == ["-m", "bagf_torch.bench"]
+        here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+        assert env["PYTHONPATH"].split(os.pathsep)[0] == here
+        assert bench.main(cmd[3:]) == 0
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps({"bagf_served": _row(1.0)}) + "\n", stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    bench.in_child("bagf", "torchvision:resnet18", (8, 3, 224, 224), 7, True, True, "float16", "channels_last")
+    assert got == [("bagf", "torchvision:resnet18", "8,3,224,224", 7, True, True, "float16", "channels_last")]
+    assert bench.main(["--child", "tuned", "alexnet", "1,3,8,8", "1", "0", "0", "float32", "contiguous"]) == 2
+
+
+def test_a_served_child_that_ran_other_kinds_or_tuned_stops_the_run():
+    import pytest
+
+    here = {"features.0": "kernel", "features.3": "aten"}
+    served = {"bagf_served": {"layer_kinds": dict(here), "tuned": 0}, "bagf_served_graph": {}}
+    bench._check_served(here, served)
+    served["bagf_served"]["layer_kinds"]["features.0"] = "later"  # no plan in the child's cache: torch's conv
+    with pytest.raises(RuntimeError, match="features.0: kernel here, later served"):
+        bench._check_served(here, served)
+    with pytest.raises(RuntimeError, match="tuned 1 problem"):
+        bench._check_served(here, {"bagf_served": {"layer_kinds": dict(here), "tuned": 1}})
+    with pytest.raises(RuntimeError, match="features.3: aten here, missing served"):
+        bench._check_served(here, {"bagf_served": {"layer_kinds": {"features.0": "kernel"}, "tuned": 0}})
+
+
+def test_layer_kinds_name_what_each_tuned_layer_ran():
+    model = nn.Sequential(TunedConv2d(3, 4, 3, padding=1), nn.ReLU(), TunedConv2d(4, 4, 1))
+    assert bench.layer_kinds(model) == {"0": "none", "2": "none"}
+    with torch.no_grad():
+        model[0](torch.randn(1, 3, 8, 8))  # on a CPU: torch's conv (a call the kernels do not take)
+    assert bench.layer_kinds(model) == {"0": "aten", "2": "none"}
 
 
 def test_table_shows_the_served_speedups_where_a_served_child_ran():
@@ -123,5 +174,8 @@ def test_table_shows_the_served_speedups_where_a_served_child_ran():
     s = bench.speedups(row)
     assert s["bagf_served_vs_stock"] == 2.0 and s["bagf_served_graph_vs_stock_graph"] == 2.0
     lines = bench.table({1: row})
-    assert "served vs stock" in lines[0] and lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
-    assert "| 2.00x | 2.00x |" in lines[2]
+    head, cells = ([c.strip() for c in line.strip("|").split("|")] for line in (lines[0], lines[2]))
+    assert len(head) == len(cells) == lines[1].count("|") - 1
+    by = dict(zip(head, cells))
+    assert by["served vs stock"] == "2.00x" and by["served graph vs stock graph"] == "2.00x"
+    assert by["bagf_served us"] == "250.0" and by["bagf vs stock"] == "1.25x"
