@@ -3,9 +3,8 @@
 
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
 cudnn.benchmark, bagf eager, bagf served (a fresh process loading the plans with BAGF_TUNE=0), stock, bagf and served
-bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the
-stock model as the peer a user would try instead (its compile time is reported; DESIGN measured 66 s at N=1
-and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
+bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the stock model as the peer a user would try instead
+(its compile time is reported; DESIGN measured 66 s at N=1 and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
 cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
 tuning out of this run; with ``--dtype``, ``tune --dtype ... [--channels-last]``). The benchmark-off stock variants and
 the served bagf ones (BAGF_TUNE=0, plans from the cache: a serving process) are timed in fresh child processes.
