@@ -18,8 +18,8 @@ Variants (each a function from the input to the output):
 * ``bagf_served``      TunedConv2d as a serving process runs it: a fresh CHILD process with BAGF_TUNE=0 and
                        PyTorch's default flags, its plans loaded from the cache (the tuner and Ax never imported);
                        layers whose plan is ATen run cuDNN with benchmark off there, as a default user's do. Each
-                       layer must run what it runs in ``bagf`` (our kernel or ATen), else the run stops with the
-                       layers that differ (a plan missing from the cache would time torch's conv unnoticed)
+                       call must run what it runs in ``bagf`` (our kernel or torch's conv), else the run stops with
+                       the calls that differ (a plan missing from the cache would time torch's conv unnoticed)
 * ``stock_graph`` / ``bagf_graph`` / ``bagf_served_graph``  the stock / bagf / served forward captured once in a
                        CUDA graph and replayed
 * ``compile_max_autotune``  ``torch.compile(stock, mode="max-autotune")`` (benchmarks/bench_alexnet.py only;
@@ -56,6 +56,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import log
 from .problem import cudnn_conv_mode
 
 
@@ -177,7 +178,11 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             entry["max_rel_diff"] = diff
     if stock_model is not None:
         shape, dtype, fmt = child_args(x, channels_last)
-        for kind in ["stock"] + (["bagf"] if _cache_shared() else []):
+        shared = _cache_shared()
+        if not shared:
+            log.once("bench-served-memory", "bench: the cache is in memory, which a child process cannot see: no "
+                     "served variant (set BAGF_CACHE_DIR to a writable folder)")
+        for kind in ["stock"] + (["bagf"] if shared else []):
             child = in_child(kind, stock_model, shape, runs, graphs, tf32, dtype, fmt)
             if kind == "bagf":
                 _check_served(layer_kinds(tuned), child)
@@ -203,29 +208,32 @@ def _cache_shared() -> bool:
 
 
 def layer_kinds(model: nn.Module) -> dict[str, str]:
-    """What each TunedConv2d of ``model`` ran on its last call: "kernel" (our plan), "aten" (torch's conv: cuDNN won
-    the tuning, or a call the kernels do not take), "later" (no plan yet: torch's conv meanwhile) or "none" (not
-    called); by module name."""
+    """What each TunedConv2d of ``model`` runs for each kind of call it has seen: "kernel" (our plan), "aten" (cuDNN
+    won the tuning), "unsupported" (a call the kernels do not take) or "later" (no plan yet: torch's conv meanwhile);
+    keyed "name|shape|dtype|format|tf32=..." (a layer called at several shapes has one entry per shape)."""
     from .nn import TunedConv2d
 
     out = {}
     for name, m in model.named_modules():
         if isinstance(m, TunedConv2d):
-            last = m.__dict__.get("_bagf_last")
-            kind = "none" if last is None else last[-1][0]
-            out[name] = "aten" if kind == "unsupported" else kind
+            for (shape, _device, tf32, dtype, contiguous), entry in (m.__dict__.get("_bagf_plans") or {}).items():
+                fmt = "nchw" if contiguous else "nhwc"
+                out[f"{name}|{tuple(shape)}|{str(dtype).split('.')[-1]}|{fmt}|tf32={tf32}"] = entry[0]
     return out
 
 
 def _check_served(tuned: dict[str, str], child: dict) -> None:
-    """The served child must run each layer as the tuned model here does, and must not have tuned."""
+    """Each call the served child made must run what the same call runs here -- our kernel, or torch's conv (ATen
+    planned, unsupported, no plan yet: all torch's) -- and the child must not have tuned."""
     entry = next(iter(child.values()), {})
     served = entry.get("layer_kinds", {})
-    differ = {n: (k, served.get(n, "missing")) for n, k in tuned.items() if served.get(n) != k}
-    if differ or entry.get("tuned"):
+    ours = lambda kind: kind == "kernel"  # noqa: E731
+    differ = {k: (tuned.get(k, "missing"), v) for k, v in served.items() if k not in tuned or ours(tuned[k]) != ours(v)}
+    if differ or entry.get("tuned") or not served:
         raise RuntimeError(
             "the served child (BAGF_TUNE=0, plans from the cache) did not run the tuned model's plans: "
-            + ", ".join(f"{n}: {a} here, {b} served" for n, (a, b) in sorted(differ.items()))
+            + (", ".join(f"{k}: {a} here, {b} served" for k, (a, b) in sorted(differ.items())) if served
+               else "it reported no TunedConv2d call")
             + (f"; it tuned {entry['tuned']} problem(s)" if entry.get("tuned") else "")
             + ". Is the cache (BAGF_CACHE_DIR) the one this process tuned into, and the TF32 mode the same?")
 
@@ -235,14 +243,13 @@ def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32:
     """``kind`` "stock": ``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off;
     "bagf": ``bagf_served`` (and ``bagf_served_graph``) in a fresh process with BAGF_TUNE=0, its plans from the
     cache. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and ``memory_format``. The child
-    imports this process's bagf_torch (its folder first on PYTHONPATH), wherever the parent was started."""
+    runs this process's bagf_torch (``main`` through ``CHILD_STUB``), whatever its working directory holds."""
     if kind not in CHILD_KINDS:
         raise ValueError(f"child kind {kind!r}: one of {', '.join(CHILD_KINDS)}")
-    cmd = [sys.executable, "-m", "bagf_torch.bench", "--child", kind, model, ",".join(map(str, shape)), str(runs),
-           "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format]
-    env = dict(os.environ)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([here] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    cmd = [sys.executable, "-c", CHILD_STUB.format(here=repr(here)), "--child", kind, model,
+           ",".join(map(str, shape)), str(runs), "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format]
+    env = dict(os.environ)
     if kind == "bagf":
         env["BAGF_TUNE"] = "0"  # a serving process: plans from the cache, a miss runs torch's conv
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -251,6 +258,11 @@ def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# The child's program: this process's package folder in place of the working directory at the head of sys.path
+# (``python -c`` puts the working directory there, ahead of everything: a source checkout there would shadow an
+# installed copy), then ``main``.
+CHILD_STUB = ("import sys; sys.path[0] = {here}; from bagf_torch.bench import main; "
+              "sys.exit(main(sys.argv[1:]))")
 CHILD_KINDS = ("stock", "bagf")
 
 

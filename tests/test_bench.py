@@ -121,8 +121,8 @@ def test_child_args_carry_the_inputs_shape_dtype_and_format():
 
 
 def test_the_childs_command_line_reaches_the_child_as_written(monkeypatch):
-    """What ``in_child`` writes, ``main`` (``python -m bagf_torch.bench``) reads back into the same arguments, and
-    the child imports this process's package whatever the working directory."""
+    """What ``in_child`` writes, ``main`` reads back into the same arguments; the child's program puts this process's
+    package folder where ``python -c`` puts the working directory."""
     import json
     import os
     import subprocess
@@ -132,9 +132,9 @@ def test_the_childs_command_line_reaches_the_child_as_written(monkeypatch):
     monkeypatch.setattr(bench, "_child", lambda *a: got.append(a) or {"bagf_served": _row(1.0)})
 
     def run(cmd, env=None, **kw):
-        assert cmd[1:3] == ["-m", "bagf_torch.bench"]
+        assert cmd[1] == "-c"
         here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
-        assert env["PYTHONPATH"].split(os.pathsep)[0] == here
+        assert f"sys.path[0] = {here!r}" in cmd[2]
         assert bench.main(cmd[3:]) == 0
         return types.SimpleNamespace(returncode=0, stdout=json.dumps({"bagf_served": _row(1.0)}) + "\n", stderr="")
 
@@ -144,27 +144,80 @@ def test_the_childs_command_line_reaches_the_child_as_written(monkeypatch):
     assert bench.main(["--child", "tuned", "alexnet", "1,3,8,8", "1", "0", "0", "float32", "contiguous"]) == 2
 
 
+def test_the_child_program_imports_this_package_from_any_working_directory(tmp_path):
+    """The real child command from a folder holding a decoy ``bagf_torch``: it runs this process's package (the
+    decoy would fail the import), which answers a bad command line with its usage and exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bagf_torch").mkdir()
+    (tmp_path / "bagf_torch" / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+    r = subprocess.run([sys.executable, "-c", bench.CHILD_STUB.format(here=repr(here)), "--child", "nope"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "usage: python -m bagf_torch.bench --child" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_served_child_that_ran_other_kinds_or_tuned_stops_the_run():
     import pytest
 
-    here = {"features.0": "kernel", "features.3": "aten"}
-    served = {"bagf_served": {"layer_kinds": dict(here), "tuned": 0}, "bagf_served_graph": {}}
+    here = {"features.0|(1, 3, 8, 8)|float32|nchw|tf32=True": "kernel",
+            "features.0|(2, 3, 8, 8)|float32|nchw|tf32=True": "kernel",  # another batch size: the child need not run it
+            "features.3|(1, 4, 8, 8)|float32|nchw|tf32=True": "aten"}
+    one, three = "features.0|(1, 3, 8, 8)|float32|nchw|tf32=True", "features.3|(1, 4, 8, 8)|float32|nchw|tf32=True"
+    served = {"bagf_served": {"layer_kinds": {one: "kernel", three: "aten"}, "tuned": 0}, "bagf_served_graph": {}}
     bench._check_served(here, served)
-    served["bagf_served"]["layer_kinds"]["features.0"] = "later"  # no plan in the child's cache: torch's conv
-    with pytest.raises(RuntimeError, match="features.0: kernel here, later served"):
+    served["bagf_served"]["layer_kinds"][three] = "later"  # torch's conv on both sides: the same call
+    bench._check_served(here, served)
+    served["bagf_served"]["layer_kinds"][one] = "later"  # no plan in the child's cache: torch's conv, not ours
+    with pytest.raises(RuntimeError, match=r"features.0\|\(1, 3, 8, 8\).*: kernel here, later served"):
         bench._check_served(here, served)
     with pytest.raises(RuntimeError, match="tuned 1 problem"):
-        bench._check_served(here, {"bagf_served": {"layer_kinds": dict(here), "tuned": 1}})
-    with pytest.raises(RuntimeError, match="features.3: aten here, missing served"):
-        bench._check_served(here, {"bagf_served": {"layer_kinds": {"features.0": "kernel"}, "tuned": 0}})
+        bench._check_served(here, {"bagf_served": {"layer_kinds": {one: "kernel"}, "tuned": 1}})
+    with pytest.raises(RuntimeError, match="missing here, kernel served"):
+        bench._check_served(here, {"bagf_served": {"layer_kinds": {"features.6|(1, 4, 8, 8)|float32|nchw|tf32=True":
+                                                                   "kernel"}, "tuned": 0}})
+    with pytest.raises(RuntimeError, match="no TunedConv2d call"):
+        bench._check_served(here, {"bagf_served": {"layer_kinds": {}, "tuned": 0}})
 
 
-def test_layer_kinds_name_what_each_tuned_layer_ran():
+def test_layer_kinds_name_what_each_call_of_each_layer_ran(monkeypatch):
+    """One entry per layer and kind of call: a layer called at two shapes, one planned (our kernel) and one not yet
+    (torch's conv meanwhile), reports both; a layer never called reports nothing."""
+    from bagf_torch import nn as bnn
+    from bagf_torch import runtime
+    from bagf_torch.ops import ATEN
+
+    class FakeRuntime:
+        def lookup(self, problem, device):
+            return (7, True) if problem.h == 8 else (ATEN, False)  # ATen for now: asked again later
+
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    monkeypatch.setattr(runtime, "get", lambda: FakeRuntime())
+    monkeypatch.setattr(bnn, "_op", lambda: lambda x, w, b, s, p, d, h: torch.nn.functional.conv2d(x, w, b, s, p, d))
     model = nn.Sequential(TunedConv2d(3, 4, 3, padding=1), nn.ReLU(), TunedConv2d(4, 4, 1))
-    assert bench.layer_kinds(model) == {"0": "none", "2": "none"}
+    assert bench.layer_kinds(model) == {}
     with torch.no_grad():
-        model[0](torch.randn(1, 3, 8, 8))  # on a CPU: torch's conv (a call the kernels do not take)
-    assert bench.layer_kinds(model) == {"0": "aten", "2": "none"}
+        model[0](torch.randn(1, 3, 8, 8))
+        model[0](torch.randn(1, 3, 16, 16))
+        model[0](torch.randn(1, 3, 8, 8))  # the fast path: the table's entry again
+    tf32 = torch.backends.cudnn.allow_tf32
+    kinds = bench.layer_kinds(model)
+    assert kinds == {f"0|(1, 3, 8, 8)|float32|nchw|tf32={tf32}": "kernel",
+                     f"0|(1, 3, 16, 16)|float32|nchw|tf32={tf32}": "later"}, kinds
+
+
+def test_no_served_variant_without_a_cache_file(monkeypatch, tmp_path):
+    from bagf_torch import runtime
+    from bagf_torch.cache import Cache
+
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path))
+    rt = runtime.Runtime()
+    monkeypatch.setattr(runtime, "get", lambda: rt)
+    assert bench._cache_shared()
+    monkeypatch.setattr(rt, "cache", lambda: Cache(None))
+    assert not bench._cache_shared()
 
 
 def test_table_shows_the_served_speedups_where_a_served_child_ran():
