@@ -1812,6 +1812,25 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
     print(f"warm second process: {stats}")  # setup seconds (imports, extension load, cubin loads) for the record
 
 
+def test_bench_times_the_served_model_with_the_tuned_models_plans(monkeypatch):
+    """``bench``'s served variant: a fresh process with BAGF_TUNE=0 runs every conv of AlexNet as the tuning process
+    does (``run_variants`` stops the run otherwise), tunes nothing and never imports Ax; its CUDA-graph time is
+    within a factor of the tuning process's graph of the same plans."""
+    import bagf_torch
+    from bagf_torch import bench
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    bagf_torch.tune_model(tuned, [x], budget=4, strategy="random", progress=False)
+    row = bench.run_variants(stock, tuned, x, runs=10, graphs=True, stock_model="alexnet", channels_last=False)
+    served = row["bagf_served"]
+    assert served["tuned"] == 0 and not served["ax_imported"], served
+    assert len(served["layer_kinds"]) == 5 and served["layer_kinds"].items() <= bench.layer_kinds(tuned).items()
+    assert 0.5 < row["bagf_served_graph"]["median_us"] / row["bagf_graph"]["median_us"] < 2.0, row
+    print({k: round(v["median_us"], 1) for k, v in row.items()})
+
+
 def test_a_call_that_cannot_be_captured_is_left_to_queued_timing_with_the_current_stream_kept():
     """The finalists' graphs: a call that breaks a capture (a host sync) gives None and leaves the caller's current
     stream as it was; the process can still capture (a later re-timing's graphs, in a pool of their own, and the
