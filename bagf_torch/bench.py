@@ -135,7 +135,7 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
                  compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False,
-                 channels_last: bool | None = None) -> dict:
+                 channels_last: bool | None = None, frozen: bool = False) -> dict:
     """Time every variant on input ``x``; returns {variant: {median_us, ..., max_rel_diff}} and, with
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
     (otherwise its first warm-up call tunes).
@@ -147,7 +147,8 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``stock_graph`` are timed here, AFTER every benchmark-mode variant, so they do not poison the others' cuDNN
     choice -- but they then inherit benchmark mode's algorithms and are not what a default PyTorch process runs --
     and there is no served variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the tuned model's plans
-    must be TF32-mode plans."""
+    must be TF32-mode plans. ``frozen``: the served model's weights are frozen too (``freeze_weights``), as the tuned
+    model's are."""
     out: dict = {}
     with torch.no_grad():
         with fp32(benchmark=True, tf32=tf32):
@@ -183,7 +184,7 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             log.once("bench-served-memory", "bench: the cache is in memory, which a child process cannot see: no "
                      "served variant (set BAGF_CACHE_DIR to a writable folder)")
         for kind in ["stock"] + (["bagf"] if shared else []):
-            child = in_child(kind, stock_model, shape, runs, graphs, tf32, dtype, fmt)
+            child = in_child(kind, stock_model, shape, runs, graphs, tf32, dtype, fmt, frozen=frozen)
             if kind == "bagf":
                 _check_served(layer_kinds(tuned), child)
             for name, entry in child.items():
@@ -239,16 +240,18 @@ def _check_served(tuned: dict[str, str], child: dict) -> None:
 
 
 def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32: bool = False,
-             dtype: str = "float32", memory_format: str = "contiguous") -> dict:
+             dtype: str = "float32", memory_format: str = "contiguous", frozen: bool = False) -> dict:
     """``kind`` "stock": ``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off;
     "bagf": ``bagf_served`` (and ``bagf_served_graph``) in a fresh process with BAGF_TUNE=0, its plans from the
-    cache. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and ``memory_format``. The child
-    runs this process's bagf_torch (``main`` through ``CHILD_STUB``), whatever its working directory holds."""
+    cache, its weights frozen with ``frozen``. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and
+    ``memory_format``. The child runs this process's bagf_torch (``main`` through ``CHILD_STUB``), whatever its working
+    directory holds."""
     if kind not in CHILD_KINDS:
         raise ValueError(f"child kind {kind!r}: one of {', '.join(CHILD_KINDS)}")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-c", CHILD_STUB.format(here=repr(here)), "--child", kind, model,
-           ",".join(map(str, shape)), str(runs), "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format]
+           ",".join(map(str, shape)), str(runs), "1" if graphs else "0", "1" if tf32 else "0", dtype, memory_format,
+           "1" if frozen else "0"]
     env = dict(os.environ)
     if kind == "bagf":
         env["BAGF_TUNE"] = "0"  # a serving process: plans from the cache, a miss runs torch's conv
@@ -267,18 +270,22 @@ CHILD_KINDS = ("stock", "bagf")
 
 
 def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: bool, dtype: str,
-           memory_format: str) -> dict:
+           memory_format: str, frozen: bool = False) -> dict:
     from .models import build  # the parent built this model by name already, so the name is known to build
 
     torch.manual_seed(0)
     fmt = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}[memory_format]
     dt = getattr(torch, dtype)
     net = build(model, tuned=kind == "bagf").cuda().eval().to(dt).to(memory_format=fmt)
+    if frozen and kind == "bagf":
+        from .nn import freeze_weights
+
+        freeze_weights(net)
     x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda").to(dt).contiguous(memory_format=fmt)
     name = "stock" if kind == "stock" else "bagf_served"
     out: dict = {}
     process = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}" + (
-        ", BAGF_TUNE=0 (plans from the cache)" if kind == "bagf" else "")
+        ", BAGF_TUNE=0 (plans from the cache)" + (", weights frozen" if frozen else "") if kind == "bagf" else "")
     with torch.no_grad(), fp32(benchmark=False, tf32=tf32):
         for variant, make in [(name, lambda: lambda: net(x))] + (
                 [(name + "_graph", lambda: _graph_call(net, x, out, name + "_graph"))] if graphs else []):
@@ -369,15 +376,16 @@ def table(results: dict[int, dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bagf_torch.bench --child KIND MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) DTYPE FORMAT``: one child's
-    timings as a JSON line on stdout (``in_child`` writes this command line)."""
+    """``python -m bagf_torch.bench --child KIND MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) DTYPE FORMAT FROZEN(0|1)``:
+    one child's timings as a JSON line on stdout (``in_child`` writes this command line)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 9 and argv[0] == "--child" and argv[1] in CHILD_KINDS:
-        kind, model, shape, runs, graphs, tf32, dtype, fmt = argv[1:]
-        print(json.dumps(_child(kind, model, shape, int(runs), graphs == "1", tf32 == "1", dtype, fmt)))
+    if len(argv) == 10 and argv[0] == "--child" and argv[1] in CHILD_KINDS:
+        kind, model, shape, runs, graphs, tf32, dtype, fmt, frozen = argv[1:]
+        print(json.dumps(_child(kind, model, shape, int(runs), graphs == "1", tf32 == "1", dtype, fmt,
+                                frozen == "1")))
         return 0
     print("usage: python -m bagf_torch.bench --child stock|bagf MODEL N,C,H,W RUNS GRAPHS(0|1) TF32(0|1) "
-          "float32|float16|bfloat16 contiguous|channels_last", file=sys.stderr)
+          "float32|float16|bfloat16 contiguous|channels_last FROZEN(0|1)", file=sys.stderr)
     return 2
 
 

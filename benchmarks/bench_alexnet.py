@@ -4,11 +4,12 @@
 Variants per batch size (see bagf_torch/bench.py for how each is timed): stock eager, stock eager with
 cudnn.benchmark, bagf eager, bagf served (a fresh process loading the plans with BAGF_TUNE=0), stock, bagf and served
 bagf in a CUDA graph, and torch.compile(mode="max-autotune") of the stock model as the peer a user would try instead
-(its compile time is reported; DESIGN measured 66 s at N=1 and 406 s at N=128, so --no-compile skips it). The bagf model is pre-tuned first (tune_model; problems in the
-cache are not tuned again, so run `python -m bagf_torch tune --model alexnet --batch 1,32,128` before to keep
-tuning out of this run; with ``--dtype``, ``tune --dtype ... [--channels-last]``). The benchmark-off stock variants and
-the served bagf ones (BAGF_TUNE=0, plans from the cache: a serving process) are timed in fresh child processes.
-Writes JSON and a Markdown table with the GPU, versions and date.
+(its compile time is reported; DESIGN measured 66 s at N=1 and 406 s at N=128, so --no-compile skips it). The bagf
+model is pre-tuned first (tune_model; problems in the cache are not tuned again, so run `python -m bagf_torch tune
+--model alexnet --batch 1,32,128` before to keep tuning out of this run; with ``--dtype``, ``tune --dtype ...
+[--channels-last]``). The benchmark-off stock variants and the served bagf ones (BAGF_TUNE=0, plans from the cache: a
+serving process) are timed in fresh child processes. Writes JSON and a Markdown table with the GPU, versions and
+date.
 
     python benchmarks/bench_alexnet.py --batch 1,32,128 --out benchmarks/results
 """
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
                  "defaults (cudnn.benchmark off) timed in a fresh child process; `bagf_served` and "
                  "`bagf_served_graph` are the tuned model as a serving process runs it: a fresh child with "
                  "BAGF_TUNE=0 and PyTorch's default flags, plans from the cache"
-                 + (" (its weights not frozen)" if args.frozen else "") + "; every other variant runs in "
+                 + (" (its weights frozen too)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "",
@@ -120,13 +121,14 @@ def main(argv=None) -> int:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
                                         stock_model="alexnet", tf32=args.tf32,
-                                        channels_last=args.channels_last,
+                                        channels_last=args.channels_last, frozen=args.frozen,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])
         print(f"N={n}: " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in results[n].items())
               + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager; bagf "
-              f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served {s.get('bagf_served_vs_stock', float('nan')):.2f}x",
+              f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served "
+              f"{s.get('bagf_served_vs_stock', float('nan')):.2f}x",
               flush=True)
         write()  # results so far survive a run cut short
     print("\n".join(write()))

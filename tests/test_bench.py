@@ -75,7 +75,7 @@ def test_tf32_mode_reaches_both_sides_and_the_stock_child(monkeypatch):
     assert bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, False, tf32=True) == {"stock": _row(1.0)}
     assert bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, True)
     assert seen[0][seen[0].index("--child") + 1:] == ["stock", "alexnet", "1,3,224,224", "5", "0", "1", "float32",
-                                                       "contiguous"]
+                                                       "contiguous", "0"]
     assert seen[1][seen[1].index("--child") + 1:][4:6] == ["1", "0"]
 
 
@@ -100,7 +100,7 @@ def test_served_child_runs_with_tuning_off_in_the_models_dtype_and_format(monkey
         "bagf_served": _row(2.0)}
     cmd, env = seen[0]
     assert cmd[cmd.index("--child") + 1:] == ["bagf", "alexnet", "32,3,224,224", "5", "1", "0", "bfloat16",
-                                             "channels_last"]
+                                             "channels_last", "0"]
     assert env["BAGF_TUNE"] == "0"
     bench.in_child("stock", "alexnet", (1, 3, 224, 224), 5, False)
     assert seen[1][1]["BAGF_TUNE"] == "1"
@@ -140,8 +140,11 @@ def test_the_childs_command_line_reaches_the_child_as_written(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", run)
     bench.in_child("bagf", "torchvision:resnet18", (8, 3, 224, 224), 7, True, True, "float16", "channels_last")
-    assert got == [("bagf", "torchvision:resnet18", "8,3,224,224", 7, True, True, "float16", "channels_last")]
-    assert bench.main(["--child", "tuned", "alexnet", "1,3,8,8", "1", "0", "0", "float32", "contiguous"]) == 2
+    bench.in_child("bagf", "alexnet", (1, 3, 224, 224), 3, False, False, frozen=True)
+    assert got == [("bagf", "torchvision:resnet18", "8,3,224,224", 7, True, True, "float16", "channels_last", False),
+                   ("bagf", "alexnet", "1,3,224,224", 3, False, False, "float32", "contiguous", True)]
+    assert bench.main(["--child", "tuned", "alexnet", "1,3,8,8", "1", "0", "0", "float32", "contiguous", "0"]) == 2
+    assert bench.main(["--child", "bagf", "alexnet", "1,3,8,8", "1", "0", "0", "float32", "contiguous"]) == 2
 
 
 def test_the_child_program_imports_this_package_from_any_working_directory(tmp_path):
