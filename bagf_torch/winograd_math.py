@@ -258,6 +258,24 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding:
     return y.contiguous()
 
 
+def _error_data(problem: ConvProblem, seed: int, dtype: torch.dtype | None = None) -> tuple:
+    """The data the error probes measure on (unit-normal input, weights scaled by 1/sqrt(fan-in), a unit-normal
+    bias, as the tuner's check uses), float32, each tensor rounded to ``dtype`` first when given; with the Winograd
+    padding, the phase stride and the float64 direct convolution of those values: (x, w, b, pad, s, ref)."""
+    why = polyphase_applies(problem)
+    if why is not None:
+        raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
+    g = torch.Generator().manual_seed(seed)
+    cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype).float())
+    x = cast(torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g))
+    fan_in = problem.c * problem.r * problem.s
+    w = cast(torch.randn(problem.k, problem.c, problem.r, problem.s, generator=g) / fan_in ** 0.5)
+    b = cast(torch.randn(problem.k, generator=g)) if problem.bias else None
+    pad, s = tuple(problem.padding), phase_stride(problem)
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), s, pad)
+    return x, w, b, pad, s, ref
+
+
 def fp32_error(problem: ConvProblem, m: int, seed: int = 0, tf32: bool = False) -> dict[str, float]:
     """Error of F(m x m, 3 x 3) computed in float32 against a float64 direct convolution, on realistic data
     (unit-normal input, weights scaled by 1/sqrt(fan-in), as the tuner's check uses), with the error of a
@@ -265,16 +283,7 @@ def fp32_error(problem: ConvProblem, m: int, seed: int = 0, tf32: bool = False) 
     reference: ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref|| (the tuner's check). ``tf32``: both
     with TF32 products (the Winograd-domain operands rounded, see :func:`conv2d`; the direct convolution's input
     and weights rounded, as a TF32 implicit GEMM such as cuDNN's rounds them)."""
-    why = polyphase_applies(problem)
-    if why is not None:
-        raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g)
-    fan_in = problem.c * problem.r * problem.s
-    w = torch.randn(problem.k, problem.c, problem.r, problem.s, generator=g) / fan_in ** 0.5
-    b = torch.randn(problem.k, generator=g) if problem.bias else None
-    pad, s = tuple(problem.padding), phase_stride(problem)
-    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), s, pad)
+    x, w, b, pad, s, ref = _error_data(problem, seed)
 
     def err(y: torch.Tensor) -> tuple[float, float]:
         e = y.double() - ref
@@ -295,16 +304,7 @@ def h16_error(problem: ConvProblem, m: int, dtype: torch.dtype, seed: int = 0) -
     float32 and rounded once (``direct_*``: what the 16-bit implicit GEMMs compute; on the H200 cuDNN's 16-bit
     error on AlexNet's layers is 1.28-1.30x it, benchmarks/results/bench_layers_h200_{bf16,fp16}_nhwc.md).
     ``max`` = max |err| / max |ref|, ``norm`` = ||err|| / ||ref||."""
-    why = polyphase_applies(problem)
-    if why is not None:
-        raise ValueError(f"Winograd does not apply to {problem.short()}: {why}")
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(problem.n, problem.c, problem.h, problem.w, generator=g).to(dtype).float()
-    fan_in = problem.c * problem.r * problem.s
-    w = (torch.randn(problem.k, problem.c, problem.r, problem.s, generator=g) / fan_in ** 0.5).to(dtype).float()
-    b = torch.randn(problem.k, generator=g).to(dtype).float() if problem.bias else None
-    pad, s = tuple(problem.padding), phase_stride(problem)
-    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), s, pad)
+    x, w, b, pad, s, ref = _error_data(problem, seed, dtype)
 
     def err(y: torch.Tensor) -> tuple[float, float]:
         e = y.to(dtype).double() - ref  # (the one rounding to the output dtype)

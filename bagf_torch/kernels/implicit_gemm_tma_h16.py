@@ -171,7 +171,7 @@ def stage_bytes(c: Mapping[str, int]) -> int:
 def smem_bytes(c: Mapping[str, int]) -> int:
     """The ring, STAGES x (BN input rows + WN weight rows) x 128 bytes, 1024 bytes to align it to the swizzle's atom,
     and :func:`stage_bytes`."""
-    return c["STAGES"] * (bn(c) + bm(c)) * 128 + 1024 + stage_bytes(c)
+    return ring_bytes(c) + 1024 + stage_bytes(c)
 
 
 def estimated_registers(c: Mapping[str, int]) -> int:
