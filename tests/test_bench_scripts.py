@@ -634,3 +634,39 @@ def test_bench_layers_markdown_renders_every_committed_run(tmp_path):
     src.write_text((BENCHMARKS / "results" / "bench_layers_h200_tf32.json").read_text())
     assert bl.main(["--from-json", str(src)]) == 0
     assert src.with_suffix(".md").read_text().splitlines() == bl.markdown(json.loads(src.read_text()))
+
+
+def test_module_times_records_each_leaf_modules_own_input_in_call_order():
+    """benchmarks/probes/module_times.py times each leaf module alone on the input a real forward gives it: the
+    recorded inputs are those tensors' values and memory formats (channels_last kept), in call order, copies that
+    the forward's later in-place work does not change, and modules called with other than one tensor are left out."""
+    import torch
+    from torch import nn
+
+    probe = _script("probes/module_times")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.act = nn.ReLU(inplace=True)
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+
+        def forward(self, x):
+            y = self.conv(x)
+            y = self.act(y)  # in place: the conv's output changes after the conv has run
+            return self.head(y)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    seen = probe.leaf_inputs(net, x)
+    assert [name for name, _, _ in seen] == ["conv", "act", "head.0", "head.1"]
+    assert [mod for _, mod, _ in seen] == [net.conv, net.act, net.head[0], net.head[1]]
+    _, _, conv_in = seen[0]
+    assert torch.equal(conv_in, x) and conv_in.is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        pre_relu = net.conv(x)
+    _, _, act_in = seen[1]
+    assert torch.equal(act_in, pre_relu) and (act_in < 0).any()  # taken before the in-place ReLU ran
+    assert seen[3][2].shape == (2, 64)
