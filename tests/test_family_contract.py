@@ -19,7 +19,8 @@ from bagf_torch.kernels import FAMILIES, OPTIONAL, REQUIRED, FamilyHooks, Kernel
 from bagf_torch.problem import ConvProblem
 
 DATA_TYPES = {"FAMILY": str, "SOURCE": str, "KERNEL": str, "MIN_ARCH": int, "PARAMS": Mapping, "DEFAULT": Mapping,
-              "LEGACY": Mapping, "TEMPLATE_ORDER": tuple, "FORMATS": tuple, "KERNEL_ARGS": str, "LIBRARY": str}
+              "LEGACY": Mapping, "TEMPLATE_ORDER": tuple, "FORMATS": tuple, "KERNEL_ARGS": str, "LIBRARY": str,
+              "TF32_PRODUCTS": bool}
 """The runtime type of each data member of the two protocols."""
 
 PROBLEMS = (ConvProblem(n=8, c=192, h=13, w=13, k=384, r=3, s=3, padding=(1, 1)),

@@ -879,3 +879,60 @@ def test_a_prefetch_wave_that_eats_the_budget_still_leaves_every_start_point_mea
         assert measured == [("fast", fast.DEFAULT), ("slow", slow.DEFAULT), ("third", third.DEFAULT)], (step, measured)
         assert r.evaluations == 3 and r.family == "fast" and r.config == fast.DEFAULT
         assert now[0] < 7.0 + 3 * (load + step) + step + 0.01  # past the budget by the three loads and evaluations
+
+
+def _toy_family(name, tf32_products):
+    fam = _family()
+    fam.FAMILY = name
+    fam.name = lambda c, arch="sm90", n=name: f"{n}_a{c['A']}_b{c['B']}_c{c['C']}"
+    if tf32_products:
+        fam.TF32_PRODUCTS = True
+    return fam
+
+
+def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the_check(monkeypatch):
+    """In TF32 mode the check's bounds follow cuDNN's error; where cuDNN computes at fp32 accuracy (C = 3 layers on
+    the H200; torch's CPU conv here) they are fp32's, and the convolution of the operands rounded to TF32 misses
+    them (Workspace.tf32_operand_error, about 2e-4): a TF32_PRODUCTS family is then never compiled, the others are
+    tuned, and the result says why. Where cuDNN's own error is TF32's, the same family is searched."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from bagf_torch.tuning import measure
+    from bagf_torch.tuning.measure import REL_TOL, Workspace
+    from bagf_torch.winograd_math import tf32_round
+
+    problem = ConvProblem(n=1, c=3, h=20, w=20, k=16, r=5, s=5, padding=(2, 2), tf32=True)
+
+    def run():
+        comp = FakeCompiler()
+        compiled = []
+        compile_ = comp.compile
+        comp.compile = lambda fam, cs: (compiled.extend([fam.FAMILY] * len(cs)), compile_(fam, cs))[1]
+        backend = TrialBackend(comp, FakeChecker(comp), FakeBench(comp, 50.0),
+                               lambda p: Workspace(p, torch.device("cpu"), seed=3))
+        tuner = Tuner(backend, [_toy_family("exact", False), _toy_family("tf32", True)], budget=Budget(12))
+        return tuner.tune(problem), set(compiled)
+
+    ws = Workspace(problem, torch.device("cpu"), seed=3)
+    err = ws.tf32_operand_error()
+    assert ws.cudnn_error[0] < 1e-6 and (ws.rel_tol, ws.max_tol) == (REL_TOL, 10 * REL_TOL)
+    assert 1.2 * REL_TOL < err[0] < 5 * REL_TOL  # one TF32 rounding per operand: about 2e-4 of the norm
+    assert Workspace(dataclasses.replace(problem, tf32=False), torch.device("cpu"), seed=3).tf32_operand_error() is None
+    result, compiled = run()
+    assert compiled == {"exact"} and result.family == "exact" and set(result.defaults) == {"exact"}
+    assert list(result.left_out) == ["tf32"] and "TF32 products" in result.left_out["tf32"]
+
+    real_conv = F.conv2d
+
+    def tf32_conv(x, w, b=None, *args):  # cuDNN with TF32 products: its error sets the bounds at twice TF32's
+        if x.dtype == torch.float32:
+            return real_conv(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
+                             *args).float()
+        return real_conv(x, w, b, *args)
+
+    monkeypatch.setattr(measure.F, "conv2d", tf32_conv)
+    result, compiled = run()
+    assert compiled == {"exact", "tf32"} and result.left_out == {}

@@ -75,6 +75,11 @@ class FamilyHooks(Protocol):
     (SOURCE and KERNEL are empty, name_expression gives the library's name), ``KernelCompiler`` loads a configuration
     at once with no cubin (its LaunchGeometry says which library call), and the cache stores its plans without cubin
     digests. Without it, a CUDA C++ kernel family. TEMPLATE_ORDER and estimated_registers do not apply to one."""
+    TF32_PRODUCTS: bool
+    """True for a family computing one TF32 product per multiply (operands rounded to TF32, fp32 sums): the tuner
+    leaves it out of a problem whose check bounds the convolution of TF32-rounded operands already misses
+    (``Tuner._within_reach``; in TF32 mode where cuDNN computes at fp32 accuracy, as on C = 3 layers). Without it,
+    False."""
     TEMPLATE_ORDER: tuple[str, ...]
     """The knobs in the order of the kernel template's parameters; tests/test_nvcc.py builds the default's
     mangled name from it."""

@@ -7,9 +7,9 @@ mode accepts that error, and this family computes the same way: ``implicit_gemm_
 pipeline, split-K and knobs) with each operand rounded to TF32 once and one ``mma.sync`` per product instead of
 three. It applies only to problems tuned in TF32 mode (``ConvProblem.tf32``, part of every plan's key), so a
 strict-fp32 caller never gets one of its plans; in TF32 mode the correctness check's tolerance follows what
-cuDNN's own TF32 convolution misses by on the same data (``tuning.measure.Workspace``), and where cuDNN
-computes a problem without TF32 (e.g. AlexNet conv1 at N=1, C=3) these kernels fail that check and
-``implicit_gemm_tc`` is still searched beside them.
+cuDNN's own TF32 convolution misses by on the same data (``tuning.measure.Workspace``). Where cuDNN computes a
+problem without TF32 (AlexNet conv1, C = 3) the bounds are fp32's and TF32 products cannot meet them: the tuner
+leaves this family out there (``TF32_PRODUCTS``, ``Tuner._within_reach``) and searches ``implicit_gemm_tc``.
 
 Knobs, validity rules, launch geometry, start point and the search's features are ``implicit_gemm_tc``'s. Its
 register estimate counts both parts of the split fragments, which one product does not need: an upper bound, so
@@ -24,6 +24,7 @@ from . import implicit_gemm_tc as _tc
 from .space import Config, Space, template_expression
 
 FAMILY = "implicit_gemm_tf32"
+TF32_PRODUCTS = True  # one TF32 product per multiply: left out where that alone misses the check (Tuner)
 SOURCE = _tc.SOURCE
 KERNEL = "bagf::implicit_gemm_tf32_conv2d"
 TEMPLATE_ORDER = _tc.TEMPLATE_ORDER

@@ -81,6 +81,7 @@ from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, register_rule, shared_memory_rule, template_expression
 
 FAMILY = "implicit_gemm_tma_tf32"
+TF32_PRODUCTS = True  # one TF32 product per multiply: left out where that alone misses the check (Tuner)
 SOURCE = _th.SOURCE
 KERNEL = _th.KERNEL
 TEMPLATE_ORDER = _th.TEMPLATE_ORDER

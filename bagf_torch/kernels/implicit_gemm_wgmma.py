@@ -43,6 +43,7 @@ from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, register_rule, resident_blocks, shared_memory_rule, template_expression
 
 FAMILY = "implicit_gemm_wgmma"
+TF32_PRODUCTS = True  # one TF32 product per multiply: left out where that alone misses the check (Tuner)
 SOURCE = "implicit_gemm_wgmma.cuh"
 KERNEL = "bagf::implicit_gemm_wgmma_conv2d"
 TEMPLATE_ORDER = ("WN", "NB", "WG", "STAGES", "SPLIT")

@@ -32,6 +32,7 @@ from .implicit_gemm_tf32 import applies as _tf32_mode
 from .space import Config, Space, template_expression
 
 FAMILY = "winograd_tf32"
+TF32_PRODUCTS = True  # one TF32 product per multiply: left out where that alone misses the check (Tuner)
 SOURCE = _wtc.SOURCE
 KERNEL = "bagf::winograd_tf32_conv2d"
 TEMPLATE_ORDER = _wtc.TEMPLATE_ORDER

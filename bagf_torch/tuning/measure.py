@@ -49,6 +49,7 @@ class Workspace:
     def __init__(self, problem: ConvProblem, device: torch.device, seed: int | None = None, frozen: bool = False):
         self.frozen = frozen  # op_call passes a KRSC plan the weight's KRSC copy, as a frozen TunedConv2d does
         self._w_krsc: torch.Tensor | None = None
+        self._tf32_operand_error: tuple[float, float] | None = None
         g = torch.Generator(device=device)
         # fresh data per workspace without touching the user's global RNG (torch.seed() would reseed it)
         g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") % (2**63))
@@ -83,6 +84,26 @@ class Workspace:
             del theirs
             self.rel_tol = max(REL_TOL, CUDNN_ERROR_FACTOR * self.cudnn_error[0])
             self.max_tol = max(10 * REL_TOL, CUDNN_ERROR_FACTOR * self.cudnn_error[1])
+
+    def tf32_operand_error(self) -> tuple[float, float] | None:
+        """In TF32 mode (float32 problems only), the error against the float64 reference of the convolution of this
+        workspace's operands rounded to TF32 (``winograd_math.tf32_round``: what one TF32 product per multiply sees),
+        summed exactly (in float64): the error every family with ``TF32_PRODUCTS`` makes before its own summation
+        order adds to it (a Winograd one rounds transformed operands, larger still), so where it exceeds the
+        check's bounds no such family can pass. Where cuDNN's "TF32" kernel computes at fp32 accuracy (C = 3
+        layers: 2e-7) the bounds are fp32's, and TF32 products miss them about twofold on any data. None in
+        strict fp32 and in 16-bit dtypes. Computed on first use (one float64 convolution), then kept."""
+        p = self.problem
+        if not (p.tf32 and p.dtype == "float32") or not self.ref.numel():
+            return None
+        if self._tf32_operand_error is None:
+            from ..winograd_math import tf32_round
+
+            with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
+                rounded = F.conv2d(tf32_round(self.x).double(), tf32_round(self.w).double(),
+                                   None if self.b is None else self.b.double(), p.stride, p.padding, p.dilation)
+            self._tf32_operand_error = output_error(rounded, self.ref, self.ref_norm, self.ref_max)
+        return self._tf32_operand_error
 
     def op_call(self, handle: int) -> Callable[[], torch.Tensor]:
         """The call a user's inference forward makes (allocating its output, as F.conv2d does): TunedConv2d's

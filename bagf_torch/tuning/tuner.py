@@ -401,6 +401,7 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     defaults: dict[str, float | None] = field(default_factory=dict)  # family -> its start's time (None: failed)
     pruned: dict[str, tuple[int, int]] = field(default_factory=dict)  # family -> (kept, valid) when pruning ran
+    left_out: dict[str, str] = field(default_factory=dict)  # family -> why its arithmetic cannot pass the check here
 
     @property
     def speedup(self) -> float:
@@ -517,6 +518,27 @@ class Tuner:
         return [f for f in self.families
                 if format_refuses(f, problem) is None
                 and (getattr(f, "applies", None) is None or f.applies(problem) is None) and runs_here(f)]
+
+    @staticmethod
+    def _within_reach(families: list[ModuleType], ws, problem: ConvProblem) -> tuple[list[ModuleType], dict[str, str]]:
+        """``families`` less those whose arithmetic cannot pass this workspace's check, and {family: why} of those:
+        a family with ``TF32_PRODUCTS`` (one TF32 product per multiply) where the convolution of the operands
+        rounded to TF32 already misses the check's bounds (``Workspace.tf32_operand_error``: in TF32 mode where
+        cuDNN computes at fp32 accuracy, as on C = 3 layers). Their start points would be compiled, run and
+        found wrong, in the problem's budget, and the search would spend more on them. A workspace without the
+        measure (a worker's) leaves every family in."""
+        if not any(getattr(f, "TF32_PRODUCTS", False) for f in families):
+            return families, {}
+        measure = getattr(ws, "tf32_operand_error", None)
+        error = measure() if measure is not None else None
+        rel_tol, max_tol = getattr(ws, "rel_tol", None), getattr(ws, "max_tol", None)
+        if error is None or rel_tol is None or max_tol is None or (error[0] <= rel_tol and error[1] <= max_tol):
+            return families, {}
+        why = (f"TF32 products: the operands rounded to TF32 alone miss the float64 reference by {error[0]:.2e} "
+               f"(max {error[1]:.2e}), beyond the check's {rel_tol:.2g} (max {max_tol:.2g})")
+        left_out = {f.FAMILY: why for f in families if getattr(f, "TF32_PRODUCTS", False)}
+        log.logger().info(f"{problem.short()}: {', '.join(left_out)} left out, {why}")
+        return [f for f in families if f.FAMILY not in left_out], left_out
 
     def start_config(self, family: ModuleType, problem: ConvProblem) -> Config:
         """Where a family's search starts: ``default_for(problem, sms[, arch])`` when the family sizes its default
@@ -684,6 +706,7 @@ class Tuner:
         # check, measure (the search's timings), strategy (its own thinking), finalists (the re-timing)
         phases = {"setup": 0.0, "compile": 0.0, "check": 0.0, "measure": 0.0, "strategy": 0.0, "finalists": 0.0}
         ws = self.workspace(problem)
+        families, left_out = self._within_reach(families, ws, problem)
         handles: dict[tuple, int] = self._live
         trials: list[Trial] = []
         best = [float("inf")]
@@ -877,7 +900,7 @@ class Tuner:
         win_family = finalists[win][0] if fin_handles[win] != ATEN else self.family.FAMILY
         common = dict(problem=problem, aten_us=aten_us, default_us=defaults.get(win_family),
                       evaluations=evaluations, seconds=clock() - t_start, phases=phases,
-                      trials=trials, defaults=defaults, pruned=pruned)
+                      trials=trials, defaults=defaults, pruned=pruned, left_out=left_out)
         if fin_handles[win] == ATEN:
             return TuneResult(family="aten", config=None, handle=ATEN, time_us=aten_us, **common)
         return TuneResult(family=win_family, config=dict(finalists[win][1]), handle=fin_handles[win],
