@@ -269,30 +269,36 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
         assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
-@pytest.mark.parametrize("shape", [(2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),
-                                   (2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True)])
-def test_tf32_product_families_left_out_exactly_where_their_start_points_fail(compiler, shape):
+@pytest.mark.parametrize("shape, layout", [((2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True), "nchw"),
+                                           ((2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), "nchw"),
+                                           ((2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), "nhwc")])
+def test_tf32_product_families_left_out_exactly_where_their_start_points_fail(compiler, shape, layout):
     """The tuner leaves a TF32_PRODUCTS family out of a TF32-mode problem when the operands rounded to TF32 alone
-    miss the check's bounds (Tuner._within_reach): on AlexNet conv1 (C = 3, where cuDNN's TF32 mode computes at
-    fp32 accuracy on the H200) and conv3 (where it uses TF32), each such family's start point fails the check
-    exactly where the rule leaves it out, and passes where the rule keeps it."""
+    clearly miss the check's bounds (Tuner._within_reach): on AlexNet conv1 (C = 3, where cuDNN's TF32 mode computes
+    at fp32 accuracy on the H200) every such family that computes the layer is left out and its start point fails
+    the check; on conv3 (where cuDNN uses TF32) none is, and each start point passes, in NCHW and channels_last (no
+    TF32-product family computes a channels_last C = 3 layer)."""
+    from bagf_torch.kernels import FAMILIES, format_refuses
     from bagf_torch.tuning.measure import CudaChecker, Workspace
     from bagf_torch.tuning.tuner import Tuner
 
-    problem = _problem(shape, tf32=True)
+    problem = _problem(shape, tf32=True, fmt=("float32", layout))
     ws = Workspace(problem, torch.device("cuda", 0))
-    fams = [f for f in (_family(n) for n in ("implicit_gemm_tf32", "implicit_gemm_wgmma", "implicit_gemm_tma_tf32"))
-            if f.applies(problem) is None]
+    fams = [f for f in FAMILIES.values() if getattr(f, "TF32_PRODUCTS", False) and format_refuses(f, problem) is None
+            and (getattr(f, "applies", None) is None or f.applies(problem) is None)]
+    assert fams
     kept, left_out = Tuner._within_reach(fams, ws, problem)
     print(f"{problem.short()}: cuDNN TF32-mode error {ws.cudnn_error[0]:.2e}, TF32-rounded operands "
           f"{ws.tf32_operand_error()[0]:.2e}, bound {ws.rel_tol:.2e}; left out {sorted(left_out)}")
+    if shape[1] == 3:
+        assert ws.cudnn_error[0] < 1e-5 and set(left_out) == {f.FAMILY for f in fams}, (ws.cudnn_error, left_out)
+    else:
+        assert left_out == {} and kept == fams
     checker = CudaChecker(compiler.ext)
     for fam in fams:
         cfg = fam.default_for(problem) if hasattr(fam, "default_for") else fam.DEFAULT
         out = checker.check(ws, compiler.compile(fam, [cfg])[0].handle)
         assert (out is not None) == (fam.FAMILY in left_out), (fam.FAMILY, out)
-    if shape[1] == 3:
-        assert ws.cudnn_error[0] < 1e-5 and set(left_out) == {f.FAMILY for f in fams}, (ws.cudnn_error, left_out)
 
 
 @pytest.mark.parametrize("shape", [(2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True),

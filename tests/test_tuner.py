@@ -893,8 +893,10 @@ def _toy_family(name, tf32_products):
 def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the_check(monkeypatch):
     """In TF32 mode the check's bounds follow cuDNN's error; where cuDNN computes at fp32 accuracy (C = 3 layers on
     the H200; torch's CPU conv here) they are fp32's, and the convolution of the operands rounded to TF32 misses
-    them (Workspace.tf32_operand_error, about 2e-4): a TF32_PRODUCTS family is then never compiled, the others are
-    tuned, and the result says why. Where cuDNN's own error is TF32's, the same family is searched."""
+    them (Workspace.tf32_operand_error, about 2e-4): a TF32_PRODUCTS family is then never compiled in the problem's
+    tuning, the others are tuned, and the result says why; the rule acts before an evaluation budget cuts the family
+    list, so a budget of one evaluation still measures the fp32-accurate family. Where cuDNN's own error is TF32's,
+    the same family is searched."""
     import dataclasses
 
     import torch
@@ -902,28 +904,32 @@ def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the
 
     from bagf_torch.tuning import measure
     from bagf_torch.tuning.measure import REL_TOL, Workspace
+    from bagf_torch.tuning.tuner import REACH_MARGIN
     from bagf_torch.winograd_math import tf32_round
 
     problem = ConvProblem(n=1, c=3, h=20, w=20, k=16, r=5, s=5, padding=(2, 2), tf32=True)
 
-    def run():
+    def run(families=None, budget=12):
         comp = FakeCompiler()
         compiled = []
         compile_ = comp.compile
         comp.compile = lambda fam, cs: (compiled.extend([fam.FAMILY] * len(cs)), compile_(fam, cs))[1]
         backend = TrialBackend(comp, FakeChecker(comp), FakeBench(comp, 50.0),
                                lambda p: Workspace(p, torch.device("cpu"), seed=3))
-        tuner = Tuner(backend, [_toy_family("exact", False), _toy_family("tf32", True)], budget=Budget(12))
+        tuner = Tuner(backend, families or [_toy_family("exact", False), _toy_family("tf32", True)],
+                      budget=Budget(budget))
         return tuner.tune(problem), set(compiled)
 
     ws = Workspace(problem, torch.device("cpu"), seed=3)
     err = ws.tf32_operand_error()
     assert ws.cudnn_error[0] < 1e-6 and (ws.rel_tol, ws.max_tol) == (REL_TOL, 10 * REL_TOL)
-    assert 1.2 * REL_TOL < err[0] < 5 * REL_TOL  # one TF32 rounding per operand: about 2e-4 of the norm
+    assert REACH_MARGIN * REL_TOL < err[0] < 5 * REL_TOL  # one TF32 rounding per operand: about 2e-4 of the norm
     assert Workspace(dataclasses.replace(problem, tf32=False), torch.device("cpu"), seed=3).tf32_operand_error() is None
     result, compiled = run()
     assert compiled == {"exact"} and result.family == "exact" and set(result.defaults) == {"exact"}
     assert list(result.left_out) == ["tf32"] and "TF32 products" in result.left_out["tf32"]
+    result, compiled = run(families=[_toy_family("tf32", True), _toy_family("exact", False)], budget=1)
+    assert compiled == {"exact"} and set(result.defaults) == {"exact"}
 
     real_conv = F.conv2d
 

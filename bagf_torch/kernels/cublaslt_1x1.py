@@ -43,6 +43,7 @@ from .geometry import LaunchGeometry
 from .space import Config, Space
 
 FAMILY = "cublaslt_1x1"
+TF32_PRODUCTS = True  # in TF32 mode (TF = 1): left out where that alone misses the check (Tuner)
 SOURCE = ""  # (a library family: no kernel source, no cubin)
 KERNEL = ""
 LIBRARY = "cublasLt"

@@ -76,8 +76,8 @@ class FamilyHooks(Protocol):
     at once with no cubin (its LaunchGeometry says which library call), and the cache stores its plans without cubin
     digests. Without it, a CUDA C++ kernel family. TEMPLATE_ORDER and estimated_registers do not apply to one."""
     TF32_PRODUCTS: bool
-    """True for a family computing one TF32 product per multiply (operands rounded to TF32, fp32 sums): the tuner
-    leaves it out of a problem whose check bounds the convolution of TF32-rounded operands already misses
+    """True for a family computing one TF32 product per multiply in TF32 mode (operands rounded to TF32, fp32 sums):
+    the tuner leaves it out of a problem whose check bounds the convolution of TF32-rounded operands clearly misses
     (``Tuner._within_reach``; in TF32 mode where cuDNN computes at fp32 accuracy, as on C = 3 layers). Without it,
     False."""
     TEMPLATE_ORDER: tuple[str, ...]
