@@ -636,37 +636,49 @@ def test_bench_layers_markdown_renders_every_committed_run(tmp_path):
     assert src.with_suffix(".md").read_text().splitlines() == bl.markdown(json.loads(src.read_text()))
 
 
-def test_module_times_records_each_leaf_modules_own_input_in_call_order():
-    """benchmarks/probes/module_times.py times each leaf module alone on the input a real forward gives it: the
+def test_module_times_records_each_leaf_call_with_its_own_input_in_call_order():
+    """benchmarks/probes/module_times.py times each leaf-module call alone on the input a real forward gives it: the
     recorded inputs are those tensors' values and memory formats (channels_last kept), in call order, copies that
-    the forward's later in-place work does not change, and modules called with other than one tensor are left out."""
+    the forward's later in-place work does not change; a module called twice gives two entries, each with its own
+    input; calls with two tensors or with keyword arguments are listed apart, not timed alone."""
     import torch
     from torch import nn
 
     probe = _script("probes/module_times")
+
+    class Pair(nn.Module):
+        def forward(self, a, b=None):
+            return a if b is None else a + b
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 4, 3)
             self.act = nn.ReLU(inplace=True)
+            self.pair = Pair()
             self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
 
         def forward(self, x):
             y = self.conv(x)
             y = self.act(y)  # in place: the conv's output changes after the conv has run
-            return self.head(y)
+            y = self.pair(y, y)  # two tensors
+            y = self.pair(y, b=y)  # a keyword argument
+            z = self.act(y - 1)  # the same module again, on another input
+            return self.head(z)
 
     torch.manual_seed(0)
     net = Net().eval()
     x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
-    seen = probe.leaf_inputs(net, x)
-    assert [name for name, _, _ in seen] == ["conv", "act", "head.0", "head.1"]
-    assert [mod for _, mod, _ in seen] == [net.conv, net.act, net.head[0], net.head[1]]
+    seen, other = probe.leaf_calls(net, x)
+    assert [name for name, _, _ in seen] == ["conv", "act", "act", "head.0", "head.1"]
+    assert other == ["pair", "pair"]
+    assert [mod for _, mod, _ in seen] == [net.conv, net.act, net.act, net.head[0], net.head[1]]
     _, _, conv_in = seen[0]
     assert torch.equal(conv_in, x) and conv_in.is_contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         pre_relu = net.conv(x)
+        second = 4 * torch.relu(pre_relu) - 1
     _, _, act_in = seen[1]
     assert torch.equal(act_in, pre_relu) and (act_in < 0).any()  # taken before the in-place ReLU ran
-    assert seen[3][2].shape == (2, 64)
+    assert torch.allclose(seen[2][2], second) and not torch.equal(seen[2][2], act_in)
+    assert seen[4][2].shape == (2, 64)

@@ -1,13 +1,14 @@
 """GPU time of each module of one forward in CUDA graphs, stock against bagf_torch (needs a GPU): where a model's
 GPU time goes, and so how far converting its convolutions can take the whole forward.
 
-Each leaf module (a module without children: a conv, a ReLU, a pool, a Linear) is captured alone in its own CUDA
-graph on the input it gets in a real forward (recorded by a forward pre-hook), and its graph replays are timed with
-CUDA events (``bagf_torch.bench.time_forward``: GPU time of one replay from an idle stream, median of ``--replays``);
-stock's and bagf's module of the same name alternate, round by round, and each row is the median of ``--rounds``
-such medians. The whole forward is captured and timed the same way; "outside the modules" is the whole forward's
-time less the sum of its modules' (work a forward does between modules, such as AlexNet's ``torch.flatten`` of a
-channels_last tensor, and the gaps between kernels that separate graphs do not have).
+Each call of a leaf module (a module without children: a conv, a ReLU, a pool, a Linear) with one tensor argument is
+captured alone in its own CUDA graph on the input it gets in a real forward (recorded by a forward pre-hook; a module
+called twice gives two rows), and its graph replays are timed with CUDA events (GPU time of one replay from an idle
+stream, median of ``--replays``); stock's and bagf's call alternate with an empty graph's replay (the floor every
+row carries), and each row is the median of ``--rounds`` such medians. The whole forward is captured and timed the
+same way; "outside the modules" is the whole forward's time less the sum of its calls' (work a forward does
+outside leaf modules, such as AlexNet's ``torch.flatten`` of a channels_last tensor; the leaf calls not timed alone,
+listed; and the gaps between kernels that separate graphs do not have).
 
 Both models in ``--dtype`` and (``--channels-last``) that format; fp32 runs with cuDNN's TF32 as ``--tf32`` says
 (matmuls strict fp32, PyTorch's default); cuDNN in benchmark mode. The bagf model is pre-tuned first
@@ -23,15 +24,15 @@ import argparse
 import copy
 import datetime
 import json
-import statistics
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_overhead import command_line, git_commit  # noqa: E402
+from bench_overhead import command_line, git_commit, interleaved_graph_us  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
 from bagf_torch.bench import graphed, time_forward  # noqa: E402
@@ -39,44 +40,41 @@ from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
 
 
-def leaf_inputs(model: torch.nn.Module, x: torch.Tensor) -> list[tuple[str, torch.nn.Module, torch.Tensor]]:
-    """(name, module, the input it gets) of each leaf module that one forward calls with one tensor, in call order;
-    the inputs are copies (same strides) kept apart from the forward's later work."""
-    seen: list[tuple[str, torch.nn.Module, torch.Tensor]] = []
+def leaf_calls(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[tuple[str, torch.nn.Module, torch.Tensor]],
+                                                                   list[str]]:
+    """The leaf-module calls of one forward, in call order: (name, module, its input) of each call with one tensor
+    argument and no keyword arguments (the input a copy with the same strides, kept apart from the forward's later
+    work; a module called twice gives two entries), and the names of the leaf calls made otherwise (not timed
+    alone: their work lands in "outside the modules")."""
+    timed: list[tuple[str, torch.nn.Module, torch.Tensor]] = []
+    other: list[str] = []
     leaves = [(name, mod) for name, mod in model.named_modules() if next(mod.children(), None) is None]
 
     def record(name):
-        def hook(mod, args):
-            if len(args) == 1 and isinstance(args[0], torch.Tensor):
-                seen.append((name, mod, args[0].detach().clone(memory_format=torch.preserve_format)))
+        def hook(mod, args, kwargs):
+            if len(args) == 1 and isinstance(args[0], torch.Tensor) and not kwargs:
+                timed.append((name, mod, args[0].detach().clone(memory_format=torch.preserve_format)))
+            else:
+                other.append(name)
         return hook
 
-    hooks = [mod.register_forward_pre_hook(record(name)) for name, mod in leaves]
+    hooks = [mod.register_forward_pre_hook(record(name), with_kwargs=True) for name, mod in leaves]
     try:
         with torch.no_grad():
             model(x)
     finally:
         for h in hooks:
             h.remove()
-    return seen
+    return timed, other
 
 
-def graph_replay(call, x: torch.Tensor):
-    """``call(x)`` captured in a CUDA graph, without grad: the replay."""
-    with torch.no_grad():
+def graph_replay(call, x: torch.Tensor | None):
+    """``call(x)`` captured in a CUDA graph, without grad: the replay (a module that launches nothing, such as an
+    eval-mode Dropout or a view, gives an empty graph: what the event floor measures)."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns about an empty graph)
         replay, _ = graphed(call, x)
     return replay
-
-
-def interleaved_us(replays: dict[str, object], rounds: int, runs: int) -> dict[str, float]:
-    """{label: median over ``rounds`` of the median GPU us of ``runs`` replays}, the labels alternating within each
-    round (the order reversed every other round)."""
-    samples: dict[str, list[float]] = {k: [] for k in replays}
-    order = list(replays)
-    for r in range(rounds):
-        for label in (order if r % 2 == 0 else order[::-1]):
-            samples[label].append(time_forward(replays[label], runs=runs, warmup=5).median_us)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def kind(mod: torch.nn.Module) -> str:
@@ -90,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="bfloat16")
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--tf32", action="store_true", help="fp32 with cuDNN's TF32 on (PyTorch's default)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (median of their medians)")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (the library's)")
     ap.add_argument("--out", default=None, help="directory for the JSON and Markdown (default: print only)")
@@ -107,37 +105,40 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     stock = models.build(args.model, tuned=False).to(dtype).cuda().eval().to(memory_format=fmt)
     tuned = convert(copy.deepcopy(stock)).eval()
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=fmt)
+    size = models.input_size(args.model)
+    x = torch.randn(args.batch, 3, size, size, device="cuda", dtype=dtype).to(memory_format=fmt)
     report = tune_model(tuned, [x], seconds=args.seconds, progress=False)
     print(report)
     plans = {layer: row.plan for row in report.rows for layer in row.layers}
 
-    stock_leaves = leaf_inputs(stock, x)
-    tuned_leaves = {name: (mod, inp) for name, mod, inp in leaf_inputs(tuned, x)}
+    stock_calls, stock_other = leaf_calls(stock, x)
+    tuned_calls, tuned_other = leaf_calls(tuned, x)
+    names = [n for n, _, _ in stock_calls]
+    if names != [n for n, _, _ in tuned_calls]:
+        raise SystemExit(f"the two models call different modules: {names} against {[n for n, _, _ in tuned_calls]}")
+    # Two events around an empty graph's replay: what every row carries besides its module's work (the launch of a
+    # graph from an idle stream); the sums below take it off each row, and the whole forward's once.
+    empty = graph_replay(lambda t: t, x)
     rows = []
-    for name, smod, sinp in stock_leaves:
-        tmod, tinp = tuned_leaves.get(name, (None, None))
-        replays = {"stock": graph_replay(smod, sinp)}
-        if tmod is not None:
-            replays["bagf"] = graph_replay(tmod, tinp)
-        us = interleaved_us(replays, args.rounds, args.replays)
-        rows.append({"module": name, "kind": kind(smod), "shape": list(sinp.shape),
+    seen: dict[str, int] = {}
+    for (name, smod, sinp), (_, tmod, tinp) in zip(stock_calls, tuned_calls):
+        seen[name] = seen.get(name, 0) + 1
+        label = name if names.count(name) == 1 else f"{name}#{seen[name]}"
+        stock_us, bagf_us, floor_us = interleaved_graph_us(
+            [graph_replay(smod, sinp), graph_replay(tmod, tinp), empty], args.replays, args.rounds)
+        rows.append({"module": label, "kind": kind(smod), "shape": list(sinp.shape),
                      "plan": plans.get(name, "aten" if isinstance(tmod, TunedConv2d) else ""),
-                     "stock_us": us["stock"], "bagf_us": us.get("bagf")})
-        print(f"{name:16s} {kind(smod):18s} stock {us['stock']:8.1f} us  bagf {us.get('bagf', float('nan')):8.1f} us",
+                     "stock_us": stock_us, "bagf_us": bagf_us, "floor_us": floor_us})
+        print(f"{label:16s} {kind(smod):18s} stock {stock_us:8.1f} us  bagf {bagf_us:8.1f} us  (floor {floor_us:.1f})",
               flush=True)
-    whole = interleaved_us({"stock": graph_replay(stock, x), "bagf": graph_replay(tuned, x)}, args.rounds,
-                           args.replays)
-    # What two events around a replay measure with nothing between them: every module's time carries it once, the
-    # whole forward once, so the sums below take it off each module.
-    floor = statistics.median(time_forward(lambda: None, runs=args.replays, warmup=5).median_us
-                              for _ in range(args.rounds))
+    whole_stock, whole_bagf, floor = interleaved_graph_us([graph_replay(stock, x), graph_replay(tuned, x), empty],
+                                                          args.replays, args.rounds)
+    whole = {"stock": whole_stock, "bagf": whole_bagf}
 
     totals = {}
     for side in ("stock", "bagf"):
-        parts = [max(r[f"{side}_us"] - floor, 0.0) for r in rows if r[f"{side}_us"] is not None]
-        convs = [max(r[f"{side}_us"] - floor, 0.0) for r in rows
-                 if r["kind"] == "Conv2d" and r[f"{side}_us"] is not None]
+        parts = [max(r[f"{side}_us"] - r["floor_us"], 0.0) for r in rows]
+        convs = [max(r[f"{side}_us"] - r["floor_us"], 0.0) for r in rows if r["kind"] in ("Conv2d", "TunedConv2d")]
         totals[side] = {"whole_us": whole[side] - floor, "modules_us": sum(parts), "convs_us": sum(convs),
                         "outside_us": whole[side] - floor - sum(parts)}
     s, b = totals["stock"], totals["bagf"]
@@ -150,19 +151,20 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
             "command": command_line("probes/module_times.py", sys.argv[1:] if argv is None else argv),
             "model": args.model, "batch": args.batch, "dtype": args.dtype, "channels_last": args.channels_last,
-            "tf32": args.tf32, "rounds": args.rounds, "replays": args.replays, "event_floor_us": floor}
+            "tf32": args.tf32, "rounds": args.rounds, "replays": args.replays, "floor_us": floor,
+            "not_timed_alone": {"stock": stock_other, "bagf": tuned_other}}
     lines = [f"# GPU time per module in CUDA graphs: stock vs bagf_torch ({meta['gpu']})", "",
              f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {args.model} at "
              f"N = {args.batch}, {mode}, cudnn.benchmark=True; commit `{meta['commit']}`; `{meta['command']}`.", "",
-             "Each leaf module captured alone in a CUDA graph on the input it gets in a forward; GPU us of one replay, "
-             f"median of {args.replays} replays, median of {args.rounds} interleaved rounds. The whole forward is "
-             f"one graph of the model timed the same way. Two events with nothing between them measure {floor:.1f} us: "
-             "the sums and the whole forward below have it taken off once per graph (the rows carry it).", "",
-             "| module | kind | input | bagf plan | stock us | bagf us |", "|---|---|---|---|---|---|"]
+             "Each leaf-module call captured alone in a CUDA graph on the input it gets in a forward; GPU us of one "
+             f"replay, median of {args.replays} replays, median of {args.rounds} rounds interleaved with its twin and "
+             "an empty graph (`floor`: the launch of a graph from an idle stream, which every row carries). The whole "
+             "forward is one graph of the model timed the same way. The sums below take each row's floor off it, and "
+             f"the whole forward's ({floor:.1f} us) off it once.", "",
+             "| module | kind | input | bagf plan | stock us | bagf us | floor us |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        bagf_us = "-" if r["bagf_us"] is None else f"{r['bagf_us']:.1f}"
         lines.append(f"| {r['module']} | {r['kind']} | {'x'.join(map(str, r['shape']))} | {r['plan']} | "
-                     f"{r['stock_us']:.1f} | {bagf_us} |")
+                     f"{r['stock_us']:.1f} | {r['bagf_us']:.1f} | {r['floor_us']:.1f} |")
     lines += [f"| **convs** | | | | **{s['convs_us']:.1f}** | **{b['convs_us']:.1f}** |",
               f"| **all modules** | | | | **{s['modules_us']:.1f}** | **{b['modules_us']:.1f}** |",
               f"| outside the modules (whole less modules) | | | | {s['outside_us']:.1f} | {b['outside_us']:.1f} |",
@@ -170,6 +172,9 @@ def main(argv=None) -> int:
               f"Whole forward: bagf {s['whole_us'] / b['whole_us']:.2f}x stock. The convs are "
               f"{100 * s['convs_us'] / s['whole_us']:.0f}% of stock's forward: with every conv at zero GPU time and "
               f"the rest as stock's, the forward would be at most {ceiling:.2f}x stock."]
+    if stock_other or tuned_other:
+        lines += ["", "Leaf calls not timed alone (not one tensor argument; their work is in \"outside\"): stock "
+                  f"{', '.join(stock_other) or 'none'}; bagf {', '.join(tuned_other) or 'none'}."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
