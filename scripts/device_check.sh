@@ -26,6 +26,9 @@
 #   it fails or hangs (run it before the long stages after a kernel change).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures). bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
+#   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
+#   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each). modtimes = benchmarks/probes/module_times.py
+#   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1).
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
 #   the fault matrix in the background beside the tests stage, and every later stage but sanitize waits for it (on
 #   2+ GPUs the matrix runs on the last GPU anyway).
@@ -48,7 +51,7 @@ mkdir -p "$OUT"
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -180,6 +183,29 @@ if has bench2; then
   BAGF_CACHE_DIR=/tmp/bagf_cache_bench2 timeout ${BENCH2_TIMEOUT:-420} python3 benchmarks/bench_layers.py --out "$OUT" \
     ${BENCH2_ARGS:-} > "$OUT/bench2.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench2.log"
+fi
+if has extras16; then
+  wait_alongside
+  # The ResNet-style layers in each 16-bit dtype and memory format, one bench_layers.py run (and cache) each:
+  # bench_layers_extra_h200_{bf16,fp16}_{nhwc,nchw}.{json,md}; EXTRAS16_ARGS adds arguments to every run.
+  for combo in "bfloat16 --channels-last:bf16_nhwc" "float16 --channels-last:fp16_nhwc" "bfloat16:bf16_nchw" \
+               "float16:fp16_nchw"; do
+    tag=${combo##*:}
+    # shellcheck disable=SC2086  # the dtype and format words; EXTRAS16_ARGS is a list of arguments
+    BAGF_CACHE_DIR=/tmp/bagf_cache_extras16_$tag timeout ${EXTRAS16_TIMEOUT:-110} python3 benchmarks/bench_layers.py \
+      --out "$OUT" --dtype ${combo%%:*} --layers r3x3_256,r3x3_128,r1x1_1024 --batch 1,32 --tag "extra_h200_$tag" \
+      ${EXTRAS16_ARGS:-} > "$OUT/extras16_$tag.log" 2>&1 || rc=1
+    echo "== extras16 $tag"; grep -E "^Geomean|^\| r[13]x" "$OUT/bench_layers_extra_h200_$tag.md" 2>/dev/null | head -7
+  done
+fi
+if has modtimes; then
+  wait_alongside
+  # benchmarks/probes/module_times.py: each module's GPU time in CUDA graphs, stock vs bagf ($MODTIMES_ARGS, default
+  # AlexNet in bf16 channels_last at N = 1)
+  # shellcheck disable=SC2086  # MODTIMES_ARGS is a list of arguments
+  BAGF_CACHE_DIR=/tmp/bagf_cache_modtimes timeout ${MODTIMES_TIMEOUT:-150} python3 benchmarks/probes/module_times.py \
+    --out "$OUT" ${MODTIMES_ARGS:---dtype bfloat16 --channels-last --batch 1} > "$OUT/modtimes.log" 2>&1 || rc=1
+  tail -n 40 "$OUT/modtimes.log"
 fi
 if has record; then
   wait_alongside
