@@ -452,6 +452,7 @@ def main(argv=None) -> int:
                         else output_error(ws.op_call(result.handle)(), ws.ref, ws.ref_norm, ws.ref_max))
             row["error"] = {"cudnn": cudnn_err, "plan": plan_err, "check_bound": [ws.rel_tol, ws.max_tol]}
             row["family_defaults_us"] = result.defaults
+            row["families_left_out"] = result.left_out  # (out of reach of the check here: Tuner._within_reach)
             row["analysis_cudnn"] = layer_analysis(p, cudnn_us, ceilings)
             ours = [t for t in result.trials if t.config is not None and t.outcome.ok]
             if ours:  # our fastest kernel even when cuDNN won (first measurement, not re-timed)
