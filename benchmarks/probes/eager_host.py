@@ -110,17 +110,22 @@ def layout(t) -> str:
     return "contiguous" if t.is_contiguous() else f"strides {tuple(t.stride())}"
 
 
-def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
-    """{leaf module name: its output's memory format} in one forward."""
-    seen: dict[str, str] = {}
-    hooks = [mod.register_forward_hook(lambda m, a, o, n=name: seen.__setitem__(n, layout(o)))
-             for name, mod in leaves(model)]
+def forward_with_hooks(model: torch.nn.Module, x: torch.Tensor, hooks) -> None:
+    """One forward of ``model`` on ``x`` without grad, then the ``hooks`` (their removable handles) removed, also
+    after an error."""
     try:
         with torch.no_grad():
             model(x)
     finally:
         for h in hooks:
             h.remove()
+
+
+def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
+    """{leaf module name: its output's memory format} in one forward."""
+    seen: dict[str, str] = {}
+    forward_with_hooks(model, x, [mod.register_forward_hook(lambda m, a, o, n=name: seen.__setitem__(n, layout(o)))
+                                  for name, mod in leaves(model)])
     return seen
 
 

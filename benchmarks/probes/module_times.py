@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_overhead import command_line, git_commit, interleaved_graph_us  # noqa: E402
+from eager_host import forward_with_hooks, leaves  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
 from bagf_torch.bench import graphed, time_forward  # noqa: E402
@@ -48,7 +50,6 @@ def leaf_calls(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[tuple[str,
     alone: their work lands in "outside the modules")."""
     timed: list[tuple[str, torch.nn.Module, torch.Tensor]] = []
     other: list[str] = []
-    leaves = [(name, mod) for name, mod in model.named_modules() if next(mod.children(), None) is None]
 
     def record(name):
         def hook(mod, args, kwargs):
@@ -58,13 +59,8 @@ def leaf_calls(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[tuple[str,
                 other.append(name)
         return hook
 
-    hooks = [mod.register_forward_pre_hook(record(name), with_kwargs=True) for name, mod in leaves]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    forward_with_hooks(model, x, [mod.register_forward_pre_hook(record(name), with_kwargs=True)
+                                  for name, mod in leaves(model)])
     return timed, other
 
 
