@@ -91,8 +91,8 @@ class Workspace:
         summed exactly (in float64): the error every family with ``TF32_PRODUCTS`` makes before its own summation
         order adds to it (a Winograd one rounds transformed operands, larger still), so where it exceeds the
         check's bounds no such family can pass. Where cuDNN's "TF32" kernel computes at fp32 accuracy (C = 3
-        layers: 2e-7) the bounds are fp32's, and TF32 products miss them about twofold on any data. None in
-        strict fp32 and in 16-bit dtypes. Computed on first use (one float64 convolution), then kept."""
+        layers: 2e-7) the bounds are fp32's, and TF32 products miss them about twofold on random data such as
+        this. None in strict fp32 and in 16-bit dtypes. Computed on first use (one float64 convolution), then kept."""
         p = self.problem
         if not (p.tf32 and p.dtype == "float32") or not self.ref.numel():
             return None
