@@ -556,12 +556,14 @@ class Tuner:
             return start
         return family.DEFAULT
 
-    def start_alternatives(self, problem: ConvProblem) -> list[tuple[str, Config]]:
-        """``(family, config)`` of each measured family's ``start_alternatives(problem, sms, arch)``: second start
-        points, measured after the start points as seeds are."""
+    def start_alternatives(self, problem: ConvProblem,
+                           families: Sequence[ModuleType] | None = None) -> list[tuple[str, Config]]:
+        """``(family, config)`` of each measured family's (``families``, default ``measured_families``)
+        ``start_alternatives(problem, sms, arch)``: second start points, measured after the start points as seeds
+        are."""
         arch = getattr(self.compiler, "arch", None)
         out = []
-        for fam in self.measured_families(problem):
+        for fam in (self.measured_families(problem) if families is None else families):
             rule = getattr(fam, "problem_rule", None)
             for c in family_alternatives(fam, problem, self.sms, arch):
                 if self.spaces[fam.FAMILY].is_valid(c) and (rule is None or rule(c, problem) is None):
@@ -786,7 +788,7 @@ class Tuner:
 
         starts = {fam.FAMILY: self.start_config(fam, problem) for fam in families}
         by_name = {f.FAMILY: f for f in families}
-        seeds = [*self.start_alternatives(problem), *seeds]  # the families' second starts first, then neighbours'
+        seeds = [*self.start_alternatives(problem, families), *seeds]  # the families' second starts, then neighbours'
         seed_list = [(name, dict(config)) for name, config in seeds if name in by_name
                      and self.spaces[name].is_valid(config) and config_key(config) != config_key(starts[name])
                      and (getattr(by_name[name], "problem_rule", None) is None
