@@ -222,6 +222,14 @@ def tf32_round(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(t), t, (sign | magnitude).view(torch.float32))  # (the carry would end a NaN)
 
 
+def tf32_operands_conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride=1, padding=0,
+                         dilation=1) -> torch.Tensor:
+    """The float64 direct convolution of ``x`` and ``w`` rounded to TF32 (:func:`tf32_round`), the bias as it is:
+    what a convolution of one TF32 product per multiply and fp32 sums computes, but for its summation error."""
+    return F.conv2d(tf32_round(x).double(), tf32_round(w).double(), None if bias is None else bias.double(), stride,
+                    padding, dilation)
+
+
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int], m: int,
            stride: int = 1, tf32: bool = False, products: torch.dtype | None = None) -> torch.Tensor:
     """Stride-1 3x3 convolution by Winograd F(m x m, 3 x 3), computed in ``x``'s dtype (all transforms and

@@ -78,12 +78,11 @@ def _tf32_reference(ws, x=None, w=None, b=None):
     tests such a kernel on any shape, whatever cuDNN's own algorithm there (without TF32 on C = 3, its error sets
     the tuner's TF32 bound to fp32's), and shows that its operands are rounded, not truncated (a bias of 2^-11 per
     product: far outside)."""
-    from bagf_torch.winograd_math import tf32_round
+    from bagf_torch.winograd_math import tf32_operands_conv2d
 
     p = ws.problem
     x, w, b = (ws.x, ws.w, ws.b) if x is None else (x, w, b)
-    ws.ref = F.conv2d(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
-                      p.stride, p.padding, p.dilation)
+    ws.ref = tf32_operands_conv2d(x, w, b, p.stride, p.padding, p.dilation)
     ws.ref_norm = float(ws.ref.norm())
     ws.ref_max = float(ws.ref.abs().max()) if ws.ref.numel() else 0.0
     return ws
@@ -387,10 +386,11 @@ def test_misaligned_weight_uses_scalar_path(compiler, family):
         ref = winograd_math.conv2d(x.cpu(), w.cpu(), b.cpu(), (1, 1), _winograd_tf32_m(fam), tf32=True).double()
         return _assert_within_check(out.cpu(), ref)
     if _tf32_only(fam):
-        from bagf_torch.winograd_math import tf32_round
+        from bagf_torch.winograd_math import tf32_operands_conv2d
 
-        x, w = tf32_round(x), tf32_round(w)
-    ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
+        ref = tf32_operands_conv2d(x, w, b, 1, 1)
+    else:
+        ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
     _assert_within_check(out, ref)
 
 

@@ -474,6 +474,25 @@ def test_judge_output_is_the_check_every_cached_candidate_passes():
     assert judge_output(poisoned, ref, norm, big) == "1 of 10001 outputs unwritten or not finite"
 
 
+def _patch_tf32_products(monkeypatch):
+    """Make torch's conv, as the workspace calls it, compute as cuDNN's TF32 mode does: float32 operands rounded to
+    TF32 as the tensor cores round them, summed exactly (float64 calls, the reference's, unchanged); returns it."""
+    import torch
+
+    from bagf_torch.tuning import measure
+    from bagf_torch.winograd_math import tf32_operands_conv2d
+
+    real_conv = measure.F.conv2d
+
+    def conv(x, w, b=None, *args):
+        if x.dtype == torch.float32:  # the mode's products; the float64 reference stays exact
+            return tf32_operands_conv2d(x, w, b, *args).float()
+        return real_conv(x, w, b, *args)
+
+    monkeypatch.setattr(measure.F, "conv2d", conv)
+    return conv
+
+
 def test_tf32_mode_bounds_candidates_by_twice_cudnns_own_tf32_error(monkeypatch):
     """In TF32 mode the workspace measures what torch's conv (cuDNN on a GPU) misses the float64 reference by in
     that mode, on the workspace's own data, and the check allows twice that, never less than fp32's bounds. Here
@@ -483,22 +502,11 @@ def test_tf32_mode_bounds_candidates_by_twice_cudnns_own_tf32_error(monkeypatch)
     import dataclasses
 
     import torch
-    import torch.nn.functional as F
 
-    from bagf_torch.tuning import measure
     from bagf_torch.tuning.measure import REL_TOL, TF32_ERROR_FACTOR, Workspace, judge_output, output_error
-    from bagf_torch.winograd_math import tf32_round
-
-    real_conv = F.conv2d
-
-    def tf32_conv(x, w, b=None, *args):
-        if x.dtype == torch.float32:  # the mode's products; the float64 reference stays exact
-            return real_conv(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
-                             *args).float()
-        return real_conv(x, w, b, *args)
 
     problem = dataclasses.replace(PROBLEM, n=1, tf32=True)
-    monkeypatch.setattr(measure.F, "conv2d", tf32_conv)
+    tf32_conv = _patch_tf32_products(monkeypatch)
     ws = Workspace(problem, torch.device("cpu"), seed=3)
     theirs = ws.cudnn_error
     assert theirs is not None and theirs[0] > REL_TOL  # TF32 products: 2.0e-4 here, as cuDNN's on the H200
@@ -900,12 +908,9 @@ def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the
     import dataclasses
 
     import torch
-    import torch.nn.functional as F
 
-    from bagf_torch.tuning import measure
     from bagf_torch.tuning.measure import REL_TOL, Workspace
     from bagf_torch.tuning.tuner import REACH_MARGIN
-    from bagf_torch.winograd_math import tf32_round
 
     problem = ConvProblem(n=1, c=3, h=20, w=20, k=16, r=5, s=5, padding=(2, 2), tf32=True)
 
@@ -931,14 +936,6 @@ def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the
     result, compiled = run(families=[_toy_family("tf32", True), _toy_family("exact", False)], budget=1)
     assert compiled == {"exact"} and set(result.defaults) == {"exact"}
 
-    real_conv = F.conv2d
-
-    def tf32_conv(x, w, b=None, *args):  # cuDNN with TF32 products: its error sets the bounds at twice TF32's
-        if x.dtype == torch.float32:
-            return real_conv(tf32_round(x).double(), tf32_round(w).double(), None if b is None else b.double(),
-                             *args).float()
-        return real_conv(x, w, b, *args)
-
-    monkeypatch.setattr(measure.F, "conv2d", tf32_conv)
+    _patch_tf32_products(monkeypatch)  # cuDNN with TF32 products: its error sets the bounds at twice TF32's
     result, compiled = run()
     assert compiled == {"exact", "tf32"} and result.left_out == {}

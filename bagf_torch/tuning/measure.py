@@ -87,8 +87,7 @@ class Workspace:
 
     def tf32_operand_error(self) -> tuple[float, float] | None:
         """In TF32 mode (float32 problems only), the error against the float64 reference of the convolution of this
-        workspace's operands rounded to TF32 (``winograd_math.tf32_round``: what one TF32 product per multiply sees),
-        summed exactly (in float64): the error every family with ``TF32_PRODUCTS`` makes before its own summation
+        workspace's operands rounded to TF32, summed exactly (``winograd_math.tf32_operands_conv2d``): the error every family with ``TF32_PRODUCTS`` makes before its own summation
         order adds to it (a Winograd one rounds transformed operands, larger still), so where it exceeds the
         check's bounds no such family can pass. Where cuDNN's "TF32" kernel computes at fp32 accuracy (C = 3
         layers: 2e-7) the bounds are fp32's, and TF32 products miss them about twofold on random data such as
@@ -97,11 +96,10 @@ class Workspace:
         if not (p.tf32 and p.dtype == "float32") or not self.ref.numel():
             return None
         if self._tf32_operand_error is None:
-            from ..winograd_math import tf32_round
+            from ..winograd_math import tf32_operands_conv2d
 
             with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
-                rounded = F.conv2d(tf32_round(self.x).double(), tf32_round(self.w).double(),
-                                   None if self.b is None else self.b.double(), p.stride, p.padding, p.dilation)
+                rounded = tf32_operands_conv2d(self.x, self.w, self.b, p.stride, p.padding, p.dilation)
             self._tf32_operand_error = output_error(rounded, self.ref, self.ref_norm, self.ref_max)
         return self._tf32_operand_error
 

@@ -37,7 +37,7 @@ from bench_overhead import command_line, git_commit, interleaved_graph_us  # noq
 from eager_host import forward_with_hooks, leaves  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
-from bagf_torch.bench import graphed, time_forward  # noqa: E402
+from bagf_torch.bench import graphed  # noqa: E402
 from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
 
