@@ -682,3 +682,27 @@ def test_module_times_records_each_leaf_call_with_its_own_input_in_call_order():
     assert torch.equal(act_in, pre_relu) and (act_in < 0).any()  # taken before the in-place ReLU ran
     assert torch.allclose(seen[2][2], second) and not torch.equal(seen[2][2], act_in)
     assert seen[4][2].shape == (2, 64)
+
+
+def test_module_times_names_each_call_by_its_own_problem():
+    """A layer called at two input shapes has two rows in tune_model's report; module_times gives each call the plan
+    of its own problem, "aten" to a TunedConv2d call no row covers, and nothing to other modules."""
+    import torch
+    from types import SimpleNamespace
+
+    from bagf_torch.nn import TunedConv2d
+    from bagf_torch.problem import ConvProblem
+
+    probe = _script("probes/module_times")
+    conv = TunedConv2d(3, 4, 3, padding=1)
+    small, large = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 16, 16)
+
+    def row(x, plan, layers=("conv",)):
+        problem = ConvProblem.from_call(x, conv.weight, conv.bias, conv.stride, (1, 1), conv.dilation, 1)
+        return SimpleNamespace(problem=problem, layers=list(layers), plan=plan)
+
+    report = SimpleNamespace(rows=[row(small, "plan_small"), row(large, "plan_large"), row(large, "other", ["x"])])
+    assert probe.plan_of(report, "conv", conv, small) == "plan_small"
+    assert probe.plan_of(report, "conv", conv, large) == "plan_large"
+    assert probe.plan_of(report, "conv", conv, torch.randn(1, 3, 9, 9)) == "aten"
+    assert probe.plan_of(report, "relu", torch.nn.ReLU(), small) == ""

@@ -38,8 +38,9 @@ from eager_host import forward_with_hooks, leaves  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
 from bagf_torch.bench import graphed  # noqa: E402
-from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
+from bagf_torch.nn import TunedConv2d, _numeric_padding, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
+from bagf_torch.problem import ConvProblem  # noqa: E402
 
 
 def leaf_calls(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[tuple[str, torch.nn.Module, torch.Tensor]],
@@ -62,6 +63,19 @@ def leaf_calls(model: torch.nn.Module, x: torch.Tensor) -> tuple[list[tuple[str,
     forward_with_hooks(model, x, [mod.register_forward_pre_hook(record(name), with_kwargs=True)
                                   for name, mod in leaves(model)])
     return timed, other
+
+
+def plan_of(report, name: str, mod: torch.nn.Module, x: torch.Tensor) -> str:
+    """The plan ``tune_model``'s ``report`` names for the call of layer ``name`` (module ``mod``) on ``x``: its row
+    for this call's problem (a layer called at two shapes has two rows), "aten" for a TunedConv2d call no row has
+    (one the kernels do not take), "" for other modules."""
+    if not isinstance(mod, TunedConv2d):
+        return ""
+    padding = _numeric_padding(mod)
+    if padding is None:
+        return "aten"
+    problem = ConvProblem.from_call(x, mod.weight, mod.bias, mod.stride, padding, mod.dilation, mod.groups)
+    return next((row.plan for row in report.rows if row.problem == problem and name in row.layers), "aten")
 
 
 def graph_replay(call, x: torch.Tensor | None):
@@ -105,7 +119,6 @@ def main(argv=None) -> int:
     x = torch.randn(args.batch, 3, size, size, device="cuda", dtype=dtype).to(memory_format=fmt)
     report = tune_model(tuned, [x], seconds=args.seconds, progress=False)
     print(report)
-    plans = {layer: row.plan for row in report.rows for layer in row.layers}
 
     stock_calls, stock_other = leaf_calls(stock, x)
     tuned_calls, tuned_other = leaf_calls(tuned, x)
@@ -123,7 +136,7 @@ def main(argv=None) -> int:
         stock_us, bagf_us, floor_us = interleaved_graph_us(
             [graph_replay(smod, sinp), graph_replay(tmod, tinp), empty], args.replays, args.rounds)
         rows.append({"module": label, "kind": kind(smod), "shape": list(sinp.shape),
-                     "plan": plans.get(name, "aten" if isinstance(tmod, TunedConv2d) else ""),
+                     "plan": plan_of(report, name, tmod, tinp),
                      "stock_us": stock_us, "bagf_us": bagf_us, "floor_us": floor_us})
         print(f"{label:16s} {kind(smod):18s} stock {stock_us:8.1f} us  bagf {bagf_us:8.1f} us  (floor {floor_us:.1f})",
               flush=True)
