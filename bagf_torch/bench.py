@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from . import log
-from .problem import cudnn_conv_mode
+from .problem import cudnn_conv_mode, memory_layout
 
 
 @contextlib.contextmanager
@@ -197,7 +197,7 @@ def child_args(x: torch.Tensor, channels_last: bool | None = None) -> tuple[tupl
     """(shape, dtype name, memory format name) of the children's input, as ``x``'s; channels_last as
     ``channels_last`` says, or as ``x``'s strides say when None (a 1-channel or 1x1 input is both formats: say it)."""
     if channels_last is None:
-        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        channels_last = x.dim() == 4 and memory_layout(x) == "nhwc"
     return tuple(x.shape), str(x.dtype).split(".")[-1], "channels_last" if channels_last else "contiguous"
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from . import log, runtime
 from .kernels import supported_formats
 from .ops import ATEN
-from .problem import ConvProblem, cudnn_tf32, out_extent
+from .problem import ConvProblem, cudnn_tf32, memory_layout, out_extent
 
 _INT32_MAX = 2**31 - 1
 
@@ -47,12 +47,8 @@ _TAKEN_DTYPES = frozenset(d for d, _ in _TAKEN)
 def _format(x: torch.Tensor) -> tuple[str, str] | None:
     """(dtype name, "nchw" or "nhwc") of ``x`` as ConvProblem.from_call names them, None for other dtypes or
     strides."""
-    name = _DTYPE_NAMES.get(x.dtype)
-    if name is None:
-        return None
-    if x.is_contiguous():
-        return name, "nchw"
-    return (name, "nhwc") if x.is_contiguous(memory_format=torch.channels_last) else None
+    name, layout = _DTYPE_NAMES.get(x.dtype), memory_layout(x)
+    return None if name is None or layout == "strided" else (name, layout)
 
 
 def _compile_constant(fn):
@@ -381,12 +377,12 @@ class TunedConv2d(nn.Conv2d):
                 return self._conv_forward(input, w, b)
             # the weight in the input's memory format in the same copy (a channels_last plan reads it KRSC; the
             # host would otherwise convert it again)
-            fmt = (torch.channels_last if not input.is_contiguous()
-                   and input.is_contiguous(memory_format=torch.channels_last) else torch.preserve_format)
+            fmt = torch.channels_last if memory_layout(input) == "nhwc" else torch.preserve_format
             input, w, b = input.to(cast), w.to(dtype=cast, memory_format=fmt), None if b is None else b.to(cast)
             own = False
         # Input the kernels never take (a dtype and memory format no family computes, other strides): nn.Conv2d's
-        # forward at once, for two checks; the reason is logged once.
+        # forward at once, for two checks; the reason is logged once. (memory_layout's rule, spelt out: every
+        # call passes here.)
         dtype, contiguous = input.dtype, input.is_contiguous()
         if (dtype is not _F32 or not contiguous) and ((dtype, contiguous) not in _TAKEN or (
                 not contiguous and not input.is_contiguous(memory_format=torch.channels_last))):

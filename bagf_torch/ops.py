@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from .problem import out_extent
+from .problem import memory_layout, out_extent
 
 ATEN = -1
 """The ``plan`` value meaning "torch's own conv" (ATen's conv2d): what the runtime serves a problem with when
@@ -45,8 +45,7 @@ def register_fake() -> None:
             q = out_extent(input.shape[3], weight.shape[3], stride[1], padding[1], dilation[1])
             # the kernels' rule, which the CUDA op keeps for ATen's answers too: channels_last out for a
             # channels_last input (one that is not also contiguous), else contiguous; the input's dtype
-            fmt = (torch.channels_last if input.is_contiguous(memory_format=torch.channels_last)
-                   and not input.is_contiguous() else torch.contiguous_format)
+            fmt = torch.channels_last if memory_layout(input) == "nhwc" else torch.contiguous_format
             return input.new_empty((input.shape[0], weight.shape[0], p, q)).contiguous(memory_format=fmt)
 
         _registered = True

@@ -93,6 +93,22 @@ def _pair(v) -> tuple[int, int]:
     return t  # type: ignore[return-value]
 
 
+def memory_layout(x: torch.Tensor) -> str:
+    """"nchw" for a contiguous tensor, "nhwc" for one that is channels_last and not contiguous, "strided" otherwise:
+    the rule every part of the package (the problem's key, the forward's dispatch, the op's output, the benchmarks'
+    children) names a call's memory format by. A tensor that is both (C = 1 or H = W = 1) is "nchw".
+
+    >>> x = torch.empty(2, 3, 4, 5)
+    >>> memory_layout(x), memory_layout(x.to(memory_format=torch.channels_last)), memory_layout(x.transpose(2, 3))
+    ('nchw', 'nhwc', 'strided')
+    >>> memory_layout(torch.empty(2, 1, 4, 5).to(memory_format=torch.channels_last))
+    'nchw'
+    """
+    if x.is_contiguous():
+        return "nchw"
+    return "nhwc" if x.is_contiguous(memory_format=torch.channels_last) else "strided"
+
+
 def out_extent(size, k, stride, pad, dil):
     """The output's extent along one axis of a convolution (torch's formula): ``size`` input elements padded by
     ``pad`` on both sides, a ``k``-tap filter dilated by ``dil``, stride ``stride``. Zero or negative when the
@@ -140,12 +156,10 @@ class ConvProblem:
         numeric (string padding is resolved by the caller)."""
         n, c, h, w = x.shape
         k, _, r, s = weight.shape
-        layout = "nchw" if x.is_contiguous() else (
-            "nhwc" if x.is_contiguous(memory_format=torch.channels_last) else "strided")
         return cls(n=int(n), c=int(c), h=int(h), w=int(w), k=int(k), r=int(r), s=int(s),
                    stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation),
                    groups=int(groups), bias=bias is not None,
-                   dtype=str(x.dtype).replace("torch.", ""), layout=layout,
+                   dtype=str(x.dtype).replace("torch.", ""), layout=memory_layout(x),
                    tf32=bool(x.dtype == torch.float32 and cudnn_tf32()))
 
     @property
