@@ -6,6 +6,7 @@ import time
 import weakref
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import nn
 
 from . import log, runtime
@@ -104,10 +105,37 @@ def _reads_krsc(handle: int) -> bool:
 
 
 def _needs_dispatcher(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
-    """Whether a call must go through the dispatcher: a gradient to record, or a JIT trace to record it in."""
-    if torch.jit.is_tracing():
-        return True
+    """Whether a call must go through the dispatcher: a gradient to record."""
     return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad))
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+_PLAIN_DISPATCH = torch._C._disabled_torch_dispatch_impl  # torch.Tensor's __torch_dispatch__, a plain subclass's too
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_tracing = torch._C._is_tracing  # (torch.jit.is_tracing without its Python frame)
+_AUTOCAST_CASTS = frozenset((torch.float32, torch.float16, torch.bfloat16))
+"""The dtypes autocast casts (it leaves float64 and non-floating tensors as they are)."""
+
+
+def _wrapped(t) -> bool:
+    """``t`` is not a tensor with storage of its own our kernel can read: an FX proxy, or a tensor subclass with its
+    own ``__torch_dispatch__`` (FakeTensor, DTensor, a functional or logging wrapper). A plain subclass (no dispatch
+    of its own) is its storage, as a Parameter is."""
+    return type(t) not in _PLAIN and (not isinstance(t, torch.Tensor)
+                                      or type(t).__torch_dispatch__ is not _PLAIN_DISPATCH)
+
+
+def _foreign(x, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Whether a call is for ATen whatever the plan: an input, weight or bias our op cannot read (``_wrapped``), a
+    TorchDispatchMode on the stack (FlopCounterMode, FakeTensorMode...), a functorch transform (vmap, jvp, grad), a
+    forward-mode AD level or a torch.jit.trace recording (a plan handle means nothing outside this process). Our op
+    is one CUDA kernel over dense tensors, with none of their rules; nn.Conv2d's forward has them all. (About 0.2 us
+    per call.)"""
+    if not (type(x) in _PLAIN and type(w) in _PLAIN and (b is None or type(b) in _PLAIN)) and (
+            _wrapped(x) or _wrapped(w) or (b is not None and _wrapped(b))):
+        return True
+    return _dispatch_modes() > 0 or _functorch_active() or _forward_ad._current_level >= 0 or _is_tracing()
 
 
 def _numeric_padding(conv: nn.Conv2d) -> tuple[int, int] | None:
@@ -147,8 +175,10 @@ class TunedConv2d(nn.Conv2d):
         torch.Size([2, 8, 16, 16])
     """
 
-    _bagf_last: tuple | None = None  # class default: a module unpickled from an older state has none of its own
-    _bagf_frozen: bool = False  # ``freeze_weights``
+    # Class defaults (a module unpickled from an older state has none of its own), not annotated: TorchScript would
+    # read an annotation as a module attribute's type.
+    _bagf_last = None  # tuple | None: the last plan entry used
+    _bagf_frozen = False  # ``freeze_weights``
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -177,7 +207,9 @@ class TunedConv2d(nn.Conv2d):
         return state
 
     def _apply(self, *args, **kwargs):
-        # .to(), .cuda(), .half() and the like move or convert the weight: what the layer learnt is void
+        # .to(), .cuda(), .half() and the like move or convert the weight: what the layer learnt is void. (The copies
+        # graphs captured earlier read stay pinned: a .to() that changes nothing, model.cuda() on a CUDA model, leaves
+        # those graphs valid; freeze_weights lets them go.)
         out = super()._apply(*args, **kwargs)
         self._bagf_reset()
         return out
@@ -305,17 +337,9 @@ class TunedConv2d(nn.Conv2d):
         self.__dict__["_bagf_krsc"] = (weakref.ref(w), w._version, w.detach(), krsc, event, streams)
         return krsc
 
-    def __prepare_scriptable__(self) -> nn.Module:
-        """What ``torch.jit.script`` compiles in this module's place: a plain ``nn.Conv2d`` sharing its parameters,
-        buffers and hooks. The tuned forward is Python (the plan table, the runtime) that TorchScript cannot
-        compile; a scripted model runs torch's own conv, as a scripted nn.Conv2d would."""
-        conv = nn.Conv2d.__new__(nn.Conv2d)
-        conv.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_bagf_")})
-        return conv
-
     def _remember(self, x: torch.Tensor, entry: tuple) -> None:
         """Calls like ``x`` (shape, device, TF32 flag, dtype and contiguity: NCHW or channels_last, as every call that
-        gets here) take ``entry`` from the fast path from now on (see ``forward``; never called while compiling)."""
+        gets here) take ``entry`` from the fast path from now on (see ``_tuned_forward``; never called while compiling)."""
         key = (x.shape, x.get_device(), _tf32(), x.dtype, x.is_contiguous())
         self.__dict__.setdefault("_bagf_plans", {})[key] = entry
         self.__dict__["_bagf_last"] = (*key, entry)  # (not through nn.Module.__setattr__: it costs a microsecond)
@@ -355,6 +379,14 @@ class TunedConv2d(nn.Conv2d):
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        # TorchScript compiles this branch only (``torch.jit.script`` of a model: torch's conv, as a scripted
+        # nn.Conv2d runs); the tuned forward is Python that TorchScript cannot compile, and is left out of it.
+        if torch.jit.is_scripting():
+            return self._conv_forward(input, self.weight, self.bias)
+        return self._tuned_forward(input)
+
+    @torch.jit.unused
+    def _tuned_forward(self, input: torch.Tensor) -> torch.Tensor:
         # The parameters straight from _parameters: ``self.weight`` goes through nn.Module.__getattr__, which
         # costs more per call than the whole fast path below. (A parametrized or weight-normed module keeps its
         # weight elsewhere: then the attribute.)
@@ -366,11 +398,18 @@ class TunedConv2d(nn.Conv2d):
             w, b, own = self.weight, self.bias, False
         if _compiling():
             return self._traced_forward(input, w, b)
+        if _foreign(input, w, b):
+            return self._conv_forward(input, w, b)
         if _any_autocast() and _autocast_on(input):
             # What nn.Conv2d's forward does under autocast: input, weight and bias cast to autocast's dtype (the
             # memory format kept), the conv in that dtype; here by the kernels of that dtype. (Our op has no autocast
-            # kernel: it computes the dtype it is given.)
+            # kernel: it computes the dtype it is given.) Calls that ATen answers anyway are left to autocast's own
+            # casts: a float64 tensor (autocast casts none), a padding mode other than zeros (nn.Conv2d pads first,
+            # in the input's dtype).
             cast = torch.get_autocast_dtype(input.device.type)
+            if (input.dtype not in _AUTOCAST_CASTS or w.dtype not in _AUTOCAST_CASTS
+                    or (b is not None and b.dtype not in _AUTOCAST_CASTS) or self.padding_mode != "zeros"):
+                return self._conv_forward(input, w, b)
             if cast not in _TAKEN_DTYPES:
                 if "autocast" not in self.__dict__.get("_bagf_told", ()):
                     self._tell(input, "autocast")

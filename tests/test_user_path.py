@@ -634,6 +634,124 @@ def test_a_call_under_autocast_that_atens_answers_returns_what_nn_conv2d_returns
             assert y.dtype == want.dtype == torch.bfloat16 and torch.equal(y, want)
 
 
+def test_autocast_leaves_float64_and_padding_modes_to_autocasts_own_casts(monkeypatch):
+    """Autocast casts no float64 tensor, and nn.Conv2d pads (reflect, replicate, circular) before its conv, in the
+    input's dtype: such a call under autocast returns exactly what nn.Conv2d returns, gradients included."""
+    _cuda_looking(monkeypatch, (7, True))
+    monkeypatch.setattr(bnn, "_op", lambda: pytest.fail("such a call never reaches the op"))
+    monkeypatch.setattr(bnn, "_inference_call", lambda: pytest.fail("such a call never reaches the op"))
+    for kwargs, dtype in [({}, torch.float64), ({"padding_mode": "reflect"}, torch.float32)]:
+        torch.manual_seed(0)
+        conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1, **kwargs).to(dtype)
+        stock = torch.nn.Conv2d(4, 6, 3, padding=1, **kwargs).to(dtype)
+        stock.load_state_dict(conv.state_dict())
+        x = torch.randn(2, 4, 8, 8, dtype=dtype, requires_grad=True)
+        grads = []
+        for layer in (conv, stock):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x)
+            grads.append((y, torch.autograd.grad(y.float().square().sum(), x)[0]))
+        (y, gx), (want, want_gx) = grads
+        assert y.dtype == want.dtype and torch.equal(y, want) and torch.equal(gx, want_gx), kwargs
+
+
+def _warm_kernel_layer(monkeypatch):
+    """A TunedConv2d with a kernel plan for its (CPU, CUDA-looking) calls, warmed by one call; every later call
+    that reaches the kernels is recorded (the op or the dispatcher-free entry)."""
+    _cuda_looking(monkeypatch, (7, True))
+    kernel = []
+
+    def run(x, w, b, s, p, d, h):
+        kernel.append(type(x).__name__)
+        return F.conv2d(x, w, b, s, p, d)
+
+    monkeypatch.setattr(bnn, "_op", lambda: run)
+    monkeypatch.setattr(bnn, "_inference_call", lambda: run)
+    torch.manual_seed(0)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    stock = torch.nn.Conv2d(3, 4, 3, padding=1)
+    stock.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        conv(x)
+    assert kernel == ["Tensor"]
+    kernel.clear()
+    return conv, stock, x, kernel
+
+
+def test_calls_the_kernels_have_no_rule_for_run_nn_conv2d(monkeypatch):
+    """Our op is one CUDA kernel over plain tensors. A call under vmap, jvp or a forward-mode AD level, under a
+    TorchDispatchMode (FlopCounterMode, FakeTensorMode), on a tensor subclass or while torch.jit.trace records, runs
+    nn.Conv2d's forward on a layer that has a kernel plan for the shape: the right answer (tangents, flop counts,
+    fake outputs), and no plan handle of this process in a saved trace."""
+    import torch.autograd.forward_ad as fwAD
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    conv, stock, x, kernel = _warm_kernel_layer(monkeypatch)
+    conv.requires_grad_(False)
+    stock.requires_grad_(False)
+    t = torch.randn_like(x)
+    torch.testing.assert_close(torch.func.vmap(conv)(torch.stack([x, t])), torch.func.vmap(stock)(torch.stack([x, t])))
+    (out, tangent), (want, want_tangent) = torch.func.jvp(conv, (x,), (t,)), torch.func.jvp(stock, (x,), (t,))
+    assert torch.equal(out, want) and torch.equal(tangent, want_tangent)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(conv(fwAD.make_dual(x, t))).tangent
+    assert torch.equal(got, want_tangent)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as counted:
+            conv(x)
+        with FlopCounterMode(display=False) as stock_counted:
+            stock(x)
+        assert counted.get_total_flops() == stock_counted.get_total_flops() > 0
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:  # (the layer's parameters are real, as for nn.Conv2d)
+            fake = conv(mode.from_tensor(x))
+        assert type(fake).__name__ == "FakeTensor" and fake.shape == (2, 4, 8, 8)
+
+        class Wrapped(torch.Tensor):  # a wrapper subclass (as DTensor is): no storage of its own for a kernel
+            @staticmethod
+            def __new__(cls, t):
+                return torch.Tensor._make_wrapper_subclass(cls, t.shape, dtype=t.dtype, strides=t.stride())
+
+            def __init__(self, t):
+                self.inner = t
+
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+                unwrap = lambda a: a.inner if isinstance(a, Wrapped) else a  # noqa: E731
+                out = func(*map(unwrap, args), **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+                return Wrapped(out) if isinstance(out, torch.Tensor) else out
+
+        wrapped = conv(Wrapped(x))
+        assert type(wrapped) is Wrapped and torch.equal(wrapped.inner, stock(x))
+        assert kernel == []
+        traced = torch.jit.trace(conv, x, check_trace=False)  # (the check runs the layer eagerly too: the kernel)
+        assert "bagf::" not in str(traced.graph) and torch.equal(traced(x), stock(x))
+    assert kernel == []
+    with torch.no_grad():
+        conv(x)  # and a plain call after all of them takes the plan
+    assert kernel == ["Tensor"]
+
+
+def test_a_model_traces_scripts_and_fx_traces_as_nn_conv2d_does_and_stays_converted():
+    """torch.jit.trace of a converted model that has never run passes its own check (each call answers as the first
+    did); torch.jit.script compiles torch's conv for each layer and leaves the eager model converted;
+    torch.fx.symbolic_trace records a conv2d call with the layer's parameters. (CPU: every call is ATen's.)"""
+    torch.manual_seed(0)
+    stock = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3))
+    x = torch.randn(2, 3, 8, 8)
+    want = stock(x)
+    for make in (lambda m: torch.jit.trace(m, x), torch.jit.script, torch.fx.symbolic_trace):
+        model = bagf_torch.convert(torch.nn.Sequential(*[torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                                          torch.nn.Conv2d(4, 4, 3)]))
+        model.load_state_dict(stock.state_dict())
+        made = make(model)
+        assert torch.equal(made(x), want) and torch.equal(model(x), want)
+        assert all(type(m) is bagf_torch.TunedConv2d for m in (model[0], model[2])), make
+        model[0].weight.data.mul_(2)  # the parameters are shared, not copied
+        assert not torch.equal(made(x), want)
+
+
 def test_unsupported_input_is_checked_once_per_kind_of_call(monkeypatch):
     rt, checks = _cuda_looking(monkeypatch, (7, True))
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
@@ -702,6 +820,7 @@ def test_torch_jit_script_scripts_a_tuned_conv():
     scripted = torch.jit.script(m)
     x = torch.randn(1, 3, 8, 8)
     torch.testing.assert_close(scripted(x), m(x))
+    assert type(m[0]) is bagf_torch.TunedConv2d  # scripting left the eager model as it was
 
 
 # ------------------------------------------------------------------------------------------- settings
