@@ -939,3 +939,64 @@ def test_tf32_product_families_are_left_out_where_tf32_rounding_alone_misses_the
     _patch_tf32_products(monkeypatch)  # cuDNN with TF32 products: its error sets the bounds at twice TF32's
     result, compiled = run()
     assert compiled == {"exact", "tf32"} and result.left_out == {}
+
+
+def test_a_lone_start_point_is_compiled_up_front_and_gets_its_one_start_allowance():
+    """One family, no seeds: its start point still goes through the up-front wave (and the strategy's preload), so
+    the budget knows it needs no compile; a cached start with a recorded wave cost above the time left was refused
+    as unaffordable, and cuDNN kept the problem untried."""
+    from bagf_torch.tuning.replay import replay_backend
+    from test_user_path import SimClock, _CachingCompiler, _recorded  # (tests/ is on sys.path)
+
+    tc, rp, problem = _recorded()
+    clock = SimClock()
+    comp = _CachingCompiler(rp.evaluator(), clock, {tc.FAMILY: 3.0})
+    comp.wave_seconds = {tc.FAMILY: 3.0}  # a compile wave costs more than the 2 s budget
+    tuner = Tuner(replay_backend(comp.evaluator, 1e6, clock=clock, measure_s=0.02, compiler=comp), tc,
+                  strategy="random", budget=Budget(80, 2.0), seed=0, clock=clock)
+    start = tuner.start_config(tc, problem)
+    comp.cached.add((tc.FAMILY, config_key(start)))  # its cubin is in the cache (tune_model's prefetch_starts)
+    result = tuner.tune(problem)
+    assert result.defaults.get(tc.FAMILY) is not None and result.evaluations >= 1
+
+
+def test_a_tuning_with_no_passing_candidate_does_not_re_time_cudnn_alone():
+    """Every candidate fails the check: cuDNN is the plan, with its first timing; the finalists' re-timing (rounds
+    of CUDA-graph replays) would only run past the deadline."""
+    fam = _family()
+    comp = FakeCompiler()
+    asked = []
+
+    class Bench(FakeBench):
+        def remeasure(self, ws, handles, rounds=5):
+            asked.append(handles)
+            return super().remeasure(ws, handles, rounds)
+
+    bench = Bench(comp, 50.0)
+    result = Tuner(fake_backend(comp, FakeChecker(comp, wrong=fam.space().valid_configs()), bench), fam,
+                   strategy="random", budget=Budget(20, 10.0)).tune(PROBLEM)
+    assert result.family == "aten" and result.handle == ATEN and asked == []
+    assert result.aten_us == result.time_us == 50.0 and result.evaluations > 1
+
+
+def test_the_up_front_wave_compiles_only_the_seeds_the_budget_can_measure():
+    """Second start points and neighbours' seeds beyond what the evaluation budget measures (budget - families - 1)
+    are not compiled up front."""
+    fam = _family()
+    fam.start_alternatives = lambda problem, sms=132, arch=None: [{"A": 4, "B": 2, "C": 1}, {"A": 2, "B": 2, "C": 0}]
+
+    class Prefetching(FakeCompiler):
+        asked: list = []
+
+        def prefetch(self, items):
+            self.asked.extend(c for _, c in items)
+            return {}
+
+    for evaluations, compiled in [(2, 1), (3, 2), (10, 4)]:
+        comp = Prefetching()
+        comp.asked = []
+        result = Tuner(fake_backend(comp), fam, strategy="random", budget=Budget(evaluations, 6.0)).tune(
+            PROBLEM, seeds=[("toy", {"A": 8, "B": 4, "C": 1})])
+        assert len(comp.asked) == compiled, (evaluations, comp.asked)
+        measured = [t.config for t in result.trials if t.config is not None]
+        assert all(c in measured for c in comp.asked)

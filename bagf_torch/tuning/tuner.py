@@ -793,9 +793,11 @@ class Tuner:
                      and self.spaces[name].is_valid(config) and config_key(config) != config_key(starts[name])
                      and (getattr(by_name[name], "problem_rule", None) is None
                           or not by_name[name].problem_rule(config, problem))]
-        items = [(fam, starts[fam.FAMILY]) for fam in families] + [(by_name[n], c) for n, c in seed_list]
+        # (the seeds the evaluation budget can measure: what the loop below measures at most)
+        seed_cap = max(0, self.budget.evaluations - len(families) - 1)
+        items = [(fam, starts[fam.FAMILY]) for fam in families] + [(by_name[n], c) for n, c in seed_list[:seed_cap]]
         prefetch = getattr(self.compiler, "prefetch", None)
-        if prefetch is not None and len(items) > 1:
+        if prefetch is not None and items:
             # Every family's start point and the warm-start seeds are compiled up front in parallel (the cubins
             # land in the cache, so their compiles below are loads): one compile wave instead of one per family.
             # The seeds are winners of neighbouring problems, usually in the cache already: then this costs nothing,
@@ -833,7 +835,7 @@ class Tuner:
             fam = by_name.get(fam_name)
             if fam is None or (fam_name, config_key(config)) in done:
                 continue  # a family left without its start point, or a seed measured already
-            if seeded >= max(0, self.budget.evaluations - len(families) - 1):
+            if seeded >= seed_cap:
                 break
             limit[0] = deadline.search_end()
             try:
@@ -891,13 +893,16 @@ class Tuner:
         finalists = [k for _, k in ok[: self.finalists]]
         t = clock()
         fin_handles = [handles[k] for k in finalists] + [ATEN]
-        rounds = deadline.finalist_rounds(len(fin_handles))
-        times = self.bench.remeasure(ws, fin_handles, rounds=rounds)
+        # no finalist (every candidate failed): cuDNN is the plan, its first timing stands (re-timing it alone would
+        # only spend time past the deadline)
+        times = self.bench.remeasure(ws, fin_handles, rounds=deadline.finalist_rounds(len(fin_handles))) \
+            if finalists else [math.nan]
         phases["finalists"] = clock() - t
         aten_us = times[-1]
-        if aten_us != aten_us:  # cuDNN's GPU time could not be isolated from the host: it keeps the plan
-            log.logger().info(f"re-timing on {problem.short()}: the host could not queue cuDNN's calls ahead of the "
-                              "GPU; cuDNN keeps the plan")
+        if aten_us != aten_us:
+            if finalists:  # cuDNN's GPU time could not be isolated from the host: it keeps the plan
+                log.logger().info(f"re-timing on {problem.short()}: the host could not queue cuDNN's calls ahead of "
+                                  "the GPU; cuDNN keeps the plan")
             aten_us = aten.time_us if aten.ok else math.inf
             times = [math.nan] * (len(fin_handles) - 1) + [aten_us]
         win = min(range(len(fin_handles)), key=lambda i: times[i] if times[i] == times[i] else math.inf)
