@@ -35,7 +35,7 @@ from typing import Any, Protocol, Sequence
 
 from .cache import (EXPORT_FORMAT, FOREIGN_DIGEST_PREFIX, SCHEMA_VERSION, CacheUnavailable, _env_difference,
                     _insert_cubins, _normalise)
-from .cache_schema import PlanRecord, SchemaError, check_cubin_row, entry_label
+from .cache_schema import PlanRecord, SchemaError, check_cubin_row, encodable, entry_label
 
 __all__ = ["EXPORT_FORMAT", "ExportFile", "ForeignCubin", "KernelBuilder", "export_cache", "import_into",
            "local_compiler", "read_export"]
@@ -173,6 +173,7 @@ def _foreign_cubin(entry: Any) -> ForeignCubin:
         raise SchemaError("digest", "must be a short string")
     if not isinstance(name, str) or len(name) > 256:
         raise SchemaError("name", "must be a string of at most 256 characters")
+    encodable("name", name)
     if not isinstance(encoded, str) or len(encoded) > MAX_CUBIN_BYTES * 4 // 3 + 4:
         raise SchemaError("cubin", f"must be base64 text of at most {MAX_CUBIN_BYTES >> 20} MiB")
     try:
@@ -224,8 +225,13 @@ def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, c
             todo.append((_replace(record, cubin_digests=()), []))
             continue
         file_digest = record.cubin_digests[0] if record.cubin_digests else None
-        digest = compiler.digest(family, record.config) if compiler is not None else \
-            _cubin_digest_from_env(family, record.config, record.env)
+        try:
+            digest = compiler.digest(family, record.config) if compiler is not None else \
+                _cubin_digest_from_env(family, record.config, record.env)
+        except Exception as e:  # (one entry's failure is one skip line, never the whole import's)
+            skipped.append(f"{label}: its kernel's digest could not be computed ({type(e).__name__}: "
+                           f"{str(e)[:120]}); it will be tuned here instead")
+            continue
         record = _replace(record, cubin_digests=() if digest is None else (digest,))
         foreign = document.cubins.get(file_digest) if trust_cubins and file_digest else None
         if foreign is not None and digest is not None:

@@ -90,6 +90,16 @@ def _seconds(field: str, value: Any, *, optional: bool = False, infinite: bool =
 def _text(field: str, value: Any, limit: int = MAX_TEXT) -> str:
     if not isinstance(value, str) or not value or len(value) > limit:
         raise SchemaError(field, f"must be a non-empty string of at most {limit} characters, got {_short(value)}")
+    return encodable(field, value)
+
+
+def encodable(field: str, value: str) -> str:
+    """``value`` if it is text UTF-8 can hold; SchemaError for one with a lone surrogate (JSON's "\\ud800"), which
+    SQLite, a terminal and a log file all refuse."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SchemaError(field, f"is not valid text (a lone surrogate): {ascii(value)[:60]}") from None
     return value
 
 
@@ -162,7 +172,8 @@ def check_env(value: Any) -> dict:
 def check_config(family: str, config: Any, *, rules: bool = False) -> dict | None:
     """The configuration of a plan of ``family``: None for "aten" (torch's own conv), else an object of knob
     names to whole numbers. For a family this bagf_torch has, every knob (after ``complete_config`` adds
-    those a family gained later) must be one of the family's and each value one of its allowed values;
+    those a family gained later, which the configuration returned has) must be one of the family's and each value
+    one of its allowed values;
     ``rules`` also applies the family's validity rules (``family.space()``; imports do). The values end up
     in an NVRTC name expression, so nothing but ints of the space gets through. A family this bagf_torch
     does not know (another version's, sharing the file) is checked for types only: its plans are never
@@ -198,7 +209,7 @@ def check_config(family: str, config: Any, *, rules: bool = False) -> dict | Non
         reason = module.space().invalid_reason(full)
         if reason is not None:
             raise SchemaError("config", f"outside {family}'s space: {reason}")
-    return dict(config)
+    return dict(full)  # with the knobs it lacked at the values it stands for: what compiles and launches
 
 
 def _digests(value: Any) -> tuple[str, ...]:
@@ -332,5 +343,6 @@ def entry_label(entry: Any, n: int) -> str:
     if isinstance(entry, Mapping):
         key, family = entry.get("key"), entry.get("family")
         if isinstance(key, str) and key:
-            return f"{key[:16]} ({family if isinstance(family, str) else '?'})"[:80]
+            label = f"{key[:16]} ({family if isinstance(family, str) else '?'})"[:80]
+            return label.encode("utf-8", "backslashreplace").decode("utf-8")  # (printable whatever the file holds)
     return f"entry {n}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -227,13 +228,17 @@ def points_from_plans(plans: Sequence[dict], precision: str = "fp32") -> list[La
     and a TF32 or 16-bit plan's point would stand against another's roof."""
     points = []
     for plan, p in _checked(plans):
-        if not plan["time_us"] or precision_of(p.dtype, p.tf32) != precision:
-            continue  # a zero time has no FLOP/s to plot
+        if p.dtype not in ("float32", *PRECISIONS) or precision_of(p.dtype, p.tf32) != precision:
+            continue  # (a dtype with no ceiling, an imported plan's say, stands against no roof)
+        plan_flops = p.flops / plan["time_us"] * 1e6 if plan["time_us"] else math.inf
+        if not math.isfinite(plan_flops):
+            continue  # a zero (or denormal) time has no FLOP/s to plot
         aten = plan.get("aten_us")
+        cudnn_flops = p.flops / aten * 1e6 if aten else None
         points.append(LayerPoint(problem=p, label=f"N{p.n} C{p.c}->K{p.k} {p.r}x{p.s}", plan=plan_name(plan),
                                  intensity=p.flops / compulsory_bytes(p),
-                                 cudnn_flops=None if not aten else p.flops / (aten * 1e-6),
-                                 plan_flops=p.flops / (plan["time_us"] * 1e-6)))
+                                 cudnn_flops=cudnn_flops if cudnn_flops is None or math.isfinite(cudnn_flops)
+                                 else None, plan_flops=plan_flops))
     return points
 
 

@@ -411,3 +411,48 @@ def test_gpu_import_rebuilds_with_nvrtc_and_never_loads_the_files_bytes(cache_di
         assert hasattr(built, "handle"), built
         compiler.unload(built.handle)
     runtime.reset()
+
+
+def test_a_plan_recorded_before_its_familys_newer_knobs_imports_with_their_legacy_values(cache_dir, tmp_path):
+    """An entry that lacks knobs its family gained later (as a hand-made or older file may) is stored with them at
+    the values such configurations ran (``complete_config``): its kernel compiles and launches, where the bare
+    configuration made the import's digest raise (every entry lost) or left the problem on cuDNN for good."""
+    from bagf_torch.kernels import FAMILIES, family_refuses
+
+    h16 = FAMILIES["implicit_gemm_h16"]
+    problem = ConvProblem(n=8, c=64, h=28, w=28, k=64, r=3, s=3, padding=(1, 1), dtype="float16", layout="nhwc")
+    full = next(c for c in h16.space().valid_configs()
+                if c["SPLIT"] == 1 and c["ST"] == 2 and family_refuses(h16.FAMILY, c, problem) is None)
+    bare = {k: v for k, v in full.items() if k not in h16.LEGACY}
+    path = export_file(tmp_path, [plan(problem, config=bare, family=h16.FAMILY), plan(P2)])
+    with Cache.for_dir(cache_dir) as cache:
+        assert cache.import_(path, ENV) == (2, [])
+        stored = cache.get_plan(fingerprint(problem, ENV))["config"]
+        assert stored == full
+        h16.launch(stored)  # what loading the plan does with it
+
+    class Raising(FakeBuilder):
+        def digest(self, family, config):
+            if family.FAMILY == "implicit_gemm":
+                raise KeyError("GE")
+            return "built-" + family.name(config)
+
+    path = export_file(tmp_path, [plan(P1), plan(problem, config=bare, family=h16.FAMILY)], name="y.json")
+    with Cache(None) as cache:
+        imported, skipped = cache.import_(path, ENV, compiler=Raising(cache))
+        assert imported == 1 and len(skipped) == 1 and "digest could not be computed (KeyError" in skipped[0], skipped
+
+
+def test_text_a_lone_surrogate_spoils_is_refused_and_reported_printably(cache_dir, tmp_path, capsys):
+    """JSON can carry "\\ud800", which no UTF-8 file, database or terminal takes: an entry key, a field or a cubin
+    name holding one is a skipped entry with a printable label, never a UnicodeEncodeError out of import or check."""
+    path = export_file(tmp_path, [plan(key="\ud800bad"), plan(P2, family="\udcff")],
+                       [dict(cubin_entry("d0"), name="\ud800")])
+    assert cli.main(["cache", "check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "\\ud800bad" in out and "0 plans pass the checks, 2 would be skipped" in out
+    path = export_file(tmp_path, [plan(cubin_digests=["d0"])], [dict(cubin_entry("d0"), name="\ud800")], name="y.json")
+    with Cache.for_dir(cache_dir) as cache:
+        assert cache.import_(path, ENV, compiler=FakeBuilder(cache), trust_cubins=True) == (1, [])
+        assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + real_digest()) is None  # the file's cubin was refused
+        assert cache.get_cubin(real_digest()) == (b"built here", "_Zours")  # and rebuilt from our sources

@@ -253,6 +253,11 @@ def test_roofline_points_and_ceilings():
     assert len(report.points_from_plans([plan, tf32, bf16])) == 1
     assert len(report.points_from_plans([plan, tf32, bf16], "tf32")) == 1
     assert len(report.points_from_plans([plan, tf32, bf16], "bfloat16")) == 1
+    # what an imported file may hold: a dtype with no roof, a denormal time (its FLOP/s is not a number to plot)
+    f64 = dict(plan, problem=dict(p.as_dict(), dtype="float64"))
+    tiny = dict(plan, time_us=5e-324, aten_us=5e-324)
+    assert report.points_from_plans([f64, tiny]) == []
+    report.plans_table([f64, tiny])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the process's age comes from Linux's /proc")
