@@ -210,7 +210,7 @@ class ConvProblem:
 
 def fingerprint(problem: ConvProblem, env: Mapping[str, Any]) -> str:
     """sha256 of everything that changes the answer: the environment (GPU name and compute capability,
-    driver/runtime/NVRTC versions, torch and bagf_torch versions, kernel source hash) and the problem
+    driver/runtime/NVRTC versions, torch and bagf_torch versions, kernel source and launch code hashes) and the problem
     (shapes, geometry, dtype, layout). Any change means a different key, hence a re-tune."""
     blob = json.dumps({"env": dict(env), "problem": problem.as_dict()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

@@ -456,3 +456,31 @@ def test_text_a_lone_surrogate_spoils_is_refused_and_reported_printably(cache_di
         assert cache.import_(path, ENV, compiler=FakeBuilder(cache), trust_cubins=True) == (1, [])
         assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + real_digest()) is None  # the file's cubin was refused
         assert cache.get_cubin(real_digest()) == (b"built here", "_Zours")  # and rebuilt from our sources
+
+
+def test_the_launch_code_is_in_every_key_beside_the_kernel_sources(tmp_path, monkeypatch):
+    """A plan was checked and timed under the host code that launches it (the extension's C++, the families'
+    launch geometry and rules), which the kernel hash does not cover and bagf_torch's version did not follow: its
+    hash is a field of the env (so of every key) that moves with any such file, and not with the kernels' (cubin
+    digests stay valid)."""
+    src = tmp_path / "_csrc"
+    shutil.copytree(extension.csrc_dir(), src)
+    monkeypatch.setattr(extension, "csrc_dir", lambda: src)
+    host, kernels = extension.host_hash(), extension.source_hash()
+    (src / "cublaslt_plan.h").write_text((src / "cublaslt_plan.h").read_text() + "\n// changed\n")
+    assert extension.host_hash() != host and extension.source_hash() == kernels
+    (src / "cublaslt_plan.h").write_text((src / "cublaslt_plan.h").read_text().replace("\n// changed\n", ""))
+    assert extension.host_hash() == host
+    env = dict(ENV, host=host)
+    assert fingerprint(P1, env) != fingerprint(P1, dict(env, host=extension.host_hash()[::-1]))
+    import types
+
+    import torch
+
+    # this machine's env (a CPU here: the extension's versions and the device's properties stood in for)
+    monkeypatch.setattr(extension, "load", lambda: types.SimpleNamespace(
+        versions=lambda: {"driver": 13000, "runtime": 13000, "nvrtc": "13.0"}))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    here = extension.environment(0)
+    assert here["host"] == host and here["kernels"] == kernels

@@ -51,6 +51,19 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
+def host_hash() -> str:
+    """sha256 over the code that launches a plan, beside the kernels themselves: csrc's host C++ (the extension,
+    its cuBLASLt and NVRTC helpers) and the kernel families' Python modules (launch geometry, problem rules). Part
+    of every cache key, not of cubin digests: a plan tuned and checked under other launch code is tuned again
+    (bagf_torch's version alone did not move with such changes); a cubin depends on the kernel sources only."""
+    h = hashlib.sha256()
+    families = Path(__file__).resolve().parent.parent / "kernels"
+    paths = [p for p in csrc_dir().iterdir() if p.suffix in (".cpp", ".h")] + list(families.glob("*.py"))
+    for path in sorted(paths, key=lambda p: (p.parent.name, p.name)):
+        h.update(path.parent.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _cuda_home() -> Path:
     from torch.utils import cpp_extension
 
@@ -142,5 +155,6 @@ def environment(device: int) -> dict:
         "torch": torch.__version__,
         "bagf_torch": __version__,
         "kernels": source_hash(),
+        "host": host_hash(),
         "os": os.name,
     }
