@@ -524,16 +524,25 @@ class Cache:
     # ---- housekeeping -------------------------------------------------------------------------
 
     def clear(self) -> int:
-        """Delete every plan, trial and cubin (the file stays, empty); returns how many plans it held.
-        CacheUnavailable when the file could not be changed (read-only, disk full...): a cleared copy in
-        memory would report success with the file untouched."""
+        """Delete every plan, trial and cubin (the file stays, empty, and gives its space back: VACUUM); returns
+        how many plans it held. CacheUnavailable when the file could not be changed (read-only, disk full...): a
+        cleared copy in memory would report success with the file untouched."""
         def wipe(c: sqlite3.Connection) -> int:
             n = c.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
             for table in ("plans", "trials", "cubins"):
                 c.execute(f"DELETE FROM {table}")
             return n
 
-        return self._write_to_file("clear", wipe)
+        n = self._write_to_file("clear", wipe)
+        with self._locked():
+            if not self.in_memory:
+                try:  # (SQLite keeps freed pages for reuse: without it a cleared 400 MB cache stays 400 MB)
+                    self._connection().execute("VACUUM")
+                    _checkpoint(self._connection())  # (in WAL mode the smaller file is in the WAL until then)
+                except sqlite3.Error as e:  # the cache is cleared either way; the space comes back when it can
+                    logger.info("bagf_torch cache %s: cleared, but could not give its space back (%s)", self.path,
+                                _describe(e))
+        return n
 
     def _write_to_file(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """``_write`` for operations that only mean something on the file: CacheUnavailable, instead of a

@@ -100,8 +100,12 @@ def test_clear_and_close(cache_dir):
     cache.put_plan("k", **plan_kwargs())
     cache.add_trials("k", [trial(0)])
     cache.put_cubin("d", "n", "ln", b"x")
+    for i in range(40):  # (4 MB of cubins)
+        cache.put_cubin(f"big{i}", "n", "ln", os.urandom(100_000))
+    full = cache.path.stat().st_size
     cache.clear()
     assert cache.plans() == [] and cache.trials("k") == [] and cache.get_cubin("d") is None
+    assert cache.path.stat().st_size < full / 10  # the file gave the space back
     cache.close()
     cache.close()
     with pytest.raises(RuntimeError, match="closed"):
