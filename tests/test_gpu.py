@@ -485,6 +485,42 @@ def test_inference_calls_skip_the_autograd_node(compiler):
     assert graph.grad_fn is not None and graph.requires_grad
 
 
+def test_a_layer_with_a_kernel_plan_answers_transforms_modes_and_traces_as_nn_conv2d(compiler):
+    """A CUDA layer whose plan is our kernel: a plain no-grad call runs the kernel; under vmap, jvp, a forward-AD
+    level, FlopCounterMode and torch.jit.trace the layer gives nn.Conv2d's answer (batched outputs, tangents, the
+    flop count, a trace of torch's conv), where the dispatcher-free kernel call used to take them."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import bagf_torch
+
+    fam = _family("implicit_gemm_tc")
+    handle = compiler.compile(fam, [fam.DEFAULT])[0].handle
+    conv = bagf_torch.TunedConv2d(5, 7, 3, padding=1).cuda().requires_grad_(False)
+    stock = torch.nn.Conv2d(5, 7, 3, padding=1).cuda().requires_grad_(False)
+    stock.load_state_dict(conv.state_dict())
+    x, t = torch.randn(2, 5, 11, 13, device="cuda"), torch.randn(2, 5, 11, 13, device="cuda")
+    conv._remember(x, conv._kernel_entry(handle, (1, 1)))
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), compiler.ext.conv2d_inference(x, conv.weight, conv.bias, [1, 1], [1, 1],
+                                                                          [1, 1], handle), rtol=0, atol=0)
+    close = dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.func.vmap(conv)(torch.stack([x, t])), torch.func.vmap(stock)(torch.stack([x, t])),
+                               **close)
+    (out, tangent), (want, want_tangent) = torch.func.jvp(conv, (x,), (t,)), torch.func.jvp(stock, (x,), (t,))
+    torch.testing.assert_close(out, want, **close)
+    torch.testing.assert_close(tangent, want_tangent, **close)
+    with fwAD.dual_level():
+        torch.testing.assert_close(fwAD.unpack_dual(conv(fwAD.make_dual(x, t))).tangent, want_tangent, **close)
+    with torch.no_grad():
+        with FlopCounterMode(display=False) as counted:
+            conv(x)
+        assert counted.get_total_flops() == 2 * 2 * 7 * 11 * 13 * 5 * 9
+        traced = torch.jit.trace(conv, x, check_trace=False)
+        assert "bagf::" not in str(traced.graph)
+        torch.testing.assert_close(traced(x), stock(x), **close)
+
+
 def test_frozen_layers_keep_a_krsc_weight_for_a_krsc_plan_in_eager_calls_and_graphs(compiler):
     """A layer whose plan reads the weight KRSC (an NCHW TMA plan): without freezing, every call converts the weight
     and a CUDA graph replay reads the weight as it is then (an in-place update after the capture is seen, as with
