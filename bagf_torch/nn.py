@@ -339,7 +339,8 @@ class TunedConv2d(nn.Conv2d):
 
     def _remember(self, x: torch.Tensor, entry: tuple) -> None:
         """Calls like ``x`` (shape, device, TF32 flag, dtype and contiguity: NCHW or channels_last, as every call that
-        gets here) take ``entry`` from the fast path from now on (see ``_tuned_forward``; never called while compiling)."""
+        gets here) take ``entry`` from the fast path from now on (see ``_tuned_forward``; never called while
+        compiling)."""
         key = (x.shape, x.get_device(), _tf32(), x.dtype, x.is_contiguous())
         self.__dict__.setdefault("_bagf_plans", {})[key] = entry
         self.__dict__["_bagf_last"] = (*key, entry)  # (not through nn.Module.__setattr__: it costs a microsecond)
