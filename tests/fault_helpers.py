@@ -142,10 +142,10 @@ def ddp_rank(rank, world, init_file, cache_dir, results):
 
 # ---- a CPU backend for the isolated worker (bagf_torch.tuning.isolated) ----------------------------------
 
-CRASH_BM, POISON_BM, HANG_BM, WRONG_BN = 16, 32, 128, 256
+CRASH_BM, POISON_BM, HANG_BM, WRONG_BN, SLOW_BK = 16, 32, 128, 256, 32
 """How a config misbehaves in the fake worker, by its tile: BM=16 aborts the process, BM=32 leaves the
 "device" unusable (like an illegal address: the launch fails and so does everything after it), BM=128 hangs,
-BN=256 computes wrong numbers. Anything else is a correct kernel."""
+BN=256 computes wrong numbers, BK=32 is correct but takes a second to check. Anything else is a correct kernel."""
 
 
 class _FakeWorkerBackend:
@@ -167,6 +167,8 @@ class _FakeWorkerBackend:
                     time.sleep(3600)
                 if c["BN"] == WRONG_BN:
                     return Outcome("wrong", detail="relative error 3.1e-01 > 1e-04 (simulated)")
+                if c["BK"] == SLOW_BK:
+                    time.sleep(1.0)
                 return None
 
         self.checker = Checker()

@@ -429,6 +429,39 @@ def test_row_isolated_worker_survives_crash_poison_hang_and_wrong(counts):
     assert pool._proc is None
 
 
+def test_an_interrupted_isolated_request_does_not_answer_the_next_one():
+    """Ctrl-C (here a signal handler's KeyboardInterrupt) while the parent waits for the worker: the interrupt
+    reaches the caller, and the next requests get their own answers. The worker's late answer to the interrupted
+    request used to stay in the pipe, and every later request read the one before it: a wrong kernel's check
+    answered with a pass."""
+    import signal
+
+    from bagf_torch.tuning.isolated import WorkerPool
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    pool = WorkerPool(0, timeout_s=5.0, backend="fault_helpers:cpu_backend")
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        good = dict(ig.DEFAULT)
+        slow, wrong = dict(good, BK=fh.SLOW_BK), dict(good, BN=fh.WRONG_BN)
+        built = pool.compiler().compile(ig, [good, slow, wrong])
+        ws = pool.workspace(fh.P)
+        check = pool.checker().check
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            check(ws, built[1].handle)
+        time.sleep(1.2)  # the slow check's answer would be in the pipe by now
+        assert check(ws, built[2].handle).status == "wrong"
+        assert check(ws, built[0].handle) is None and check(ws, built[1].handle) is None
+        assert pool.benchmarker().measure(ws, built[0].handle).ok
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        pool.close()
+
+
 def test_the_isolated_pool_is_a_trial_backend_the_tuner_runs_on():
     """``WorkerPool.backend()`` is what the runtime hands the Tuner with BAGF_ISOLATE=1: a whole tuning runs through
     it in the worker, and the backend says its handles are not this process's."""

@@ -188,11 +188,17 @@ class WorkerPool:
     def _call(self, op: str, args: tuple, timeout_s: float, what: str) -> tuple[str, Any]:
         try:
             self._conn.send((op, args))
+            kind, value = self._receive(timeout_s, what)
         except (OSError, ValueError):
             code = self._stop()
             self.crashes += 1
             return "crashed", f"the isolated worker was gone before {what} ({_exit_text(code)})"
-        kind, value = self._receive(timeout_s, what)
+        except BaseException:
+            # Interrupted while sending or waiting (Ctrl-C, a signal handler's exception): the worker's answer to
+            # this request would still come, and the next request would read it as its own (a wrong kernel's check
+            # answered with another's pass). The worker goes; the next request starts a fresh one.
+            self._stop()
+            raise
         if kind == "error":
             raise WorkerFailed(f"the isolated worker failed while {what}: {value}")
         if kind == "outcome" and value.status == "crashed":
