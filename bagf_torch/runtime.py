@@ -437,7 +437,12 @@ class Runtime:
                 f"{result.time_us:.1f} us vs cuDNN {result.aten_us:.1f} us ({result.speedup:.2f}x), "
                 f"{result.evaluations} evaluations in {result.seconds:.1f} s")
         log.logger().info(line)
-        if settings.print_tuning():
+        try:
+            printing = settings.print_tuning()
+        except settings.SettingError as e:  # the plan is stored and loaded: a bad print flag must not lose it
+            log.once("print-tuning", f"{e}; not printing tuning lines")
+            printing = False
+        if printing:
             print(f"[bagf_torch] {line}", file=sys.stderr)
         return handle
 

@@ -843,6 +843,52 @@ def test_a_bad_setting_in_a_forward_runs_aten_with_one_line(monkeypatch, caplog)
     assert any("BAGF_TUNE" in r.getMessage() for r in caplog.records)
 
 
+def test_a_bad_print_tuning_setting_keeps_the_plan_it_was_read_after(monkeypatch, caplog):
+    """BAGF_PRINT_TUNING is read once a plan is tuned, stored and loaded: a bad value is one warning and no printed
+    line; it used to raise there, and the layer served ATen for a shape it had just tuned."""
+    monkeypatch.setenv("BAGF_PRINT_TUNING", "2")
+    log.reset()
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    handles = []
+    monkeypatch.setattr(bnn, "_op", lambda: lambda x, w, b, s, p, d, h: handles.append(h) or F.conv2d(x, w, b, s, p, d))
+    monkeypatch.setattr(bnn, "_inference_call", lambda: None)
+    rt = runtime.install(fh.make_runtime())
+    conv = bagf_torch.TunedConv2d(3, 4, 3)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        conv(x)
+        conv(x)
+    assert rt.stats["tuned"] == 1 and len(handles) == 2 and ATEN not in handles
+    assert [r.getMessage() for r in caplog.records if "BAGF_PRINT_TUNING" in r.getMessage()] == [
+        "BAGF_PRINT_TUNING='2' is not a boolean; use 1/0, true/false, yes/no or on/off; not printing tuning lines"]
+
+
+def test_a_bad_log_setting_does_not_fail_the_extensions_build(monkeypatch, caplog):
+    """The build asks the logger (which warns about a bad BAGF_LOG and logs at 'warning') whether to be verbose; it
+    read the setting itself inside the build's try, so a typo in BAGF_LOG failed the build with a message about the
+    CUDA toolkit, and every layer ran ATen."""
+    import types
+
+    from torch.utils import cpp_extension
+
+    from bagf_torch.jit import extension
+
+    monkeypatch.setenv("BAGF_LOG", "verbose")
+    log.reset()
+    built = []
+    monkeypatch.setattr(extension, "_ext", None)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(extension.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(extension, "_cuda_home", lambda: Path("/usr/local/cuda"))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw) or types.SimpleNamespace())
+    monkeypatch.setattr(bagf_torch.ops, "register_fake", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        assert extension.load() is not None
+    assert len(built) == 1 and built[0]["verbose"] is False
+    assert any("BAGF_LOG='verbose'" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("name,value", [("BAGF_BUDGET", "ten"), ("BAGF_LOG", "verbose"),
                                         ("BAGF_CLAIM_LEASE", "inf"), ("BAGF_CACHE_DIR", "~nouser_bagf/x")])
 def test_the_cli_reports_a_bad_setting_in_one_line(monkeypatch, capsys, name, value):

@@ -8,6 +8,7 @@ The build goes into ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>`` 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from .. import settings
+from .. import log, settings
 
 _lock = threading.Lock()
 _ext: ModuleType | None = None
@@ -121,7 +122,7 @@ def load() -> ModuleType:
                 extra_ldflags=["-lnvrtc", "-lcuda", "-ldl", f"-L{lib}", f"-L{lib / 'stubs'}", f"-Wl,-rpath,{lib}"],
                 with_cuda=True,
                 build_directory=str(out),
-                verbose=settings.log_level() <= 10,
+                verbose=log.logger().level <= logging.DEBUG,  # (BAGF_LOG as the logger took it: a bad value warns)
             )
         except Exception as e:  # the compiler's output is in the chained exception
             raise BuildError(f"building the bagf_torch host extension in {out} failed: {e}. "
