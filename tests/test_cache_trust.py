@@ -463,10 +463,12 @@ def test_the_launch_code_is_in_every_key_beside_the_kernel_sources(tmp_path, mon
     launch geometry and rules), which the kernel hash does not cover and bagf_torch's version did not follow: its
     hash is a field of the env (so of every key) that moves with any such file, and not with the kernels' (cubin
     digests stay valid)."""
-    src = tmp_path / "_csrc"
+    checkout = extension.host_hash()
+    src = tmp_path / "_csrc"  # (as an installed package names the folder)
     shutil.copytree(extension.csrc_dir(), src)
     monkeypatch.setattr(extension, "csrc_dir", lambda: src)
     host, kernels = extension.host_hash(), extension.source_hash()
+    assert host == checkout  # the same sources hash the same wherever they are installed
     (src / "cublaslt_plan.h").write_text((src / "cublaslt_plan.h").read_text() + "\n// changed\n")
     assert extension.host_hash() != host and extension.source_hash() == kernels
     (src / "cublaslt_plan.h").write_text((src / "cublaslt_plan.h").read_text().replace("\n// changed\n", ""))
@@ -484,3 +486,19 @@ def test_the_launch_code_is_in_every_key_beside_the_kernel_sources(tmp_path, mon
                         lambda device: types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
     here = extension.environment(0)
     assert here["host"] == host and here["kernels"] == kernels
+
+
+def test_a_cubin_digest_does_not_depend_on_where_the_sources_are_installed(tmp_path, monkeypatch):
+    """NVRTC reads the kernels from the install's folder (its include path), but the same sources compile to the
+    same cubin anywhere: a venv per job sharing one cache finds the cubins another install compiled (the include
+    path was in the digest, and every winner was compiled again on first use)."""
+    from bagf_torch.jit.compiler import KernelSpec
+
+    spec = KernelSpec(ig, dict(ig.DEFAULT), "sm_90")
+    here, options = spec.digest("src", "13.0"), spec.options()
+    elsewhere = tmp_path / "venv" / "_csrc" / "kernels"
+    monkeypatch.setattr(extension, "kernels_dir", lambda: elsewhere)
+    assert spec.options() != options and f"--include-path={elsewhere}" in spec.options()
+    assert spec.digest("src", "13.0") == here
+    assert spec.digest("other", "13.0") != here
+    assert KernelSpec(ig, dict(ig.DEFAULT), "sm_80").digest("src", "13.0") != here

@@ -69,9 +69,11 @@ class KernelSpec:
         return f'#include "{self.family.SOURCE}"\n'
 
     def digest(self, source_hash: str, nvrtc_version: str) -> str:
-        """Content hash of the cubin: kernel sources, name expression, options, NVRTC version, arch."""
-        blob = "\0".join([source_hash, self.source(), self.name_expression, *self.options(), nvrtc_version,
-                          self.arch])
+        """Content hash of the cubin: kernel sources, name expression, options, NVRTC version, arch. Not where the
+        sources are (the include path): the same sources installed elsewhere, a per-job venv serving a shared
+        cache, compile to the same cubin and find it."""
+        options = [o for o in self.options() if not o.startswith("--include-path=")]
+        blob = "\0".join([source_hash, self.source(), self.name_expression, *options, nvrtc_version, self.arch])
         return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -59,9 +59,11 @@ def host_hash() -> str:
     (bagf_torch's version alone did not move with such changes); a cubin depends on the kernel sources only."""
     h = hashlib.sha256()
     families = Path(__file__).resolve().parent.parent / "kernels"
-    paths = [p for p in csrc_dir().iterdir() if p.suffix in (".cpp", ".h")] + list(families.glob("*.py"))
-    for path in sorted(paths, key=lambda p: (p.parent.name, p.name)):
-        h.update(path.parent.name.encode() + b"/" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    # (named by a fixed folder: csrc is _csrc in an installed package, and the same sources must hash the same)
+    named = [(f"csrc/{p.name}", p) for p in csrc_dir().iterdir() if p.suffix in (".cpp", ".h")]
+    named += [(f"kernels/{p.name}", p) for p in families.glob("*.py")]
+    for name, path in sorted(named):
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
