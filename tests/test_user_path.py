@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import logging
 import math
+import os
 import sys
 import warnings
 import threading
@@ -867,26 +868,83 @@ def test_a_bad_log_setting_does_not_fail_the_extensions_build(monkeypatch, caplo
     """The build asks the logger (which warns about a bad BAGF_LOG and logs at 'warning') whether to be verbose; it
     read the setting itself inside the build's try, so a typo in BAGF_LOG failed the build with a message about the
     CUDA toolkit, and every layer ran ATen."""
+    monkeypatch.setenv("BAGF_LOG", "verbose")
+    log.reset()
+    built = []
+    extension = _fake_build(monkeypatch, built)
+    monkeypatch.setattr(extension.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
+    with caplog.at_level(logging.WARNING, logger="bagf_torch"):
+        assert extension.load() is not None
+    assert len(built) == 1 and built[0]["verbose"] is False
+    assert any("BAGF_LOG='verbose'" in r.getMessage() for r in caplog.records)
+
+
+def _fake_build(monkeypatch, built):
+    """extension.load() on this CPU machine: CUDA and ninja looked for and found, torch's build recorded in
+    ``built`` (its keyword arguments) instead of run."""
     import types
 
     from torch.utils import cpp_extension
 
     from bagf_torch.jit import extension
 
-    monkeypatch.setenv("BAGF_LOG", "verbose")
-    log.reset()
-    built = []
     monkeypatch.setattr(extension, "_ext", None)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(extension.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(extension, "_cuda_home", lambda: Path("/usr/local/cuda"))
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw) or types.SimpleNamespace())
     monkeypatch.setattr(bagf_torch.ops, "register_fake", lambda: None)
+    return extension
+
+
+def test_the_extension_builds_apart_per_source_and_past_a_killed_builds_lock(monkeypatch, tmp_path, caplog):
+    """The build folder is named by the extension's sources too (two installs of other sources never share one;
+    ninja's time stamps alone would let an older build stand); a 'lock' that torch's build left behind when its
+    process was killed is removed by the next build instead of stalling it forever."""
+    import shutil
+
+    built = []
+    extension = _fake_build(monkeypatch, built)
+    monkeypatch.setattr(extension.shutil, "which", lambda name, path=None: f"/usr/bin/{name}")
+    monkeypatch.delenv("BAGF_BUILD_DIR", raising=False)
+    monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "cache"))
+    first = extension.build_dir()
+    src = tmp_path / "_csrc"
+    shutil.copytree(extension.csrc_dir(), src)
+    monkeypatch.setattr(extension, "csrc_dir", lambda: src)
+    assert extension.build_dir() == first  # the same sources, installed elsewhere
+    (src / "kernels" / "winograd.cuh").write_text("// a kernel template: NVRTC's, not the extension's\n")
+    assert extension.build_dir() == first
+    (src / "bagf_ext.cpp").write_text((src / "bagf_ext.cpp").read_text() + "\n// changed\n")
+    out = extension.build_dir()
+    assert out != first and out.parent == first.parent and "-src" in out.name
+    out.mkdir(parents=True)
+    (out / "lock").write_text("")  # torch's FileBaton of a build killed mid-way
     with caplog.at_level(logging.WARNING, logger="bagf_torch"):
-        assert extension.load() is not None
-    assert len(built) == 1 and built[0]["verbose"] is False
-    assert any("BAGF_LOG='verbose'" in r.getMessage() for r in caplog.records)
+        extension.load()
+    assert len(built) == 1 and built[0]["build_directory"] == str(out) and not (out / "lock").exists()
+    assert any("did not finish" in r.getMessage() for r in caplog.records)
+
+
+def test_ninja_beside_the_interpreter_is_found_without_an_activated_venv(monkeypatch, tmp_path):
+    """A venv's python run without activating the venv (cron, an IDE, a notebook kernel) has pip's ninja beside it,
+    not on PATH: the build puts that folder on PATH instead of saying 'pip install ninja'."""
+    built = []
+    extension = _fake_build(monkeypatch, built)
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "ninja").write_text("#!/bin/sh\n")
+    (venv_bin / "ninja").chmod(0o755)
+    monkeypatch.setattr(extension.sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setitem(sys.modules, "ninja", None)  # (and no ninja package to ask)
+    extension.load()
+    assert len(built) == 1 and os.environ["PATH"].split(os.pathsep)[0] == str(venv_bin)
+    monkeypatch.setattr(extension, "_ext", None)
+    (venv_bin / "ninja").unlink()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(extension.BuildError, match="pip install ninja"):
+        extension.load()
 
 
 @pytest.mark.parametrize("name,value", [("BAGF_BUDGET", "ten"), ("BAGF_LOG", "verbose"),

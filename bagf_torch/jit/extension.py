@@ -7,6 +7,7 @@ The build goes into ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>`` 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -16,10 +17,16 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 
 from .. import log, settings
+
+try:  # POSIX: the build's lock (_build_lock)
+    import fcntl
+except ImportError:  # pragma: no cover (Windows)
+    fcntl = None
 
 _lock = threading.Lock()
 _ext: ModuleType | None = None
@@ -83,12 +90,74 @@ def _cuda_home() -> Path:
 
 
 def build_dir() -> Path:
-    """BAGF_BUILD_DIR if set, else ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>``."""
+    """BAGF_BUILD_DIR if set, else ``$BAGF_CACHE_DIR/build/<torch, CUDA and Python versions>-src<hash of the
+    extension's sources>``: two installs of other sources (two versions side by side, an upgrade whose files kept
+    older modification times) never share a build, which ninja's time stamps alone would let them do."""
     override = settings.build_dir()
     if override is not None:
         return override
-    tag = f"torch{torch.__version__}-cu{torch.version.cuda}-py{sys.version_info[0]}{sys.version_info[1]}"
+    tag = (f"torch{torch.__version__}-cu{torch.version.cuda}-py{sys.version_info[0]}{sys.version_info[1]}"
+           f"-src{extension_source_hash()[:12]}")
     return settings.cache_dir() / "build" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+def extension_source_hash() -> str:
+    """sha256 over what the host extension is compiled from: csrc's C++ and headers and the kernels' headers it
+    includes (not the kernel templates, which NVRTC compiles)."""
+    h = hashlib.sha256()
+    src = csrc_dir()
+    named = [(f"csrc/{p.name}", p) for p in src.iterdir() if p.suffix in (".cpp", ".h")]
+    named += [(f"csrc/kernels/{p.name}", p) for p in (src / "kernels").iterdir() if p.suffix == ".h"]
+    for name, path in sorted(named):
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _build_lock(out: Path) -> Iterator[None]:
+    """Held around torch's build of the extension in ``out``. torch's own lock there (FileBaton: a file ``lock``
+    the building process creates, and deletes when it is done) stays behind when that process is killed mid-build
+    (SIGKILL, the OOM killer, a notebook's restart), and every later build then waits on it forever, silently.
+    This one is an flock, which the kernel drops with its holder: whoever holds it knows that no live build holds
+    torch's, and deletes one left behind. (Without fcntl, Windows: torch's lock alone.)"""
+    if fcntl is None:
+        yield
+        return
+    with open(out / ".bagf_build.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.logger().info(f"waiting for another process's build of the host extension in {out}")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        stale = out / "lock"
+        if stale.exists():
+            log.logger().warning(f"removed {stale}, left by a build of the host extension that did not finish "
+                                 "(a process killed while building)")
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _find_ninja() -> bool:
+    """Whether ninja is on PATH, putting the interpreter's own scripts folder (or the ninja package's) in front of
+    PATH where it is there: a venv's python run without activating the venv (cron, an IDE, a notebook kernel) has
+    the ninja that ``pip install ninja`` put beside it, but not on PATH, where torch's build looks."""
+    if shutil.which("ninja") is not None:
+        return True
+    folders = [os.path.dirname(sys.executable)]
+    try:
+        import ninja
+
+        folders.append(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    for folder in folders:
+        if shutil.which("ninja", path=folder) is not None:
+            os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+            return True
+    return False
 
 
 def load() -> ModuleType:
@@ -106,8 +175,8 @@ def load() -> ModuleType:
         if not torch.cuda.is_available():
             raise BuildError("no CUDA device is visible (torch.cuda.is_available() is False); check the driver "
                              "and CUDA_VISIBLE_DEVICES. CPU tensors still work through ATen.")
-        if shutil.which("ninja") is None:
-            raise BuildError("ninja is not on PATH; pip install ninja")
+        if not _find_ninja():
+            raise BuildError("ninja is not on PATH (nor beside this Python); pip install ninja")
         home = _cuda_home()
         src = csrc_dir()
         out = build_dir()
@@ -116,16 +185,18 @@ def load() -> ModuleType:
 
         lib = home / "lib64"
         try:
-            _ext = cpp_extension.load(
-                name="bagf_ext",
-                sources=[str(src / "bagf_ext.cpp")],
-                extra_include_paths=[str(src)],
-                extra_cflags=["-O3", "-std=c++17"],
-                extra_ldflags=["-lnvrtc", "-lcuda", "-ldl", f"-L{lib}", f"-L{lib / 'stubs'}", f"-Wl,-rpath,{lib}"],
-                with_cuda=True,
-                build_directory=str(out),
-                verbose=log.logger().level <= logging.DEBUG,  # (BAGF_LOG as the logger took it: a bad value warns)
-            )
+            with _build_lock(out):
+                _ext = cpp_extension.load(
+                    name="bagf_ext",
+                    sources=[str(src / "bagf_ext.cpp")],
+                    extra_include_paths=[str(src)],
+                    extra_cflags=["-O3", "-std=c++17"],
+                    extra_ldflags=["-lnvrtc", "-lcuda", "-ldl", f"-L{lib}", f"-L{lib / 'stubs'}",
+                                   f"-Wl,-rpath,{lib}"],
+                    with_cuda=True,
+                    build_directory=str(out),
+                    verbose=log.logger().level <= logging.DEBUG,  # (BAGF_LOG as the logger took it)
+                )
         except Exception as e:  # the compiler's output is in the chained exception
             raise BuildError(f"building the bagf_torch host extension in {out} failed: {e}. "
                              "Check that the CUDA toolkit at "
