@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
+from pathlib import Path
 
 EXIT_USAGE = 2
 
@@ -255,12 +257,13 @@ def tune_command(args) -> int:
         report = tune_model(model, xs, budget=args.budget, seconds=args.seconds, strategy=args.strategy,
                             seed=args.seed, progress=None if args.progress else False, even=args.even)
         if ctx.rank == 0:
-            print(report)
-            if args.json:
+            if args.json:  # (before the table: a reader of stdout that has gone, | head, must not lose it)
                 report.meta = _run_meta(args, tf32, time.perf_counter() - t0, device=local_rank,
                                         startup_s=startup_s, check_s=check_s, gpu_init_s=gpu_init_s,
                                         build_s=build_s, inputs_s=inputs_s)
                 report.save(args.json)
+            print(report)
+            if args.json:
                 print(f"report written to {args.json}")
     finally:
         if started:
@@ -617,6 +620,19 @@ def main(argv=None) -> int:
             sub.error(f"no such file: {args.file}")
     if args.cmd == "bench" and args.runs < 1:
         sub.error(f"--runs must be at least 1, got {args.runs}")
+    if getattr(args, "seed", None) is not None and args.seed < 0:
+        sub.error(f"--seed must be at least 0 (as BAGF_SEED), got {args.seed}")
+    for flag in ("peak_tflops", "bandwidth_gbs"):
+        value = getattr(args, flag, None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            sub.error(f"--{flag.replace('_', '-')} must be a number above 0, got {value}")
+    # where the results go, checked before the work that makes them (a tuning, a benchmark, a measured ceiling)
+    for flag, suffixes in (("json", None), ("plot", (".png", ".pdf", ".svg"))):
+        path = getattr(args, flag, None)
+        if path:
+            why = _output_refused(path, suffixes)
+            if why:
+                sub.error(f"--{flag} {path}: {why}")
     if args.cmd == "demo" and args.batch < 1:
         sub.error(f"--batch must be >= 1, got {args.batch}")
     try:
@@ -634,6 +650,22 @@ def main(argv=None) -> int:
         return EXIT_USAGE
 
 
+def _output_refused(path: str, suffixes: tuple[str, ...] | None) -> str | None:
+    """Why a result file cannot be written at ``path`` (its folder missing or not writable, a folder in its
+    place, a suffix not among ``suffixes``), or None."""
+    target = Path(path).expanduser()
+    if suffixes is not None and target.suffix.lower() not in suffixes:
+        return f"the file name must end in {', '.join(suffixes)}"
+    if target.is_dir():
+        return "is a folder; give a file name"
+    folder = target.parent
+    if not folder.is_dir():
+        return f"the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return "cannot be written (permissions)"
+    return None
+
+
 def run(argv=None) -> None:
     """``main`` as a program (``python -m bagf_torch``, the ``bagf-torch`` command): its status, by ``os._exit`` once
     the runtime is closed (isolated workers stopped, the cache closed), the log handlers and output streams flushed.
@@ -643,7 +675,12 @@ def run(argv=None) -> None:
     and a daemon thread still inside torch then could abort the process (``shutdown``). No atexit handler runs, so
     nothing a command does may rely on one. Under a tracer, a profiler or coverage (which write their results at exit)
     and when ``main`` raises, the process ends the usual way."""
-    code = main(argv)
+    try:
+        code = main(argv)
+    except BrokenPipeError:  # the reader of stdout has gone (| head): nothing more can reach it, and no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 1  # (what Python's own handling of EPIPE returns)
     if sys.gettrace() is not None or sys.getprofile() is not None or "coverage" in sys.modules:
         sys.exit(code)
     status = 0 if code is None else code if isinstance(code, int) else 1

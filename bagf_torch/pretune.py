@@ -60,11 +60,15 @@ class Discovery:
 
 def _call_list(example_inputs) -> list:
     """One entry per forward: a Tensor, or a list of them, means one call each; a tuple or dict element is
-    one call's positional or keyword arguments."""
+    one call's positional or keyword arguments. A tuple at the top is refused: it reads as one call's arguments
+    (as torch.export and torch.jit.trace take them) as well as one input per forward."""
     if isinstance(example_inputs, torch.Tensor):
         return [example_inputs]
     if isinstance(example_inputs, dict):
         return [example_inputs]
+    if isinstance(example_inputs, tuple):
+        raise ValueError("example_inputs is a tuple: give a list with one entry per forward, e.g. [x1, x32] for "
+                         "two forwards, or [(x, y)] for one forward with two positional arguments")
     calls = list(example_inputs)
     if not calls:
         raise ValueError("example_inputs is empty; give one input per batch size, e.g. "
@@ -85,7 +89,11 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
     """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
     layers would look up, and how often each forward asks for it, without tuning. Layer plan memos, training
     flags and the runtime are left as they were. Raises ValueError when the model has no TunedConv2d (convert
-    it first)."""
+    it first). A ``torch.compile``d model is discovered through the module it wraps: its compiled forward asks
+    the runtime nothing (it runs the plans the layers already have)."""
+    inner = getattr(model, "_orig_mod", None)  # (torch.compile's OptimizedModule)
+    if isinstance(inner, nn.Module):
+        model = inner
     names = {m: name for name, m in model.named_modules() if isinstance(m, TunedConv2d)}
     if not names:
         plain = sum(1 for m in model.modules() if type(m) is nn.Conv2d)
@@ -95,13 +103,14 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
     current: list[str] = []
     forward = [0]
 
-    def pre_hook(module, args):
+    def pre_hook(module, args, kwargs):
         # every call asks the runtime, a layer called again with the same shape too (its memo would skip the
         # lookup, and the problem's calls per forward would be undercounted)
         module.__dict__.update(_bagf_plans={}, _bagf_last=None)
         current.append(names[module])
         found.calls += 1
-        reason = module._unsupported(args[0]) if args and isinstance(args[0], torch.Tensor) else "no tensor input"
+        x = args[0] if args else kwargs.get("input")  # (forward's one argument, given by name or not)
+        reason = module._unsupported(x) if isinstance(x, torch.Tensor) else "no tensor input"
         if reason is not None:
             found.unsupported.append((names[module], reason))
 
@@ -129,7 +138,7 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
             # every layer asks the runtime, even one that already has a plan (its table would skip the lookup
             # this pass records)
             m.__dict__.update(_bagf_plans={}, _bagf_last=None)
-            hooks.append(m.register_forward_pre_hook(pre_hook))
+            hooks.append(m.register_forward_pre_hook(pre_hook, with_kwargs=True))
             hooks.append(m.register_forward_hook(post_hook))
         # an instance attribute: shadows Runtime.lookup (which TunedConv2d and plan_handle ask) for this runtime
         rt.lookup = lambda problem, device: (record(problem, device), True)
@@ -328,7 +337,7 @@ class _Bar:
     def finish(self, note: str) -> None:
         if self._bar is not None:
             self._bar.update(max(0, self.per_problem - min(self.trials, self.per_problem)))
-            self._bar.write(note)
+            self._bar.write(note, file=sys.stderr)  # (tqdm's write goes to stdout unless told: the bar's stream)
         elif not self._quiet:
             print(note, file=sys.stderr, flush=True)
 

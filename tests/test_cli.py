@@ -69,6 +69,41 @@ def test_usage_errors_are_one_line_exit_2(capsys):
     _one_line_error(capsys, ["cache", "export"], "needs a FILE")
     _one_line_error(capsys, ["cache", "import", "/no/such/file.json"], "no such file")
     _one_line_error(capsys, ["bench", "--runs", "0"], "--runs must be at least 1")
+    _one_line_error(capsys, ["tune", "--seed", "-1"], "--seed must be at least 0")
+    for value in ("0", "-5", "nan", "inf"):
+        _one_line_error(capsys, ["report", "--peak-tflops", value, "--bandwidth-gbs", "4000"],
+                        "must be a number above 0")
+
+
+def test_result_files_that_cannot_be_written_are_refused_before_the_work(capsys, tmp_path):
+    """--json and --plot paths are checked when the command starts: they were opened only after the whole tuning
+    or benchmark, which then ended in a traceback (bench's results lost)."""
+    (tmp_path / "sub").mkdir()
+    for argv, needle in [(["tune", "--json", str(tmp_path / "no" / "r.json")], "does not exist"),
+                         (["bench", "--json", str(tmp_path / "no" / "r.json")], "does not exist"),
+                         (["tune", "--json", str(tmp_path / "sub")], "is a folder"),
+                         (["report", "--plot", str(tmp_path / "p.txt")], "must end in .png"),
+                         (["report", "--plot", str(tmp_path / "no" / "p.png")], "does not exist")]:
+        _one_line_error(capsys, argv, needle)
+
+
+def test_a_reader_of_stdout_that_goes_away_ends_the_command_quietly(tmp_path):
+    """``cache list | head -1``: the command's prints meet a closed pipe; it ends with status 1 and no traceback (one
+    came out of the middle of the listing)."""
+    from bagf_torch.problem import ConvProblem as Problem
+
+    cache_dir = tmp_path / "cache"
+    with Cache.for_dir(cache_dir) as cache:
+        for n in range(1, 400):
+            p = Problem(n=n, c=64, h=27, w=27, k=192, r=5, s=5, padding=(2, 2))
+            cache.put_plan(fingerprint(p, ENV), problem=p.as_dict(), env=ENV, family="aten", config=None,
+                           time_us=20.0, aten_us=20.0, default_us=None, evaluations=1, tune_seconds=1.0)
+    proc = subprocess.Popen([sys.executable, "-m", "bagf_torch", "cache", "list", "--cache", str(cache_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # (head has read its line and gone)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 1 and "Traceback" not in err, err
 
 
 def test_unknown_model_and_missing_torchvision(capsys):

@@ -440,6 +440,41 @@ def test_tune_model_progress_bar_shows_problem_trials_best():
     bar.close()
 
 
+def test_the_bars_per_problem_lines_go_to_its_stream_not_stdout(capsys):
+    """With a bar (stderr a terminal), each problem's line goes where the bar is drawn: tqdm's write goes to stdout
+    unless told, where it mixed into a redirected table, and met a closed pipe mid-tuning (tune | head)."""
+    bar = pretune._Bar(1, 2, True, "tuning", 0)
+    bar.start(ConvProblem(n=1, c=3, h=8, w=8, k=4, r=3, s=3))
+    bar.finish("tuned  N1 C3 8x8: done")
+    bar.close()
+    out, err = capsys.readouterr()
+    assert "tuned  N1" not in out and "tuned  N1" in err
+
+
+def test_discovery_takes_keyword_calls_compiled_models_and_refuses_a_tuple_of_inputs():
+    """A layer called as conv(input=x) is a tuned call like conv(x) (it was listed as 'no tensor input', not
+    tuned); a torch.compile'd model is discovered through the module it wraps (its compiled forward asks the runtime
+    nothing: 0 problems, reported as success); a tuple of example inputs, which reads both as one call's arguments
+    and as one input per forward, is refused with what to write instead."""
+
+    class ByName(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(input=x)
+
+    found = pretune.discover(bagf_torch.convert(ByName()), fake_cuda(2, 3, 16, 16))
+    assert len(found.problems) == 1 and found.unsupported == []
+    model = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3)))
+    compiled = torch.compile(model, backend="eager")
+    found = pretune.discover(compiled, fake_cuda(2, 3, 16, 16))
+    assert len(found.problems) == 2 and found.layers[found.problems[0]] == ["0"]
+    with pytest.raises(ValueError, match=r"example_inputs is a tuple: give a list .* \[\(x, y\)\]"):
+        pretune.discover(model, (fake_cuda(2, 3, 16, 16), fake_cuda(4, 3, 16, 16)))
+
+
 def test_tune_model_on_cpu_inputs_says_move_to_gpu():
     with pytest.raises(ValueError, match="input is not a CUDA tensor; move the model and example inputs to the GPU"):
         bagf_torch.tune_model(_two_branch_model(), torch.randn(1, 3, 8, 8), progress=False)

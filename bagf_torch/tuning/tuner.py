@@ -462,6 +462,10 @@ class Tuner:
         self.family = self.families[0]
         self.strategy = strategy
         self.budget = budget
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            # (numpy's generators, which the strategies seed, refuse a negative one: inside the search, which the
+            # tuner survives by keeping the start point, a silent loss of the whole tuning)
+            raise ValueError(f"seed must be a whole number 0 or above (as BAGF_SEED), got {seed!r}")
         self.seed = seed
         self.strategy_options = dict(strategy_options or {})
         self.finalists = finalists
