@@ -68,6 +68,20 @@ class _Journal:
         self.cache.add_trials(self.key, [event.as_row()])
 
 
+_WAIT = object()
+"""``Runtime._resolve``'s answer while another process tunes the problem: sleep, then ask again."""
+
+
+class _ClaimWait:
+    """One lookup's wait for another process's tuning of its problem: since when it waits, the next sleep, and
+    whether the lookup ended up tuning the problem itself."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.poll = 0.01
+        self.tuned = False
+
+
 class _Heartbeat:
     """Keeps this process's claim on a key alive while it tunes (a daemon thread renewing the lease)."""
 
@@ -178,19 +192,37 @@ class Runtime:
             return ATEN, False
         if settings.background():
             return self._lookup_background(problem, device)
-        with self._tune_lock:  # one tuning at a time: candidates would disturb each other's timings
-            memo = self._memo.get((problem, device))
-            if memo is not None:
-                return memo, True
-            handle = self._resolve(problem, device)
-            if handle is None:
-                return ATEN, False  # not memoised: enabling tuning later in this process still tunes it
-            self._memo[(problem, device)] = handle
-            return handle, True
+        handle = self._resolve_waiting(problem, device, _ClaimWait(), memo=True)
+        if handle is None:
+            return ATEN, False  # not memoised: enabling tuning later in this process still tunes it
+        return handle, True
 
-    def _resolve(self, problem: ConvProblem, device: int) -> int | None:
-        """Cached plan, else tune it (or wait for the process that is tuning it); None: BAGF_TUNE=0 and
-        nothing cached. Called with the tune lock held."""
+    def _resolve_waiting(self, problem: ConvProblem, device: int, wait: "_ClaimWait", *, memo: bool = False,
+                         **options) -> int | None:
+        """``_resolve`` under the tune lock (one tuning at a time: candidates would disturb each other's timings),
+        and between its passes, while another process tunes the problem, a sleep with the lock let go: another
+        thread's lookup of a problem already cached or tuned is not held up for BAGF_CLAIM_WAIT. With ``memo``, the
+        handle is taken from this process's memo when another thread put it there meanwhile, and put there.
+        ``options`` go to ``_resolve``."""
+        slot = (problem, device)
+        while True:
+            with self._tune_lock:
+                if memo and slot in self._memo:
+                    return self._memo[slot]
+                handle = self._resolve(problem, device, wait, **options)
+                if handle is not _WAIT:
+                    if memo and handle is not None:
+                        self._memo[slot] = handle
+                    return handle
+            time.sleep(wait.poll)  # until the holder stores its plan, releases, dies or lets its lease lapse
+            wait.poll = min(wait.poll * 1.5, 0.25)
+
+    def _resolve(self, problem: ConvProblem, device: int, wait: "_ClaimWait", *, explicit: bool = False,
+                  tuner_options: dict | None = None, listeners: Sequence[TrialListener] = ()) -> "int | None | object":
+        """One pass: the cached plan, else tune it; _WAIT while another process tunes it (the caller sleeps with
+        the tune lock let go, then asks again: ``_resolve_waiting``); None: BAGF_TUNE=0 and nothing cached, or the
+        wait for the other process ran out (BAGF_CLAIM_WAIT). ``explicit`` (pre-tuning): tune even with
+        BAGF_TUNE=0, and after a wait that ran out (``wait.tuned`` says it tuned). Called with the tune lock held."""
         dev = self.device(device)
         key = fingerprint(problem, dev.env)
         cache = self.cache()
@@ -198,53 +230,59 @@ class Runtime:
             log.once("ddp-memory-cache", f"bagf_torch cache is in memory ({cache.fallback_reason or 'by request'}): "
                      "the ranks of this job cannot see each other's claims and plans, so each tunes on its own "
                      "and they may pick different kernels; give them a writable BAGF_CACHE_DIR on this node")
-        poll, waited, wait_s = 0.01, None, settings.claim_wait()
         slot = (problem, device)
-        while True:
-            row = cache.get_plan(key)
-            if row is not None:
-                self.stats["cache_hits"] += 1
-                self._gave_up.discard(slot)
-                return self._load(row, dev)
-            if slot not in self._mode_checked:
-                self._mode_checked.add(slot)
-                self._check_other_mode(problem, dev, cache)
-            if not settings.tune_enabled():
-                log.once(f"untuned:{problem}", f"BAGF_TUNE=0 and no cached plan for {problem.short()}: "
-                         "using torch's conv2d for it", logging.INFO)
-                return None
-            lease = settings.claim_lease()
-            holder = cache.claim(key, self._owner, lease)
-            if holder is None:
-                try:
-                    # the holder may have stored its plan and released between our look and our claim
-                    row = cache.get_plan(key)
-                    if row is not None:
-                        self.stats["cache_hits"] += 1
-                        return self._load(row, dev)
-                    with _Heartbeat(cache, key, self._owner, lease):
-                        return self._tune_and_store(problem, dev, key)
-                finally:
-                    cache.release(key, self._owner)
-            if slot in self._gave_up:
-                return None  # torch's conv again; the next lookup looks for the winner once more
-            if waited is None:
-                waited = time.monotonic()
-                self.stats["waited"] += 1
-                log.logger().info(f"{problem.short()} is being tuned by another process ({holder}); "
-                                  "waiting for its plan")
-            elif time.monotonic() - waited >= wait_s:
-                # A holder whose heartbeat runs while its tuning is stuck would keep us here for ever.
-                self._gave_up.add(slot)
-                self.stats["gave_up"] += 1
-                log.once(f"claim-wait:{key}", f"{problem.short()}: waited {wait_s:g} s (BAGF_CLAIM_WAIT) for "
-                         f"{holder} to finish tuning it; torch's conv serves it meanwhile, and its plan is used "
-                         "once it is stored")
-                return None
-            if self._closing.is_set():
-                return None  # (the runtime is closing or the interpreter ending: nothing waits for this plan)
-            time.sleep(poll)  # until the holder stores its plan, releases, dies or lets its lease lapse
-            poll = min(poll * 1.5, 0.25)
+        row = cache.get_plan(key)
+        if row is not None:
+            self.stats["cache_hits"] += 1
+            self._gave_up.discard(slot)
+            return self._load(row, dev)
+        if slot not in self._mode_checked:
+            self._mode_checked.add(slot)
+            self._check_other_mode(problem, dev, cache)
+        if not explicit and not settings.tune_enabled():
+            log.once(f"untuned:{problem}", f"BAGF_TUNE=0 and no cached plan for {problem.short()}: "
+                     "using torch's conv2d for it", logging.INFO)
+            return None
+
+        def tune() -> int:
+            wait.tuned = True
+            return self._tune_and_store(problem, dev, key, tuner_options=tuner_options, listeners=listeners)
+
+        lease = settings.claim_lease()
+        holder = cache.claim(key, self._owner, lease)
+        if holder is None:
+            try:
+                # the holder may have stored its plan and released between our look and our claim
+                row = cache.get_plan(key)
+                if row is not None:
+                    self.stats["cache_hits"] += 1
+                    return self._load(row, dev)
+                with _Heartbeat(cache, key, self._owner, lease):
+                    return tune()
+            finally:
+                cache.release(key, self._owner)
+        if slot in self._gave_up and not explicit:
+            return None  # torch's conv again; the next lookup looks for the winner once more
+        if wait.since is None:
+            wait.since = time.monotonic()
+            self.stats["waited"] += 1
+            log.logger().info(f"{problem.short()} is being tuned by another process ({holder}); "
+                              "waiting for its plan")
+        elif time.monotonic() - wait.since >= settings.claim_wait():
+            # A holder whose heartbeat runs while its tuning is stuck would keep us here for ever.
+            self.stats["gave_up"] += 1
+            if explicit:  # a pre-tuning asked for this plan: it tunes it after all
+                log.logger().warning(f"{problem.short()}: waited {settings.claim_wait():g} s (BAGF_CLAIM_WAIT) for "
+                                     f"{holder} to finish tuning it; tuning it here")
+                return tune()
+            self._gave_up.add(slot)
+            log.once(f"claim-wait:{key}", f"{problem.short()}: waited {settings.claim_wait():g} s (BAGF_CLAIM_WAIT) "
+                     f"for {holder} to finish tuning it; torch's conv serves it meanwhile, and its plan is used once "
+                     "it is stored")
+            return None
+        if self._closing.is_set():
+            return None  # (the runtime is closing or the interpreter ending: nothing waits for this plan)
+        return _WAIT
 
     def _check_other_mode(self, problem: ConvProblem, dev: _Device, cache) -> None:
         """Say once why pre-tuned plans are not used when the cache holds this problem only in the other TF32
@@ -326,8 +364,7 @@ class Runtime:
                 return
             problem, device = slot
             try:
-                with self._tune_lock:
-                    handle = self._resolve(problem, device)
+                handle = self._resolve_waiting(problem, device, _ClaimWait())
             except Exception as e:  # never retried in a loop: the problem runs on ATen in this process
                 log.once(f"tune-error:{type(e).__name__}", f"bagf_torch could not tune {problem.short()} in the "
                          f"background ({type(e).__name__}: {e}); using torch's conv2d for it")
@@ -399,6 +436,8 @@ class Runtime:
                 from .tuning.isolated import WorkerPool
 
                 pool = self._pools[dev.index] = WorkerPool(dev.index, timeout_s=settings.isolate_timeout())
+            else:
+                pool.timeout_s = settings.isolate_timeout()  # (read at each tuning, as every setting is)
             return pool
 
     def _tune_and_store(self, problem: ConvProblem, dev: _Device, key: str, tuner_options: dict | None = None,
@@ -458,10 +497,18 @@ class Runtime:
             row = self.cache().get_plan(key)
             if row is not None:
                 return key, row, False
-            handle = self._tune_and_store(problem, dev, key, tuner_options=tuner_options, listeners=listeners)
+        # as a forward's lookup: under a claim, so that a forward (or another pre-tuning) of this problem in
+        # another process waits for this plan instead of tuning it beside this tuning, and the reverse
+        wait = _ClaimWait()
+        handle = self._resolve_waiting(problem, device, wait, memo=False, explicit=True, tuner_options=tuner_options,
+                                       listeners=listeners)
+        row = self.cache().get_plan(key)
+        if row is None:  # (the runtime closing while it waited)
+            raise RuntimeError(f"{problem.short()}: no plan (bagf_torch's runtime closed while waiting for it)")
+        with self._tune_lock:
             self._memo[(problem, device)] = handle
-            _bump()  # layers serving this problem with ATen for now take the plan at their next call
-            return key, self.cache().get_plan(key), True
+        _bump()  # layers serving this problem with ATen for now take the plan at their next call
+        return key, row, wait.tuned
 
     def prefetch_starts(self, problems: Sequence[ConvProblem], device: int, *,
                         tuner_options: dict | None = None) -> int:

@@ -188,3 +188,80 @@ def test_aten_plan_when_cudnn_wins(fake_device, monkeypatch):
     assert rt.plan_handle(P, 0) == ATEN
     assert rt.cache().get_plan(rt.key(P, 0))["family"] == "aten"
     assert set(fake_device.loaded) == fake_device.unloaded  # no kernel kept for an ATen plan
+
+
+def test_a_wait_for_another_process_does_not_hold_up_other_threads_lookups(fake_device, monkeypatch):
+    """While one thread waits for another process to finish tuning its problem (a live claim), another thread's
+    first call of a problem already in the cache gets its plan at once: the wait used to sleep with the process's
+    tune lock held, for up to BAGF_CLAIM_WAIT (60 s by default)."""
+    import dataclasses
+    import threading
+    import time
+
+    monkeypatch.setenv("BAGF_CLAIM_WAIT", "3")
+    rt = runtime.get()
+    other = dataclasses.replace(P, k=96)
+    rt.plan_handle(other, 0)  # its plan is in the cache (as after a pre-tuning)
+    rt.forget()
+    rt.cache().claim(rt.key(P, 0), "otherhost:123:abcd", 30.0)  # another process is tuning P
+    waiter = threading.Thread(target=rt.lookup, args=(P, 0))
+    waiter.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    handle, final = rt.lookup(other, 0)
+    took = time.monotonic() - t0
+    waiter.join()
+    assert final and handle != ATEN and took < 1.0, took
+    assert rt.stats["waited"] == 1 and rt.stats["gave_up"] == 1
+
+
+def test_pretuning_takes_and_respects_the_claims_forwards_take(fake_device, monkeypatch):
+    """A pre-tuning tunes under a claim (a forward in another process waits for its plan instead of tuning beside
+    it), waits for another process's claim and takes that process's plan, and tunes the problem itself once
+    BAGF_CLAIM_WAIT has run out (it was asked for the plan)."""
+    import threading
+    import time
+
+    monkeypatch.setenv("BAGF_CLAIM_WAIT", "1")
+    rt = runtime.get()
+    key = rt.key(P, 0)
+    seen = []
+
+    rt.pretune(P, 0, listeners=[lambda event: seen.append(rt.cache().claim(key, "otherhost:1:x", 30.0))])
+    assert seen and all(holder is not None for holder in seen)  # each trial ran with the claim held
+    rt.cache().clear()
+    rt.forget()
+
+    rt.cache().claim(key, "otherhost:123:abcd", 30.0)  # another process is tuning P, and stores its plan
+    stored = threading.Timer(0.3, lambda: (rt.cache().put_plan(
+        key, problem=P.as_dict(), env=ENV, family="aten", config=None, time_us=50.0, aten_us=50.0, default_us=None,
+        evaluations=3, tune_seconds=1.0), rt.cache().release(key, "otherhost:123:abcd")))
+    stored.start()
+    _, row, tuned_now = rt.pretune(P, 0)
+    stored.join()
+    assert not tuned_now and row["family"] == "aten" and rt.stats["waited"] == 1
+    rt.cache().clear()
+    rt.forget()
+
+    rt.cache().claim(key, "otherhost:123:abcd", 30.0)  # one that never finishes
+    t0 = time.monotonic()
+    _, row, tuned_now = rt.pretune(P, 0)
+    assert tuned_now and row["family"] == "implicit_gemm" and 1.0 <= time.monotonic() - t0 < 10
+
+
+def test_the_isolated_timeout_is_read_at_each_tuning(fake_device, monkeypatch):
+    """BAGF_ISOLATE_TIMEOUT, as every setting, applies from the next tuning on (it was fixed when the device's worker
+    pool was made), and a bad value is the settings' error, not ignored."""
+    from bagf_torch import settings
+
+    monkeypatch.setenv("BAGF_ISOLATE", "1")
+    monkeypatch.setenv("BAGF_ISOLATE_TIMEOUT", "20")
+    rt = runtime.get()
+    dev = rt.device(0)
+    assert rt._pool(dev).timeout_s == 20.0
+    monkeypatch.setenv("BAGF_ISOLATE_TIMEOUT", "300")
+    assert rt._pool(dev).timeout_s == 300.0
+    monkeypatch.setenv("BAGF_ISOLATE_TIMEOUT", "abc")
+    with pytest.raises(settings.SettingError, match="BAGF_ISOLATE_TIMEOUT"):
+        rt._pool(dev)
+    rt.close()
