@@ -328,3 +328,17 @@ def test_winograd_tf32_is_winograd_tc_in_f2_for_tf32_mode_only():
     assert "TF32 mode only" in family_refuses("winograd_tf32", wt.DEFAULT, p)
     assert wt.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=5, s=5, padding=(2, 2), tf32=True)) is not None
     assert wt.default_for(tf32) == wtc.default_for(tf32) and wt.default_for(tf32)["MT"] == 2
+
+
+def test_winograd_gemm_space_keeps_its_own_gemms_within_the_devices_shared_memory():
+    """The tuner passes the device's opt-in shared memory per block: the plan's own GEMM must fit it (the host refuses
+    the rest at load, after a compile each). All fit on sm_90's 227 KB; on sm_86/89's 99 KB the largest tiles do not."""
+    from bagf_torch.kernels import winograd_gemm as wg
+
+    every = wg.space().valid_configs()
+    assert wg.space(232448).valid_configs() == every
+    small = wg.space(101376)
+    too_big = [c for c in every if wg.gemm_smem_bytes(c) > 101376]
+    assert too_big and not any(small.is_valid(c) for c in too_big)
+    assert all(small.is_valid(c) for c in every if wg.gemm_smem_bytes(c) <= 101376)
+    assert "shared memory" in small.invalid_reason(too_big[0])

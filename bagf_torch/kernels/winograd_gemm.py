@@ -88,7 +88,8 @@ from typing import Mapping
 
 from .. import winograd_math as _transforms
 from .geometry import LaunchGeometry
-from .space import Config, Space, register_rule, template_expression, thread_count_rule
+from .space import (Config, Space, register_rule, shared_memory_rule, template_expression,
+                    thread_count_rule)
 
 FAMILY = "winograd_gemm"
 SOURCE = "winograd_gemm.cuh"
@@ -422,5 +423,11 @@ def _sm(arch: str) -> int:
 
 
 def space(smem_limit: int = 0) -> Space:
-    return Space(FAMILY, PARAMS, (thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers),
-                                  gemm_rule, staging_rule))
+    """Every configuration; with ``smem_limit`` (the device's opt-in bytes per block, which the tuner passes) only
+    those whose own GEMM's shared memory fits it (the host refuses the others at load: on sm_86/89, 99 KB, the
+    largest GEMM tiles, 106-110 KB, each cost a compile to learn it). The transform stages use none."""
+    rules = [thread_count_rule(threads, minimum=64), register_rule(threads, estimated_registers), gemm_rule,
+             staging_rule]
+    if smem_limit:
+        rules.append(shared_memory_rule(gemm_smem_bytes, smem_limit))
+    return Space(FAMILY, PARAMS, tuple(rules))
