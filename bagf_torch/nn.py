@@ -28,6 +28,7 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
+_exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # (torch 2.6 and later)
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 # (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
 _stream_capturing = torch._C._cuda_isCurrentStreamCapturing
@@ -371,10 +372,21 @@ class TunedConv2d(nn.Conv2d):
         would break the graph); the kernel this layer already runs for such calls (in the TF32 mode of the
         trace), else torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as nn.Conv2d's
         forward makes them (the eager forward's own casts are not traced)."""
-        if (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
+        if _exporting() or (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
+            # (torch.export: a plan handle means nothing in the process that loads the exported program)
             return self._conv_forward(input, w, b)
-        entry = self.__dict__.get("_bagf_plans", {}).get((input.shape, input.get_device(), _tf32_at_trace(),
-                                                            input.dtype, input.is_contiguous()))
+        from torch.fx.experimental.symbolic_shapes import statically_known_true  # (sympy: loaded when compiling)
+
+        # A plan serves one static shape: the table is searched without hashing the sizes, which would specialise a
+        # dynamic one (a recompile per batch size, mark_dynamic and export's Dim refused); a size that is symbolic
+        # matches no entry, and the graph runs torch's conv, for every shape.
+        device, tf32, dtype, contiguous = input.get_device(), _tf32_at_trace(), input.dtype, input.is_contiguous()
+        entry = None
+        for key, value in self.__dict__.get("_bagf_plans", {}).items():
+            if key[1:] == (device, tf32, dtype, contiguous) and len(key[0]) == input.dim() and all(
+                    statically_known_true(size == want) for size, want in zip(input.shape, key[0])):
+                entry = value
+                break
         if entry is None or entry[0] != "kernel":
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])

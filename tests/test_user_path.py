@@ -1280,6 +1280,48 @@ def test_torch_compile_fullgraph_after_eager_calls(monkeypatch, answer):
     torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias))
 
 
+def test_torch_compile_takes_dynamic_batch_sizes_and_export_records_no_plan(monkeypatch):
+    """A plan serves one static shape, and the compiled graph of that shape runs it; the table lookup no longer hashes
+    the sizes, which specialised every size (a recompile per batch size up to the recompile limit, mark_dynamic and
+    export's Dim refused): other batch sizes share one dynamic graph of torch's conv. torch.export records torch's
+    conv, with static or dynamic shapes: a plan handle means nothing in the process that loads the program."""
+    import torch._dynamo.testing
+
+    # (not _cuda_looking: its check counter is a list the traced code appends to, which dynamo guards on)
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    ran = []
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        ran.append(handle)
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    x2 = torch.randn(2, 3, 8, 8)
+    conv._remember(x2, conv._kernel_entry(7, (1, 1)))  # the plan of batch 2
+    counter = torch._dynamo.testing.CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2), F.conv2d(x2, conv.weight, conv.bias, 1, 1))
+        assert ran == [7]
+        for n in range(3, 13):
+            x = torch.randn(n, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), F.conv2d(x, conv.weight, conv.bias, 1, 1))
+    assert counter.frame_count <= 2 and ran == [7]
+    x = torch.randn(4, 3, 8, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(conv, backend="eager", fullgraph=True)(x)
+    ran.clear()
+    for strict in (False, True):
+        for shapes in (None, {"input": {0: torch.export.Dim("batch")}}):
+            program = torch.export.export(conv, (x2,), dynamic_shapes=shapes, strict=strict)
+            torch.testing.assert_close(program.module()(x2), F.conv2d(x2, conv.weight, conv.bias, 1, 1))
+    assert ran == []
+
+
 def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatch):
     """The traced forward reads the layer's plan table with the TF32 flag as a constant of the trace: a layer with
     a kernel for one mode and torch's conv for the other traces the one of the mode the graph is compiled in."""
