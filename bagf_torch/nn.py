@@ -66,8 +66,25 @@ def _tf32_at_trace() -> bool:
     """The TF32 flag as torch.compile's traced forward reads it: dynamo cannot trace the flag's read (a torch.*
     call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is. No guard
     comes with it: a graph compiled in one mode keeps that mode's plan after the flag changes, until it is compiled
-    again (``torch._dynamo.reset()``); our kernels are strict fp32 in either mode."""
+    again (``torch._dynamo.reset()``) -- a TF32-mode plan (TF32 products) then serves calls made with TF32 off."""
     return cudnn_tf32()
+
+
+@_compile_constant
+def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, padding: tuple, dilation: tuple,
+                           bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> tuple:
+    """((N, H, W), handle) of the cached kernel plans of a layer of this geometry on ``device``
+    (``Runtime.cached_plans``): what torch.compile's trace of a layer runs for a static shape this process has not
+    run eagerly (a server that only compiles, with BAGF_TUNE=0 and a pre-tuned cache). A cache read, never a
+    tuning; a constant of the graph (a plan stored later is taken when the graph is compiled again)."""
+    like = ConvProblem(n=1, c=c, h=1, w=1, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation, groups=1,
+                       bias=bias, dtype=dtype, layout=layout, tf32=tf32)
+    try:
+        return tuple(runtime.get().cached_plans(like, device))
+    except Exception as e:  # (a broken cache or toolchain: torch's conv in the graph, as for a shape with no plan)
+        log.once(f"trace-plans:{type(e).__name__}", f"bagf_torch could not read cached plans while compiling "
+                 f"({type(e).__name__}: {e}); the compiled graph runs torch's conv2d for them")
+        return ()
 
 
 def _autocast_on(x: torch.Tensor) -> bool:
@@ -369,9 +386,10 @@ class TunedConv2d(nn.Conv2d):
 
     def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """The forward torch.compile traces: nothing written, no clock, no logging, nothing tuned (each of those
-        would break the graph); the kernel this layer already runs for such calls (in the TF32 mode of the
-        trace), else torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as nn.Conv2d's
-        forward makes them (the eager forward's own casts are not traced)."""
+        would break the graph); for a static shape the kernel this layer already runs for such calls (in the TF32
+        mode of the trace), else the kernel plan the cache holds for it (read and loaded while tracing), else torch's
+        conv; for a dynamic shape torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as
+        nn.Conv2d's forward makes them (the eager forward's own casts are not traced)."""
         if _exporting() or (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
             # (torch.export: a plan handle means nothing in the process that loads the exported program)
             return self._conv_forward(input, w, b)
@@ -387,6 +405,15 @@ class TunedConv2d(nn.Conv2d):
                     statically_known_true(size == want) for size, want in zip(input.shape, key[0])):
                 entry = value
                 break
+        if entry is None:  # not run eagerly in this process: a plan the cache holds for this static shape
+            padding = _numeric_padding(self)
+            for (n, h, width), handle in _cached_plans_at_trace(
+                    self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,
+                    tuple(self.dilation), b is not None, _DTYPE_NAMES[dtype], "nchw" if contiguous else "nhwc",
+                    tf32 and dtype is _F32, device):
+                if (statically_known_true(input.shape[0] == n) and statically_known_true(input.shape[2] == h)
+                        and statically_known_true(input.shape[3] == width)):
+                    return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
         if entry is None or entry[0] != "kernel":
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])

@@ -173,6 +173,27 @@ class Runtime:
     def key(self, problem: ConvProblem, device: int) -> str:
         return fingerprint(problem, self.device(device).env)
 
+    def cached_plans(self, like: ConvProblem, device: int) -> list[tuple[tuple[int, int, int], int]]:
+        """((N, H, W), handle) of every kernel plan the cache holds on ``device`` for problems that are ``like`` but
+        for N, H and W, loaded now: what a layer compiled by torch.compile runs for a static shape it has not run
+        eagerly in this process (a graph cannot tune, claim or wait; ``nn._cached_plans_at_trace``). Plans of
+        another machine's env are not this device's; "aten" plans are left out (torch's conv needs no handle)."""
+        with self._tune_lock:
+            dev = self.device(device)
+            out = []
+            for row in self.cache().plans():
+                problem = ConvProblem.from_dict(row["problem"])
+                if row["family"] == "aten" or dataclasses.replace(problem, n=like.n, h=like.h, w=like.w) != like:
+                    continue
+                if fingerprint(problem, dev.env) != row["key"]:
+                    continue  # (another GPU's, versions', or sources' plan)
+                handle = self._memo.get((problem, device))
+                if handle is None:
+                    handle = self._memo[(problem, device)] = self._load(row, dev)
+                if handle != ATEN:
+                    out.append(((problem.n, problem.h, problem.w), handle))
+            return out
+
     # ------------------------------------------------------------------ the lookup
     def plan_handle(self, problem: ConvProblem, device: int) -> int:
         """The plan for ``problem`` on ``device``, tuning it first if needed (see ``lookup``)."""

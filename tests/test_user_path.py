@@ -1322,6 +1322,36 @@ def test_torch_compile_takes_dynamic_batch_sizes_and_export_records_no_plan(monk
     assert ran == []
 
 
+def test_a_layer_that_only_runs_compiled_takes_the_plans_the_cache_holds(monkeypatch):
+    """A server that only runs a torch.compile'd model (BAGF_TUNE=0, a pre-tuned cache) got torch's conv for every
+    shape: the traced forward read the plan table, which only eager calls fill. It now takes the cache's plan for a
+    static shape (loaded while tracing), torch's conv for a shape the cache has no plan for."""
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    ran = []
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        ran.append((tuple(x.shape), handle))
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    rt = runtime.install(fh.make_runtime())
+    torch.manual_seed(0)
+    conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
+    x2, x5 = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 8, 8)
+    problem = ConvProblem.from_call(x2, conv.weight, conv.bias, conv.stride, (1, 1), conv.dilation, 1)
+    handle = rt.plan_handle(problem, -1)  # pre-tuned (here: tuned by the fake runtime), then a fresh process
+    rt.forget()
+    monkeypatch.setenv("BAGF_TUNE", "0")
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for x in (x2, x5):
+            torch.testing.assert_close(compiled(x), F.conv2d(x, conv.weight, conv.bias, 1, 1))
+    assert handle != ATEN and [shape for shape, _ in ran] == [(2, 3, 8, 8)] and conv._bagf_plans == {}
+    loaded = rt.fake_compiler.loaded
+    assert ran[0][1] != ATEN and loaded[ran[0][1]] == loaded[handle]  # the stored plan, loaded again here
+
+
 def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatch):
     """The traced forward reads the layer's plan table with the TF32 flag as a constant of the trace: a layer with
     a kernel for one mode and torch's conv for the other traces the one of the mode the graph is compiled in."""
