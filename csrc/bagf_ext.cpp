@@ -980,6 +980,11 @@ class Conv2dFunction : public torch::autograd::Function<Conv2dFunction> {
 at::Tensor conv2d_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                            int64_t plan) {
+  // Forward-mode AD (a dual tensor, torch.func.jvp, also inside a compiled graph, which TunedConv2d's eager check
+  // does not see): the kernel has no tangent rule, and the shortcut below would drop the tangent (zeros, silently);
+  // ATen's convolution has one, so such a call is ATen's (level 0: as PyTorch's own generated kernels ask).
+  auto dual = [](const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); };
+  if (dual(x) || dual(w) || (b.has_value() && dual(*b))) return aten_conv(x, w, b, stride, padding, dilation);
   // Inference (no_grad, or no input that needs a gradient): straight to the device kernel, without the
   // autograd node and its saved arguments; their cost is per call, and at batch 1 the call is host-bound.
   const bool bias_grad = b.has_value() && b->defined() && b->requires_grad();

@@ -519,6 +519,11 @@ def test_a_layer_with_a_kernel_plan_answers_transforms_modes_and_traces_as_nn_co
         traced = torch.jit.trace(conv, x, check_trace=False)
         assert "bagf::" not in str(traced.graph)
         torch.testing.assert_close(traced(x), stock(x), **close)
+    # jvp inside a compiled graph reaches the op itself (the layer's eager check does not run there): the op's
+    # autograd kernel gives forward-mode AD to ATen's convolution instead of dropping the tangent
+    torch._dynamo.reset()
+    tangent = torch.compile(lambda a, b: torch.func.jvp(conv, (a,), (b,))[1], fullgraph=True)(x, t)
+    torch.testing.assert_close(tangent, want_tangent, **close)
 
 
 def test_frozen_layers_keep_a_krsc_weight_for_a_krsc_plan_in_eager_calls_and_graphs(compiler):
