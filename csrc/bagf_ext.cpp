@@ -97,6 +97,9 @@ struct Plan {
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
   int64_t resident = 0;  // stream-K and persistent plans: blocks the device holds at once (occupancy x SMs, at load)
   bagf_lt::State* blas = nullptr;  // cuBLASLt plans: their GEMMs per shape (no module, no fn); freed by unload_plan
+  // non-fused Winograd plans without their own GEMM: the products through cuBLASLt in strict fp32 when torch's flags
+  // would make at::bmm_out multiply in TF32 (launch_gemm_plan); freed by unload_plan
+  bagf_lt::SgemmCache* sgemm = nullptr;
 };
 
 // Fixed table: readers index it without a lock (a slot is published by the release store of g_count after
@@ -374,6 +377,7 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     if (!err.empty()) {
       if (plan.module != nullptr) cuModuleUnload(plan.module);
     } else {
+      if (geo.gemm == 1 && plan.gemm_fn == nullptr) plan.sgemm = new bagf_lt::SgemmCache();
       g_plans[idx] = plan;
       g_count.store(idx + 1, std::memory_order_release);
     }
@@ -398,6 +402,7 @@ void unload_plan(int64_t handle) {
     cuModuleUnload(p.module);
   }
   delete p.blas;
+  delete p.sgemm;
   p = Plan();
 }
 
@@ -444,6 +449,12 @@ at::Tensor aten_conv(const at::Tensor& x, const at::Tensor& w, const std::option
                                    ? at::MemoryFormat::ChannelsLast
                                    : at::MemoryFormat::Contiguous;
   return y.is_contiguous(fmt) ? y : y.contiguous(fmt);
+}
+
+// Whether torch's flags make its fp32 matmuls (at::bmm_out) use TF32 products.
+bool matmul_tf32() {
+  return at::globalContext().allowTF32CuBLAS() ||
+         at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
 }
 
 // The split-K workspace of a call (launch_plan's grid) for a plan whose slices hand their sums over in order (16-bit
@@ -557,10 +568,10 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
-  if (geo.gemm == 1 && plan.gemm_fn == nullptr && (at::globalContext().allowTF32CuBLAS() ||
-                         at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST))
-    return "the non-fused Winograd plan's GEMM would run in TF32 (torch.backends.cuda.matmul.allow_tf32 or "
-           "torch.set_float32_matmul_precision is not 'highest'); set them back for this plan's fp32 speed";
+  if (geo.gemm == 1 && plan.gemm_fn == nullptr && matmul_tf32() && !bagf_lt::api().error.empty())
+    return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (torch.backends.cuda.matmul.allow_tf32, "
+           "or torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run it in fp32, cannot "
+           "be loaded";
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != dt || !b->is_contiguous() || b->numel() != w.size(0))
       return "bias is not a contiguous vector of K elements of the input's dtype on the device";
@@ -610,6 +621,36 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
     BAGF_CU_CHECK(cuLaunchKernel(plan.gemm_fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                                  static_cast<unsigned>(E), geo.gemm_threads, 1, 1, geo.gemm_smem, stream, args,
                                  nullptr));
+  } else if (matmul_tf32()) {
+    // at::bmm_out would multiply in TF32 (the program set torch.set_float32_matmul_precision or
+    // matmul.allow_tf32): the same products through cuBLASLt in strict fp32 (row-major, as the bmm_out calls below)
+    bagf_lt::SgemmShape shape;
+    shape.batch = E;
+    shape.m = m_tk ? T : K;
+    shape.n = m_tk ? K : T;
+    shape.k = C;
+    shape.ta = m_tk && !v_tc;           // op(A): V^T (V stored [C][T]) where M is [T][K], else U or V as stored
+    shape.tb = m_tk || v_tc;            // op(B): U^T (U stored [K][C]) where M is [T][K], V^T (stored [T][C]) else
+    const float* a = m_tk ? vp : up;
+    const float* b = m_tk ? up : vp;
+    shape.align = std::min({bagf_lt::alignment(reinterpret_cast<uintptr_t>(a)),
+                            bagf_lt::alignment(reinterpret_cast<uintptr_t>(b)),
+                            bagf_lt::alignment(reinterpret_cast<uintptr_t>(mp)),
+                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.k)),
+                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.k * shape.n)),
+                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.n))});
+    std::string why;
+    bagf_lt::Handle h = bagf_lt::handle(x.get_device(), why);
+    BAGF_CHECK(h != nullptr && plan.sgemm != nullptr, "bagf_torch: the Winograd products in fp32 need cuBLASLt: ",
+               why);
+    std::lock_guard<std::mutex> lock(plan.sgemm->mutex);
+    const bagf_lt::Sgemm* g = bagf_lt::resolve_sgemm(*plan.sgemm, h, shape, why);
+    BAGF_CHECK(g != nullptr, "bagf_torch: ", why);
+    at::Tensor ws = g->workspace > 0 ? at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte))
+                                     : at::Tensor();
+    const bagf_lt::Status st = bagf_lt::run_sgemm(h, *g, a, b, M.data_ptr<float>(),
+                                                  ws.defined() ? ws.data_ptr() : nullptr, stream);
+    BAGF_CHECK(st == 0, "bagf_torch: the Winograd products through cuBLASLt failed: ", bagf_lt::status_text(st));
   } else if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
     at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
   } else {

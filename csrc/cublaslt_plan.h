@@ -363,4 +363,113 @@ inline Status run(Handle h, Gemm& g, const void* x, const void* w, const void* b
                   broadcast ? bias : y, broadcast ? g.c : g.d, y, g.d, &g.algo, workspace, g.workspace, stream);
 }
 
+
+// ---- a strided batch of row-major fp32 GEMMs in strict fp32 (a non-fused Winograd plan's products) -------------
+//
+// D[i] (m x n) = op(A[i]) (m x k) op(B[i]) (k x n) for i < batch, every matrix a dense row-major block at a stride of
+// its size: A stored m x k, or k x m when ``ta`` (op(A) = A^T); B stored k x n, or n x k when ``tb``; D m x n. fp32
+// products and sums (CUBLAS_COMPUTE_32F), whatever torch's TF32 flags say: at::bmm_out follows them, and a plan
+// tuned and checked with fp32 products must not turn TF32 where a program sets torch.set_float32_matmul_precision.
+// Column-major as cuBLASLt counts, the row-major D is D^T (n x m, ld n) = op(B)^T op(A)^T: its A is B's storage
+// (n x k, ld n, as is; or k x n, ld k, transposed when ``tb``) and its B is A's storage (k x m, ld k; or m x k, ld m,
+// transposed when ``ta``).
+struct SgemmShape {
+  int64_t batch = 0, m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;
+  uint32_t align = 0;  // bytes every matrix of the three is aligned to (its base and its batch stride)
+  bool operator==(const SgemmShape& o) const {
+    return batch == o.batch && m == o.m && n == o.n && k == o.k && ta == o.ta && tb == o.tb && align == o.align;
+  }
+};
+
+struct Sgemm {
+  SgemmShape shape;
+  MatmulDesc desc = nullptr;
+  Layout a = nullptr, b = nullptr, d = nullptr;
+  Algo algo{};
+  size_t workspace = 0;
+  std::string error;
+};
+
+// A plan's resolved batched GEMMs, one per shape seen.
+struct SgemmCache {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Sgemm>> gemms;
+  ~SgemmCache() {
+    Api& a = api();
+    for (auto& g : gemms) {
+      if (g->desc) a.desc_destroy(g->desc);
+      for (Layout l : {g->a, g->b, g->d})
+        if (l) a.layout_destroy(l);
+    }
+  }
+};
+
+constexpr size_t kSgemmWorkspace = size_t{32} << 20;  // the heuristic's limit (split-K algorithms need one)
+
+// The GEMM of ``shape`` in ``cache`` (resolved now, the heuristic's first entry, if it was not), or nullptr with
+// ``error`` set (remembered). Called with cache.mutex held.
+inline Sgemm* resolve_sgemm(SgemmCache& cache, Handle h, const SgemmShape& shape, std::string& error) {
+  for (auto& g : cache.gemms)
+    if (g->shape == shape) {
+      if (!g->error.empty()) {
+        error = g->error;
+        return nullptr;
+      }
+      return g.get();
+    }
+  Api& a = api();
+  auto g = std::make_unique<Sgemm>();
+  g->shape = shape;
+  const int64_t m = shape.m, n = shape.n, k = shape.k, batch = shape.batch;
+  // column-major: D^T (n x m) = opA(B's storage) (n x k) opB(A's storage) (k x m)
+  const int32_t op_a = shape.tb ? kOpT : kOpN, op_b = shape.ta ? kOpT : kOpN;
+  Status s = a.desc_create(&g->desc, kComputeF32, CUDA_R_32F);
+  if (s == 0) s = a.desc_set(g->desc, kDescTransA, &op_a, sizeof(op_a));
+  if (s == 0) s = a.desc_set(g->desc, kDescTransB, &op_b, sizeof(op_b));
+  if (s == 0) s = shape.tb ? make_layout(&g->a, CUDA_R_32F, k, n, k, batch, n * k)
+                           : make_layout(&g->a, CUDA_R_32F, n, k, n, batch, k * n);
+  if (s == 0) s = shape.ta ? make_layout(&g->b, CUDA_R_32F, m, k, m, batch, m * k)
+                           : make_layout(&g->b, CUDA_R_32F, k, m, k, batch, m * k);
+  if (s == 0) s = make_layout(&g->d, CUDA_R_32F, n, m, n, batch, m * n);
+  std::array<HeuristicResult, 1> results{};
+  int returned = 0;
+  if (s == 0) {
+    Preference pref = nullptr;
+    s = a.pref_create(&pref);
+    const uint64_t ws = kSgemmWorkspace;
+    const uint32_t reduce = kReduceInComputeType;  // split-K partial sums in fp32
+    if (s == 0) s = a.pref_set(pref, kPrefMaxWorkspace, &ws, sizeof(ws));
+    if (s == 0) s = a.pref_set(pref, kPrefReductionMask, &reduce, sizeof(reduce));
+    for (int attr : {kPrefAlignA, kPrefAlignB, kPrefAlignC, kPrefAlignD})
+      if (s == 0) s = a.pref_set(pref, attr, &shape.align, sizeof(shape.align));
+    if (s == 0) s = a.heuristic(h, g->desc, g->a, g->b, g->d, g->d, pref, 1, results.data(), &returned);
+    if (pref != nullptr) a.pref_destroy(pref);
+  }
+  if (s != 0 || returned < 1 || results[0].state != 0) {
+    g->error = s != 0 ? "cuBLASLt for the Winograd products: " + status_text(s)
+                      : std::string("cuBLASLt offers no fp32 algorithm for the Winograd products of this shape");
+    error = g->error;
+    if (g->desc) a.desc_destroy(g->desc);
+    for (Layout l : {g->a, g->b, g->d})
+      if (l) a.layout_destroy(l);
+    g->desc = nullptr;
+    g->a = g->b = g->d = nullptr;
+    cache.gemms.push_back(std::move(g));
+    return nullptr;
+  }
+  g->algo = results[0].algo;
+  g->workspace = results[0].workspace_size;
+  cache.gemms.push_back(std::move(g));
+  return cache.gemms.back().get();
+}
+
+// Run ``g``: D = op(A) op(B) per batch (row-major, as resolve_sgemm describes), on ``stream``.
+inline Status run_sgemm(Handle h, const Sgemm& g, const float* A, const float* B, float* D, void* workspace,
+                        cudaStream_t stream) {
+  const float one = 1.0f, zero = 0.0f;
+  return api().matmul(h, g.desc, &one, B, g.a, A, g.b, &zero, D, g.d, D, g.d, &g.algo, workspace, g.workspace,
+                      stream);
+}
+
 }  // namespace bagf_lt

@@ -755,10 +755,13 @@ def _op_and_gradients_match_aten(handle, x, w, b, stride, padding):
 
 
 @pytest.mark.parametrize("mt", [2, 4, 5, 6])
-def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, monkeypatch):
+def test_winograd_gemm_opcheck_autograd_fallback_and_fp32_under_tf32_matmul_flags(compiler, mt, monkeypatch):
     """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
-    ATen's backward, ATen's answer for a problem it cannot compute, and ATen's answer (bit for bit) while torch
-    lets cuBLAS use TF32 for fp32 matmuls, since its GEMM would then not be fp32."""
+    ATen's backward, ATen's answer for a problem it cannot compute; and, while torch lets its fp32 matmuls use
+    TF32 (matmul.allow_tf32, or set_float32_matmul_precision below 'highest', as many programs set), still the
+    plan's fp32 arithmetic (its products then through cuBLASLt in fp32, not at::bmm_out): within fp32's error of
+    what it computes with the flags off, and nowhere near TF32's. It used to hand such calls to ATen, so a plan
+    tuned in a default process ran cuDNN wherever a program had set the flags."""
     fam = _family("winograd_gemm")
     handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1, GE=0)])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)
@@ -786,9 +789,25 @@ def test_winograd_gemm_opcheck_autograd_fallback_and_tf32_refusal(compiler, mt, 
                                        F.conv2d(x, w3, b, st, 1), rtol=1e-4, atol=1e-4)
         mine = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
         aten = F.conv2d(x, w, b, 1, 1)
-        assert not torch.equal(mine, aten)  # the plan's own arithmetic (else the check below shows nothing)
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-        assert torch.equal(torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle), aten)
+        assert not torch.equal(mine, aten)  # the plan's own arithmetic (else the checks below show nothing)
+        ref = F.conv2d(x.double(), w.double(), b.double(), 1, 1)
+        for flags in ({"allow_tf32": True}, {"precision": "high"}):
+            if "allow_tf32" in flags:
+                monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+            else:
+                monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+                previous = torch.get_float32_matmul_precision()
+                torch.set_float32_matmul_precision("high")
+            try:
+                got = torch.ops.bagf.conv2d(x, w, b, [1, 1], [1, 1], [1, 1], handle)
+            finally:
+                if "precision" in flags:
+                    torch.set_float32_matmul_precision(previous)
+            assert not torch.equal(got, aten), flags  # the plan ran, not ATen
+            error = float((got.double() - ref).norm() / ref.norm())
+            assert error < 1e-5, (flags, error)  # fp32 products (TF32's are ~1e-4 here)
+            torch.testing.assert_close(got, mine, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
 
 
 # Shapes where the plan's own GEMM takes its 16-byte path (C and T multiples of 4) and where it does not

@@ -37,9 +37,10 @@ is the global-memory round trip of V and M (iobound.winograd_gemm_traffic), whic
 With GE = 0 the GEMM is cuBLAS's: its tile shapes are cuBLAS's heuristic, and this family tunes what is ours
 (the tile size, the workspace layouts the GEMM reads and writes, the transforms' blocks).
 
-TF32: the host refuses the plan (ATen answers, one warning) while torch lets cuBLAS use TF32 for fp32
-matmuls (``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` other than
-"highest"), since the GEMM would then round its operands to TF32 although the convolution is fp32.
+TF32: at::bmm_out follows torch's TF32 flags for fp32 matmuls; while a program allows TF32 there
+(``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` other than "highest"), the
+host runs the same products through cuBLASLt with fp32 compute (csrc/cublaslt_plan.h, ``resolve_sgemm``), so the
+plan computes what its check passed whatever the program set (ATen answers only where cuBLASLt cannot be loaded).
 
 Accuracy is the fused families' (the same transforms, the same products in another order): the tuner's
 correctness check (relative norm < 1e-4, max < 1e-3 against float64) rejects a candidate above it.

@@ -189,6 +189,49 @@ int main() {
     g = bagf_lt::resolve(st, h, shape, bias.data(), error);
     expect(g != nullptr && g->bias == bagf_lt::Bias::kFilledD && g->c == nullptr, "then a filled D");
   }
+  // the non-fused Winograd products in strict fp32 (resolve_sgemm / run_sgemm): each of the four row-major
+  // formulations launch_gemm_plan uses equals the batched product, with fp32 compute and fp32 partial sums
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t batch = 3, m = 4, n = 5, k = 6;
+      std::mt19937 rng(static_cast<unsigned>(10 * ta + tb));
+      std::normal_distribution<float> dist;
+      std::vector<float> A(batch * m * k), B(batch * k * n), D(batch * m * n, NAN);
+      for (auto* v : {&A, &B})
+        for (float& e : *v) e = dist(rng);
+      bagf_lt::SgemmCache cache;
+      bagf_lt::SgemmShape shape;
+      shape.batch = batch;
+      shape.m = m;
+      shape.n = n;
+      shape.k = k;
+      shape.ta = ta;
+      shape.tb = tb;
+      shape.align = 16;
+      const bagf_lt::Sgemm* g = bagf_lt::resolve_sgemm(cache, h, shape, error);
+      const std::string name = std::string("sgemm ta=") + std::to_string(ta) + " tb=" + std::to_string(tb);
+      expect(g != nullptr, name + " resolves: " + error);
+      if (g == nullptr) continue;
+      expect(compute() == bagf_lt::kComputeF32 && reduce() == 2 && workspace() == bagf_lt::kSgemmWorkspace &&
+                 align(0) == 16 && align(3) == 16,
+             name + ": fp32 compute and partial sums, the workspace limit, the alignment");
+      expect(bagf_lt::run_sgemm(h, *g, A.data(), B.data(), D.data(), nullptr, nullptr) == 0, name + " runs");
+      double worst = 0;
+      for (int64_t i = 0; i < batch; ++i)
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < n; ++c) {
+            double want = 0;
+            for (int64_t q = 0; q < k; ++q) {
+              const float a = ta ? A[i * m * k + q * m + r] : A[i * m * k + r * k + q];  // stored k x m, or m x k
+              const float b = tb ? B[i * k * n + c * k + q] : B[i * k * n + q * n + c];  // stored n x k, or k x n
+              want += static_cast<double>(a) * b;
+            }
+            worst = std::max(worst, std::fabs(want - D[i * m * n + r * n + c]));
+          }
+      expect(worst < 1e-4, name + ": D = op(A) op(B) per batch, row-major (worst error " + std::to_string(worst) +
+                               ")");
+      expect(bagf_lt::resolve_sgemm(cache, h, shape, error) == g && cache.gemms.size() == 1, name + ": kept");
+    }
   std::printf("ok %d of %d\n", checks - failures, checks);
   return failures == 0 ? 0 : 1;
 }
