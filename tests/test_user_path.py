@@ -1280,6 +1280,19 @@ def test_torch_compile_fullgraph_after_eager_calls(monkeypatch, answer):
     torch.testing.assert_close(out, F.conv2d(x, conv.weight, conv.bias))
 
 
+def _recording_op(monkeypatch) -> list:
+    """The op replaced by F.conv2d recording each call's plan handle (plain Python: dynamo traces into it); the
+    list of handles."""
+    ran = []
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        ran.append(handle)
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    return ran
+
+
 def test_torch_compile_takes_dynamic_batch_sizes_and_export_records_no_plan(monkeypatch):
     """A plan serves one static shape, and the compiled graph of that shape runs it; the table lookup no longer hashes
     the sizes, which specialised every size (a recompile per batch size up to the recompile limit, mark_dynamic and
@@ -1289,13 +1302,7 @@ def test_torch_compile_takes_dynamic_batch_sizes_and_export_records_no_plan(monk
 
     # (not _cuda_looking: its check counter is a list the traced code appends to, which dynamo guards on)
     monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
-    ran = []
-
-    def fake_op(x, w, b, stride, padding, dilation, handle):
-        ran.append(handle)
-        return F.conv2d(x, w, b, stride, padding, dilation)
-
-    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    ran = _recording_op(monkeypatch)
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
     x2 = torch.randn(2, 3, 8, 8)
     conv._remember(x2, conv._kernel_entry(7, (1, 1)))  # the plan of batch 2
@@ -1356,13 +1363,7 @@ def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatc
     """The traced forward reads the layer's plan table with the TF32 flag as a constant of the trace: a layer with
     a kernel for one mode and torch's conv for the other traces the one of the mode the graph is compiled in."""
     _cuda_looking(monkeypatch, (ATEN, True))
-    ran = []
-
-    def fake_op(x, w, b, stride, padding, dilation, handle):
-        ran.append(handle)
-        return F.conv2d(x, w, b, stride, padding, dilation)
-
-    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    ran = _recording_op(monkeypatch)
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
     x = torch.randn(1, 3, 8, 8)
     old = torch.backends.cudnn.allow_tf32
