@@ -34,7 +34,8 @@
 #   2+ GPUs the matrix runs on the last GPU anyway).
 #   On a machine with 2+ GPUs: the alexnet tune runs under torchrun, one rank per GPU (multi-GPU
 #   pre-tuning), and the faults and bench stages run on the last GPU alongside the GPU-0 stages.
-#   Logs end up in $OUT/logs.tgz (a device call returns at most 8 files); results stay beside it.
+#   Everything the stages write ends up in one archive, $OUT/out.tgz (a device call returns at most 8 files), also
+#   when DEADLINE (seconds, default 570) stops the call early.
 #   overhead = benchmarks/bench_overhead.py ($OVERHEAD_ARGS); compare = benchmarks/compare_versions.py (an older
 #   checkout in $COMPARE_OLD, default .old_main, against this one on the same plans; $COMPARE_ARGS); firstcall = benchmarks/first_call.py ($FIRSTCALL_ARGS,
 #   and its --alexnet mode once per budget in $FIRSTCALL_ALEXNET, e.g. "5 25"). build installs the package
@@ -48,6 +49,28 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bagf_out}
 mkdir -p "$OUT"
+# A device call returns at most 8 files from $OUT and ends at its time limit (600 s): whatever the stages wrote is
+# packed into one archive, $OUT/out.tgz, when the script ends for any reason, and at DEADLINE seconds (default 570) a
+# watchdog stops the stage running (TERM to the script's children, then to the script), so that the packing still
+# runs inside the call. Unpack it here with: tar xzf out.tgz
+DEADLINE=${DEADLINE:-570}
+pack() {
+  ( cd "$OUT" && files=$(ls -A | grep -vx 'out.tgz') && [ -n "$files" ] && tar czf out.tgz $files && rm -rf $files )
+}
+trap pack EXIT
+trap 'echo "device_check: stopped at the ${DEADLINE} s deadline (DEADLINE)"; exit 124' TERM
+script_pid=$$
+(
+  sleep "$DEADLINE"
+  kill -TERM "$script_pid" 2>/dev/null  # (bash runs the trap once the command it waits for returns:)
+  for _ in $(seq 120); do  # (until it has ended: gone, or a zombie its parent has not reaped yet)
+    state=$(ps -o stat= -p "$script_pid" 2>/dev/null | cut -c1)
+    [ -z "$state" ] || [ "$state" = "Z" ] && break
+    for child in $(pgrep -P "$script_pid"); do [ "$child" != "$BASHPID" ] && kill -TERM "$child" 2>/dev/null; done
+    sleep 1
+  done
+) &
+watchdog=$!
 stages=()
 bench_args=()
 for a in "$@"; do
@@ -276,7 +299,7 @@ if has overhead; then
   # overhead = benchmarks/bench_overhead.py: TunedConv2d against stock nn.Conv2d for every plan kind (tuned kernel,
   # cached aten plan, BAGF_TUNE=0 miss, bf16 / channels_last), eager and CUDA graph, N=1,8,32,128 by default;
   # $OVERHEAD_ARGS (e.g. "--batch 1,8 --kinds kernel,miss"). Results: $OUT/bench_overhead_h200.{json,md} (top level);
-  # its log goes into logs.tgz.
+  # its log goes into out.tgz with the rest.
   # shellcheck disable=SC2086  # OVERHEAD_ARGS is a list of arguments
   timeout ${OVERHEAD_TIMEOUT:-420} python3 benchmarks/bench_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-} \
     > "$OUT/overhead.log" 2>&1 || rc=1
@@ -303,7 +326,7 @@ if has firstcall; then
   # for each, once per value of FIRSTCALL_MODEL_SECONDS (default "default": the library's budget);
   # FIRSTCALL_MODEL_TIMEOUT as above (default 25 x (1.1 s + 9) + 120 per batch size).
   # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet/--model results and the tune command's
-  # output go into $OUT/first_call_models.tgz (a device call returns at most 8 files); the logs into logs.tgz.
+  # output go into $OUT/first_call_models.tgz (a device call returns at most 8 files); the logs with the rest into out.tgz.
   if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
     # shellcheck disable=SC2086  # FIRSTCALL_ARGS is a list of arguments
     timeout ${FIRSTCALL_TIMEOUT:-540} python3 benchmarks/first_call.py --out "$OUT" ${FIRSTCALL_ARGS:-} \
@@ -388,5 +411,5 @@ if has sanitize; then
     --out "$OUT/sanitize.json" 2>&1 | tail -n 30 | tee "$OUT/sanitize.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-( cd "$OUT" && ls *.log env.txt >/dev/null 2>&1 && tar czf logs.tgz *.log env.txt && rm -f *.log env.txt )
-exit $rc
+pkill -TERM -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null  # (its sleep too: nothing outlives the call)
+exit $rc  # (the EXIT trap packs $OUT into out.tgz)

@@ -706,3 +706,33 @@ def test_module_times_names_each_call_by_its_own_problem():
     assert probe.plan_of(report, "conv", conv, large) == "plan_large"
     assert probe.plan_of(report, "conv", conv, torch.randn(1, 3, 9, 9)) == "aten"
     assert probe.plan_of(report, "relu", torch.nn.ReLU(), small) == ""
+
+
+def test_device_check_packs_its_results_into_one_file_and_stops_at_its_deadline(tmp_path):
+    """A device call returns at most 8 files and ends at 600 s: device_check.sh packs everything under $OUT into
+    out.tgz whenever it ends, and at DEADLINE its watchdog stops the running stage (and the script) early enough
+    for the packing to run. The script's own preamble, run here with a stage that would outlast the deadline."""
+    import subprocess
+    import tarfile
+    import time
+
+    script = (BENCHMARKS.parent / "scripts" / "device_check.sh").read_text()
+    preamble = script[script.index("set -uo pipefail"):script.index("watchdog=$!") + len("watchdog=$!")]
+    body = (preamble + '\necho a > "$OUT/a.json"; echo b > "$OUT/b.md"\n'
+            'timeout 60 sleep 30 > "$OUT/stage.log" 2>&1\necho never > "$OUT/after.txt"\n')
+    (tmp_path / "t.sh").write_text(body)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(tmp_path / "t.sh")], env={**os.environ, "OUT": str(out), "DEADLINE": "2"},
+                         capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 15 and res.returncode == 124, (res.returncode, res.stdout, res.stderr)
+    assert sorted(p.name for p in out.iterdir()) == ["out.tgz"]
+    with tarfile.open(out / "out.tgz") as tar:
+        assert sorted(tar.getnames()) == ["a.json", "b.md", "stage.log"]
+    # an ordinary end packs too
+    (tmp_path / "u.sh").write_text(preamble + '\necho a > "$OUT/a.json"\npkill -TERM -P "$watchdog"; '
+                                   'kill "$watchdog"\nexit 0\n')
+    out2 = tmp_path / "out2"
+    res = subprocess.run(["bash", str(tmp_path / "u.sh")], env={**os.environ, "OUT": str(out2), "DEADLINE": "30"},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and sorted(p.name for p in out2.iterdir()) == ["out.tgz"]
