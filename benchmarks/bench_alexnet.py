@@ -108,7 +108,9 @@ def main(argv=None) -> int:
                  + (" (its weights frozen too)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
-                 "mode, so compare it with `stock_benchmark` too. Speedups are over stock eager unless named.", "",
+                 "mode, so compare it with `stock_benchmark` too. Speedups: first over `stock_benchmark` (cuDNN in "
+                 "benchmark mode in this process: the like-for-like comparison), then over PyTorch's defaults "
+                 "(`stock`, benchmark off: what a user who changes nothing runs).", "",
                  f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "", *bench.table(results), ""]
         for n, r in sorted(results.items()):
             if "compile_max_autotune" in r:
