@@ -627,7 +627,7 @@ def main(argv=None) -> int:
         if value is not None and not (math.isfinite(value) and value > 0):
             sub.error(f"--{flag.replace('_', '-')} must be a number above 0, got {value}")
     # where the results go, checked before the work that makes them (a tuning, a benchmark, a measured ceiling)
-    for flag, suffixes in (("json", None), ("plot", (".png", ".pdf", ".svg"))):
+    for flag, suffixes in (("json", None), ("plot", (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg"))):
         path = getattr(args, flag, None)
         if path:
             why = _output_refused(path, suffixes)
@@ -658,12 +658,12 @@ def _output_refused(path: str, suffixes: tuple[str, ...] | None) -> str | None:
         return f"the file name must end in {', '.join(suffixes)}"
     if target.is_dir():
         return "is a folder; give a file name"
+    if target.exists():  # (written in place: a file, or a device such as /dev/stdout)
+        return None if os.access(target, os.W_OK) else "cannot be written (permissions)"
     folder = target.parent
     if not folder.is_dir():
         return f"the folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        return "cannot be written (permissions)"
-    return None
+    return None if os.access(folder, os.W_OK) else "cannot be written (permissions)"
 
 
 def run(argv=None) -> None:

@@ -75,8 +75,9 @@ def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, paddin
                            bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> tuple:
     """((N, H, W), handle) of the cached kernel plans of a layer of this geometry on ``device``
     (``Runtime.cached_plans``): what torch.compile's trace of a layer runs for a static shape this process has not
-    run eagerly (a server that only compiles, with BAGF_TUNE=0 and a pre-tuned cache). A cache read, never a
-    tuning; a constant of the graph (a plan stored later is taken when the graph is compiled again)."""
+    run eagerly (a server that only compiles, with BAGF_TUNE=0 and a pre-tuned cache). A cache read and a load,
+    never a tuning (it waits for one another thread is running); a constant of the graph (a plan stored later is
+    taken when the graph is compiled again)."""
     like = ConvProblem(n=1, c=c, h=1, w=1, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation, groups=1,
                        bias=bias, dtype=dtype, layout=layout, tf32=tf32)
     try:
@@ -393,26 +394,25 @@ class TunedConv2d(nn.Conv2d):
         if _exporting() or (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
             # (torch.export: a plan handle means nothing in the process that loads the exported program)
             return self._conv_forward(input, w, b)
-        from torch.fx.experimental.symbolic_shapes import statically_known_true  # (sympy: loaded when compiling)
-
-        # A plan serves one static shape: the table is searched without hashing the sizes, which would specialise a
-        # dynamic one (a recompile per batch size, mark_dynamic and export's Dim refused); a size that is symbolic
-        # matches no entry, and the graph runs torch's conv, for every shape.
+        # A plan serves one static shape. The table is searched by comparing sizes, not by hashing them: a hash
+        # specialises every size (a recompile per batch size until torch gives up). A comparison of a dynamic size
+        # with a planned one is a guard (size != planned) on the dynamic graph, which torch's automatic dynamic
+        # compiles at a second batch size: a planned size then keeps its own static graph with its plan, and every
+        # other size shares the dynamic graph of torch's conv.
         device, tf32, dtype, contiguous = input.get_device(), _tf32_at_trace(), input.dtype, input.is_contiguous()
         entry = None
         for key, value in self.__dict__.get("_bagf_plans", {}).items():
             if key[1:] == (device, tf32, dtype, contiguous) and len(key[0]) == input.dim() and all(
-                    statically_known_true(size == want) for size, want in zip(input.shape, key[0])):
+                    size == want for size, want in zip(input.shape, key[0])):
                 entry = value
                 break
-        if entry is None:  # not run eagerly in this process: a plan the cache holds for this static shape
+        if entry is None:  # not run eagerly in this process: a plan the cache holds for this shape
             padding = _numeric_padding(self)
             for (n, h, width), handle in _cached_plans_at_trace(
                     self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,
                     tuple(self.dilation), b is not None, _DTYPE_NAMES[dtype], "nchw" if contiguous else "nhwc",
                     tf32 and dtype is _F32, device):
-                if (statically_known_true(input.shape[0] == n) and statically_known_true(input.shape[2] == h)
-                        and statically_known_true(input.shape[3] == width)):
+                if input.shape[0] == n and input.shape[2] == h and input.shape[3] == width:
                     return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
         if entry is None or entry[0] != "kernel":
             return self._conv_forward(input, w, b)
@@ -438,7 +438,7 @@ class TunedConv2d(nn.Conv2d):
             w, b, own = self.weight, self.bias, False
         if _compiling():
             return self._traced_forward(input, w, b)
-        if _foreign(input, w, b):
+        if type(input) not in _PLAIN and _wrapped(input):  # (an FX proxy or a wrapper: before anything reads it)
             return self._conv_forward(input, w, b)
         if _any_autocast() and _autocast_on(input):
             # What nn.Conv2d's forward does under autocast: input, weight and bias cast to autocast's dtype (the
@@ -490,6 +490,8 @@ class TunedConv2d(nn.Conv2d):
             kind = hit[0]
             if kind == "kernel":
                 if w.dtype is dtype and (not contiguous or w.is_contiguous()):
+                    if _foreign(input, w, b):  # (only where a kernel would run: aten entries need no such check)
+                        return self._conv_forward(input, w, b)
                     if _needs_dispatcher(input, w, b):
                         return _op()(input, w, b, hit[2], hit[3], hit[4], hit[1])
                     if hit[5] and own and self._bagf_frozen:
@@ -498,6 +500,8 @@ class TunedConv2d(nn.Conv2d):
             elif kind == "aten" or kind == "unsupported" or (
                     kind == "later" and time.monotonic() < hit[1] and hit[2] == runtime.GENERATION):
                 return self._conv_forward(input, w, b)
+        if _foreign(input, w, b):  # (neither checked, looked up nor tuned: a first call under a transform or mode)
+            return self._conv_forward(input, w, b)
         reason = self._tell(input, None)
         if reason is not None:
             if reason is not _BAD_CALL:

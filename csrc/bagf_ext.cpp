@@ -457,6 +457,24 @@ bool matmul_tf32() {
          at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
 }
 
+// A non-fused Winograd plan's products as cuBLASLt's row-major strided batch (what launch_gemm_plan's at::bmm_out
+// calls compute): E products over the tiles T, the output channels K and the (polyphase) channels C, in the plan's
+// workspace layouts; aligned as the batch strides allow (the workspaces are fresh allocations: 256-byte bases).
+bagf_lt::SgemmShape winograd_sgemm_shape(const LaunchGeometry& geo, int64_t E, int64_t T, int64_t K, int64_t C) {
+  const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2;
+  bagf_lt::SgemmShape shape;
+  shape.batch = E;
+  shape.m = m_tk ? T : K;
+  shape.n = m_tk ? K : T;
+  shape.k = C;
+  shape.ta = m_tk && !v_tc;  // op(A): V^T (V stored [C][T]) where M is [T][K], else U or V as stored
+  shape.tb = m_tk || v_tc;   // op(B): U^T (U stored [K][C]) where M is [T][K], V^T (stored [T][C]) else
+  shape.align = std::min({256u, bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.k)),
+                          bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.k * shape.n)),
+                          bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.n))});
+  return shape;
+}
+
 // The split-K workspace of a call (launch_plan's grid) for a plan whose slices hand their sums over in order (16-bit
 // and TMA plans, kernels/implicit_gemm_h16.cuh's protocol): each slice's fp32 sums of each BM x BN tile, then one
 // arrival counter per tile; 0 for other plans (other fp32 split-K plans add atomically into a zeroed output; a split-K
@@ -568,10 +586,25 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
-  if (geo.gemm == 1 && plan.gemm_fn == nullptr && matmul_tf32() && !bagf_lt::api().error.empty())
-    return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (torch.backends.cuda.matmul.allow_tf32, "
-           "or torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run it in fp32, cannot "
-           "be loaded";
+  if (geo.gemm == 1 && plan.gemm_fn == nullptr && matmul_tf32() && P > 0 && Q > 0) {
+    // its products through cuBLASLt in fp32 (launch_gemm_plan): resolved here, once per shape, so that a shape
+    // cuBLASLt cannot take is ATen's answer (or the check's refusal), never an error out of the launch
+    const int64_t mt = geo.tile;
+    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(
+        geo, (mt + 2) * (mt + 2), x.size(0) * ((P + mt - 1) / mt) * ((Q + mt - 1) / mt), w.size(0),
+        x.size(1) * stride[0] * stride[0]);
+    std::string why;
+    const bagf_lt::Handle h = plan.sgemm != nullptr ? bagf_lt::handle(x.get_device(), why) : nullptr;
+    if (h == nullptr)
+      return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, or "
+             "torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run it in fp32, is "
+             "not available";
+    std::lock_guard<std::mutex> lock(plan.sgemm->mutex);
+    if (bagf_lt::resolve_sgemm(*plan.sgemm, h, shape, why) == nullptr)
+      return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, or "
+             "torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt offers no fp32 algorithm for "
+             "this shape's products";
+  }
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != dt || !b->is_contiguous() || b->numel() != w.size(0))
       return "bias is not a contiguous vector of K elements of the input's dtype on the device";
@@ -623,22 +656,10 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
                                  nullptr));
   } else if (matmul_tf32()) {
     // at::bmm_out would multiply in TF32 (the program set torch.set_float32_matmul_precision or
-    // matmul.allow_tf32): the same products through cuBLASLt in strict fp32 (row-major, as the bmm_out calls below)
-    bagf_lt::SgemmShape shape;
-    shape.batch = E;
-    shape.m = m_tk ? T : K;
-    shape.n = m_tk ? K : T;
-    shape.k = C;
-    shape.ta = m_tk && !v_tc;           // op(A): V^T (V stored [C][T]) where M is [T][K], else U or V as stored
-    shape.tb = m_tk || v_tc;            // op(B): U^T (U stored [K][C]) where M is [T][K], V^T (stored [T][C]) else
+    // matmul.allow_tf32): the same products through cuBLASLt in strict fp32 (unsupported_reason resolved them)
+    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(geo, E, T, K, C);
     const float* a = m_tk ? vp : up;
     const float* b = m_tk ? up : vp;
-    shape.align = std::min({bagf_lt::alignment(reinterpret_cast<uintptr_t>(a)),
-                            bagf_lt::alignment(reinterpret_cast<uintptr_t>(b)),
-                            bagf_lt::alignment(reinterpret_cast<uintptr_t>(mp)),
-                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.k)),
-                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.k * shape.n)),
-                            bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.n))});
     std::string why;
     bagf_lt::Handle h = bagf_lt::handle(x.get_device(), why);
     BAGF_CHECK(h != nullptr && plan.sgemm != nullptr, "bagf_torch: the Winograd products in fp32 need cuBLASLt: ",

@@ -125,10 +125,15 @@ def _build_lock(out: Path) -> Iterator[None]:
         return
     with open(out / ".bagf_build.lock", "a+") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.logger().info(f"waiting for another process's build of the host extension in {out}")
-            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.logger().info(f"waiting for another process's build of the host extension in {out}")
+                fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:  # a file system without flock (Lustre without -o flock, NFS without lockd): torch's alone
+            log.logger().info(f"no flock in {out} ({e}); the build relies on torch's own lock there")
+            yield
+            return
         stale = out / "lock"
         if stale.exists():
             log.logger().warning(f"removed {stale}, left by a build of the host extension that did not finish "
