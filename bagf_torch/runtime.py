@@ -253,6 +253,8 @@ class Runtime:
                      "the ranks of this job cannot see each other's claims and plans, so each tunes on its own "
                      "and they may pick different kernels; give them a writable BAGF_CACHE_DIR on this node")
         slot = (problem, device)
+        if not explicit and slot in self._memo:  # (another thread loaded it while this one waited, lock let go)
+            return self._memo[slot]
         row = cache.get_plan(key)
         if row is not None:
             self.stats["cache_hits"] += 1

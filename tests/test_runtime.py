@@ -265,3 +265,15 @@ def test_the_isolated_timeout_is_read_at_each_tuning(fake_device, monkeypatch):
     with pytest.raises(settings.SettingError, match="BAGF_ISOLATE_TIMEOUT"):
         rt._pool(dev)
     rt.close()
+
+
+def test_a_plan_another_thread_loaded_meanwhile_is_not_loaded_again(fake_device):
+    """Between the passes of a wait the tune lock is let go; a pass that finds the problem's plan already loaded by
+    another thread of this process takes that handle instead of loading the plan a second time (whose first handle
+    would then never be unloaded)."""
+    rt = runtime.get()
+    handle = rt.plan_handle(P, 0)
+    loads = len(fake_device.loaded)
+    assert rt._resolve(P, 0, runtime._ClaimWait()) == handle and len(fake_device.loaded) == loads
+    key, row, tuned_now = rt.pretune(P, 0)
+    assert row is not None and not tuned_now and len(fake_device.loaded) == loads
