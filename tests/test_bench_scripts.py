@@ -736,3 +736,16 @@ def test_device_check_packs_its_results_into_one_file_and_stops_at_its_deadline(
     res = subprocess.run(["bash", str(tmp_path / "u.sh")], env={**os.environ, "OUT": str(out2), "DEADLINE": "30"},
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and sorted(p.name for p in out2.iterdir()) == ["out.tgz"]
+
+
+def test_bench_layers_marks_a_plan_over_its_checks_bound():
+    """The layer benchmark measures each plan's error on its own fresh data beside the bound the check sets there; a
+    plan over it (the tuning passed its check on other data) is marked in the table, not only recorded."""
+    bl = _script("bench_layers")
+    doc = json.loads((BENCHMARKS / "results" / "bench_layers_h200_tf32.json").read_text())
+    row = doc["rows"][0]
+    plain = [line for line in bl.markdown(doc) if line.startswith(f"| {row['layer']} | {row['n']} | `")]
+    assert plain and not any("**over**" in line for line in plain)  # (an older file: no over_bound recorded)
+    row["error"]["over_bound"] = True
+    marked = [line for line in bl.markdown(doc) if line.startswith(f"| {row['layer']} | {row['n']} | `")]
+    assert any(line.endswith("**over** |") for line in marked)
