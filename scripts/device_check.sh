@@ -12,7 +12,7 @@
 #   (PROFILE_NCU=0: not); ncu = Nsight Compute's full set on one launch of each plan in $NCU_PLANS; contexts =
 #   benchmarks/probes/cudnn_contexts.py (cuDNN's time on one layer in several process contexts); sanitize =
 #   compute-sanitizer over a sample of each family's space ($SANITIZE_COUNT configurations each, default 64); record = benchmarks/record_space.py with $RECORD_ARGS (e.g.
-#   "--families winograd --sample 300 --problems ... --out \$OUT/x.json.gz").
+#   "--families winograd --sample 300 --problems ..."), its recording in $OUT/record.json.gz.
 #   wgprofile = benchmarks/probes/profile_winograd_gemm.py (the non-fused Winograd plan's time per launch, $WGPROFILE_ARGS).
 #   gemmprobe = benchmarks/probes/gemm_wgmma_probe.py (winograd_gemm's GEMMs alone: wgmma vs mma.sync vs cuBLAS;
 #   $GEMMPROBE_ARGS, e.g. "--tag h200").
@@ -173,6 +173,7 @@ if has alexnet; then
   tail -n 60 "$OUT/alexnet.log"
 fi
 if has e2e; then
+  wait_alongside  # (timings beside the fault matrix would time both)
   export CUDA_VISIBLE_DEVICES=0
   # shellcheck disable=SC2086  # E2E_ARGS is a list of bench_alexnet.py arguments
   timeout ${E2E_TIMEOUT:-420} python3 benchmarks/bench_alexnet.py --out "$OUT" ${E2E_ARGS:-} > "$OUT/e2e.log" 2>&1 || rc=1
@@ -233,7 +234,9 @@ fi
 if has record; then
   wait_alongside
   # shellcheck disable=SC2086  # RECORD_ARGS is a list of arguments
-  timeout ${RECORD_TIMEOUT:-400} python3 benchmarks/record_space.py ${RECORD_ARGS:-} > "$OUT/record.log" 2>&1 || rc=1
+  # (its results under $OUT, where the call returns them from: record_space.py's own default is benchmarks/data)
+  timeout ${RECORD_TIMEOUT:-400} python3 benchmarks/record_space.py --out "$OUT/record.json.gz" ${RECORD_ARGS:-} \
+    > "$OUT/record.log" 2>&1 || rc=1
   grep -vE "^  " "$OUT/record.log" | tail -n 40
 fi
 if has precision; then
@@ -247,6 +250,7 @@ if has bench && [ -z "$bg_pid" ]; then
   tail -n 40 "$OUT/bench.log"
 fi
 if has ncu; then
+  wait_alongside
   # Nsight Compute, full set, on the first launch of one of our kernels (regex $NCU_KERNEL; cuDNN's kernels in the
   # check do not match) for each plan in $NCU_PLANS ("<family name>@<layer>:<N> ...", a TF32-mode-only family's
   # plan as a TF32 problem): $OUT/ncu_<k>.log per plan (k counts from 1: a device call does not return files
