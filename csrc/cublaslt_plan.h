@@ -29,6 +29,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,21 @@ struct Gemm {
   std::string error;
 };
 
+// The entry ``gemms`` resolved for ``shape`` earlier: nullopt when it has none; else the entry, or nullptr with
+// ``error`` set when that shape failed (remembered, so the heuristic is not asked again).
+template <typename G, typename S>
+std::optional<G*> resolved_before(std::vector<std::unique_ptr<G>>& gemms, const S& shape, std::string& error) {
+  for (auto& g : gemms)
+    if (g->shape == shape) {
+      if (!g->error.empty()) {
+        error = g->error;
+        return nullptr;
+      }
+      return g.get();
+    }
+  return std::nullopt;
+}
+
 inline void destroy(Gemm& g) {
   Api& a = api();
   if (g.desc) a.desc_destroy(g.desc);
@@ -247,14 +263,7 @@ inline Status make_layout(Layout* l, int type, int64_t rows, int64_t cols, int64
 // for the call's alignments, the plan's entry of it). nullptr with ``error`` set when the shape has no such entry
 // (remembered). ``bias`` is the call's bias pointer (the heuristic reads its alignment). Called with st.mutex held.
 inline Gemm* resolve(State& st, Handle h, const Shape& shape, const void* bias, std::string& error) {
-  for (auto& g : st.gemms)
-    if (g->shape == shape) {
-      if (!g->error.empty()) {
-        error = g->error;
-        return nullptr;
-      }
-      return g.get();
-    }
+  if (auto earlier = resolved_before(st.gemms, shape, error)) return *earlier;
   auto failed = [&](std::unique_ptr<Gemm> g, std::string why) -> Gemm* {
     destroy(*g);
     g->error = why;
@@ -363,7 +372,6 @@ inline Status run(Handle h, Gemm& g, const void* x, const void* w, const void* b
                   broadcast ? bias : y, broadcast ? g.c : g.d, y, g.d, &g.algo, workspace, g.workspace, stream);
 }
 
-
 // ---- a strided batch of row-major fp32 GEMMs in strict fp32 (a non-fused Winograd plan's products) -------------
 //
 // D[i] (m x n) = op(A[i]) (m x k) op(B[i]) (k x n) for i < batch, every matrix a dense row-major block at a stride of
@@ -391,17 +399,20 @@ struct Sgemm {
   std::string error;
 };
 
+inline void destroy(Sgemm& g) {
+  Api& a = api();
+  if (g.desc) a.desc_destroy(g.desc);
+  for (Layout l : {g.a, g.b, g.d})
+    if (l) a.layout_destroy(l);
+  g.desc = g.a = g.b = g.d = nullptr;
+}
+
 // A plan's resolved batched GEMMs, one per shape seen.
 struct SgemmCache {
   std::mutex mutex;
   std::vector<std::unique_ptr<Sgemm>> gemms;
   ~SgemmCache() {
-    Api& a = api();
-    for (auto& g : gemms) {
-      if (g->desc) a.desc_destroy(g->desc);
-      for (Layout l : {g->a, g->b, g->d})
-        if (l) a.layout_destroy(l);
-    }
+    for (auto& g : gemms) destroy(*g);
   }
 };
 
@@ -410,14 +421,7 @@ constexpr size_t kSgemmWorkspace = size_t{32} << 20;  // the heuristic's limit (
 // The GEMM of ``shape`` in ``cache`` (resolved now, the heuristic's first entry, if it was not), or nullptr with
 // ``error`` set (remembered). Called with cache.mutex held.
 inline Sgemm* resolve_sgemm(SgemmCache& cache, Handle h, const SgemmShape& shape, std::string& error) {
-  for (auto& g : cache.gemms)
-    if (g->shape == shape) {
-      if (!g->error.empty()) {
-        error = g->error;
-        return nullptr;
-      }
-      return g.get();
-    }
+  if (auto earlier = resolved_before(cache.gemms, shape, error)) return *earlier;
   Api& a = api();
   auto g = std::make_unique<Sgemm>();
   g->shape = shape;
@@ -450,11 +454,7 @@ inline Sgemm* resolve_sgemm(SgemmCache& cache, Handle h, const SgemmShape& shape
     g->error = s != 0 ? "cuBLASLt for the Winograd products: " + status_text(s)
                       : std::string("cuBLASLt offers no fp32 algorithm for the Winograd products of this shape");
     error = g->error;
-    if (g->desc) a.desc_destroy(g->desc);
-    for (Layout l : {g->a, g->b, g->d})
-      if (l) a.layout_destroy(l);
-    g->desc = nullptr;
-    g->a = g->b = g->d = nullptr;
+    destroy(*g);
     cache.gemms.push_back(std::move(g));
     return nullptr;
   }

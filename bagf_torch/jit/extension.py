@@ -50,13 +50,23 @@ def kernels_dir() -> Path:
     return csrc_dir() / "kernels"
 
 
+def _files_hash(named: list[tuple[str, Path]]) -> str:
+    """sha256 over (name, content) of each file, in name order. Names are given, not taken from the paths: csrc is
+    _csrc in an installed package, and the same sources must hash the same."""
+    h = hashlib.sha256()
+    for name, path in sorted(named):
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _csrc_host_files() -> list[tuple[str, Path]]:
+    """csrc's host C++ and headers (the extension, its cuBLASLt and NVRTC helpers), named csrc/<file>."""
+    return [(f"csrc/{p.name}", p) for p in csrc_dir().iterdir() if p.suffix in (".cpp", ".h")]
+
+
 def source_hash() -> str:
     """sha256 over every kernel source file (name and content): part of every cache key and cubin digest."""
-    h = hashlib.sha256()
-    for path in sorted(kernels_dir().iterdir()):
-        if path.suffix in (".cuh", ".h"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return _files_hash([(p.name, p) for p in kernels_dir().iterdir() if p.suffix in (".cuh", ".h")])
 
 
 def host_hash() -> str:
@@ -64,14 +74,8 @@ def host_hash() -> str:
     its cuBLASLt and NVRTC helpers) and the kernel families' Python modules (launch geometry, problem rules). Part
     of every cache key, not of cubin digests: a plan tuned and checked under other launch code is tuned again
     (bagf_torch's version alone did not move with such changes); a cubin depends on the kernel sources only."""
-    h = hashlib.sha256()
     families = Path(__file__).resolve().parent.parent / "kernels"
-    # (named by a fixed folder: csrc is _csrc in an installed package, and the same sources must hash the same)
-    named = [(f"csrc/{p.name}", p) for p in csrc_dir().iterdir() if p.suffix in (".cpp", ".h")]
-    named += [(f"kernels/{p.name}", p) for p in families.glob("*.py")]
-    for name, path in sorted(named):
-        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return _files_hash(_csrc_host_files() + [(f"kernels/{p.name}", p) for p in families.glob("*.py")])
 
 
 def _cuda_home() -> Path:
@@ -104,13 +108,8 @@ def build_dir() -> Path:
 def extension_source_hash() -> str:
     """sha256 over what the host extension is compiled from: csrc's C++ and headers and the kernels' headers it
     includes (not the kernel templates, which NVRTC compiles)."""
-    h = hashlib.sha256()
-    src = csrc_dir()
-    named = [(f"csrc/{p.name}", p) for p in src.iterdir() if p.suffix in (".cpp", ".h")]
-    named += [(f"csrc/kernels/{p.name}", p) for p in (src / "kernels").iterdir() if p.suffix == ".h"]
-    for name, path in sorted(named):
-        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    return _files_hash(_csrc_host_files() + [(f"csrc/kernels/{p.name}", p) for p in kernels_dir().iterdir()
+                                             if p.suffix == ".h"])
 
 
 @contextlib.contextmanager
