@@ -28,11 +28,19 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
-_exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # (torch 2.6 and later)
+
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 # (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
 _stream_capturing = torch._C._cuda_isCurrentStreamCapturing
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # device index -> the current stream's handle
+
+
+def _exporting() -> bool:
+    """Whether torch.export is tracing. Not ``torch.compiler.is_exporting()``: torch 2.11's dynamo folds that call to
+    True under every torch.compile (the compiled graph then ran torch's conv, never a plan); the flag it reads is
+    what dynamo reads here, as 2.13's does for the call."""
+    return getattr(torch.compiler, "_is_exporting_flag", False)
+
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _FORMATS = supported_formats()

@@ -1323,6 +1323,7 @@ def _wgmma_h16_schedule_and_op_checks(compiler, fam, split_handle, fmt=("bfloat1
     def compiled_fn(a):
         return op(a, w, b, [1, 1], [1, 1], [1, 1], split_handle)
 
+    torch._dynamo.reset()  # (each call of this helper is a new closure of one code object: dynamo's recompile limit)
     with torch.no_grad():
         got = torch.compile(compiled_fn, fullgraph=True)(x)
     assert torch.equal(got, first), float((got.float() - first.float()).abs().max())  # the op's bits, not cuDNN's
