@@ -74,7 +74,8 @@ def _tf32_at_trace() -> bool:
     """The TF32 flag as torch.compile's traced forward reads it: dynamo cannot trace the flag's read (a torch.*
     call returning a bool), so the mode at trace time is a constant of the graph, as the plan it picks is. No guard
     comes with it: a graph compiled in one mode keeps that mode's plan after the flag changes, until it is compiled
-    again (``torch._dynamo.reset()``) -- a TF32-mode plan (TF32 products) then serves calls made with TF32 off."""
+    again (``torch._dynamo.reset()``). A TF32-mode plan of TF32 products then sends calls made with TF32 off to
+    ATen in the op (``LaunchGeometry.tf32``): strict fp32, at torch's speed."""
     return cudnn_tf32()
 
 

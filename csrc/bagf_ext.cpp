@@ -65,14 +65,15 @@ struct LaunchGeometry {
   int blas_algo = 0;  // a cuBLASLt plan's entry of the heuristic's list for the call's shape (0-7)
   int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
   int split_cluster = 0;  // 1: a TMA plan's split-K slices launched as one cluster per tile (launch_plan)
+  int tf32 = 0;  // 1: fp32 with TF32 products; conv2d_cuda sends a call made while cuDNN's TF32 is off to ATen
 };
 
-static_assert(sizeof(LaunchGeometry) == 25 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
+static_assert(sizeof(LaunchGeometry) == 26 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
 
 // Whether a cuBLASLt plan's geometry leaves every kernel field at its default (it sets only blas, blas_algo, blas_ws,
-// dtype and nhwc).
+// dtype, nhwc and tf32).
 bool kernel_fields_unset(LaunchGeometry geo) {
-  geo.blas = geo.blas_algo = geo.blas_ws = geo.dtype = geo.nhwc = 0;
+  geo.blas = geo.blas_algo = geo.blas_ws = geo.dtype = geo.nhwc = geo.tf32 = 0;
   const LaunchGeometry defaults;
   return std::memcmp(&geo, &defaults, sizeof(LaunchGeometry)) == 0;
 }
@@ -241,7 +242,10 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
-    if (geo.blas != 0) {  // no cubin: cuBLASLt's GEMMs, resolved per shape at the first call of each
+    if (geo.tf32 < 0 || geo.tf32 > 1 || (geo.tf32 && geo.dtype != 0) || (geo.blas != 0 && geo.tf32 != (geo.blas == 2))) {
+      err = cat("tf32=", geo.tf32, " is out of range: 0 or 1, 1 only in a float32 plan (a cuBLASLt plan's is 1 exactly "
+                "with blas=2)");
+    } else if (geo.blas != 0) {  // no cubin: cuBLASLt's GEMMs, resolved per shape at the first call of each
       std::string why;
       if (geo.blas < 0 || geo.blas > 2 || geo.blas_algo < 0 || geo.blas_algo > 7 || geo.blas_ws < 0 ||
           geo.blas_ws > 256 || geo.dtype < 0 || geo.dtype > 2 || geo.nhwc < 0 || geo.nhwc > 1 ||
@@ -925,6 +929,14 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
     TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
+  if (plan->geo.tf32 && !at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)) {
+    // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph compiled or captured before
+    // the flag changed. The caller now asks for strict fp32, which ATen's conv computes.
+    TORCH_WARN_ONCE("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off (the graph was compiled "
+                    "before the flag changed); such calls run through ATen's conv2d in strict fp32. Compile again "
+                    "(torch._dynamo.reset()) to use the plans of this mode");
+    return aten_conv(x, w, b, stride, padding, dilation);
+  }
   c10::cuda::CUDAGuard guard(x.device());
   const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
   const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
@@ -1081,11 +1093,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
                        int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k, int blas,
-                       int blas_algo, int blas_ws, int split_cluster) {
+                       int blas_algo, int blas_ws, int split_cluster, int tf32) {
              return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
                                    smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
                                    gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k,
-                                   blas, blas_algo, blas_ws, split_cluster};
+                                   blas, blas_algo, blas_ws, split_cluster, tf32};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
@@ -1093,7 +1105,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
            py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
            py::arg("stream_k") = 0, py::arg("blas") = 0, py::arg("blas_algo") = 0, py::arg("blas_ws") = 0,
-           py::arg("split_cluster") = 0)
+           py::arg("split_cluster") = 0, py::arg("tf32") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -1118,7 +1130,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("blas", &LaunchGeometry::blas)
       .def_readwrite("blas_algo", &LaunchGeometry::blas_algo)
       .def_readwrite("blas_ws", &LaunchGeometry::blas_ws)
-      .def_readwrite("split_cluster", &LaunchGeometry::split_cluster);
+      .def_readwrite("split_cluster", &LaunchGeometry::split_cluster)
+      .def_readwrite("tf32", &LaunchGeometry::tf32);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -268,6 +268,57 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
         assert checker.check(ws, built[strict_fam.FAMILY].handle) is None
 
 
+@pytest.mark.parametrize("family", ["implicit_gemm_tf32", "implicit_gemm_tma_tf32", "cublaslt_1x1"])
+def test_a_tf32_plan_called_with_cudnns_tf32_off_answers_in_strict_fp32(compiler, family):
+    """A graph compiled (or captured) in TF32 mode keeps its plans after the program turns cuDNN's TF32 off: the op
+    sends a call of a TF32-product plan made with the flag off to ATen, which computes it in strict fp32 as the
+    caller now asks (through the dispatcher, the dispatcher-free entry and a torch.compile'd graph traced with the
+    flag on); with the flag on the plan answers with its own TF32 products, outside the strict check. A strict plan
+    keeps answering with the flag off."""
+    from bagf_torch.problem import cudnn_conv_mode
+    from bagf_torch.tuning.measure import REL_TOL, judge_output
+
+    fam = _family(family)
+    one = family == "cublaslt_1x1"
+    cfg = dict(fam.DEFAULT, TF=1, DT=0, NHWC=0) if one else dict(fam.DEFAULT, NHWC=0) if "NHWC" in fam.PARAMS \
+        else dict(fam.DEFAULT)
+    handle = compiler.compile(fam, [cfg])[0].handle
+    strict_handle = compiler.compile(_family("implicit_gemm_tc"), [_family("implicit_gemm_tc").DEFAULT])[0].handle
+    torch.manual_seed(0)
+    c, r = (256, 1) if one else (192, 3)
+    x = torch.randn(2, c, 13, 13, device="cuda")
+    w = torch.randn(384, c, r, r, device="cuda")
+    b = torch.randn(384, device="cuda")
+    args = ([1, 1], [r // 2] * 2, [1, 1])
+    ref = F.conv2d(x.double(), w.double(), b.double(), 1, r // 2)
+    norm, top = float(ref.norm()), float(ref.abs().max())
+    op, ext = torch.ops.bagf.conv2d.default, compiler.ext
+
+    def strict(out):
+        return judge_output(out, ref, norm, top, REL_TOL, 10 * REL_TOL)
+
+    def traced(a):
+        return op(a, w, b, *args, handle)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        with cudnn_conv_mode(tf32=True):
+            on = op(x, w, b, *args, handle)
+            assert torch.equal(ext.conv2d_inference(x, w, b, *args, handle), on)
+            compiled = torch.compile(traced, fullgraph=True, backend="eager")
+            assert torch.equal(compiled(x), on)
+        assert strict(on) is not None  # TF32 products: outside the strict check (else this test shows nothing)
+        with cudnn_conv_mode(tf32=False):
+            aten = F.conv2d(x, w, b, 1, r // 2)
+            for out in (op(x, w, b, *args, handle), ext.conv2d_inference(x, w, b, *args, handle),
+                        compiled(x)):
+                assert strict(out) is None and torch.allclose(out, aten, rtol=1e-5, atol=1e-4)
+            if not one:
+                kept = op(x, w, b, *args, strict_handle)  # a strict plan (3xTF32) answers itself: not ATen's bits
+                assert strict(kept) is None and not torch.equal(kept, aten)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("shape, layout", [((2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True), "nchw"),
                                            ((2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), "nchw"),
                                            ((2, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), True), "nhwc")])

@@ -282,7 +282,7 @@ EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
 
 FIELD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
              "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem", "dtype", "nhwc", "tma", "stream_k",
-             "blas", "blas_algo", "blas_ws", "split_cluster")
+             "blas", "blas_algo", "blas_ws", "split_cluster", "tf32")
 """The LaunchGeometry fields in the host's order: the tuples above hold the first ``len(RECORDED)``; the fields after
 them belong to plan kinds the recorded families do not use (at their defaults there)."""
 
@@ -292,10 +292,11 @@ EXT_SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "bagf_ext.cpp"
 
 
 def _host_values(fam, config) -> tuple[int, ...]:
-    """What the host receives for ``config``, in RECORDED order (the later fields at their defaults)."""
+    """What the host receives for ``config``, in RECORDED order (the later fields at their defaults, but ``tf32``:
+    1 in a family of TF32 products, test_tf32_marks_exactly_the_plans_of_tf32_products)."""
     geo = fam.launch(config)
     assert isinstance(geo, LaunchGeometry)
-    defaults = LaunchGeometry().as_dict()
+    defaults = dict(LaunchGeometry().as_dict(), tf32=int(getattr(fam, "TF32_PRODUCTS", False)))
     assert all(getattr(geo, name) == defaults[name] for name in FIELD_ORDER[len(RECORDED):]), geo
     return tuple(getattr(geo, name) for name in RECORDED)
 
@@ -336,6 +337,19 @@ def test_split_k_in_clusters_changes_only_split_cluster(family):
     assert space.invalid_reason(dict(base, CR=1)) is None
     for bad in (dict(base, CR=1, SPLIT=1), dict(base, CR=1, SPLIT=16), dict(base, CR=1, SPLIT=1, SK=1)):
         assert space.invalid_reason(bad) is not None, bad
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tf32_marks_exactly_the_plans_of_tf32_products(family):
+    """``tf32`` = 1 in every configuration of a family of TF32 products (cublaslt_1x1: those with TF = 1), 0 in every
+    other: the op sends a call made with cuDNN's TF32 off to ATen by it, so a graph compiled in TF32 mode never
+    serves strict-fp32 calls with TF32 products, and never sends a strict plan's call to ATen."""
+    fam = FAMILIES[family]
+    configs = list(fam.space().valid_configs())
+    configs = configs[:: max(1, len(configs) // 200)]
+    for c in configs:
+        want = int(getattr(fam, "TF32_PRODUCTS", False) and c.get("TF", 1) == 1)
+        assert fam.launch(c).tf32 == want, (family, c)
 
 
 def test_launch_geometry_fields_defaults_and_types():

@@ -124,4 +124,4 @@ def smem_bytes(c: Mapping[str, int]) -> int:
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     return LaunchGeometry(blas=2 if c["TF"] else 1, blas_algo=c["ALG"], blas_ws=WORKSPACE_MIB * c["WS"],
-                          dtype=c["DT"], nhwc=c["NHWC"])
+                          dtype=c["DT"], nhwc=c["NHWC"], tf32=c["TF"])

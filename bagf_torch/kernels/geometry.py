@@ -121,6 +121,11 @@ class LaunchGeometry:
     besides 1024 bytes): split-K in clusters. The host launches the grid in thread block clusters of (1, 1, ``split``)
     blocks, the slices of one tile, which hand their sums over in distributed shared memory: no workspace, nothing to
     zero before the launch. load_plan refuses a kernel of which no such cluster fits the device at once."""
+    tf32: int = 0
+    """1: the plan computes fp32 convolutions with TF32 products, as cuDNN does with PyTorch's TF32 flag on (the
+    families tuned only in that mode). The op sends to ATen a call made while cuDNN's TF32 is off
+    (``torch.backends.cudnn.allow_tf32`` or ``cudnn.conv.fp32_precision``): a graph traced or captured in TF32 mode
+    keeps its plans after the flag changes, and strict fp32 is what such a call asks for."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

@@ -18,9 +18,11 @@ the space may leave out a few large tiles that would fit.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from . import implicit_gemm_tc as _tc
+from .geometry import LaunchGeometry
 from .space import Config, Space, template_expression
 
 FAMILY = "implicit_gemm_tf32"
@@ -38,7 +40,13 @@ warps_in_flight = _tc.warps_in_flight
 threads = _tc.threads
 smem_bytes = _tc.smem_bytes
 estimated_registers = _tc.estimated_registers  # (three products' split fragments: an upper bound for one)
-launch = _tc.launch
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    """``implicit_gemm_tc``'s geometry, marked as TF32 products (the op sends a call made with TF32 off to ATen)."""
+    return dataclasses.replace(_tc.launch(c), tf32=1)
+
+
 blocks_per_sm = _tc.blocks_per_sm
 
 

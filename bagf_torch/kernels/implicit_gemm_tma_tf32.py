@@ -182,7 +182,7 @@ def workspace_bytes(c: Mapping[str, int], problem, sms: int = H200_SMS) -> int:
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], dtype=0,
-                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"])
+                          nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"], tf32=1)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -133,7 +133,7 @@ def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, fl
 
 
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
-    return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"])
+    return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"], tf32=1)
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:

@@ -24,11 +24,13 @@ estimate counts the split fragments, which one product does not need: an upper b
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from . import winograd as _wg
 from . import winograd_tc as _wtc
 from .implicit_gemm_tf32 import applies as _tf32_mode
+from .geometry import LaunchGeometry
 from .space import Config, Space, template_expression
 
 FAMILY = "winograd_tf32"
@@ -47,7 +49,13 @@ threads = _wtc.threads
 smem_bytes = _wtc.smem_bytes
 estimated_registers = _wtc.estimated_registers  # (three products' split fragments: an upper bound for one)
 blocks_per_sm = _wtc.blocks_per_sm
-launch = _wtc.launch
+
+
+def launch(c: Mapping[str, int]) -> LaunchGeometry:
+    """``winograd_tc``'s geometry, marked as TF32 products (the op sends a call made with TF32 off to ATen)."""
+    return dataclasses.replace(_wtc.launch(c), tf32=1)
+
+
 default_for = _wtc.default_for
 
 
