@@ -270,9 +270,9 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
 
 @pytest.mark.parametrize("family", ["implicit_gemm_tf32", "implicit_gemm_tma_tf32", "cublaslt_1x1"])
 def test_a_tf32_plan_called_with_cudnns_tf32_off_answers_in_strict_fp32(compiler, family):
-    """A graph compiled (or captured) in TF32 mode keeps its plans after the program turns cuDNN's TF32 off: the op
-    sends a call of a TF32-product plan made with the flag off to ATen, which computes it in strict fp32 as the
-    caller now asks (through the dispatcher, the dispatcher-free entry and a torch.compile'd graph traced with the
+    """A graph torch.compile'd in TF32 mode keeps its plans after the program turns cuDNN's TF32 off: the op sends a
+    call of a TF32-product plan made with the flag off to ATen, which computes it in strict fp32 as the caller now
+    asks (a captured CUDA graph replays what it captured, as one of cuDNN's TF32 kernels does) (through the dispatcher, the dispatcher-free entry and a torch.compile'd graph traced with the
     flag on); with the flag on the plan answers with its own TF32 products, outside the strict check. A strict plan
     keeps answering with the flag off."""
     from bagf_torch.problem import cudnn_conv_mode
