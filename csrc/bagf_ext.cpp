@@ -442,6 +442,11 @@ int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stri
   return static_cast<int64_t>(geo.smem_patch) * h.rows * h.pitch + static_cast<int64_t>(geo.smem_taps) * R * S;
 }
 
+// Whether cuDNN may compute fp32 convolutions in TF32 now: bagf_torch.problem.cudnn_tf32 read in C++ (the legacy
+// torch.backends.cudnn.allow_tf32 or cudnn.conv.fp32_precision; the same answer in every state, torch 2.11 and 2.13:
+// tests/test_extension_source.py compiles this function and compares).
+inline bool cudnn_conv_tf32() { return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV); }
+
 // ATen's answer in the op's memory format (bagf_torch/ops.py's fake says the same): channels_last for a channels_last
 // input that is not also contiguous, else contiguous -- what the kernels write. at::conv2d may pick the other one
 // (a channels_last weight with a contiguous input): then a copy, on fallback paths only.
@@ -929,7 +934,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
     TORCH_WARN_ONCE(cat("bagf::conv2d: ", why, "; this call runs through ATen's conv2d instead"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
-  if (plan->geo.tf32 && !at::globalContext().allowTF32CuDNN(at::Float32Op::CONV)) {
+  if (plan->geo.tf32 && !cudnn_conv_tf32()) {
     // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph compiled or captured before
     // the flag changed. The caller now asks for strict fp32, which ATen's conv computes.
     TORCH_WARN_ONCE("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off (the graph was compiled "

@@ -54,3 +54,53 @@ def test_the_extension_compiles_against_this_torchs_headers(tmp_path):
            "-DTORCH_EXTENSION_NAME=bagf_ext", str(repo / "csrc" / "bagf_ext.cpp")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
+    """The op sends a TF32-product plan's call to ATen when csrc/bagf_ext.cpp's ``cudnn_conv_tf32()`` says cuDNN's
+    TF32 is off: that function, cut from the source and compiled alone against this torch, must answer as
+    ``problem.cudnn_tf32`` (the mode the plan was tuned for) through the legacy flag, the newer
+    ``cudnn.conv.fp32_precision``, ``cudnn_conv_mode`` and the generic ``torch.backends.fp32_precision``; else
+    default users' TF32 plans would all run as ATen, or strict callers get TF32 products."""
+    import shutil
+
+    import pytest
+    import torch
+    from torch.utils import cpp_extension
+
+    from bagf_torch.problem import cudnn_conv_mode, cudnn_tf32
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("needs a host C++ compiler")
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no cudnn.conv.fp32_precision")
+    src = (Path(__file__).resolve().parents[1] / "csrc" / "bagf_ext.cpp").read_text()
+    fn = re.search(r"^inline bool cudnn_conv_tf32\(\) \{.*?\}$", src, re.M | re.S)
+    assert fn is not None, "csrc/bagf_ext.cpp has no one-line cudnn_conv_tf32()"
+    ext = cpp_extension.load_inline(
+        "bagf_tf32_read", cpp_sources="#include <torch/extension.h>\n" + fn.group(0) + "\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"read\", &cudnn_conv_tf32); }\n",
+        build_directory=str(tmp_path), verbose=False)
+    generic = torch.backends.fp32_precision
+    states = []
+    try:
+        states.append(("default", ext.read(), cudnn_tf32(), True))
+        for legacy in (False, True):
+            torch.backends.cudnn.allow_tf32 = legacy
+            states.append((f"allow_tf32={legacy}", ext.read(), cudnn_tf32(), legacy))
+        for tf32 in (False, True):
+            with cudnn_conv_mode(tf32=tf32):
+                states.append((f"cudnn_conv_mode(tf32={tf32})", ext.read(), cudnn_tf32(), tf32))
+        for precision in ("ieee", "tf32"):
+            conv.fp32_precision = precision
+            states.append((f"conv.fp32_precision={precision}", ext.read(), cudnn_tf32(), precision == "tf32"))
+            with cudnn_conv_mode(tf32=precision != "tf32"):
+                states.append((f"{precision}, then the mode", ext.read(), cudnn_tf32(), precision != "tf32"))
+        torch.backends.fp32_precision = "ieee"
+        states.append(("fp32_precision=ieee, conv tf32", ext.read(), cudnn_tf32(), None))
+    finally:
+        torch.backends.fp32_precision = generic
+        conv.fp32_precision = "tf32"
+        torch.backends.cudnn.allow_tf32 = True  # (back to the legacy API's default state)
+    assert all(read == python and (want is None or read == want) for _, read, python, want in states), states
