@@ -937,9 +937,9 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (plan->geo.tf32 && !cudnn_conv_tf32()) {
     // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph compiled or captured before
     // the flag changed. The caller now asks for strict fp32, which ATen's conv computes.
-    TORCH_WARN_ONCE("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off (the graph was compiled "
-                    "before the flag changed); such calls run through ATen's conv2d in strict fp32. Compile again "
-                    "(torch._dynamo.reset()) to use the plans of this mode");
+    TORCH_WARN_ONCE(cat("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off, as a graph compiled "
+                        "before the flag changed calls it: such calls run through ATen's conv2d in strict fp32. Compile "
+                        "again, after torch._dynamo.reset(), to use the plans of this mode"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
   c10::cuda::CUDAGuard guard(x.device());
