@@ -242,7 +242,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
     CUresult r = CUDA_SUCCESS;
-    if (geo.tf32 < 0 || geo.tf32 > 1 || (geo.tf32 && geo.dtype != 0) || (geo.blas != 0 && geo.tf32 != (geo.blas == 2))) {
+    if (geo.tf32 < 0 || geo.tf32 > 1 || (geo.tf32 && geo.dtype != 0) ||
+        (geo.blas != 0 && geo.tf32 != (geo.blas == 2))) {
       err = cat("tf32=", geo.tf32, " is out of range: 0 or 1, 1 only in a float32 plan (a cuBLASLt plan's is 1 exactly "
                 "with blas=2)");
     } else if (geo.blas != 0) {  // no cubin: cuBLASLt's GEMMs, resolved per shape at the first call of each
@@ -937,9 +938,9 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (plan->geo.tf32 && !cudnn_conv_tf32()) {
     // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph compiled or captured before
     // the flag changed. The caller now asks for strict fp32, which ATen's conv computes.
-    TORCH_WARN_ONCE(cat("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off, as a graph compiled "
-                        "before the flag changed calls it: such calls run through ATen's conv2d in strict fp32. Compile "
-                        "again, after torch._dynamo.reset(), to use the plans of this mode"));
+    TORCH_WARN_ONCE(cat("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off, as a graph "
+                        "compiled before the flag changed calls it: such calls run through ATen's conv2d in strict "
+                        "fp32. Compile again, after torch._dynamo.reset(), to use the plans of this mode"));
     return aten_conv(x, w, b, stride, padding, dilation);
   }
   c10::cuda::CUDAGuard guard(x.device());
