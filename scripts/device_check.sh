@@ -61,7 +61,7 @@ trap pack EXIT
 trap 'echo "device_check: stopped at the ${DEADLINE} s deadline (DEADLINE)"; exit 124' TERM
 script_pid=$$
 (
-  sleep "$DEADLINE"
+  sleep "$DEADLINE" || exit 0  # (its sleep stopped: the script is ending on its own, see its last line)
   kill -TERM "$script_pid" 2>/dev/null  # (bash runs the trap once the command it waits for returns:)
   for _ in $(seq 120); do  # (until it has ended: gone, or a zombie its parent has not reaped yet)
     state=$(ps -o stat= -p "$script_pid" 2>/dev/null | cut -c1)

@@ -729,9 +729,11 @@ def test_device_check_packs_its_results_into_one_file_and_stops_at_its_deadline(
     assert sorted(p.name for p in out.iterdir()) == ["out.tgz"]
     with tarfile.open(out / "out.tgz") as tar:
         assert sorted(tar.getnames()) == ["a.json", "b.md", "stage.log"]
-    # an ordinary end packs too
-    (tmp_path / "u.sh").write_text(preamble + '\necho a > "$OUT/a.json"\npkill -TERM -P "$watchdog"; '
-                                   'kill "$watchdog"\nexit 0\n')
+    # an ordinary end packs too, and ends with its own status: the script's end stops the watchdog's sleep first, and
+    # a watchdog that went on from there to its TERM before it was killed itself stopped the script at 124 with
+    # "stopped at the deadline" (seen on a loaded machine; the pause below makes that order certain)
+    (tmp_path / "u.sh").write_text(preamble + '\necho a > "$OUT/a.json"\nsleep 0.5; pkill -TERM -P "$watchdog"; '
+                                   'sleep 1; kill "$watchdog"\nexit 0\n')
     out2 = tmp_path / "out2"
     res = subprocess.run(["bash", str(tmp_path / "u.sh")], env={**os.environ, "OUT": str(out2), "DEADLINE": "30"},
                          capture_output=True, text=True, timeout=60)
