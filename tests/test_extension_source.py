@@ -82,10 +82,10 @@ def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
         "bagf_tf32_read", cpp_sources="#include <torch/extension.h>\n" + fn.group(0) + "\n"
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"read\", &cudnn_conv_tf32); }\n",
         build_directory=str(tmp_path), verbose=False)
-    generic = torch.backends.fp32_precision
+    generic, before = torch.backends.fp32_precision, cudnn_tf32()
     states = []
     try:
-        states.append(("default", ext.read(), cudnn_tf32(), True))
+        states.append(("as found", ext.read(), cudnn_tf32(), None))
         for legacy in (False, True):
             torch.backends.cudnn.allow_tf32 = legacy
             states.append((f"allow_tf32={legacy}", ext.read(), cudnn_tf32(), legacy))
@@ -99,8 +99,9 @@ def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
                 states.append((f"{precision}, then the mode", ext.read(), cudnn_tf32(), precision != "tf32"))
         torch.backends.fp32_precision = "ieee"
         states.append(("fp32_precision=ieee, conv tf32", ext.read(), cudnn_tf32(), None))
-    finally:
+    finally:  # (the state found, through the legacy API: conv's and the RNN's alike, as torch's default has them)
         torch.backends.fp32_precision = generic
-        conv.fp32_precision = "tf32"
-        torch.backends.cudnn.allow_tf32 = True  # (back to the legacy API's default state)
+        conv.fp32_precision = "tf32" if before else "ieee"
+        torch.backends.cudnn.allow_tf32 = before
+        assert cudnn_tf32() is before
     assert all(read == python and (want is None or read == want) for _, read, python, want in states), states

@@ -272,9 +272,10 @@ def test_tf32_mode_check_follows_cudnns_tf32_error(compiler, shape, family):
 def test_a_tf32_plan_called_with_cudnns_tf32_off_answers_in_strict_fp32(compiler, family):
     """A graph torch.compile'd in TF32 mode keeps its plans after the program turns cuDNN's TF32 off: the op sends a
     call of a TF32-product plan made with the flag off to ATen, which computes it in strict fp32 as the caller now
-    asks (a captured CUDA graph replays what it captured, as one of cuDNN's TF32 kernels does) (through the dispatcher, the dispatcher-free entry and a torch.compile'd graph traced with the
-    flag on); with the flag on the plan answers with its own TF32 products, outside the strict check. A strict plan
-    keeps answering with the flag off."""
+    asks, through the dispatcher, the dispatcher-free entry and a torch.compile'd graph traced with the flag on.
+    With the flag on the plan answers with its own TF32 products: not cuDNN's bits, outside the strict check. A
+    strict plan keeps answering with the flag off. (A captured CUDA graph replays what it captured, as one of cuDNN's
+    TF32 kernels does.)"""
     from bagf_torch.problem import cudnn_conv_mode
     from bagf_torch.tuning.measure import REL_TOL, judge_output
 
@@ -301,22 +302,25 @@ def test_a_tf32_plan_called_with_cudnns_tf32_off_answers_in_strict_fp32(compiler
         return op(a, w, b, *args, handle)
 
     torch._dynamo.reset()
-    with torch.no_grad():
-        with cudnn_conv_mode(tf32=True):
-            on = op(x, w, b, *args, handle)
-            assert torch.equal(ext.conv2d_inference(x, w, b, *args, handle), on)
-            compiled = torch.compile(traced, fullgraph=True, backend="eager")
-            assert torch.equal(compiled(x), on)
-        assert strict(on) is not None  # TF32 products: outside the strict check (else this test shows nothing)
-        with cudnn_conv_mode(tf32=False):
-            aten = F.conv2d(x, w, b, 1, r // 2)
-            for out in (op(x, w, b, *args, handle), ext.conv2d_inference(x, w, b, *args, handle),
-                        compiled(x)):
-                assert strict(out) is None and torch.allclose(out, aten, rtol=1e-5, atol=1e-4)
-            if not one:
-                kept = op(x, w, b, *args, strict_handle)  # a strict plan (3xTF32) answers itself: not ATen's bits
-                assert strict(kept) is None and not torch.equal(kept, aten)
-    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            with cudnn_conv_mode(tf32=True):
+                on = op(x, w, b, *args, handle)
+                assert not torch.equal(on, F.conv2d(x, w, b, 1, r // 2))  # the plan's bits, not cuDNN's TF32 ones
+                assert torch.equal(ext.conv2d_inference(x, w, b, *args, handle), on)
+                compiled = torch.compile(traced, fullgraph=True, backend="eager")
+                assert torch.equal(compiled(x), on)
+            assert strict(on) is not None  # TF32 products: outside the strict check (else this test shows nothing)
+            with cudnn_conv_mode(tf32=False):
+                aten = F.conv2d(x, w, b, 1, r // 2)
+                for out in (op(x, w, b, *args, handle), ext.conv2d_inference(x, w, b, *args, handle),
+                            compiled(x)):
+                    assert strict(out) is None and torch.allclose(out, aten, rtol=1e-5, atol=1e-4)
+                if not one:
+                    kept = op(x, w, b, *args, strict_handle)  # a strict plan (3xTF32) answers itself: not ATen's
+                    assert strict(kept) is None and not torch.equal(kept, aten)
+    finally:
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("shape, layout", [((2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True), "nchw"),

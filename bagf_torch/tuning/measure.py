@@ -67,7 +67,9 @@ class Workspace:
         self.args = (list(p.stride), list(p.padding), list(p.dilation))
         ph, pq = p.out_hw
         self.out = torch.empty(p.n, p.k, ph, pq, device=device, dtype=dtype, memory_format=fmt)
-        with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
+        # (TF32 left as it is: it does not touch float64, and cuDNN's flags are the process's, which a background
+        # tuner's workspace would flip under the user's calls: their TF32 mode decides which plans they take)
+        with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False):
             self.ref = F.conv2d(self.x.double(), self.w.double(), None if self.b is None else self.b.double(),
                                 p.stride, p.padding, p.dilation)
         self.ref_norm = float(self.ref.norm())
@@ -98,7 +100,7 @@ class Workspace:
         if self._tf32_operand_error is None:
             from ..winograd_math import tf32_operands_conv2d
 
-            with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False, tf32=False):
+            with cudnn_conv_mode(enabled=True, benchmark=False, deterministic=False):  # (float64: TF32 as it is)
                 rounded = tf32_operands_conv2d(self.x, self.w, self.b, p.stride, p.padding, p.dilation)
             self._tf32_operand_error = output_error(rounded, self.ref, self.ref_norm, self.ref_max)
         return self._tf32_operand_error
