@@ -4,6 +4,7 @@
 // The op takes a plan handle (an index into the table of loaded kernels below). The Python side chooses the
 // handle once per problem; each call then costs one dispatcher call and one cuLaunchKernel, no Python.
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -444,9 +445,18 @@ int64_t launch_smem(const Plan& plan, int64_t R, int64_t S, at::IntArrayRef stri
 }
 
 // Whether cuDNN may compute fp32 convolutions in TF32 now: bagf_torch.problem.cudnn_tf32 read in C++ (the legacy
-// torch.backends.cudnn.allow_tf32 or cudnn.conv.fp32_precision; the same answer in every state, torch 2.11 and 2.13:
-// tests/test_extension_source.py compiles this function and compares).
-inline bool cudnn_conv_tf32() { return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV); }
+// torch.backends.cudnn.allow_tf32 or cudnn.conv.fp32_precision; the same answer in every state:
+// tests/test_extension_source.py compiles this function against the installed torch and compares). Asked without
+// the op, torch 2.9 and later raise where the conv's and the RNN's settings differ.
+inline bool cudnn_conv_tf32() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 9
+  return at::globalContext().allowTF32CuDNN("conv");
+#else
+  return at::globalContext().allowTF32CuDNN();  // (one cuDNN flag before torch 2.9)
+#endif
+}
 
 // ATen's answer in the op's memory format (bagf_torch/ops.py's fake says the same): channels_last for a channels_last
 // input that is not also contiguous, else contiguous -- what the kernels write. at::conv2d may pick the other one

@@ -58,10 +58,11 @@ def test_the_extension_compiles_against_this_torchs_headers(tmp_path):
 
 def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
     """The op sends a TF32-product plan's call to ATen when csrc/bagf_ext.cpp's ``cudnn_conv_tf32()`` says cuDNN's
-    TF32 is off: that function, cut from the source and compiled alone against this torch, must answer as
-    ``problem.cudnn_tf32`` (the mode the plan was tuned for) through the legacy flag, the newer
-    ``cudnn.conv.fp32_precision``, ``cudnn_conv_mode`` and the generic ``torch.backends.fp32_precision``; else
-    default users' TF32 plans would all run as ATen, or strict callers get TF32 products."""
+    TF32 is off: that function, cut from the source and compiled alone against this torch (its branch for this
+    torch's version), must answer as ``problem.cudnn_tf32`` (the mode the plan was tuned for) through the legacy
+    flag and ``cudnn_conv_mode``, and where this torch has them the newer ``cudnn.conv.fp32_precision`` and the
+    generic ``torch.backends.fp32_precision``; else default users' TF32 plans would all run as ATen, or strict
+    callers get TF32 products."""
     import shutil
 
     import pytest
@@ -72,17 +73,16 @@ def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
 
     if shutil.which("g++") is None and shutil.which("c++") is None:
         pytest.skip("needs a host C++ compiler")
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    if conv is None or not hasattr(conv, "fp32_precision"):
-        pytest.skip(f"torch {torch.__version__} has no cudnn.conv.fp32_precision")
     src = (Path(__file__).resolve().parents[1] / "csrc" / "bagf_ext.cpp").read_text()
-    fn = re.search(r"^inline bool cudnn_conv_tf32\(\) \{.*?\}$", src, re.M | re.S)
-    assert fn is not None, "csrc/bagf_ext.cpp has no one-line cudnn_conv_tf32()"
+    fn = re.search(r"^inline bool cudnn_conv_tf32\(\) \{\n.*?\n\}$", src, re.M | re.S)
+    assert fn is not None, "csrc/bagf_ext.cpp has no cudnn_conv_tf32()"
     ext = cpp_extension.load_inline(
-        "bagf_tf32_read", cpp_sources="#include <torch/extension.h>\n" + fn.group(0) + "\n"
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"read\", &cudnn_conv_tf32); }\n",
+        "bagf_tf32_read", cpp_sources="#include <torch/extension.h>\n#include <torch/version.h>\n" + fn.group(0) +
+        "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"read\", &cudnn_conv_tf32); }\n",
         build_directory=str(tmp_path), verbose=False)
-    generic, before = torch.backends.fp32_precision, cudnn_tf32()
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    newer = conv is not None and hasattr(conv, "fp32_precision")
+    generic, before = getattr(torch.backends, "fp32_precision", None), cudnn_tf32()
     states = []
     try:
         states.append(("as found", ext.read(), cudnn_tf32(), None))
@@ -92,16 +92,20 @@ def test_the_ops_tf32_read_answers_as_cudnn_tf32_in_every_flag_state(tmp_path):
         for tf32 in (False, True):
             with cudnn_conv_mode(tf32=tf32):
                 states.append((f"cudnn_conv_mode(tf32={tf32})", ext.read(), cudnn_tf32(), tf32))
-        for precision in ("ieee", "tf32"):
-            conv.fp32_precision = precision
-            states.append((f"conv.fp32_precision={precision}", ext.read(), cudnn_tf32(), precision == "tf32"))
-            with cudnn_conv_mode(tf32=precision != "tf32"):
-                states.append((f"{precision}, then the mode", ext.read(), cudnn_tf32(), precision != "tf32"))
-        torch.backends.fp32_precision = "ieee"
-        states.append(("fp32_precision=ieee, conv tf32", ext.read(), cudnn_tf32(), None))
+        if newer:
+            for precision in ("ieee", "tf32"):
+                conv.fp32_precision = precision
+                states.append((f"conv.fp32_precision={precision}", ext.read(), cudnn_tf32(), precision == "tf32"))
+                with cudnn_conv_mode(tf32=precision != "tf32"):
+                    states.append((f"{precision}, then the mode", ext.read(), cudnn_tf32(), precision != "tf32"))
+        if generic is not None:
+            torch.backends.fp32_precision = "ieee"
+            states.append(("fp32_precision=ieee", ext.read(), cudnn_tf32(), None))
     finally:  # (the state found, through the legacy API: conv's and the RNN's alike, as torch's default has them)
-        torch.backends.fp32_precision = generic
-        conv.fp32_precision = "tf32" if before else "ieee"
+        if generic is not None:
+            torch.backends.fp32_precision = generic
+        if newer:
+            conv.fp32_precision = "tf32" if before else "ieee"
         torch.backends.cudnn.allow_tf32 = before
         assert cudnn_tf32() is before
     assert all(read == python and (want is None or read == want) for _, read, python, want in states), states
