@@ -28,7 +28,6 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 _F32 = torch.float32
 _tf32 = cudnn_tf32
 _compiling = torch.compiler.is_compiling
-
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 # (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
 _stream_capturing = torch._C._cuda_isCurrentStreamCapturing

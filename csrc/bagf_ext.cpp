@@ -946,8 +946,9 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
     return aten_conv(x, w, b, stride, padding, dilation);
   }
   if (plan->geo.tf32 && !cudnn_conv_tf32()) {
-    // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph compiled or captured before
-    // the flag changed. The caller now asks for strict fp32, which ATen's conv computes.
+    // A plan of PyTorch's TF32 mode (TF32 products) called with cuDNN's TF32 off: a graph torch.compile'd before the
+    // flag changed. The caller now asks for strict fp32, which ATen's conv computes. (A captured CUDA graph replays
+    // its launches without this host code, as it replays cuDNN's TF32 kernels.)
     TORCH_WARN_ONCE(cat("bagf::conv2d: a plan tuned in TF32 mode was called with cuDNN's TF32 off, as a graph "
                         "compiled before the flag changed calls it: such calls run through ATen's conv2d in strict "
                         "fp32. Compile again, after torch._dynamo.reset(), to use the plans of this mode"));

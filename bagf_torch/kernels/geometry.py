@@ -124,8 +124,9 @@ class LaunchGeometry:
     tf32: int = 0
     """1: the plan computes fp32 convolutions with TF32 products, as cuDNN does with PyTorch's TF32 flag on (the
     families tuned only in that mode). The op sends to ATen a call made while cuDNN's TF32 is off
-    (``torch.backends.cudnn.allow_tf32`` or ``cudnn.conv.fp32_precision``): a graph traced or captured in TF32 mode
-    keeps its plans after the flag changes, and strict fp32 is what such a call asks for."""
+    (``torch.backends.cudnn.allow_tf32`` or ``cudnn.conv.fp32_precision``): a graph torch.compile'd in TF32 mode
+    keeps its plans after the flag changes, and strict fp32 is what such a call asks for. (A captured CUDA graph
+    replays its kernels whatever the flag, as it does cuDNN's.)"""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)
