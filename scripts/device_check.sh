@@ -25,7 +25,8 @@
 #   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures);
-#   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, over 300 s cold).
+#   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, over 300 s cold;
+#   at the limit pytest gets SIGINT, so it still prints the failures so far).
 #   bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
@@ -57,6 +58,7 @@ mkdir -p "$OUT"
 # runs inside the call. Unpack it here with: tar xzf out.tgz
 DEADLINE=${DEADLINE:-570}
 pack() {
+  trap '' TERM  # (the watchdog goes on sending TERM to the script's children after the deadline: not to the packing)
   ( cd "$OUT" && files=$(ls -A | grep -vx 'out.tgz') && [ -n "$files" ] && tar czf out.tgz $files && rm -rf $files )
 }
 trap pack EXIT
@@ -186,7 +188,7 @@ if has tests; then
   repo=$PWD
   echo "# $(date -u +%FT%TZ), commit ${GIT_COMMIT:-?}, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1):" \
     "pytest -m cuda -q ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests (the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
-  (cd /tmp && BAGF_TEST_INSTALLED=1 timeout ${TESTS_TIMEOUT:-480} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 \
+  (cd /tmp && BAGF_TEST_INSTALLED=1 timeout -s INT -k 30 ${TESTS_TIMEOUT:-480} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 \
     -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

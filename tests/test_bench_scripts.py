@@ -738,6 +738,15 @@ def test_device_check_packs_its_results_into_one_file_and_stops_at_its_deadline(
     res = subprocess.run(["bash", str(tmp_path / "u.sh")], env={**os.environ, "OUT": str(out2), "DEADLINE": "30"},
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and sorted(p.name for p in out2.iterdir()) == ["out.tgz"]
+    # a packing that outlasts a second after the deadline is not stopped by the watchdog's later TERMs to the
+    # script's children (it was: a truncated archive and the loose files came back)
+    (tmp_path / "v.sh").write_text('tar() { sleep 3; command tar "$@"; }\n' + body)
+    out3 = tmp_path / "out3"
+    res = subprocess.run(["bash", str(tmp_path / "v.sh")], env={**os.environ, "OUT": str(out3), "DEADLINE": "2"},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 124 and sorted(p.name for p in out3.iterdir()) == ["out.tgz"], (res.stdout, res.stderr)
+    with tarfile.open(out3 / "out.tgz") as tar:
+        assert sorted(tar.getnames()) == ["a.json", "b.md", "stage.log"]
 
 
 def test_bench_layers_marks_a_plan_over_its_checks_bound():
