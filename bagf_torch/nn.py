@@ -418,8 +418,7 @@ class TunedConv2d(nn.Conv2d):
             padding = _numeric_padding(self)
             for (n, h, width), handle in _cached_plans_at_trace(
                     self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,
-                    tuple(self.dilation), b is not None, _DTYPE_NAMES[dtype], "nchw" if contiguous else "nhwc",
-                    tf32 and dtype is _F32, device):
+                    tuple(self.dilation), b is not None, *_format(input), tf32 and dtype is _F32, device):
                 if input.shape[0] == n and input.shape[2] == h and input.shape[3] == width:
                     return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
         if entry is None or entry[0] != "kernel":
