@@ -477,16 +477,27 @@ bool matmul_tf32() {
          at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
 }
 
-// A non-fused Winograd plan's products as cuBLASLt's row-major strided batch (what launch_gemm_plan's at::bmm_out
-// calls compute): E products over the tiles T, the output channels K and the (polyphase) channels C, in the plan's
-// workspace layouts; aligned as the batch strides allow (the workspaces are fresh allocations: 256-byte bases).
-bagf_lt::SgemmShape winograd_sgemm_shape(const LaunchGeometry& geo, int64_t E, int64_t T, int64_t K, int64_t C) {
+// A non-fused Winograd plan's batched products: E = (m + 2)^2 points of F(m x m), T tiles of m x m outputs over the N
+// images' P x Q, K output channels, C = the input's channels times s^2 (its s x s polyphase components at stride s).
+struct WinogradDims {
+  int64_t E, T, K, C;
+};
+
+WinogradDims winograd_dims(const LaunchGeometry& geo, int64_t N, int64_t P, int64_t Q, int64_t K, int64_t C,
+                           int64_t s) {
+  const int64_t mt = geo.tile;
+  return {(mt + 2) * (mt + 2), N * ((P + mt - 1) / mt) * ((Q + mt - 1) / mt), K, C * s * s};
+}
+
+// Those products as cuBLASLt's row-major strided batch (what launch_gemm_plan's at::bmm_out calls compute), in the
+// plan's workspace layouts; aligned as the batch strides allow (the workspaces are fresh allocations: 256-byte bases).
+bagf_lt::SgemmShape winograd_sgemm_shape(const LaunchGeometry& geo, const WinogradDims& d) {
   const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2;
   bagf_lt::SgemmShape shape;
-  shape.batch = E;
-  shape.m = m_tk ? T : K;
-  shape.n = m_tk ? K : T;
-  shape.k = C;
+  shape.batch = d.E;
+  shape.m = m_tk ? d.T : d.K;
+  shape.n = m_tk ? d.K : d.T;
+  shape.k = d.C;
   shape.ta = m_tk && !v_tc;  // op(A): V^T (V stored [C][T]) where M is [T][K], else U or V as stored
   shape.tb = m_tk || v_tc;   // op(B): U^T (U stored [K][C]) where M is [T][K], V^T (stored [T][C]) else
   shape.align = std::min({256u, bagf_lt::alignment(static_cast<uintptr_t>(4 * shape.m * shape.k)),
@@ -609,10 +620,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.gemm == 1 && plan.gemm_fn == nullptr && matmul_tf32() && P > 0 && Q > 0) {
     // its products through cuBLASLt in fp32 (launch_gemm_plan): resolved here, once per shape, so that a shape
     // cuBLASLt cannot take is ATen's answer (or the check's refusal), never an error out of the launch
-    const int64_t mt = geo.tile;
-    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(
-        geo, (mt + 2) * (mt + 2), x.size(0) * ((P + mt - 1) / mt) * ((Q + mt - 1) / mt), w.size(0),
-        x.size(1) * stride[0] * stride[0]);
+    const bagf_lt::SgemmShape shape =
+        winograd_sgemm_shape(geo, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]));
     std::string why;
     const bagf_lt::Handle h = plan.sgemm != nullptr ? bagf_lt::handle(x.get_device(), why) : nullptr;
     if (h == nullptr)
@@ -640,10 +649,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const void* xp,
                       const void* wp, const void* bp, void* yp, cudaStream_t stream) {
   const LaunchGeometry& geo = plan.geo;
-  const int mt = geo.tile;
-  const int64_t E = static_cast<int64_t>(mt + 2) * (mt + 2);
-  const int64_t T = static_cast<int64_t>(p.N) * ((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
-  const int64_t K = p.K, C = static_cast<int64_t>(p.C) * p.stride_h * p.stride_h;
+  const WinogradDims dims = winograd_dims(geo, p.N, p.P, p.Q, p.K, p.C, p.stride_h);
+  const int64_t E = dims.E, T = dims.T, K = dims.K, C = dims.C;
   const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2, u_small = geo.layout & 4;
   auto opts = x.options().dtype(at::kFloat);  // fp32 workspaces whatever the tensors' dtype (the stages widen it)
   at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U
@@ -677,7 +684,7 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   } else if (matmul_tf32()) {
     // at::bmm_out would multiply in TF32 (the program set torch.set_float32_matmul_precision or
     // matmul.allow_tf32): the same products through cuBLASLt in strict fp32 (unsupported_reason resolved them)
-    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(geo, E, T, K, C);
+    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(geo, dims);
     const float* a = m_tk ? vp : up;
     const float* b = m_tk ? up : vp;
     std::string why;
@@ -699,7 +706,7 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   }
   // inverse transform with bias; staged (layout bit 3, the kernel's SO): K * ceil(N / G) blocks of G whole images
   // each, G = threads / tiles per image, when an image's tiles fit in a block (else per tile, as unstaged)
-  const int64_t tiles_img = static_cast<int64_t>((p.P + mt - 1) / mt) * ((p.Q + mt - 1) / mt);
+  const int64_t tiles_img = T / p.N;  // (T is N images' tiles; a call with no image never launches)
   const int64_t g_imgs = tb / tiles_img;
   stage(2, (geo.layout & 8) && g_imgs > 0 ? K * ((p.N + g_imgs - 1) / g_imgs) : blocks_for(K * T));
 }
