@@ -495,7 +495,7 @@ class Cache:
 
         return export_cache(self, path)
 
-    def import_(self, path: "str | os.PathLike | Any", env: dict, *, compiler: Any = None,
+    def import_(self, path: "str | os.PathLike | Any", env: dict, *, compiler: Any = None, checker: Any = None,
                 trust_cubins: bool = False) -> tuple[int, list[str]]:
         """Import the plans of an ``export`` file that were tuned on a machine like this one.
 
@@ -513,13 +513,17 @@ class Cache:
         are, stored under ``FOREIGN_DIGEST_PREFIX`` + our digest (never under a name our compiler
         writes); plans whose cubin the file lacks are rebuilt as by default.
 
+        Numbers: ``checker`` (``cache_io.local_checker(compiler)``, which ``cache import`` passes) runs each
+        plan's kernel once on its problem against float64, the check every tuned candidate passes, and a plan
+        that fails it is skipped. Without a checker plans are stored unchecked: for callers that check elsewhere.
+
         Returns ``(imported, skipped)``, ``skipped`` holding one line per plan left out saying why, e.g.
         ``"3f2a9c01d4e5b6a7 (implicit_gemm): gpu 'NVIDIA A100' != 'NVIDIA H200'"``. ValueError when the
         file is not an export at all; CacheUnavailable when the file cannot be written (nothing imported).
         """
         from .cache_io import import_into
 
-        return import_into(self, path, env, compiler=compiler, trust_cubins=trust_cubins)
+        return import_into(self, path, env, compiler=compiler, checker=checker, trust_cubins=trust_cubins)
 
     # ---- housekeeping -------------------------------------------------------------------------
 

@@ -37,8 +37,8 @@ from .cache import (EXPORT_FORMAT, FOREIGN_DIGEST_PREFIX, SCHEMA_VERSION, CacheU
                     _insert_cubins, _normalise)
 from .cache_schema import PlanRecord, SchemaError, check_cubin_row, encodable, entry_label
 
-__all__ = ["EXPORT_FORMAT", "ExportFile", "ForeignCubin", "KernelBuilder", "export_cache", "import_into",
-           "local_compiler", "read_export"]
+__all__ = ["EXPORT_FORMAT", "ExportFile", "ForeignCubin", "KernelBuilder", "PlanChecker", "export_cache",
+           "import_into", "local_checker", "local_compiler", "read_export"]
 
 logger = logging.getLogger("bagf_torch")
 
@@ -55,6 +55,14 @@ class KernelBuilder(Protocol):
     def digest(self, family: Any, config: dict) -> str: ...
 
     def build(self, family: Any, configs: Sequence[dict]) -> list[str | None]: ...
+
+
+class PlanChecker(Protocol):
+    """What import needs to check a plan before storing it: ``local_checker`` on a GPU machine (the check every
+    tuned candidate passes), a fake one in CPU tests. ``check`` runs the plan's kernel on its problem and returns
+    None when the answer is right, else a line saying how it is wrong."""
+
+    def check(self, record: PlanRecord) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -197,8 +205,46 @@ def local_compiler(cache) -> KernelBuilder:
     return KernelCompiler(cache, torch.cuda.current_device(), settings.compile_workers())
 
 
+class _CudaPlanChecker:
+    """``local_checker``: loads the plan's kernel with the import's compiler (ours, or a trusted foreign cubin
+    already stored), runs it once on fresh random data into a NaN-poisoned output and compares it with float64
+    (``tuning.measure.CudaChecker`` on a ``Workspace``: the tuner's check, with its bounds for the problem's
+    dtype and TF32 mode), then unloads it."""
+
+    def __init__(self, compiler) -> None:
+        import torch
+
+        from .tuning.measure import CudaChecker
+
+        self.compiler = compiler
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.checker = CudaChecker(compiler.ext)
+
+    def check(self, record: PlanRecord) -> str | None:
+        from .kernels import FAMILIES
+        from .problem import ConvProblem
+        from .tuning.measure import Workspace
+
+        built = self.compiler.compile(FAMILIES[record.family], [record.config])[0]
+        if not hasattr(built, "handle"):
+            detail = built.detail.splitlines()[0] if built.detail else ""
+            return f"its kernel did not load ({built.status}: {detail})"
+        try:
+            outcome = self.checker.check(Workspace(ConvProblem.from_dict(record.problem), self.device),
+                                         built.handle)
+        finally:
+            self.compiler.unload(built.handle)
+        return None if outcome is None else f"{outcome.status}: {outcome.detail}"
+
+
+def local_checker(compiler) -> PlanChecker:
+    """The check ``cache import`` runs on a GPU machine before storing each plan, with ``compiler``
+    (``local_compiler``'s). (Tests replace it with a fake.)"""
+    return _CudaPlanChecker(compiler)
+
+
 def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, compiler: KernelBuilder | None = None,
-                trust_cubins: bool = False) -> tuple[int, list[str]]:
+                checker: PlanChecker | None = None, trust_cubins: bool = False) -> tuple[int, list[str]]:
     """Import an export file's plans for this machine (``env``) into ``cache``; see ``Cache.import_``."""
     from .jit.compiler import is_library
     from .kernels import FAMILIES
@@ -256,6 +302,9 @@ def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, c
                 continue
             todo.append((record, []))
 
+    if checker is not None and todo:
+        todo = _checked(cache, todo, checker, skipped)
+
     def store(conn) -> list[bool]:
         written = []
         for record, cubins in todo:
@@ -271,6 +320,38 @@ def import_into(cache, source: "str | os.PathLike | ExportFile", env: dict, *, c
         if not ok:
             skipped.append(f"{record.key[:16]} ({record.family}): this cache already has a plan for it (kept)")
     return sum(written), skipped
+
+
+def _checked(cache, todo: list[tuple[PlanRecord, list[tuple]]], checker: PlanChecker,
+             skipped: list[str]) -> list[tuple[PlanRecord, list[tuple]]]:
+    """The entries of ``todo`` whose plan gives the right answer here (``checker``), the others' lines added to
+    ``skipped``. A file's trusted cubins are stored first, since the check runs the plan as the runtime would
+    (a cubin our compiler built is in the cache already); those of a plan that fails are deleted again."""
+    foreign = [row for _, cubins in todo for row in cubins]
+    if foreign:
+        cache._write_to_file("import into", lambda conn: _insert_cubins(conn, foreign))
+    passed, dropped = [], []
+    for record, cubins in todo:
+        if record.family == "aten":  # torch's own conv: nothing of ours runs
+            passed.append((record, cubins))
+            continue
+        try:
+            why = checker.check(record)
+        except Exception as e:  # noqa: BLE001 - one plan's failure to check is one skip line, never the import's
+            why = f"the check could not run ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        if why is None:
+            passed.append((record, cubins))
+            continue
+        skipped.append(f"{record.key[:16]} ({record.family}): failed its check here against float64 "
+                       f"({why.splitlines()[0][:200]}); it will be tuned here instead")
+        dropped.extend(row[0] for row in cubins)
+    dropped = sorted(set(dropped) - {row[0] for _, cubins in passed for row in cubins})  # (one shared: kept)
+    if dropped:
+        def delete(conn) -> None:
+            conn.executemany("DELETE FROM cubins WHERE digest = ?", [(d,) for d in dropped])
+
+        cache._write_to_file("import into", delete)
+    return passed
 
 
 def _replace(record: PlanRecord, **changes) -> PlanRecord:

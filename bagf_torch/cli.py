@@ -381,7 +381,7 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
     ``--trust-cubins`` takes the file's cubins instead, see docs/cache.md).
     """
     from .cache import Cache, CacheUnavailable
-    from .cache_io import local_compiler, read_export
+    from .cache_io import local_checker, local_compiler, read_export
     from .kernels import FAMILIES, complete_config
     from .problem import ConvProblem
 
@@ -429,7 +429,7 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
                 raise UsageError(f"cannot write {path}: {e.strerror or e}; choose a writable path") from None
             print(f"exported {n} plans from {cache.path} to {path}")
         elif action == "import":
-            compiler = None
+            compiler = checker = None
             if document.plans:
                 try:
                     compiler = local_compiler(cache)
@@ -437,8 +437,10 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
                     raise UsageError(f"cannot rebuild the plans' kernels here ({str(e).splitlines()[0][:200]}); "
                                      f"fix the CUDA setup, or import with --trust-cubins to take the file's "
                                      f"cubins as they are") from None
+                checker = local_checker(compiler)
             try:
-                n, skipped = cache.import_(document, env, compiler=compiler, trust_cubins=trust_cubins)
+                n, skipped = cache.import_(document, env, compiler=compiler, checker=checker,
+                                           trust_cubins=trust_cubins)
             except (ValueError, CacheUnavailable) as e:
                 raise UsageError(str(e)) from None
             print(f"imported {n} plans from {path} into {cache.path}; skipped {len(early) + len(skipped)}"

@@ -196,6 +196,55 @@ def test_a_plan_whose_kernel_does_not_build_here_is_skipped(cache_dir, tmp_path)
     assert len(skipped) == 1 and "its kernel did not build here" in skipped[0] and "too many resources" in skipped[0]
 
 
+class FakeChecker:
+    """The float64 check seam (``cache_io.PlanChecker``): ``wrong`` names configurations (family names) whose
+    answer is wrong here, ``raising`` those whose check raises; ``cubins`` records, per check, the cubin the
+    runtime would load (ours, else a trusted foreign one), which must be in the cache by then."""
+
+    def __init__(self, cache, wrong=(), raising=()):
+        self.cache, self.wrong, self.raising, self.cubins = cache, set(wrong), set(raising), []
+
+    def check(self, record):
+        name = ig.name(record.config)
+        digest = record.cubin_digests[0]
+        self.cubins.append(self.cache.get_cubin(digest) or self.cache.get_cubin(FOREIGN_DIGEST_PREFIX + digest))
+        if name in self.raising:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return "wrong: relative error 3.1e-01 (max 2.0e+00) > 1e-05 (max 0.0001)" if name in self.wrong else None
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_plan_that_fails_its_check_here_never_reaches_the_cache(cache_dir, tmp_path, trust):
+    # A configuration of our space can still compute a problem wrongly (a kernel bug the space's rules miss,
+    # or, with --trust-cubins, a binary that is not what its name says): each imported plan runs once against
+    # float64 before it is stored, as every tuned candidate does; a failing or crashing check skips that plan.
+    wrong, crashing = dict(ig.DEFAULT, BK=16), dict(ig.DEFAULT, BM=32)
+    p3 = ConvProblem(n=3, c=8, h=12, w=10, k=20, r=3, s=3, padding=(1, 1))
+    entries = [plan(P1, cubin_digests=["d0"]), plan(P2, config=wrong, cubin_digests=["d1"]),
+               plan(p3, config=crashing, cubin_digests=["d2"]), plan(P1_N2, family="aten", config=None)]
+    cubins = [cubin_entry("d0", b"\x7fELF right"), cubin_entry("d1", b"\x7fELF wrong"),
+              cubin_entry("d2", b"\x7fELF crash")]
+    path = export_file(tmp_path, entries, cubins)
+    with Cache.for_dir(cache_dir) as cache:
+        checker = FakeChecker(cache, wrong={ig.name(wrong)}, raising={ig.name(crashing)})
+        imported, skipped = cache.import_(path, ENV, compiler=FakeBuilder(cache), checker=checker,
+                                          trust_cubins=trust)
+        assert imported == 2 and len(skipped) == 2, skipped
+        assert cache.get_plan(fingerprint(P1, ENV)) is not None and cache.get_plan(fingerprint(P1_N2, ENV))
+        assert cache.get_plan(fingerprint(P2, ENV)) is None and cache.get_plan(fingerprint(p3, ENV)) is None
+        assert "failed its check here against float64 (wrong: relative error 3.1e-01" in skipped[0]
+        assert "the check could not run (RuntimeError: CUDA error: an illegal memory access" in skipped[1]
+        assert all("it will be tuned here instead" in line for line in skipped)
+        assert len(checker.cubins) == 3 and None not in checker.cubins  # every check ran with its kernel there
+        if trust:  # the file's cubins were what ran; the failing plans' ones are gone again
+            assert [c[0] for c in checker.cubins] == [b"\x7fELF right", b"\x7fELF wrong", b"\x7fELF crash"]
+            assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + real_digest()) == (b"\x7fELF right", "_Zevil")
+            assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + real_digest(wrong)) is None
+            assert cache.get_cubin(FOREIGN_DIGEST_PREFIX + real_digest(crashing)) is None
+        else:
+            assert {c[0] for c in checker.cubins} == {b"built here"}
+
+
 def test_the_name_expression_takes_integers_only():
     assert ig.name_expression(ig.DEFAULT) == "bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>"
     for value in ("64>(); int x<1", 64.0, True, None):
@@ -403,8 +452,8 @@ def test_gpu_import_rebuilds_with_nvrtc_and_never_loads_the_files_bytes(cache_di
         digest = compiler.digest(ig, ig.DEFAULT)
         path = export_file(tmp_path, [dict(entry, cubin_digests=[digest])], [cubin_entry(digest)])
         before = STATS.nvrtc_compiles
-        assert cache.import_(path, env, compiler=compiler) == (1, [])
-        assert STATS.nvrtc_compiles == before + 1  # rebuilt here from our sources
+        assert cache.import_(path, env, compiler=compiler, checker=cache_io.local_checker(compiler)) == (1, [])
+        assert STATS.nvrtc_compiles == before + 1  # rebuilt here from our sources (and checked with that build)
         cubin, _ = cache.get_cubin(digest)
         assert cubin != EVIL and cubin[:4] == b"\x7fELF"
         built = compiler.compile(ig, [ig.DEFAULT])[0]  # what the runtime does with the plan: loads ours

@@ -182,18 +182,33 @@ class _FakeBuilder:
         return [None] * len(configs)
 
 
+class _FakeChecker:
+    """Stands in for the float64 check ``cache import`` runs on each plan (cache_io.local_checker): ``wrong``
+    names the plans (by family name) whose answer it calls wrong."""
+
+    def __init__(self, wrong=()):
+        self.wrong, self.checked = set(wrong), []
+
+    def check(self, record):
+        self.checked.append(record.family)
+        return "wrong: relative error 3.1e-01 (max 2.0e+00) > 1e-05 (max 0.0001)" \
+            if record.family in self.wrong else None
+
+
 def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypatch, capsys):
     _synthetic_cache(tmp_path / "tuner")
     monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "tuner"))
     assert cli.main(["cache", "export", str(tmp_path / "x.json")]) == 0
     assert "exported 2 plans" in capsys.readouterr().out
     monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
-    builders = []
+    builders, checkers = [], []
     monkeypatch.setattr(cache_io, "local_compiler", lambda cache: builders.append(_FakeBuilder(cache)) or builders[-1])
+    monkeypatch.setattr(cache_io, "local_checker", lambda compiler: checkers.append(_FakeChecker()) or checkers[-1])
     assert cli.main(["cache", "import", str(tmp_path / "x.json"), "--cache", str(tmp_path / "prod")]) == 0
     out = capsys.readouterr().out
     assert "imported 2 plans" in out and "skipped 0" in out and "rebuilt here from our own sources" in out
     assert builders[0].built == [ig.name(ig.DEFAULT)]
+    assert checkers[0].checked == ["implicit_gemm"]  # our kernel's plan ran its check; torch's conv needs none
     with Cache.for_dir(tmp_path / "prod") as prod:
         plan = prod.get_plan(fingerprint(P1, ENV))
         assert plan["config"] == ig.DEFAULT and plan["cubin_digests"] == ["ours-" + ig.name(ig.DEFAULT)]
@@ -225,6 +240,7 @@ def test_import_says_what_it_skipped_and_why(tmp_path, monkeypatch, capsys):
     (tmp_path / "mixed.json").write_text(json.dumps(doc))
     monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
     monkeypatch.setattr(cache_io, "local_compiler", _FakeBuilder)
+    monkeypatch.setattr(cache_io, "local_checker", lambda compiler: _FakeChecker())
     monkeypatch.setenv("BAGF_CACHE_DIR", str(tmp_path / "prod"))
     assert cli.main(["cache", "import", str(tmp_path / "mixed.json")]) == 0
     out = capsys.readouterr().out

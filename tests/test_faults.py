@@ -551,6 +551,39 @@ def test_row_gpu_faulty_kernels_isolated(cache_dir, monkeypatch, counts):
 
 
 @pytest.mark.cuda
+def test_row_gpu_import_of_a_plan_that_computes_wrongly_here(cache_dir, tmp_path, monkeypatch, counts):
+    """An export naming a kernel that gives wrong numbers (the faulty family's MODE 2, rebuilt from its source
+    by the real compiler) is skipped by ``cache import``'s float64 check (``cache_io.local_checker``); the
+    right plan of the same file is stored and runs right."""
+    import json
+
+    import faulty_family as ff
+    from bagf_torch import cache_io
+    from bagf_torch.cache import EXPORT_FORMAT, SCHEMA_VERSION
+    from bagf_torch.jit.extension import environment
+    from bagf_torch.kernels import FAMILIES
+    from bagf_torch.problem import ConvProblem, fingerprint
+
+    monkeypatch.setitem(FAMILIES, ff.FAMILY, ff)
+    env = environment(torch.cuda.current_device())
+    right, wrong = _gpu_problem(), ConvProblem(**dict(_GPU_PROBLEM, n=3))
+    entries = [{"key": fingerprint(p, env), "problem": p.as_dict(), "env": env, "family": ff.FAMILY,
+                "config": ff.config(mode), "time_us": 3.0, "aten_us": 5.0, "default_us": 4.0, "evaluations": 5,
+                "tune_seconds": 1.0, "cubin_digests": [], "created": 1.7e9}
+               for p, mode in ((right, ff.CORRECT), (wrong, ff.WRONG))]
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"format": EXPORT_FORMAT, "schema": SCHEMA_VERSION, "plans": entries, "cubins": []}))
+    with Cache.for_dir(cache_dir) as cache:
+        compiler = cache_io.local_compiler(cache)
+        imported, skipped = cache.import_(path, env, compiler=compiler, checker=cache_io.local_checker(compiler))
+        counts(faults=1, wrong_cached=int(cache.get_plan(fingerprint(wrong, env)) is not None))
+        assert imported == 1 and len(skipped) == 1, skipped
+        assert "failed its check here against float64 (wrong: relative error" in skipped[0], skipped
+        assert cache.get_plan(fingerprint(right, env))["config"] == ff.config(ff.CORRECT)
+    _parent_context_is_usable()
+
+
+@pytest.mark.cuda
 def test_row_gpu_tuner_goes_on_past_faulty_candidates(cache_dir, monkeypatch, counts):
     """The Tuner, unchanged, over the faulty family with isolation: every fault is a recorded typed failure
     (journaled to the cache as it happens), the winner is the correct kernel or cuDNN, never a wrong one."""
