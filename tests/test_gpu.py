@@ -306,7 +306,9 @@ def test_a_tf32_plan_called_with_cudnns_tf32_off_answers_in_strict_fp32(compiler
         with torch.no_grad():
             with cudnn_conv_mode(tf32=True):
                 on = op(x, w, b, *args, handle)
-                assert not torch.equal(on, F.conv2d(x, w, b, 1, r // 2))  # the plan's bits, not cuDNN's TF32 ones
+                if not one:  # the plan's bits, not cuDNN's TF32 ones (cuDNN's TF32 1x1 conv runs the GEMM cuBLASLt
+                    # does: the same bits on the H200)
+                    assert not torch.equal(on, F.conv2d(x, w, b, 1, r // 2))
                 assert torch.equal(ext.conv2d_inference(x, w, b, *args, handle), on)
                 compiled = torch.compile(traced, fullgraph=True, backend="eager")
                 assert torch.equal(compiled(x), on)
@@ -727,7 +729,11 @@ def test_cublaslt_1x1_plans_in_every_dtype_format_and_mode(compiler):
             p = _problem((3, 256, 7, 9, 40, 1, 1, (1, 1), (0, 0), (1, 1), True), tf32=tf32)
             ws = Workspace(p, torch.device("cuda", 0))
             handle = compiler.compile(fam, [lt.default_for(p)])[0].handle
-            assert checker.check(ws, handle) is None, ("filled D", tf32)
+            judge = checker
+            if tf32 and ws.cudnn_error[0] < 1e-5:  # cuDNN's own fp32 on this shape (its choice varies from run to
+                # run): the bound of TF32 products themselves, twice the error of the operands rounded to TF32
+                judge = CudaChecker(compiler.ext, rel_tol=2 * ws.tf32_operand_error()[0])
+            assert judge.check(ws, handle) is None, ("filled D", tf32)
             compiler.unload(handle)
     finally:
         del os.environ["BAGF_TEST_CUBLASLT_FILLED_BIAS"]
