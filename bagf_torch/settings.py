@@ -51,9 +51,9 @@ BAGF_PRUNE_FACTOR          bound-guided pruning: before a family's     0 (off)
                            Off by default: on the H200 tc recording
                            only >= 4 kept every optimum, and that cut
                            15% (benchmarks/results/prune_h200_tc.md)
-BAGF_CUBLASLT              1: also search cuBLASLt GEMM plans for 1x1  0
+BAGF_CUBLASLT              1: also search cuBLASLt GEMM plans for 1x1  1
                            stride-1 unpadded convolutions
-                           (experimental; kernels.cublaslt_1x1)
+                           (kernels.cublaslt_1x1); 0: leave them out
 =========================  ==========================================  ======================================
 """
 
@@ -301,8 +301,8 @@ def claim_wait() -> float:
 
 
 def cublaslt() -> bool:
-    """``BAGF_CUBLASLT``: search the experimental cuBLASLt plans of 1x1 convolutions (``kernels.cublaslt_1x1``)."""
-    return get_bool("BAGF_CUBLASLT", False)
+    """``BAGF_CUBLASLT``: search the cuBLASLt plans of 1x1 convolutions (``kernels.cublaslt_1x1``; on by default)."""
+    return get_bool("BAGF_CUBLASLT", True)
 
 
 def isolate() -> bool:

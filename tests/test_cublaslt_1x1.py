@@ -41,11 +41,12 @@ def test_applies_to_1x1_stride_1_unpadded_convs_and_is_searched_only_with_the_se
     for other in (_problem(r=3, s=3, padding=(1, 1)), _problem(stride=(2, 2)), _problem(padding=(1, 0)),
                   _problem(r=1, s=3)):
         assert "1x1" in lt.applies(other), other
-    monkeypatch.delenv("BAGF_CUBLASLT", raising=False)
+    monkeypatch.delenv("BAGF_CUBLASLT", raising=False)  # on by default
+    assert settings.cublaslt() and lt in families_for((9, 0)) and lt in families_for((8, 0))
+    assert lt not in families_for((7, 5))
+    monkeypatch.setenv("BAGF_CUBLASLT", "0")
     assert not settings.cublaslt() and lt not in families_for((9, 0))
     assert set(families_for((9, 0))) == set(FAMILIES.values()) - {lt}
-    monkeypatch.setenv("BAGF_CUBLASLT", "1")
-    assert lt in families_for((9, 0)) and lt in families_for((8, 0)) and lt not in families_for((7, 5))
     monkeypatch.setenv("BAGF_CUBLASLT", "maybe")
     with pytest.raises(settings.SettingError):
         families_for((9, 0))

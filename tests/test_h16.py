@@ -188,7 +188,7 @@ def test_the_tuner_offers_a_16bit_problem_only_the_16bit_family():
                                                                            "implicit_gemm_tma_h16"]
     assert [f.FAMILY for f in tuner.families_for(_p("bfloat16", "nhwc", r=1, s=1, padding=(0, 0)))] == [
         "implicit_gemm_h16", "implicit_gemm_wgmma_h16", "implicit_gemm_tma_h16",
-        "cublaslt_1x1"]  # (a 1x1 conv: no Winograd; cuBLASLt's GEMMs, when BAGF_CUBLASLT=1 puts it in the list)
+        "cublaslt_1x1"]  # (a 1x1 conv: no Winograd; cuBLASLt's GEMMs, unless BAGF_CUBLASLT=0 leaves them out)
     # the wgmma families' copies are 8 channels: C = 12 is implicit_gemm_h16's alone; on an sm_80 GPU too
     assert [f.FAMILY for f in tuner.families_for(_p("bfloat16", "nhwc", c=12))] == ["winograd_gemm",
                                                                                  "implicit_gemm_h16"]

@@ -29,8 +29,8 @@ which the tuner names when cuDNN wins, is unchanged)."""
 
 def families_for(capability: tuple[int, int]) -> list:
     """The families the runtime's tuner searches on a device of compute capability ``capability`` (e.g. (9, 0)):
-    those that run there, the experimental ``cublaslt_1x1`` only with ``BAGF_CUBLASLT=1`` (a cached or imported plan
-    of it is used either way)."""
+    those that run there, ``cublaslt_1x1`` unless ``BAGF_CUBLASLT=0`` (a cached or imported plan of it is used either
+    way)."""
     cc = 10 * capability[0] + capability[1]
     return [f for f in FAMILIES.values() if cc >= f.MIN_ARCH and (f is not cublaslt_1x1 or settings.cublaslt())]
 

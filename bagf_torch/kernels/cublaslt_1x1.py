@@ -30,9 +30,8 @@ through ATen with one warning.
 | NHWC | 0, 1 | NCHW or channels_last (fixed by the problem) |
 | TF | 0, 1 | TF32 products (fixed by the problem: 1 in TF32 mode; float32 only) |
 
-Nothing is compiled (``LIBRARY``): a configuration loads at once, with no cubin. Experimental: the runtime's tuner
-searches the family only with ``BAGF_CUBLASLT=1`` (``kernels.families_for``); a cached or imported plan of it is used
-either way.
+Nothing is compiled (``LIBRARY``): a configuration loads at once, with no cubin. The runtime's tuner searches the
+family unless ``BAGF_CUBLASLT=0`` (``kernels.families_for``); a cached or imported plan of it is used either way.
 """
 
 from __future__ import annotations
