@@ -82,10 +82,10 @@ def _tf32_at_trace() -> bool:
 def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, padding: tuple, dilation: tuple,
                            bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> tuple:
     """((N, H, W), handle) of the cached kernel plans of a layer of this geometry on ``device``
-    (``Runtime.cached_plans``): what torch.compile's trace of a layer runs for a static shape this process has not
-    run eagerly (a server that only compiles, with BAGF_TUNE=0 and a pre-tuned cache). A cache read and a load,
-    never a tuning (it waits for one another thread is running); a constant of the graph (a plan stored later is
-    taken when the graph is compiled again)."""
+    (``Runtime.cached_plans``): what torch.compile's trace of a layer with a dynamic size compares that size with (a
+    guard), so that a planned size gets its own graph with its plan. A cache read and a load, never a tuning (it
+    waits for one another thread is running); a constant of the graph (a plan stored later is taken when the graph
+    is compiled again)."""
     like = ConvProblem(n=1, c=c, h=1, w=1, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation, groups=1,
                        bias=bias, dtype=dtype, layout=layout, tf32=tf32)
     try:
@@ -94,6 +94,34 @@ def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, paddin
         log.once(f"trace-plans:{type(e).__name__}", f"bagf_torch could not read cached plans while compiling "
                  f"({type(e).__name__}: {e}); the compiled graph runs torch's conv2d for them")
         return ()
+
+
+def _static(shape) -> bool:
+    """Whether every size of ``shape`` is one number, not a symbol, in the graph torch.compile is tracing (dynamo
+    presents a symbolic size as an int to ``type`` and ``isinstance``; ``has_static_value`` is the question it
+    answers while tracing, since torch 2.8 at least). Called only while tracing, when dynamo has imported
+    symbolic_shapes (with sympy) already."""
+    from torch.fx.experimental.symbolic_shapes import has_static_value
+
+    return all(has_static_value(size) for size in shape)
+
+
+@_compile_constant
+def _plan_at_trace(n: int, c: int, h: int, w: int, k: int, r: int, s: int, stride: tuple, padding: tuple,
+                   dilation: tuple, bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> int:
+    """The plan handle of this static-shape problem on ``device`` as an eager first call would take it
+    (``Runtime.lookup``): the cached plan, else tuned now when tuning is on (BAGF_TUNE), else ATEN (tuning off with
+    nothing cached, tuning in the background, another process tuning it). What ``torch.compile(model)(x)`` runs for
+    a layer this process has not called eagerly: dynamo calls this for real while it traces (a constant of the
+    graph, as the plan is), so compiling a model tunes its convolutions as its first eager call would."""
+    problem = ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation,
+                          groups=1, bias=bias, dtype=dtype, layout=layout, tf32=tf32)
+    try:
+        return runtime.get().lookup(problem, device)[0]
+    except Exception as e:  # (a broken cache or toolchain: torch's conv in the graph, as the eager call would run)
+        log.once(f"trace-plan:{type(e).__name__}", f"bagf_torch could not plan {problem.short()} while compiling "
+                 f"({type(e).__name__}: {e}); the compiled graph runs torch's conv2d for it")
+        return ATEN
 
 
 def _autocast_on(x: torch.Tensor) -> bool:
@@ -394,10 +422,11 @@ class TunedConv2d(nn.Conv2d):
         return reason
 
     def _traced_forward(self, input: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """The forward torch.compile traces: nothing written, no clock, no logging, nothing tuned (each of those
-        would break the graph); for a static shape the kernel this layer already runs for such calls (in the TF32
-        mode of the trace), else the kernel plan the cache holds for it (read and loaded while tracing), else torch's
-        conv; for a dynamic shape torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as
+        """The forward torch.compile traces: nothing written, no clock, no logging in the traced code (each would
+        break the graph); for a static shape the kernel this layer already runs for such calls (in the TF32 mode of
+        the trace), else the plan an eager first call would take (``_plan_at_trace``, which dynamo runs for real: the
+        cache's, else tuned while compiling, else torch's conv); for a dynamic shape the cached plan of a size it
+        takes (a guard), else torch's conv. Under autocast, torch's conv: autocast's casts stay in the graph as
         nn.Conv2d's forward makes them (the eager forward's own casts are not traced)."""
         if _exporting() or (_any_autocast() and _autocast_on(input)) or self._unsupported(input) is not None:
             # (torch.export: a plan handle means nothing in the process that loads the exported program)
@@ -414,7 +443,18 @@ class TunedConv2d(nn.Conv2d):
                     size == want for size, want in zip(input.shape, key[0])):
                 entry = value
                 break
-        if entry is None:  # not run eagerly in this process: a plan the cache holds for this shape
+        if entry is None and _static(input.shape):
+            # A static shape not run eagerly in this process: its plan as an eager first call takes it (the cache's,
+            # else tuned now while compiling), a constant of the graph.
+            padding = _numeric_padding(self)
+            handle = _plan_at_trace(input.shape[0], self.in_channels, input.shape[2], input.shape[3],
+                                    self.out_channels, *self.kernel_size, tuple(self.stride), padding,
+                                    tuple(self.dilation), b is not None, *_format(input), tf32 and dtype is _F32,
+                                    device)
+            if handle == ATEN:
+                return self._conv_forward(input, w, b)
+            return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
+        if entry is None:  # a dynamic shape: a plan the cache holds for one of the sizes it takes (a guard on it)
             padding = _numeric_padding(self)
             for (n, h, width), handle in _cached_plans_at_trace(
                     self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,

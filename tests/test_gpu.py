@@ -1142,6 +1142,35 @@ def test_torch_compile_fullgraph_uses_tuned_op(monkeypatch):
     torch.testing.assert_close(out2, eager, rtol=1e-4, atol=1e-4)
 
 
+def test_compiling_a_converted_model_tunes_it_while_compiling(monkeypatch):
+    """``torch.compile(convert(model))(x)`` with an empty cache and no eager call: each layer's plan is tuned while
+    dynamo traces (NVRTC, the timing and Ax's search run for real inside the trace), the graph calls the op with it
+    and answers as the stock model; compiled again in a fresh runtime (a new process), the plans come from the
+    cache and nothing is tuned, through inductor too."""
+    import bagf_torch
+    from bagf_torch import runtime
+
+    monkeypatch.setenv("BAGF_BUDGET", "6")  # (the default strategy, Ax)
+    stock = _conv_model()
+    model = bagf_torch.convert(_conv_model())
+    x = torch.randn(2, 3, 24, 24, device="cuda")
+    with torch.no_grad():
+        want = stock(x)
+    out, graphs = _compile_recording(model, x)
+    rt = runtime.get()
+    torch.testing.assert_close(out, want, rtol=1e-3, atol=1e-3)  # (PyTorch's default TF32 for both)
+    assert rt.stats["tuned"] == 2, rt.stats
+    tuned_any = any(r.family != "aten" for r in rt.results)
+    assert any("bagf.conv2d" in gm.code for gm in graphs) == tuned_any, [gm.code for gm in graphs]
+    runtime.reset()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        again = torch.compile(model, fullgraph=True)(x)  # inductor
+    torch.testing.assert_close(again, want, rtol=1e-3, atol=1e-3)
+    assert runtime.get().stats["tuned"] == 0 and runtime.get().stats["cache_hits"] == 2, runtime.get().stats
+    torch._dynamo.reset()
+
+
 # ---- float16 and bfloat16, NCHW and channels_last -------------------------------------------------------
 
 _H16_FORMATS = [("bfloat16", "nhwc"), ("float16", "nchw"), ("bfloat16", "nchw"), ("float16", "nhwc")]

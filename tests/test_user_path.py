@@ -1378,6 +1378,64 @@ def test_a_layer_that_only_runs_compiled_takes_the_plans_the_cache_holds(monkeyp
     assert ran[0][1] != ATEN and loaded[ran[0][1]] == loaded[handle]  # the stored plan, loaded again here
 
 
+def test_compiling_a_model_tunes_its_static_shapes_as_its_first_eager_call_would(monkeypatch):
+    """``torch.compile(convert(model))(x)`` in a process that never called the model eagerly, with an empty cache,
+    got torch's conv in every layer for good: the traced forward only read plans. It now takes each static shape's
+    plan as an eager first call does (the cache's, else tuned while compiling; ``nn._plan_at_trace``), and the graph
+    runs it, fullgraph. A dynamic size (torch's automatic dynamic, ``mark_dynamic`` with or without bounds) is
+    planned by no one: torch's conv, no error; with BAGF_TUNE=0 nothing is tuned."""
+    import torch._dynamo.testing
+
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    ran = []
+
+    def fake_op(x, w, b, stride, padding, dilation, handle):
+        ran.append((tuple(x.shape), handle))
+        return F.conv2d(x, w, b, stride, padding, dilation)
+
+    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    rt = runtime.install(fh.make_runtime())
+    torch.manual_seed(0)
+    model = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                                   torch.nn.Conv2d(4, 6, 3)))
+    x2 = torch.randn(2, 3, 8, 8)
+    counter = torch._dynamo.testing.CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(x2)
+        ref = F.conv2d(F.relu(F.conv2d(x2, model[0].weight, model[0].bias, 1, 1)), model[2].weight, model[2].bias)
+        torch.testing.assert_close(out, ref)
+    assert rt.stats["tuned"] == 2 and counter.frame_count == 1  # (no eager call: the compiled graph was the first)
+    assert [shape for shape, _ in ran] == [(2, 3, 8, 8), (2, 4, 8, 8)] and ATEN not in [h for _, h in ran]
+    loaded = rt.fake_compiler.loaded
+    assert all(h in loaded for _, h in ran)  # the plans tuned while compiling, loaded in this process
+    assert model[0]._bagf_plans == {}  # (the layer's eager table is untouched: a graph writes nothing)
+    # compiled again (a new process would read the cache): the same plans, nothing tuned
+    ran.clear()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="eager", fullgraph=True)(x2), ref)
+    assert rt.stats["tuned"] == 2 and len(ran) == 2 and ATEN not in [h for _, h in ran]
+    # dynamic sizes: nothing planned, nothing tuned, no error
+    for marks in ({}, {"min": 3, "max": 15}):  # (bounds that CPU conv's own guards keep)
+        ran.clear()
+        x = torch.randn(5, 3, 8, 8)
+        torch._dynamo.mark_dynamic(x, 0, **marks)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, backend="eager", fullgraph=True)(x)
+        assert got.shape == (5, 6, 6, 6) and ran == [] and rt.stats["tuned"] == 2, marks
+    # tuning off, nothing cached for this shape: torch's conv, nothing tuned
+    monkeypatch.setenv("BAGF_TUNE", "0")
+    ran.clear()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend="eager", fullgraph=True)(torch.randn(3, 3, 8, 8))
+    assert ran == [] and rt.stats["tuned"] == 2
+    torch._dynamo.reset()
+
+
 def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatch):
     """The traced forward reads the layer's plan table with the TF32 flag as a constant of the trace: a layer with
     a kernel for one mode and torch's conv for the other traces the one of the mode the graph is compiled in."""
