@@ -10,6 +10,8 @@ is the trust model in full):
 - Nothing the file says about identity is believed: the plan key is recomputed from the entry's problem
   and env (``problem.fingerprint``), and the cubin digests from its family, configuration and env with our
   own kernel sources (``jit.compiler``); a mismatching key is refused, the digests are replaced.
+- Each plan runs once here on its problem against float64 before it is stored (``local_checker``: the check every
+  tuned candidate passes); one that computes wrongly, or whose check cannot run, is skipped.
 - By default no byte of the file's cubins is stored: the winners are rebuilt here with NVRTC from our own
   kernel sources (``compiler.build``), and a plan whose kernel does not build is skipped. With
   ``trust_cubins`` the file's cubins are taken as they are, but stored under ``FOREIGN_DIGEST_PREFIX`` +
@@ -326,10 +328,19 @@ def _checked(cache, todo: list[tuple[PlanRecord, list[tuple]]], checker: PlanChe
              skipped: list[str]) -> list[tuple[PlanRecord, list[tuple]]]:
     """The entries of ``todo`` whose plan gives the right answer here (``checker``), the others' lines added to
     ``skipped``. A file's trusted cubins are stored first, since the check runs the plan as the runtime would
-    (a cubin our compiler built is in the cache already); those of a plan that fails are deleted again."""
+    (a cubin our compiler built is in the cache already); those of a plan that fails are deleted again, unless a
+    plan that passed uses them or the cache held them before this import (a plan imported earlier may need them)."""
     foreign = [row for _, cubins in todo for row in cubins]
+    added: set[str] = set()
     if foreign:
-        cache._write_to_file("import into", lambda conn: _insert_cubins(conn, foreign))
+        def insert(conn) -> set[str]:
+            digests = sorted({row[0] for row in foreign})
+            held = {d for (d,) in conn.execute(
+                f"SELECT digest FROM cubins WHERE digest IN ({', '.join('?' * len(digests))})", digests)}
+            _insert_cubins(conn, foreign)
+            return set(digests) - held
+
+        added = cache._write_to_file("import into", insert)
     passed, dropped = [], []
     for record, cubins in todo:
         if record.family == "aten":  # torch's own conv: nothing of ours runs
@@ -345,7 +356,7 @@ def _checked(cache, todo: list[tuple[PlanRecord, list[tuple]]], checker: PlanChe
         skipped.append(f"{record.key[:16]} ({record.family}): failed its check here against float64 "
                        f"({why.splitlines()[0][:200]}); it will be tuned here instead")
         dropped.extend(row[0] for row in cubins)
-    dropped = sorted(set(dropped) - {row[0] for _, cubins in passed for row in cubins})  # (one shared: kept)
+    dropped = sorted((set(dropped) & added) - {row[0] for _, cubins in passed for row in cubins})
     if dropped:
         def delete(conn) -> None:
             conn.executemany("DELETE FROM cubins WHERE digest = ?", [(d,) for d in dropped])

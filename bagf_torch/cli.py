@@ -378,7 +378,8 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
     spaces, recomputed keys), on any machine: it needs no GPU; exit status 1 when some entry would be
     skipped. ``import`` runs the same checks first and reports them before it needs this machine's GPU
     (to compare each plan's env, and to rebuild the winners' kernels from our own sources, the default;
-    ``--trust-cubins`` takes the file's cubins instead, see docs/cache.md).
+    ``--trust-cubins`` takes the file's cubins instead, see docs/cache.md), then runs each plan once against
+    float64 there and stores only those that pass.
     """
     from .cache import Cache, CacheUnavailable
     from .cache_io import local_checker, local_compiler, read_export

@@ -245,6 +245,49 @@ def test_a_plan_that_fails_its_check_here_never_reaches_the_cache(cache_dir, tmp
             assert {c[0] for c in checker.cubins} == {b"built here"}
 
 
+class ByProblem:
+    """A float64 check that fails the plans of the problems in ``wrong`` (whatever their configuration)."""
+
+    def __init__(self, wrong):
+        self.wrong, self.checked = set(wrong), []
+
+    def check(self, record):
+        self.checked.append(record.family)
+        return "wrong: relative error 3.1e-01" if ConvProblem.from_dict(record.problem) in self.wrong else None
+
+
+def test_a_failed_check_keeps_the_trusted_cubins_other_plans_use(cache_dir, tmp_path):
+    # One configuration serves many problems, so one foreign cubin can back several plans: a plan that fails its
+    # check takes its cubin away only if this import stored it and no plan that passed uses it. A library plan
+    # (cuBLASLt: no cubin) goes through the same check.
+    from bagf_torch.kernels import cublaslt_1x1 as lt
+
+    one = ConvProblem(n=2, c=64, h=14, w=14, k=32, r=1, s=1)
+    foreign = FOREIGN_DIGEST_PREFIX + real_digest()
+    first = export_file(tmp_path, [plan(P1, cubin_digests=["d0"])], [cubin_entry("d0", b"\x7fELF first")], "a.json")
+    second = export_file(tmp_path, [plan(P2, cubin_digests=["d1"]), plan(P1_N2, cubin_digests=["d1"]),
+                                    plan(one, config=lt.default_for(one), family=lt.FAMILY)],
+                         [cubin_entry("d1", b"\x7fELF second")], "b.json")
+    with Cache.for_dir(cache_dir) as cache:
+        assert cache.import_(first, ENV, compiler=FakeBuilder(cache), checker=ByProblem(()),
+                             trust_cubins=True) == (1, [])
+        checker = ByProblem({P2, P1_N2, one})
+        imported, skipped = cache.import_(second, ENV, compiler=FakeBuilder(cache), checker=checker,
+                                          trust_cubins=True)
+        assert imported == 0 and len(skipped) == 3 and checker.checked == ["implicit_gemm"] * 2 + [lt.FAMILY]
+        assert cache.get_plan(fingerprint(P1, ENV))
+        assert cache.get_cubin(foreign) == (b"\x7fELF first", "_Zevil")  # held before: the first plan's
+    with Cache.for_dir(tmp_path / "fresh") as cache:  # within one import: a plan that passed keeps it
+        imported, skipped = cache.import_(second, ENV, compiler=FakeBuilder(cache), checker=ByProblem({P2}),
+                                          trust_cubins=True)
+        assert imported == 2 and cache.get_cubin(foreign) == (b"\x7fELF second", "_Zevil")
+    with Cache.for_dir(tmp_path / "alone") as cache:  # its only plan failed: the cubin this import stored is gone
+        path = export_file(tmp_path, [plan(P2, cubin_digests=["d1"])], [cubin_entry("d1", b"\x7fELF second")])
+        assert cache.import_(path, ENV, compiler=FakeBuilder(cache), checker=ByProblem({P2}),
+                             trust_cubins=True)[0] == 0
+        assert cache.get_cubin(foreign) is None
+
+
 def test_the_name_expression_takes_integers_only():
     assert ig.name_expression(ig.DEFAULT) == "bagf::implicit_gemm_conv2d<64, 64, 8, 4, 4, 1, 4>"
     for value in ("64>(); int x<1", 64.0, True, None):
