@@ -27,7 +27,10 @@ _BAD_CALL = "a call nn.Conv2d rejects"  # e.g. a wrong channel count: nn.Conv2d'
 # and the fast path below runs on every call (on the H200's host, Python is several times slower than here).
 _F32 = torch.float32
 _tf32 = cudnn_tf32
-_compiling = torch.compiler.is_compiling
+# (dynamo's trace only: torch.compiler.is_compiling is True in every thread while any thread compiles from torch
+# 2.13 on, which sent other threads' eager calls down the traced path; non-strict export's fake inputs are caught
+# by the eager path's _wrapped)
+_compiling = torch.compiler.is_dynamo_compiling
 _any_autocast = torch._C._is_any_autocast_enabled  # 0.1 us; the per-device question only when it says yes
 # (asked only for calls of a kernel's plan, which need CUDA; a CPU build's stand-in raises)
 _stream_capturing = torch._C._cuda_isCurrentStreamCapturing

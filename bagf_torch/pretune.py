@@ -89,8 +89,8 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
     """Run ``model`` once per example input (eval mode, no grad) and record every problem its TunedConv2d
     layers would look up, and how often each forward asks for it, without tuning. Layer plan memos, training
     flags and the runtime are left as they were. Raises ValueError when the model has no TunedConv2d (convert
-    it first). A ``torch.compile``d model is discovered through the module it wraps: its compiled forward asks
-    the runtime nothing (it runs the plans the layers already have)."""
+    it first). A ``torch.compile``d model is discovered through the module it wraps, and one compiled in place
+    (``model.compile()``) runs eagerly for it: a graph compiled here would keep this pass's ATen answers."""
     inner = getattr(model, "_orig_mod", None)  # (torch.compile's OptimizedModule)
     if isinstance(inner, nn.Module):
         model = inner
@@ -148,7 +148,10 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         # Measured on the H200: AlexNet conv3 at N=128 ran 1024 us with the heuristic pick against 415-450 us
         # with benchmark's (FFT); a recording pass with benchmark off would pin the heuristic one, and the tuner
         # would then compare our kernels with a 2.4x slower cuDNN (python benchmarks/probes/cudnn_contexts.py).
-        with torch.no_grad(), cudnn_conv_mode(benchmark=True):
+        # A model compiled in place (``model.compile()``) runs eagerly for this pass: its graph would be compiled
+        # with the ATen answers this pass gives as its constants, and kept for the calls after it.
+        eager = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else contextlib.nullcontext()
+        with torch.no_grad(), cudnn_conv_mode(benchmark=True), eager:
             for i, call in enumerate(_call_list(example_inputs)):
                 forward[0] = i
                 _forward(model, call)

@@ -175,8 +175,8 @@ class Runtime:
 
     def cached_plans(self, like: ConvProblem, device: int) -> list[tuple[tuple[int, int, int], int]]:
         """((N, H, W), handle) of every kernel plan the cache holds on ``device`` for problems that are ``like`` but
-        for N, H and W, loaded now: what a layer compiled by torch.compile runs for a static shape it has not run
-        eagerly in this process (a graph cannot tune or claim; ``nn._cached_plans_at_trace``): under the tune lock,
+        for N, H and W, loaded now: what a layer torch.compile traces with a dynamic size compares that size with,
+        so that a planned size gets its own graph with its plan (``nn._cached_plans_at_trace``): under the tune lock,
         so a trace waits for a tuning another thread is running. Plans of another machine's env are not this device's;
         "aten" plans are left out (torch's conv needs no handle)."""
         with self._tune_lock:

@@ -1411,6 +1411,11 @@ def test_compiling_a_model_tunes_its_static_shapes_as_its_first_eager_call_would
     loaded = rt.fake_compiler.loaded
     assert all(h in loaded for _, h in ran)  # the plans tuned while compiling, loaded in this process
     assert model[0]._bagf_plans == {}  # (the layer's eager table is untouched: a graph writes nothing)
+    with torch.no_grad():  # another batch size: torch's automatic dynamic, one graph of torch's conv, nothing tuned
+        x3 = torch.randn(3, 3, 8, 8)
+        ref3 = F.conv2d(F.relu(F.conv2d(x3, model[0].weight, model[0].bias, 1, 1)), model[2].weight, model[2].bias)
+        torch.testing.assert_close(compiled(x3), ref3)
+    assert rt.stats["tuned"] == 2 and len(ran) == 2 and counter.frame_count == 2
     # compiled again (a new process would read the cache): the same plans, nothing tuned
     ran.clear()
     torch._dynamo.reset()
@@ -1434,6 +1439,70 @@ def test_compiling_a_model_tunes_its_static_shapes_as_its_first_eager_call_would
         torch.compile(model, backend="eager", fullgraph=True)(torch.randn(3, 3, 8, 8))
     assert ran == [] and rt.stats["tuned"] == 2
     torch._dynamo.reset()
+
+
+def test_discovering_a_model_compiled_in_place_leaves_its_graph_to_the_tuned_plans(monkeypatch):
+    """``model.compile()`` then ``tune_model``: the discovery pass answers every lookup with ATen; through the
+    compiled forward those answers would become the graph's constants, kept after pre-tuning. The pass runs the
+    model eagerly, so the first compiled call afterwards takes the plan pre-tuning stored."""
+    from bagf_torch import pretune
+
+    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
+    ran = _recording_op(monkeypatch)
+    rt = runtime.install(fh.make_runtime())
+    model = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1)))
+    x = torch.randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    model.compile(backend="eager", fullgraph=True)
+    try:
+        found = pretune.discover(model, x)
+        assert len(found.problems) == 1 and ran == []
+        handle = rt.plan_handle(found.problems[0], -1)  # what tune_model then does with it
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), F.conv2d(x, model[0].weight, model[0].bias, 1, 1))
+        assert handle != ATEN and ran == [handle]
+    finally:
+        torch._dynamo.reset()
+
+
+def test_eager_calls_in_other_threads_while_one_compiles_take_the_eager_path(monkeypatch):
+    """From torch 2.13 ``torch.compiler.is_compiling()`` is True in every thread while one thread compiles, which sent
+    other threads' eager calls down the traced forward (no plan table, no frozen weight, and now a wait on the tuning
+    the compile runs); the layer asks ``is_dynamo_compiling``, which only dynamo's trace answers True."""
+    import threading
+
+    _cuda_looking(monkeypatch, (ATEN, True))
+    compiling, called = threading.Event(), threading.Event()
+
+    @bnn._compile_constant
+    def held_plan(*args):  # the compile's plan, held until the other thread's eager call is done
+        compiling.set()
+        assert called.wait(30)
+        return ATEN
+
+    monkeypatch.setattr(bnn, "_plan_at_trace", held_plan)
+    compiled_layer, eager_layer = bagf_torch.TunedConv2d(3, 4, 3), bagf_torch.TunedConv2d(3, 5, 3)
+    x = torch.randn(1, 3, 8, 8)
+    seen = {}
+
+    def eager_call():
+        assert compiling.wait(30)
+        seen["compiling"] = torch.compiler.is_compiling()
+        with torch.no_grad():
+            eager_layer(x)
+        called.set()
+
+    thread = threading.Thread(target=eager_call)
+    thread.start()
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(compiled_layer, fullgraph=True, backend="eager")(x)
+    finally:
+        called.set()
+        thread.join()
+        torch._dynamo.reset()
+    assert compiling.is_set() and eager_layer._bagf_plans, seen  # the eager call recorded its plan
 
 
 def test_torch_compile_traces_the_plan_of_the_tf32_mode_at_trace_time(monkeypatch):
