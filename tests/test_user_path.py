@@ -1348,10 +1348,9 @@ def test_torch_compile_takes_dynamic_batch_sizes_and_export_records_no_plan(monk
     assert ran == []
 
 
-def test_a_layer_that_only_runs_compiled_takes_the_plans_the_cache_holds(monkeypatch):
-    """A server that only runs a torch.compile'd model (BAGF_TUNE=0, a pre-tuned cache) got torch's conv for every
-    shape: the traced forward read the plan table, which only eager calls fill. It now takes the cache's plan for a
-    static shape (loaded while tracing), torch's conv for a shape the cache has no plan for."""
+def _shape_recording_op(monkeypatch) -> list:
+    """Every layer taken for a CUDA one, and the op replaced by F.conv2d recording each call's input shape and plan
+    handle; the list of (shape, handle)."""
     monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
     ran = []
 
@@ -1360,6 +1359,14 @@ def test_a_layer_that_only_runs_compiled_takes_the_plans_the_cache_holds(monkeyp
         return F.conv2d(x, w, b, stride, padding, dilation)
 
     monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    return ran
+
+
+def test_a_layer_that_only_runs_compiled_takes_the_plans_the_cache_holds(monkeypatch):
+    """A server that only runs a torch.compile'd model (BAGF_TUNE=0, a pre-tuned cache) got torch's conv for every
+    shape: the traced forward read the plan table, which only eager calls fill. It now takes the cache's plan for a
+    static shape (loaded while tracing), torch's conv for a shape the cache has no plan for."""
+    ran = _shape_recording_op(monkeypatch)
     rt = runtime.install(fh.make_runtime())
     torch.manual_seed(0)
     conv = bagf_torch.TunedConv2d(3, 4, 3, padding=1)
@@ -1386,14 +1393,7 @@ def test_compiling_a_model_tunes_its_static_shapes_as_its_first_eager_call_would
     planned by no one: torch's conv, no error; with BAGF_TUNE=0 nothing is tuned."""
     import torch._dynamo.testing
 
-    monkeypatch.setattr(bnn.TunedConv2d, "_device_reason", staticmethod(lambda x: None))
-    ran = []
-
-    def fake_op(x, w, b, stride, padding, dilation, handle):
-        ran.append((tuple(x.shape), handle))
-        return F.conv2d(x, w, b, stride, padding, dilation)
-
-    monkeypatch.setattr(bnn, "_op", lambda: fake_op)
+    ran = _shape_recording_op(monkeypatch)
     rt = runtime.install(fh.make_runtime())
     torch.manual_seed(0)
     model = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
