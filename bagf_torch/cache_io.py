@@ -333,12 +333,11 @@ def _checked(cache, todo: list[tuple[PlanRecord, list[tuple]]], checker: PlanChe
     foreign = [row for _, cubins in todo for row in cubins]
     added: set[str] = set()
     if foreign:
-        def insert(conn) -> set[str]:
-            digests = sorted({row[0] for row in foreign})
-            held = {d for (d,) in conn.execute(
-                f"SELECT digest FROM cubins WHERE digest IN ({', '.join('?' * len(digests))})", digests)}
+        def insert(conn) -> set[str]:  # (row by row: a list of digests bound at once can pass SQLite's limit)
+            held = {row[0] for row in foreign
+                    if conn.execute("SELECT 1 FROM cubins WHERE digest = ?", (row[0],)).fetchone() is not None}
             _insert_cubins(conn, foreign)
-            return set(digests) - held
+            return {row[0] for row in foreign} - held
 
         added = cache._write_to_file("import into", insert)
     passed, dropped = [], []

@@ -90,7 +90,9 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
     layers would look up, and how often each forward asks for it, without tuning. Layer plan memos, training
     flags and the runtime are left as they were. Raises ValueError when the model has no TunedConv2d (convert
     it first). A ``torch.compile``d model is discovered through the module it wraps, and one compiled in place
-    (``model.compile()``) runs eagerly for it: a graph compiled here would keep this pass's ATen answers."""
+    (``model.compile()``) runs eagerly for it: a graph compiled here would keep this pass's ATen answers. Not
+    for a process that serves meanwhile: the runtime's lookups answer ATen and compiled code runs eagerly, in
+    every thread, while it runs."""
     inner = getattr(model, "_orig_mod", None)  # (torch.compile's OptimizedModule)
     if isinstance(inner, nn.Module):
         model = inner
@@ -149,9 +151,13 @@ def discover(model: nn.Module, example_inputs) -> Discovery:
         # with benchmark's (FFT); a recording pass with benchmark off would pin the heuristic one, and the tuner
         # would then compare our kernels with a 2.4x slower cuDNN (python benchmarks/probes/cudnn_contexts.py).
         # A model compiled in place (``model.compile()``) runs eagerly for this pass: its graph would be compiled
-        # with the ATen answers this pass gives as its constants, and kept for the calls after it.
-        eager = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else contextlib.nullcontext()
-        with torch.no_grad(), cudnn_conv_mode(benchmark=True), eager:
+        # with the ATen answers this pass gives as its constants, and kept for the calls after it. (The stance is
+        # set when it is made, so it is made inside the stack that undoes it.)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(cudnn_conv_mode(benchmark=True))
+            if "torch._dynamo" in sys.modules:  # (nothing is compiled in a process that never imported dynamo)
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
             for i, call in enumerate(_call_list(example_inputs)):
                 forward[0] = i
                 _forward(model, call)
