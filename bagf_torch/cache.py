@@ -103,6 +103,7 @@ _ABANDONED: list[sqlite3.Connection] = []  # connections inherited through fork 
 
 
 _PLAN_COLUMNS = PLAN_FIELDS
+_DAY_S = 86400.0
 
 
 def default_cache_path(cache_dir: str | os.PathLike) -> Path:
@@ -538,15 +539,78 @@ class Cache:
             return n
 
         n = self._write_to_file("clear", wipe)
+        self._give_space_back("cleared")
+        return n
+
+    def prune(self, env: dict, *, other_gpus: bool = False, keep_days: float = 30.0) -> dict:
+        """Delete what this machine (``env``, ``jit.extension.environment``) will not use again, and give the space
+        back. An upgrade of torch, bagf_torch, CUDA or the driver leaves every plan, trial and cubin of the old
+        versions behind, and ``open`` reads every page of the file (``quick_check``) in each process that tunes.
+
+        - plans tuned on this GPU under another env (versions, kernel sources): never looked up again here. Plans
+          of other GPUs are kept unless ``other_gpus`` (a cache directory may be shared by several machines);
+        - trials of a key with no plan left, older than a day (a tuning in progress journals its trials before it
+          stores its plan);
+        - cubins no remaining plan names, compiled more than ``keep_days`` days ago (younger ones are the start
+          points and candidates later tunings of this version load instead of compiling).
+
+        Returns {"plans": n, "trials": n, "cubins": n, "bytes_before": n, "bytes_after": n} (sizes of the file
+        and its -wal; 0 in memory). CacheUnavailable when the file could not be changed."""
+        if not isinstance(env, dict) or "gpu" not in env:
+            raise ValueError("prune needs this machine's env (jit.extension.environment), with its 'gpu'")
+        now = time.time()
+        before = self._file_bytes()
+
+        def drop(c: sqlite3.Connection) -> dict:
+            stale = []
+            for key, text in c.execute("SELECT key, env FROM plans").fetchall():
+                try:
+                    theirs = json.loads(text)
+                except (TypeError, ValueError):
+                    theirs = None
+                if isinstance(theirs, dict) and theirs.get("gpu") != env["gpu"] and not other_gpus:
+                    continue
+                if not isinstance(theirs, dict) or _env_difference(theirs, env):
+                    stale.append(key)
+            c.executemany("DELETE FROM plans WHERE key = ?", [(k,) for k in stale])
+            trials = c.execute("DELETE FROM trials WHERE created < ? AND key NOT IN (SELECT key FROM plans)",
+                               (now - _DAY_S,)).rowcount
+            named: set[str] = set()
+            for (text,) in c.execute("SELECT cubin_digests FROM plans"):
+                try:
+                    digests = json.loads(text)
+                except (TypeError, ValueError):
+                    continue
+                if isinstance(digests, list):
+                    named.update(d for d in digests if isinstance(d, str))
+            cutoff = now - keep_days * _DAY_S
+            old = [d for d, in c.execute("SELECT digest FROM cubins WHERE created < ?", (cutoff,))
+                   if d.removeprefix(FOREIGN_DIGEST_PREFIX) not in named]
+            c.executemany("DELETE FROM cubins WHERE digest = ?", [(d,) for d in old])
+            return {"plans": len(stale), "trials": trials, "cubins": len(old)}
+
+        counts = self._write_to_file("prune", drop)
+        if any(counts.values()):
+            self._give_space_back("pruned")
+        return dict(counts, bytes_before=before, bytes_after=self._file_bytes())
+
+    def _file_bytes(self) -> int:
+        """The size of the cache file and its -wal (0 in memory)."""
+        if self.in_memory or self.path is None:
+            return 0
+        return sum(p.stat().st_size for p in (self.path, self.path.with_name(self.path.name + "-wal")) if p.exists())
+
+    def _give_space_back(self, done: str) -> None:
+        """VACUUM after a delete: SQLite keeps freed pages for reuse, so without it a cleared 400 MB cache stays
+        400 MB. (In WAL mode the smaller file is in the WAL until the checkpoint.)"""
         with self._locked():
             if not self.in_memory:
-                try:  # (SQLite keeps freed pages for reuse: without it a cleared 400 MB cache stays 400 MB)
+                try:
                     self._connection().execute("VACUUM")
-                    _checkpoint(self._connection())  # (in WAL mode the smaller file is in the WAL until then)
-                except sqlite3.Error as e:  # the cache is cleared either way; the space comes back when it can
-                    logger.info("bagf_torch cache %s: cleared, but could not give its space back (%s)", self.path,
+                    _checkpoint(self._connection())
+                except sqlite3.Error as e:  # the rows are gone either way; the space comes back when it can
+                    logger.info("bagf_torch cache %s: %s, but could not give its space back (%s)", self.path, done,
                                 _describe(e))
-        return n
 
     def _write_to_file(self, what: str, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         """``_write`` for operations that only mean something on the file: CacheUnavailable, instead of a

@@ -8,7 +8,7 @@
   CUDA graphs (tunes first what the cache lacks).
 * ``report [--plot roofline.png]``: the per-layer table of the cache, and the roofline plot against this
   GPU's measured ceilings.
-* ``cache list | export FILE | import FILE | clear``: the tuning cache. Export and import are how a
+* ``cache list | export FILE | import FILE | check FILE | prune | clear``: the tuning cache. Export and import are how a
   pre-tuned cache moves to production machines; import keeps only the entries made for this machine's GPU
   and versions and says why it skipped the others.
 * ``demo [--batch N]``: tune and run AlexNet's conv layers at one batch size (no GPU: runs the fallback).
@@ -371,8 +371,13 @@ def report_command(args) -> int:
 
 # ---- cache ---------------------------------------------------------------------------------------------
 
-def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> int:
-    """``cache list | export FILE | import FILE [--trust-cubins] | check FILE | clear``.
+def cache_command(action: str, path: str | None, trust_cubins: bool = False, other_gpus: bool = False,
+                  keep_days: float = 30.0) -> int:
+    """``cache list | export FILE | import FILE [--trust-cubins] | check FILE | prune | clear``.
+
+    ``prune`` deletes what this machine will not use again (``Cache.prune``: plans of other versions on this
+    GPU, with ``--other-gpus`` of other GPUs too, their old trials, cubins no plan names that are older than
+    ``--days``) and prints what it freed.
 
     ``check`` reads an export file and says what import would refuse (structure, types, the families'
     spaces, recomputed keys), on any machine: it needs no GPU; exit status 1 when some entry would be
@@ -410,6 +415,8 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
         for line in early:
             print(f"  skipped {line}")
         env = this_machine_env()  # before opening anything: a refused import leaves the cache untouched
+    elif action == "prune":
+        env = this_machine_env()
     cache = Cache.for_dir(_cache_dir())
     try:
         if action == "list":
@@ -452,6 +459,15 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False) -> 
             if (early or skipped) and not n:
                 print("  (a plan is only valid on the GPU, driver, CUDA, torch and bagf_torch versions it was tuned "
                       "with; pre-tune on a machine like this one, or run python -m bagf_torch tune here)")
+        elif action == "prune":
+            try:
+                got = cache.prune(env, other_gpus=other_gpus, keep_days=keep_days)
+            except CacheUnavailable as e:
+                raise UsageError(str(e)) from None
+            print(f"pruned {cache.path}: {got['plans']} plans of other "
+                  f"{'environments' if other_gpus else 'versions on this GPU'}, {got['trials']} trials of keys "
+                  f"without a plan, {got['cubins']} cubins no plan names older than {keep_days:g} days; "
+                  f"{got['bytes_before'] / 1e6:.1f} MB -> {got['bytes_after'] / 1e6:.1f} MB")
         elif action == "clear":
             try:
                 n = cache.clear()
@@ -589,13 +605,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--peak-tflops", type=float, default=None, help="fp32 ceiling instead of measuring it")
     r.add_argument("--bandwidth-gbs", type=float, default=None, help="memory ceiling instead of measuring it")
 
-    c = sub.add_parser("cache", parents=[common], help="list, export, import or clear the tuning cache")
-    c.add_argument("action", choices=["list", "export", "import", "check", "clear"],
-                   help="check FILE: what import would refuse, without a GPU")
+    c = sub.add_parser("cache", parents=[common], help="list, export, import, prune or clear the tuning cache")
+    c.add_argument("action", choices=["list", "export", "import", "check", "prune", "clear"],
+                   help="check FILE: what import would refuse, without a GPU; prune: delete what this machine will "
+                        "not use again (plans of other versions on this GPU, their trials, old unused cubins)")
     c.add_argument("file", nargs="?", help="JSON file for export / import / check")
     c.add_argument("--trust-cubins", action="store_true",
                    help="import: take the file's cubins as they are instead of rebuilding the kernels here "
                         "(only for files from a party you trust; see docs/cache.md)")
+    c.add_argument("--other-gpus", action="store_true",
+                   help="prune: also the plans of other GPUs (kept by default: a cache directory may be shared)")
+    c.add_argument("--days", type=float, default=30.0,
+                   help="prune: keep cubins no plan names that were compiled within this many days (default 30)")
 
     d = sub.add_parser("demo", parents=[common], help="tune and run AlexNet's conv layers at one batch size")
     d.add_argument("--batch", type=int, default=32)
@@ -621,6 +642,8 @@ def main(argv=None) -> int:
             sub.error(f"cache {args.action} needs a FILE")
         if args.action == "import" and not os.path.isfile(args.file):
             sub.error(f"no such file: {args.file}")
+        if not (math.isfinite(args.days) and args.days >= 0):
+            sub.error(f"--days must be a number of at least 0, got {args.days}")
     if args.cmd == "bench" and args.runs < 1:
         sub.error(f"--runs must be at least 1, got {args.runs}")
     if getattr(args, "seed", None) is not None and args.seed < 0:
@@ -646,7 +669,8 @@ def main(argv=None) -> int:
         if args.cmd == "report":
             return report_command(args)
         if args.cmd == "cache":
-            return cache_command(args.action, args.file, trust_cubins=args.trust_cubins)
+            return cache_command(args.action, args.file, trust_cubins=args.trust_cubins,
+                                 other_gpus=args.other_gpus, keep_days=args.days)
         return demo(args.batch, args.budget)
     except (UsageError, SettingError) as e:  # a bad BAGF_* value is the user's to fix, like a bad argument
         print(f"bagf_torch: {e}", file=sys.stderr)

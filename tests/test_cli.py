@@ -221,6 +221,58 @@ def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypat
     assert "imported 0 plans" in out and out.count("already has a plan for it (kept)") == 2
 
 
+def test_prune_deletes_what_this_machine_will_not_use_again_and_gives_the_space_back(tmp_path, monkeypatch, capsys):
+    # An upgrade (here torch 2.10 -> 2.11) leaves the old version's plans, trials and cubins behind for good, and
+    # every tuning process reads the whole file when it opens it.
+    import sqlite3
+    import time
+
+    from bagf_torch.cache import FOREIGN_DIGEST_PREFIX, default_cache_path
+
+    old_env, a100 = dict(ENV, torch="2.10.0"), dict(ENV, gpu="NVIDIA A100", cc="8.0")
+    day, now = 86400.0, time.time()
+    directory = tmp_path / "cache"
+    p3 = ConvProblem(n=4, c=8, h=12, w=10, k=20, r=3, s=3, padding=(1, 1))
+    with Cache.for_dir(directory) as cache:
+        for problem, env, digest in ((P1, ENV, "kept"), (P2, old_env, "stale"), (p3, a100, "theirs")):
+            cache.put_cubin(digest, ig.name(ig.DEFAULT), "_Zk", b"\x7fELF" + bytes(200_000))
+            cache.put_plan(fingerprint(problem, env), problem=problem.as_dict(), env=env, family="implicit_gemm",
+                           config=ig.DEFAULT, time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20,
+                           tune_seconds=8.0, cubin_digests=[digest])
+            cache.add_trials(fingerprint(problem, env), [{"family": "implicit_gemm", "config": ig.DEFAULT,
+                                                          "status": "ok", "time_us": 30.0, "detail": ""}])
+        cache.put_cubin("unused-old", "x", "_Zx", b"\x7fELF" + bytes(100_000))
+        cache.put_cubin("unused-new", "x", "_Zx", b"\x7fELF new")
+        cache.add_trials("tuning-now", [{"family": "implicit_gemm", "config": ig.DEFAULT, "status": "ok",
+                                         "time_us": 1.0, "detail": ""}])
+    with sqlite3.connect(default_cache_path(directory)) as raw:
+        raw.execute("INSERT INTO cubins SELECT ?, name, lowered_name, cubin, sha256, created FROM cubins "
+                    "WHERE digest = 'kept'", (FOREIGN_DIGEST_PREFIX + "kept",))  # (a trusted copy of a kept one)
+        raw.execute("UPDATE cubins SET created = ? WHERE digest != 'unused-new'", (now - 40 * day,))
+        raw.execute("UPDATE trials SET created = ? WHERE key != 'tuning-now'", (now - 2 * day,))
+    monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
+    assert cli.main(["cache", "prune", "--cache", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "1 plans of other versions on this GPU, 1 trials of keys without a plan, 2 cubins" in out, out
+    with Cache.for_dir(directory) as cache:
+        assert {p["key"] for p in cache.plans()} == {fingerprint(P1, ENV), fingerprint(p3, a100)}
+        assert cache.trials("tuning-now") and not cache.trials(fingerprint(P2, old_env))
+        for digest in ("kept", FOREIGN_DIGEST_PREFIX + "kept", "theirs", "unused-new"):
+            assert cache.get_cubin(digest) is not None, digest
+        assert cache.get_cubin("stale") is None and cache.get_cubin("unused-old") is None
+    before, after = (float(x) for x in out.split(": ")[-1].replace(" MB", "").split("; ")[-1].split(" -> "))
+    assert after < before - 0.25  # the 300 KB of the deleted cubins given back (VACUUM)
+    # --other-gpus: the A100's plan too; --days 0: every cubin no plan names
+    assert cli.main(["cache", "prune", "--cache", str(directory), "--other-gpus", "--days", "0"]) == 0
+    assert "1 plans of other environments" in capsys.readouterr().out
+    with Cache.for_dir(directory) as cache:
+        assert [p["key"] for p in cache.plans()] == [fingerprint(P1, ENV)]
+        assert cache.get_cubin("theirs") is None and cache.get_cubin("unused-new") is None
+        assert cache.get_cubin("kept") is not None
+    with pytest.raises(SystemExit):
+        cli.main(["cache", "prune", "--days", "-1"])
+
+
 def test_import_says_what_it_skipped_and_why(tmp_path, monkeypatch, capsys):
     _synthetic_cache(tmp_path / "a100", env=dict(ENV, gpu="NVIDIA A100", cc="8.0"))
     _synthetic_cache(tmp_path / "torch29", env=dict(ENV, torch="2.9.0"))
