@@ -542,39 +542,47 @@ class Cache:
         self._give_space_back("cleared")
         return n
 
-    def prune(self, env: dict, *, other_gpus: bool = False, keep_days: float = 30.0) -> dict:
-        """Delete what this machine (``env``, ``jit.extension.environment``) will not use again, and give the space
-        back. An upgrade of torch, bagf_torch, CUDA or the driver leaves every plan, trial and cubin of the old
-        versions behind, and ``open`` reads every page of the file (``quick_check``) in each process that tunes.
+    def prune(self, env: dict | None = None, *, other_versions: bool = False, other_gpus: bool = False,
+              keep_days: float = 30.0) -> dict:
+        """Delete what is not used, and give the space back. An upgrade of torch, bagf_torch, CUDA or the driver
+        leaves every plan, trial and cubin of the old versions behind, and ``open`` reads every page of the file
+        (``quick_check``) in each process that tunes.
 
-        - plans tuned on this GPU under another env (versions, kernel sources): never looked up again here. Plans
-          of other GPUs are kept unless ``other_gpus`` (a cache directory may be shared by several machines);
+        - with ``other_versions``, plans tuned on this GPU (``env``: ``jit.extension.environment``) under another
+          env (versions, kernel sources), and with ``other_gpus`` those of other GPUs: both are kept by default,
+          since the default cache directory is shared by every environment of a user (a virtualenv on another
+          torch) and may be shared by several machines. A plan whose env cannot be read is kept, as ``plans``
+          skips it;
         - trials of a key with no plan left, older than a day (a tuning in progress journals its trials before it
           stores its plan);
         - cubins no remaining plan names, compiled more than ``keep_days`` days ago (younger ones are the start
-          points and candidates later tunings of this version load instead of compiling).
+          points and candidates later tunings load instead of compiling).
+
+        Run it when nothing tunes: VACUUM holds the file's write lock while it copies the file.
 
         Returns {"plans": n, "trials": n, "cubins": n, "bytes_before": n, "bytes_after": n} (sizes of the file
         and its -wal; 0 in memory). CacheUnavailable when the file could not be changed."""
-        if not isinstance(env, dict) or "gpu" not in env:
-            raise ValueError("prune needs this machine's env (jit.extension.environment), with its 'gpu'")
+        if (other_versions or other_gpus) and (not isinstance(env, dict) or "gpu" not in env):
+            raise ValueError("prune of other versions' or GPUs' plans needs this machine's env "
+                             "(jit.extension.environment), with its 'gpu'")
         now = time.time()
         before = self._file_bytes()
 
         def drop(c: sqlite3.Connection) -> dict:
             stale = []
-            for key, text in c.execute("SELECT key, env FROM plans").fetchall():
+            rows = c.execute("SELECT key, env FROM plans").fetchall() if other_versions or other_gpus else []
+            for key, text in rows:
                 try:
                     theirs = json.loads(text)
                 except (TypeError, ValueError):
                     theirs = None
-                if isinstance(theirs, dict) and theirs.get("gpu") != env["gpu"] and not other_gpus:
+                if not isinstance(theirs, dict) or not _env_difference(theirs, env):
                     continue
-                if not isinstance(theirs, dict) or _env_difference(theirs, env):
+                if other_gpus if theirs.get("gpu") != env["gpu"] else other_versions:
                     stale.append(key)
             c.executemany("DELETE FROM plans WHERE key = ?", [(k,) for k in stale])
-            trials = c.execute("DELETE FROM trials WHERE created < ? AND key NOT IN (SELECT key FROM plans)",
-                               (now - _DAY_S,)).rowcount
+            trials = c.execute("DELETE FROM trials WHERE created < ? AND NOT EXISTS "
+                               "(SELECT 1 FROM plans WHERE plans.key = trials.key)", (now - _DAY_S,)).rowcount
             named: set[str] = set()
             for (text,) in c.execute("SELECT cubin_digests FROM plans"):
                 try:
@@ -585,7 +593,7 @@ class Cache:
                     named.update(d for d in digests if isinstance(d, str))
             cutoff = now - keep_days * _DAY_S
             old = [d for d, in c.execute("SELECT digest FROM cubins WHERE created < ?", (cutoff,))
-                   if d.removeprefix(FOREIGN_DIGEST_PREFIX) not in named]
+                   if not isinstance(d, str) or d.removeprefix(FOREIGN_DIGEST_PREFIX) not in named]
             c.executemany("DELETE FROM cubins WHERE digest = ?", [(d,) for d in old])
             return {"plans": len(stale), "trials": trials, "cubins": len(old)}
 
@@ -607,7 +615,9 @@ class Cache:
             if not self.in_memory:
                 try:
                     self._connection().execute("VACUUM")
-                    _checkpoint(self._connection())
+                    if not _checkpoint(self._connection()):
+                        logger.info("bagf_torch cache %s: %s; another process is reading it, so the smaller file "
+                                    "stays in its -wal until the next write", self.path, done)
                 except sqlite3.Error as e:  # the rows are gone either way; the space comes back when it can
                     logger.info("bagf_torch cache %s: %s, but could not give its space back (%s)", self.path, done,
                                 _describe(e))

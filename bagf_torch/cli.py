@@ -371,13 +371,13 @@ def report_command(args) -> int:
 
 # ---- cache ---------------------------------------------------------------------------------------------
 
-def cache_command(action: str, path: str | None, trust_cubins: bool = False, other_gpus: bool = False,
-                  keep_days: float = 30.0) -> int:
+def cache_command(action: str, path: str | None, trust_cubins: bool = False, other_versions: bool = False,
+                  other_gpus: bool = False, keep_days: float = 30.0) -> int:
     """``cache list | export FILE | import FILE [--trust-cubins] | check FILE | prune | clear``.
 
-    ``prune`` deletes what this machine will not use again (``Cache.prune``: plans of other versions on this
-    GPU, with ``--other-gpus`` of other GPUs too, their old trials, cubins no plan names that are older than
-    ``--days``) and prints what it freed.
+    ``prune`` deletes what is not used (``Cache.prune``: trials of keys with no plan, cubins no plan names that
+    are older than ``--days``; with ``--other-versions`` the plans of other versions on this GPU, with
+    ``--other-gpus`` those of other GPUs) and prints what it freed.
 
     ``check`` reads an export file and says what import would refuse (structure, types, the families'
     spaces, recomputed keys), on any machine: it needs no GPU; exit status 1 when some entry would be
@@ -415,8 +415,8 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False, oth
         for line in early:
             print(f"  skipped {line}")
         env = this_machine_env()  # before opening anything: a refused import leaves the cache untouched
-    elif action == "prune":
-        env = this_machine_env()
+    elif action == "prune" and (other_versions or other_gpus):
+        env = this_machine_env("cache prune --other-versions / --other-gpus")
     cache = Cache.for_dir(_cache_dir())
     try:
         if action == "list":
@@ -461,11 +461,14 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False, oth
                       "with; pre-tune on a machine like this one, or run python -m bagf_torch tune here)")
         elif action == "prune":
             try:
-                got = cache.prune(env, other_gpus=other_gpus, keep_days=keep_days)
+                got = cache.prune(env if other_versions or other_gpus else None, other_versions=other_versions,
+                                  other_gpus=other_gpus, keep_days=keep_days)
             except CacheUnavailable as e:
                 raise UsageError(str(e)) from None
-            print(f"pruned {cache.path}: {got['plans']} plans of other "
-                  f"{'environments' if other_gpus else 'versions on this GPU'}, {got['trials']} trials of keys "
+            asked = (("versions on this GPU", other_versions), ("GPUs", other_gpus))
+            which = " and ".join(w for w, on in asked if on)
+            print(f"pruned {cache.path}: {got['plans']} plans of other {which or 'environments (none asked for)'}, "
+                  f"{got['trials']} trials of keys "
                   f"without a plan, {got['cubins']} cubins no plan names older than {keep_days:g} days; "
                   f"{got['bytes_before'] / 1e6:.1f} MB -> {got['bytes_after'] / 1e6:.1f} MB")
         elif action == "clear":
@@ -479,13 +482,13 @@ def cache_command(action: str, path: str | None, trust_cubins: bool = False, oth
     return 0
 
 
-def this_machine_env() -> dict:
+def this_machine_env(what: str = "cache import") -> dict:
     """The environment import validates against (GPU, versions, kernel hash); UsageError when it cannot be
     known here."""
     import torch
 
     if not torch.cuda.is_available():
-        raise UsageError("cache import needs this machine's CUDA GPU to check entries against it "
+        raise UsageError(f"{what} needs this machine's CUDA GPU to check entries against it "
                          "(torch.cuda.is_available() is False); run it on the machine that will use the cache")
     from .jit.extension import BuildError, environment
 
@@ -607,12 +610,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cache", parents=[common], help="list, export, import, prune or clear the tuning cache")
     c.add_argument("action", choices=["list", "export", "import", "check", "prune", "clear"],
-                   help="check FILE: what import would refuse, without a GPU; prune: delete what this machine will "
-                        "not use again (plans of other versions on this GPU, their trials, old unused cubins)")
+                   help="check FILE: what import would refuse, without a GPU; prune: delete what is not used (old "
+                        "trials of keys with no plan, old cubins no plan names; plans of other versions or GPUs "
+                        "when asked)")
     c.add_argument("file", nargs="?", help="JSON file for export / import / check")
     c.add_argument("--trust-cubins", action="store_true",
                    help="import: take the file's cubins as they are instead of rebuilding the kernels here "
                         "(only for files from a party you trust; see docs/cache.md)")
+    c.add_argument("--other-versions", action="store_true",
+                   help="prune: also the plans tuned on this GPU under other versions (torch, bagf_torch, CUDA, "
+                        "driver); kept by default: the cache directory is shared by every environment of a user")
     c.add_argument("--other-gpus", action="store_true",
                    help="prune: also the plans of other GPUs (kept by default: a cache directory may be shared)")
     c.add_argument("--days", type=float, default=30.0,
@@ -670,7 +677,7 @@ def main(argv=None) -> int:
             return report_command(args)
         if args.cmd == "cache":
             return cache_command(args.action, args.file, trust_cubins=args.trust_cubins,
-                                 other_gpus=args.other_gpus, keep_days=args.days)
+                                 other_versions=args.other_versions, other_gpus=args.other_gpus, keep_days=args.days)
         return demo(args.batch, args.budget)
     except (UsageError, SettingError) as e:  # a bad BAGF_* value is the user's to fix, like a bad argument
         print(f"bagf_torch: {e}", file=sys.stderr)

@@ -221,9 +221,10 @@ def test_export_then_import_on_a_fresh_machine_like_this_one(tmp_path, monkeypat
     assert "imported 0 plans" in out and out.count("already has a plan for it (kept)") == 2
 
 
-def test_prune_deletes_what_this_machine_will_not_use_again_and_gives_the_space_back(tmp_path, monkeypatch, capsys):
+def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monkeypatch, capsys):
     # An upgrade (here torch 2.10 -> 2.11) leaves the old version's plans, trials and cubins behind for good, and
-    # every tuning process reads the whole file when it opens it.
+    # every tuning process reads the whole file when it opens it. By default prune keeps every plan (the cache
+    # directory is shared by a user's environments); asked, it drops other versions' and other GPUs' plans.
     import sqlite3
     import time
 
@@ -233,44 +234,55 @@ def test_prune_deletes_what_this_machine_will_not_use_again_and_gives_the_space_
     day, now = 86400.0, time.time()
     directory = tmp_path / "cache"
     p3 = ConvProblem(n=4, c=8, h=12, w=10, k=20, r=3, s=3, padding=(1, 1))
+    keys = {name: fingerprint(p, env) for name, p, env in (("here", P1, ENV), ("old", P2, old_env), ("a100", p3, a100))}
     with Cache.for_dir(directory) as cache:
-        for problem, env, digest in ((P1, ENV, "kept"), (P2, old_env, "stale"), (p3, a100, "theirs")):
-            cache.put_cubin(digest, ig.name(ig.DEFAULT), "_Zk", b"\x7fELF" + bytes(200_000))
-            cache.put_plan(fingerprint(problem, env), problem=problem.as_dict(), env=env, family="implicit_gemm",
-                           config=ig.DEFAULT, time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20,
-                           tune_seconds=8.0, cubin_digests=[digest])
-            cache.add_trials(fingerprint(problem, env), [{"family": "implicit_gemm", "config": ig.DEFAULT,
-                                                          "status": "ok", "time_us": 30.0, "detail": ""}])
-        cache.put_cubin("unused-old", "x", "_Zx", b"\x7fELF" + bytes(100_000))
+        for (name, key), problem, env in zip(keys.items(), (P1, P2, p3), (ENV, old_env, a100)):
+            cache.put_cubin(name, ig.name(ig.DEFAULT), "_Zk", b"\x7fELF" + bytes(200_000))
+            cache.put_plan(key, problem=problem.as_dict(), env=env, family="implicit_gemm", config=ig.DEFAULT,
+                           time_us=30.0, aten_us=45.0, default_us=40.0, evaluations=20, tune_seconds=8.0,
+                           cubin_digests=[name])
+            cache.add_trials(key, [{"family": "implicit_gemm", "config": ig.DEFAULT, "status": "ok",
+                                    "time_us": 30.0, "detail": ""}])
+        for key in ("abandoned", "tuning-now"):  # trials of keys with no plan: an old run's, a running one's
+            cache.add_trials(key, [{"family": "implicit_gemm", "config": ig.DEFAULT, "status": "ok",
+                                    "time_us": 1.0, "detail": ""}])
+        cache.put_cubin("unused-old", "x", "_Zx", b"\x7fELF" + bytes(300_000))
         cache.put_cubin("unused-new", "x", "_Zx", b"\x7fELF new")
-        cache.add_trials("tuning-now", [{"family": "implicit_gemm", "config": ig.DEFAULT, "status": "ok",
-                                         "time_us": 1.0, "detail": ""}])
     with sqlite3.connect(default_cache_path(directory)) as raw:
         raw.execute("INSERT INTO cubins SELECT ?, name, lowered_name, cubin, sha256, created FROM cubins "
-                    "WHERE digest = 'kept'", (FOREIGN_DIGEST_PREFIX + "kept",))  # (a trusted copy of a kept one)
+                    "WHERE digest = 'here'", (FOREIGN_DIGEST_PREFIX + "here",))  # (a trusted copy of a kept one)
         raw.execute("UPDATE cubins SET created = ? WHERE digest != 'unused-new'", (now - 40 * day,))
         raw.execute("UPDATE trials SET created = ? WHERE key != 'tuning-now'", (now - 2 * day,))
-    monkeypatch.setattr(cli, "this_machine_env", lambda: dict(ENV))
-    assert cli.main(["cache", "prune", "--cache", str(directory)]) == 0
-    out = capsys.readouterr().out
-    assert "1 plans of other versions on this GPU, 1 trials of keys without a plan, 2 cubins" in out, out
-    with Cache.for_dir(directory) as cache:
-        assert {p["key"] for p in cache.plans()} == {fingerprint(P1, ENV), fingerprint(p3, a100)}
-        assert cache.trials("tuning-now") and not cache.trials(fingerprint(P2, old_env))
-        for digest in ("kept", FOREIGN_DIGEST_PREFIX + "kept", "theirs", "unused-new"):
-            assert cache.get_cubin(digest) is not None, digest
-        assert cache.get_cubin("stale") is None and cache.get_cubin("unused-old") is None
-    before, after = (float(x) for x in out.split(": ")[-1].replace(" MB", "").split("; ")[-1].split(" -> "))
-    assert after < before - 0.25  # the 300 KB of the deleted cubins given back (VACUUM)
-    # --other-gpus: the A100's plan too; --days 0: every cubin no plan names
-    assert cli.main(["cache", "prune", "--cache", str(directory), "--other-gpus", "--days", "0"]) == 0
-    assert "1 plans of other environments" in capsys.readouterr().out
-    with Cache.for_dir(directory) as cache:
-        assert [p["key"] for p in cache.plans()] == [fingerprint(P1, ENV)]
-        assert cache.get_cubin("theirs") is None and cache.get_cubin("unused-new") is None
-        assert cache.get_cubin("kept") is not None
+
+    def prune(*flags):
+        assert cli.main(["cache", "prune", "--cache", str(directory), *flags]) == 0
+        out = capsys.readouterr().out
+        before, after = (float(x) for x in out.rsplit("; ", 1)[-1].replace(" MB", "").split(" -> "))
+        with Cache.for_dir(directory) as cache:
+            plans = {p["key"] for p in cache.plans()}
+            trials = {k for k in ("abandoned", "tuning-now", *keys.values()) if cache.trials(k)}
+            cubins = {d for d in ("here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-old", "unused-new")
+                      if cache.get_cubin(d) is not None}
+        return out, before - after, plans, trials, cubins
+
+    def no_gpu(what="cache import"):
+        raise cli.UsageError(f"{what} needs this machine's CUDA GPU")
+
+    monkeypatch.setattr(cli, "this_machine_env", no_gpu)  # the default prune needs no GPU
+    out, freed, plans, trials, cubins = prune()
+    assert "0 plans of other environments (none asked for), 1 trials of keys without a plan, 1 cubins" in out, out
+    assert plans == set(keys.values()) and trials == {"tuning-now", *keys.values()}
+    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-new"} and freed > 0.25
+    monkeypatch.setattr(cli, "this_machine_env", lambda what="": dict(ENV))
+    out, freed, plans, trials, cubins = prune("--other-versions")
+    assert "1 plans of other versions on this GPU, 1 trials" in out, out  # the old plan, then its trial and cubin
+    assert plans == {keys["here"], keys["a100"]} and keys["old"] not in trials and "old" not in cubins
+    assert freed > 0.15  # (its 200 KB cubin given back: VACUUM)
+    out, freed, plans, trials, cubins = prune("--other-gpus", "--days", "0")
+    assert "1 plans of other GPUs" in out and plans == {keys["here"]}
+    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here"}  # --days 0: every cubin no plan names
     with pytest.raises(SystemExit):
-        cli.main(["cache", "prune", "--days", "-1"])
+        cli.main(["cache", "prune", "--cache", str(directory), "--days", "-1"])
 
 
 def test_import_says_what_it_skipped_and_why(tmp_path, monkeypatch, capsys):
