@@ -81,6 +81,14 @@ def _tf32_at_trace() -> bool:
     return cudnn_tf32()
 
 
+def _trace_problem(c: int, k: int, r: int, s: int, stride: tuple, padding: tuple, dilation: tuple, bias: bool,
+                   dtype: str, layout: str, tf32: bool, n: int = 1, h: int = 1, w: int = 1) -> ConvProblem:
+    """The problem of a traced layer's geometry (``_traced_forward``'s tuple, as the two functions below take it) at
+    N, H and W."""
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation,
+                       groups=1, bias=bias, dtype=dtype, layout=layout, tf32=tf32)
+
+
 @_compile_constant
 def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, padding: tuple, dilation: tuple,
                            bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> tuple:
@@ -89,8 +97,7 @@ def _cached_plans_at_trace(c: int, k: int, r: int, s: int, stride: tuple, paddin
     guard), so that a planned size gets its own graph with its plan. A cache read and a load, never a tuning (it
     waits for one another thread is running); a constant of the graph (a plan stored later is taken when the graph
     is compiled again)."""
-    like = ConvProblem(n=1, c=c, h=1, w=1, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation, groups=1,
-                       bias=bias, dtype=dtype, layout=layout, tf32=tf32)
+    like = _trace_problem(c, k, r, s, stride, padding, dilation, bias, dtype, layout, tf32)
     try:
         return tuple(runtime.get().cached_plans(like, device))
     except Exception as e:  # (a broken cache or toolchain: torch's conv in the graph, as for a shape with no plan)
@@ -110,15 +117,14 @@ def _static(shape) -> bool:
 
 
 @_compile_constant
-def _plan_at_trace(n: int, c: int, h: int, w: int, k: int, r: int, s: int, stride: tuple, padding: tuple,
+def _plan_at_trace(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: tuple, padding: tuple,
                    dilation: tuple, bias: bool, dtype: str, layout: str, tf32: bool, device: int) -> int:
     """The plan handle of this static-shape problem on ``device`` as an eager first call would take it
     (``Runtime.lookup``): the cached plan, else tuned now when tuning is on (BAGF_TUNE), else ATEN (tuning off with
     nothing cached, tuning in the background, another process tuning it). What ``torch.compile(model)(x)`` runs for
     a layer this process has not called eagerly: dynamo calls this for real while it traces (a constant of the
     graph, as the plan is), so compiling a model tunes its convolutions as its first eager call would."""
-    problem = ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, padding=padding, dilation=dilation,
-                          groups=1, bias=bias, dtype=dtype, layout=layout, tf32=tf32)
+    problem = _trace_problem(c, k, r, s, stride, padding, dilation, bias, dtype, layout, tf32, n, h, w)
     try:
         return runtime.get().lookup(problem, device)[0]
     except Exception as e:  # (a broken cache or toolchain: torch's conv in the graph, as the eager call would run)
@@ -446,25 +452,22 @@ class TunedConv2d(nn.Conv2d):
                     size == want for size, want in zip(input.shape, key[0])):
                 entry = value
                 break
-        if entry is None and _static(input.shape):
-            # A static shape not run eagerly in this process: its plan as an eager first call takes it (the cache's,
-            # else tuned now while compiling), a constant of the graph.
+        if entry is None:  # not run eagerly in this process
             padding = _numeric_padding(self)
-            handle = _plan_at_trace(input.shape[0], self.in_channels, input.shape[2], input.shape[3],
-                                    self.out_channels, *self.kernel_size, tuple(self.stride), padding,
-                                    tuple(self.dilation), b is not None, *_format(input), tf32 and dtype is _F32,
-                                    device)
+            geometry = (self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,
+                        tuple(self.dilation), b is not None, *_format(input), tf32 and dtype is _F32, device)
+            handle = ATEN
+            if _static(input.shape):  # its plan as an eager first call takes it (the cache's, else tuned now)
+                handle = _plan_at_trace(input.shape[0], input.shape[2], input.shape[3], *geometry)
+            else:  # a dynamic size: the plan the cache holds for one of the sizes it takes (a guard on it)
+                for (n, h, width), planned in _cached_plans_at_trace(*geometry):
+                    if input.shape[0] == n and input.shape[2] == h and input.shape[3] == width:
+                        handle = planned
+                        break
             if handle == ATEN:
                 return self._conv_forward(input, w, b)
             return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
-        if entry is None:  # a dynamic shape: a plan the cache holds for one of the sizes it takes (a guard on it)
-            padding = _numeric_padding(self)
-            for (n, h, width), handle in _cached_plans_at_trace(
-                    self.in_channels, self.out_channels, *self.kernel_size, tuple(self.stride), padding,
-                    tuple(self.dilation), b is not None, *_format(input), tf32 and dtype is _F32, device):
-                if input.shape[0] == n and input.shape[2] == h and input.shape[3] == width:
-                    return _op()(input, w, b, list(self.stride), list(padding), list(self.dilation), handle)
-        if entry is None or entry[0] != "kernel":
+        if entry[0] != "kernel":
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
 
