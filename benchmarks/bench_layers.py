@@ -393,13 +393,15 @@ def main(argv=None) -> int:
         wait()
         strategy_import_seconds = time.perf_counter() - t0
     # Every layer's start points compiled in one parallel wave before the first layer, as `tune` does for a model
-    # (Tuner.prefetch_starts): otherwise the first layers' budgets go to compiling the start points all share.
+    # (Runtime.prefetch_starts, a compile-only tuner): otherwise the first layers' budgets go to compiling the start
+    # points all share.
     prefetched = prefetch_seconds = None
     if not args.no_prefetch:
         t0 = time.perf_counter()
-        prefetched = rt.tuner(dev, budget=Budget(args.budget, args.seconds), strategy=args.strategy,
-                              backend=cuda_backend(dev.index, dev.compiler)).prefetch_starts(
-            [problem(layer, n, args.tf32, args.dtype, layout) for n in batches for layer in layers])
+        prefetched = rt.prefetch_starts([problem(layer, n, args.tf32, args.dtype, layout) for n in batches
+                                         for layer in layers], dev.index,
+                                        tuner_options={"budget": Budget(args.budget, args.seconds),
+                                                       "strategy": args.strategy})
         prefetch_seconds = time.perf_counter() - t0
 
     for n in batches:
