@@ -210,30 +210,28 @@ def local_compiler(cache) -> KernelBuilder:
 class _CudaPlanChecker:
     """``local_checker``: loads the plan's kernel with the import's compiler (ours, or a trusted foreign cubin
     already stored), runs it once on fresh random data into a NaN-poisoned output and compares it with float64
-    (``tuning.measure.CudaChecker`` on a ``Workspace``: the tuner's check, with its bounds for the problem's
-    dtype and TF32 mode), then unloads it."""
+    (the checker and workspace of the tuner's own backend, ``tuning.backend.cuda_backend``: its bounds for the
+    problem's dtype and TF32 mode), then unloads it."""
 
     def __init__(self, compiler) -> None:
         import torch
 
-        from .tuning.measure import CudaChecker
+        from .tuning.backend import cuda_backend
 
         self.compiler = compiler
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.checker = CudaChecker(compiler.ext)
+        self.backend = cuda_backend(torch.cuda.current_device(), compiler)
 
     def check(self, record: PlanRecord) -> str | None:
         from .kernels import FAMILIES
         from .problem import ConvProblem
-        from .tuning.measure import Workspace
 
         built = self.compiler.compile(FAMILIES[record.family], [record.config])[0]
         if not hasattr(built, "handle"):
             detail = built.detail.splitlines()[0] if built.detail else ""
             return f"its kernel did not load ({built.status}: {detail})"
         try:
-            outcome = self.checker.check(Workspace(ConvProblem.from_dict(record.problem), self.device),
-                                         built.handle)
+            outcome = self.backend.checker.check(self.backend.workspace(ConvProblem.from_dict(record.problem)),
+                                                 built.handle)
         finally:
             self.compiler.unload(built.handle)
         return None if outcome is None else f"{outcome.status}: {outcome.detail}"
