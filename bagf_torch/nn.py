@@ -600,16 +600,24 @@ def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     return model
 
 
-def convert(model: nn.Module) -> nn.Module:
+def convert(model: nn.Module, fuse: bool = True) -> nn.Module:
     """Swap every ``nn.Conv2d`` in ``model`` for a ``TunedConv2d`` in place, keeping its parameters.
 
     Returns ``model`` (or the new module if ``model`` itself is an ``nn.Conv2d``). Subclasses of
     ``nn.Conv2d`` (other than TunedConv2d) are left alone: their forward may differ.
 
+    With ``fuse`` (the default), in each ``nn.Sequential`` an ``nn.MaxPool2d`` that follows a converted conv,
+    directly or after an ``nn.ReLU``, becomes a :class:`~bagf_torch.epilogue.FusedMaxPool2d` and that ReLU an
+    ``nn.Identity``: the pair runs as one kernel, to the bit what ATen's ops give (AlexNet's and VGG's features).
+    Modules with hooks of their own, the conv's included, are left as they are.
+
     >>> import torch, bagf_torch
     >>> m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
     >>> type(bagf_torch.convert(m)[0]).__name__
     'TunedConv2d'
+    >>> m = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2)))
+    >>> [type(x).__name__ for x in m]
+    ['TunedConv2d', 'Identity', 'FusedMaxPool2d']
     """
     if type(model) is nn.Conv2d:
         return TunedConv2d.from_conv(model)
@@ -617,5 +625,9 @@ def convert(model: nn.Module) -> nn.Module:
         if type(child) is nn.Conv2d:
             setattr(model, name, TunedConv2d.from_conv(child))
         else:
-            convert(child)
+            convert(child, fuse)
+    if fuse and type(model) is nn.Sequential:
+        from . import epilogue
+
+        epilogue.fuse(model, lambda m: isinstance(m, TunedConv2d))
     return model

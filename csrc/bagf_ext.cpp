@@ -1095,6 +1095,8 @@ at::Tensor conv2d_autograd(const at::Tensor& x, const at::Tensor& w, const std::
 
 }  // namespace
 
+#include "pool_epilogue.h"  // (after the helpers above, which it uses)
+
 TORCH_LIBRARY(bagf, m) {
   m.def(
       "conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, "
@@ -1166,4 +1168,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "an error (never ATen)",
         py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
         py::arg("dilation"), py::arg("plan"), py::kw_only(), py::arg("out") = py::none());
+  m.def("load_pool_epilogue", &bagf_pool::load,
+        "Load the pooling epilogue's cubin on a device (its twelve kernels' lowered names, ';'-separated)",
+        py::arg("cubin"), py::arg("lowered_names"), py::arg("device"));
+  m.def("pool_epilogue_loaded", &bagf_pool::loaded, "Whether the pooling epilogue is loaded on a device");
+  m.def("relu_max_pool2d", &bagf_pool::relu_max_pool2d,
+        "max_pool2d(relu(x)) (or max_pool2d(x)) in one launch on the current stream, in x's dtype and memory format",
+        py::arg("input"), py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("ceil_mode"), py::arg("relu"));
 }

@@ -221,6 +221,12 @@ class KernelCompiler:
         self.cache.put_cubin(digest, spec.name, lowered, cubin)
         return cubin, lowered, seconds
 
+    def cubin(self, spec: KernelSpec) -> tuple[bytes, str, float] | Outcome:
+        """The cubin of ``spec`` (cubin, lowered names, compile seconds), from this cache or compiled now and stored:
+        for a kernel that is not a plan's (the pooling epilogue), loaded by its own host code. Never an imported
+        cubin."""
+        return self._cubin(spec, foreign=False)
+
     def _load(self, spec: KernelSpec, cubin: bytes, lowered: str, seconds: float) -> Loaded | Outcome:
         geometry = spec.family.launch(spec.config).to_host(self.ext)
         # load_plan reports a kernel that cannot run here (threads, shared memory, bad cubin) in "error" rather

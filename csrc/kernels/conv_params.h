@@ -37,4 +37,14 @@ BAGF_HOST_DEVICE inline HaloPatch halo_patch(int th, int tw, const Conv2dParams&
   return h;
 }
 
+// Sizes and strides of the pooling epilogue (pool_epilogue.cuh). The host refuses tensors of 2^31 or more elements,
+// so extents fit int32; offsets are computed in 64 bits once multiplied by a stride.
+struct PoolParams {
+  int N, C, H, W;  // input
+  int P, Q;        // output spatial extent
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  long long xs[4];  // input strides (elements) of n, c, h, w
+  long long ys[4];  // output strides of n, c, p, q
+};
+
 }  // namespace bagf
