@@ -135,10 +135,12 @@ def main(argv=None) -> int:
         label = name if names.count(name) == 1 else f"{name}#{seen[name]}"
         stock_us, bagf_us, floor_us = interleaved_graph_us(
             [graph_replay(smod, sinp), graph_replay(tmod, tinp), empty], args.replays, args.rounds)
-        rows.append({"module": label, "kind": kind(smod), "shape": list(sinp.shape),
+        # (convert's fusion makes a stock ReLU an Identity and its MaxPool2d a FusedMaxPool2d: both kinds shown)
+        k = kind(smod) if kind(smod) == kind(tmod) else f"{kind(smod)} -> {kind(tmod)}"
+        rows.append({"module": label, "kind": k, "shape": list(sinp.shape),
                      "plan": plan_of(report, name, tmod, tinp),
                      "stock_us": stock_us, "bagf_us": bagf_us, "floor_us": floor_us})
-        print(f"{label:16s} {kind(smod):18s} stock {stock_us:8.1f} us  bagf {bagf_us:8.1f} us  (floor {floor_us:.1f})",
+        print(f"{label:16s} {k:18s} stock {stock_us:8.1f} us  bagf {bagf_us:8.1f} us  (floor {floor_us:.1f})",
               flush=True)
     whole_stock, whole_bagf, floor = interleaved_graph_us([graph_replay(stock, x), graph_replay(tuned, x), empty],
                                                           args.replays, args.rounds)
