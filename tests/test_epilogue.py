@@ -169,12 +169,13 @@ def test_kernel_is_atens_relu_and_max_pool2d_to_the_bit(dtype, channels_last, ca
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     gen = torch.Generator(device="cuda").manual_seed(3)
     for shape in _SHAPES:
-        x = torch.randn(shape, device="cuda", generator=gen).to(dtype).contiguous(memory_format=fmt)
+        x = torch.randn(shape, device="cuda", generator=gen).to(dtype)
         x.view(-1)[:: 97] = float("nan")
         x.view(-1)[5:: 131] = float("-inf")
+        x = x.contiguous(memory_format=fmt)
         for k, s, p, d, ceil in _POOLS:
-            hk = k if isinstance(k, int) else k[0]
-            if shape[2] + 2 * p - d * (hk - 1) - 1 < 0 or (isinstance(k, tuple) and shape[3] < k[1]):
+            kk, pp, dd = (v if isinstance(v, tuple) else (v, v) for v in (k, p, d))
+            if any(shape[2 + i] + 2 * pp[i] - dd[i] * (kk[i] - 1) - 1 < 0 for i in range(2)):
                 continue
             for relu in (True, False):
                 pool = FusedMaxPool2d(k, s, p, d, ceil_mode=ceil, relu=relu)
