@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     totals = {}
     for side in ("stock", "bagf"):
         parts = [max(r[f"{side}_us"] - r["floor_us"], 0.0) for r in rows]
-        convs = [max(r[f"{side}_us"] - r["floor_us"], 0.0) for r in rows if r["kind"] in ("Conv2d", "TunedConv2d")]
+        convs = [max(r[f"{side}_us"] - r["floor_us"], 0.0) for r in rows if r["kind"].startswith("Conv2d")]
         totals[side] = {"whole_us": whole[side] - floor, "modules_us": sum(parts), "convs_us": sum(convs),
                         "outside_us": whole[side] - floor - sum(parts)}
     s, b = totals["stock"], totals["bagf"]
