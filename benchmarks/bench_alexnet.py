@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-batch", type=cli.parse_batches, default=None,
                     help="batch sizes to run torch.compile(mode='max-autotune') at (default: all)")
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--tf32", action="store_true",
                     help="cuDNN's TF32 on for both models, PyTorch's default (the plans are tuned in that mode)")
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
@@ -54,6 +54,10 @@ def main(argv=None) -> int:
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
         print(why, file=sys.stderr)

@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=7, help="interleaved re-timing rounds for the final table")
     ap.add_argument("--out", default="benchmarks/results", help="directory for JSON and Markdown")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--cold", action="store_true",
                     help="no warm start: by default each layer gets the neighbour seeds the runtime would take from "
                          "a cache holding the winners of the layers tuned before it in this run")
@@ -315,6 +315,10 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     if args.from_json:
         src = Path(args.from_json)
         src.with_suffix(".md").write_text("\n".join(markdown(json.loads(src.read_text()))) + "\n")

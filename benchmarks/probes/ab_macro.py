@@ -47,8 +47,12 @@ def main(argv=None) -> int:
     ap.add_argument("--plans", nargs="+", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     if not torch.cuda.is_available():
         print("ab_macro: no CUDA GPU here")
         return 2

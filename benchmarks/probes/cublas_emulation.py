@@ -101,8 +101,12 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     torch.manual_seed(0)
     lib = libcublas()
     gemm = Gemm(lib)

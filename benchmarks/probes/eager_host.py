@@ -140,8 +140,12 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="add torch.profiler's host-time table of ten forwards of each model (ops and CUDA API calls)")
     ap.add_argument("--out", default=None, help="directory for eager_host_<tag>.{json,md} (default: print only)")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     dtype = getattr(torch, args.dtype)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     torch.manual_seed(0)

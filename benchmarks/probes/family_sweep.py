@@ -106,9 +106,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=24, help="configurations per screening capture")
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--from-json", default=None, help="rewrite the Markdown of a sweep's JSON (CPU) and exit")
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         Path(args.from_json).with_suffix(".md").write_text(markdown(data["meta"], data["rows"]))

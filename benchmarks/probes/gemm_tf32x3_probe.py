@@ -67,11 +67,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--ncu", metavar="TILE@LAYER:N:MT",
                     help="run one tile (e.g. 64x128x32x1x4x4) on one product a few times and exit, for ncu")
     ap.add_argument("--define", action="append", default=[], help="-D options for the kernel (A/B of a macro)")
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     import cupy as cp  # on the GPU machine only (CI imports this module for its tile arithmetic)
 
     torch.backends.cuda.matmul.allow_tf32 = False

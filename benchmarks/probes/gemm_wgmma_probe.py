@@ -72,12 +72,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--define", action="append", default=[], help="-D options for the wgmma kernel")
     ap.add_argument("--configs", help="comma-separated wgmma tiles, e.g. 128x1x2x4 (default: all)")
     ap.add_argument("--shapes", help="comma-separated LAYER:N:MT products to time (default: all 18)")
     ap.add_argument("--ncu", action="store_true", help="launch each kernel 4 times on the first --shapes product")
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     import cupy as cp  # on the GPU machine only (CI imports this module for its tile arithmetic)
 
     torch.backends.cuda.matmul.allow_tf32 = False

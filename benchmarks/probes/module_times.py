@@ -102,8 +102,12 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=None, help="tuning seconds per problem (the library's)")
     ap.add_argument("--out", default=None, help="directory for the JSON and Markdown (default: print only)")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     if not torch.cuda.is_available():
         print("module_times needs a CUDA GPU", file=sys.stderr)
         return 2

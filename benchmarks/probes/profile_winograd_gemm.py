@@ -58,10 +58,14 @@ def main() -> None:
     ap.add_argument("--problems", default="alexnet_conv3_n32,alexnet_conv4_n128,alexnet_conv5_n128,"
                                           "conv3x3_256_56_n32")
     ap.add_argument("--tiles", default="2,4,5,6")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default=None)
     ap.add_argument("--ge", type=int, default=wgf.DEFAULT["GE"], help="the GEMM knob (0 cuBLAS, 1-5 mma.sync, "
                     "6-7 wgmma)")
     args = ap.parse_args()
+    if args.tag is None:  # (the GPU this runs on)
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = gpu_tag()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     compiler = KernelCompiler(Cache.for_dir(Path.home() / ".cache" / "bagf_profile"), 0, workers=8)
