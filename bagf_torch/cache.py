@@ -91,6 +91,10 @@ FOREIGN_DIGEST_PREFIX = "foreign:"
 only bare sha256 hex digests (``put_cubin`` refuses this prefix), so a foreign binary can never occupy the
 name of a kernel we compile; the compiler reads the prefixed name only when it has no cubin of its own."""
 
+SHARED_CUBIN_PREFIX = "pool_epilogue_"
+"""The name prefix of cubins that no plan names and every process may load (``epilogue.FusedMaxPool2d``'s kernels, one
+cubin per kernel-source version and GPU architecture): ``prune`` keeps the newest of each name."""
+
 
 class CacheUnavailable(RuntimeError):
     """An operation whose whole point is the file (``clear``, ``import_``) could not change it: the cache is
@@ -556,7 +560,8 @@ class Cache:
         - trials of a key with no plan left, older than a day (a tuning in progress journals its trials before it
           stores its plan);
         - cubins no remaining plan names, compiled more than ``keep_days`` days ago (younger ones are the start
-          points and candidates later tunings load instead of compiling).
+          points and candidates later tunings load instead of compiling), except the newest of each kernel every
+          process loads beside its plans (names starting with ``SHARED_CUBIN_PREFIX``: the pooling epilogue).
 
         Run it when nothing tunes: VACUUM holds the file's write lock while it copies the file.
 
@@ -591,6 +596,12 @@ class Cache:
                     continue
                 if isinstance(digests, list):
                     named.update(d for d in digests if isinstance(d, str))
+            # the newest cubin of each kernel no plan names but every process loads (the pooling epilogue's, one
+            # per GPU architecture): a serving process would compile it again
+            named.update(d for d, in c.execute(
+                "SELECT digest FROM cubins AS a WHERE substr(name, 1, ?) = ? AND created = "
+                "(SELECT MAX(created) FROM cubins AS b WHERE b.name = a.name)",
+                (len(SHARED_CUBIN_PREFIX), SHARED_CUBIN_PREFIX)))
             cutoff = now - keep_days * _DAY_S
             old = [d for d, in c.execute("SELECT digest FROM cubins WHERE created < ?", (cutoff,))
                    if not isinstance(d, str) or d.removeprefix(FOREIGN_DIGEST_PREFIX) not in named]

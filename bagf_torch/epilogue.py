@@ -39,7 +39,9 @@ class _Kernels:
 
     @staticmethod
     def name(config, arch: str) -> str:
-        return f"pool_epilogue_{arch}"
+        from .cache import SHARED_CUBIN_PREFIX  # (``cache prune`` keeps the newest cubin of this name)
+
+        return f"{SHARED_CUBIN_PREFIX}{arch}"
 
     @staticmethod
     def name_expression(config) -> str:

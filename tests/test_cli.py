@@ -228,7 +228,7 @@ def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monke
     import sqlite3
     import time
 
-    from bagf_torch.cache import FOREIGN_DIGEST_PREFIX, default_cache_path
+    from bagf_torch.cache import FOREIGN_DIGEST_PREFIX, SHARED_CUBIN_PREFIX, default_cache_path
 
     old_env, a100 = dict(ENV, torch="2.10.0"), dict(ENV, gpu="NVIDIA A100", cc="8.0")
     day, now = 86400.0, time.time()
@@ -248,11 +248,14 @@ def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monke
                                     "time_us": 1.0, "detail": ""}])
         cache.put_cubin("unused-old", "x", "_Zx", b"\x7fELF" + bytes(300_000))
         cache.put_cubin("unused-new", "x", "_Zx", b"\x7fELF new")
+        for d in ("epilogue-older", "epilogue-newest"):  # no plan names the pooling kernels: the newest stays
+            cache.put_cubin(d, SHARED_CUBIN_PREFIX + "sm90", "_Ze", b"\x7fELF " + d.encode())
     with sqlite3.connect(default_cache_path(directory)) as raw:
         raw.execute("INSERT INTO cubins SELECT ?, name, lowered_name, cubin, sha256, created FROM cubins "
                     "WHERE digest = 'here'", (FOREIGN_DIGEST_PREFIX + "here",))  # (a trusted copy of a kept one)
         raw.execute("UPDATE cubins SET created = ? WHERE digest != 'unused-new'", (now - 40 * day,))
         raw.execute("UPDATE trials SET created = ? WHERE key != 'tuning-now'", (now - 2 * day,))
+        raw.execute("UPDATE cubins SET created = ? WHERE digest = 'epilogue-older'", (now - 50 * day,))
 
     def prune(*flags):
         assert cli.main(["cache", "prune", "--cache", str(directory), *flags]) == 0
@@ -261,8 +264,8 @@ def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monke
         with Cache.for_dir(directory) as cache:
             plans = {p["key"] for p in cache.plans()}
             trials = {k for k in ("abandoned", "tuning-now", *keys.values()) if cache.trials(k)}
-            cubins = {d for d in ("here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-old", "unused-new")
-                      if cache.get_cubin(d) is not None}
+            cubins = {d for d in ("here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-old", "unused-new",
+                                  "epilogue-older", "epilogue-newest") if cache.get_cubin(d) is not None}
         return out, before - after, plans, trials, cubins
 
     def no_gpu(what="cache import"):
@@ -270,9 +273,10 @@ def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monke
 
     monkeypatch.setattr(cli, "this_machine_env", no_gpu)  # the default prune needs no GPU
     out, freed, plans, trials, cubins = prune()
-    assert "0 plans of other environments (none asked for), 1 trials of keys without a plan, 1 cubins" in out, out
+    assert "0 plans of other environments (none asked for), 1 trials of keys without a plan, 2 cubins" in out, out
     assert plans == set(keys.values()) and trials == {"tuning-now", *keys.values()}
-    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-new"} and freed > 0.25
+    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here", "old", "a100", "unused-new", "epilogue-newest"}
+    assert freed > 0.25
     monkeypatch.setattr(cli, "this_machine_env", lambda what="": dict(ENV))
     out, freed, plans, trials, cubins = prune("--other-versions")
     assert "1 plans of other versions on this GPU, 1 trials" in out, out  # the old plan, then its trial and cubin
@@ -280,7 +284,7 @@ def test_prune_deletes_what_is_not_used_and_gives_the_space_back(tmp_path, monke
     assert freed > 0.15  # (its 200 KB cubin given back: VACUUM)
     out, freed, plans, trials, cubins = prune("--other-gpus", "--days", "0")
     assert "1 plans of other GPUs" in out and plans == {keys["here"]}
-    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here"}  # --days 0: every cubin no plan names
+    assert cubins == {"here", FOREIGN_DIGEST_PREFIX + "here", "epilogue-newest"}  # --days 0: all no plan names
     with pytest.raises(SystemExit):
         cli.main(["cache", "prune", "--cache", str(directory), "--days", "-1"])
 
