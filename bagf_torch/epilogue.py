@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import log
+from .nn import _compiling, _foreign, _stream_capturing
 
 _NAMES = [f"bagf::relu_max_pool2d<{dt}, {nhwc}, {relu}>" for dt in range(3) for nhwc in (0, 1) for relu in (0, 1)]
 """The kernel's twelve instantiations, in the order ``bagf_ext.load_pool_epilogue`` takes their lowered names."""
@@ -92,8 +93,6 @@ def _pair(v) -> tuple[int, int]:
 def _plain(x) -> bool:
     """Whether our kernel may read ``x`` eagerly: a dense CUDA tensor of ours (no subclass with a dispatch of its own,
     no mode, transform or trace recording), with no gradient to record."""
-    from .nn import _compiling, _foreign
-
     if _compiling() or torch.jit.is_scripting():
         return False
     if not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in _DTYPES or x.dim() != 4:
@@ -133,7 +132,9 @@ class FusedMaxPool2d(nn.MaxPool2d):
 
     @torch.jit.unused
     def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
-        if _plain(input) and _ready(input.get_device()):
+        # (a first call inside a CUDA graph capture is captured with ATen's ops: no compile while capturing)
+        if _plain(input) and (_state.get(input.get_device()) or (not _stream_capturing()
+                                                                 and _ready(input.get_device()))):
             from .jit.extension import loaded
 
             try:
