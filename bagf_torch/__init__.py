@@ -13,10 +13,10 @@ torch.Size([1, 8, 6, 6])
 __version__ = "0.1.0"
 
 from . import models  # noqa: E402
-from .epilogue import FusedMaxPool2d  # noqa: E402
+from .epilogue import FusedSequential  # noqa: E402
 from .nn import TunedConv2d, convert, freeze_weights  # noqa: E402
 from .pretune import ModelReport, tune_model  # noqa: E402
 from .problem import ConvProblem  # noqa: E402
 
-__all__ = ["ConvProblem", "FusedMaxPool2d", "ModelReport", "TunedConv2d", "convert", "freeze_weights", "models", "tune_model",
-           "__version__"]
+__all__ = ["ConvProblem", "FusedSequential", "ModelReport", "TunedConv2d", "convert", "freeze_weights", "models",
+           "tune_model", "__version__"]

@@ -61,12 +61,12 @@ from .problem import cudnn_conv_mode, memory_layout
 
 
 def gpu_tag(device: int = 0) -> str:
-    """The GPU part of a result file's name: "h200", "h100" (any H100), else the device's name in lower-case letters and
+    """The GPU part of a result file's name: "gh200", "h200", "h100" (any H100), else the device's name in lower-case letters and
     digits; "cpu" where no CUDA device is visible. (A fixed default named an H100's results after the H200.)"""
     if not torch.cuda.is_available():
         return "cpu"
     name = torch.cuda.get_device_name(device).lower()
-    for tag in ("h200", "h100"):
+    for tag in ("gh200", "h200", "h100"):  # (a GH200's GPU is its own: not named after the H200)
         if tag in name:
             return tag
     return "".join(c for c in name.replace("nvidia", "") if c.isalnum()) or "gpu"

@@ -92,7 +92,7 @@ only bare sha256 hex digests (``put_cubin`` refuses this prefix), so a foreign b
 name of a kernel we compile; the compiler reads the prefixed name only when it has no cubin of its own."""
 
 SHARED_CUBIN_PREFIX = "pool_epilogue_"
-"""The name prefix of cubins that no plan names and every process may load (``epilogue.FusedMaxPool2d``'s kernels, one
+"""The name prefix of cubins that no plan names and every process may load (``epilogue.FusedSequential``'s kernels, one
 cubin per kernel-source version and GPU architecture): ``prune`` keeps the newest of each name."""
 
 

@@ -1,18 +1,23 @@
 """The pooling epilogue of a converted conv: ``nn.ReLU`` then ``nn.MaxPool2d`` in one launch.
 
-In a ``nn.Sequential``, ``convert`` replaces the ``nn.MaxPool2d`` that follows a converted conv (directly, or
-after an ``nn.ReLU``) with a :class:`FusedMaxPool2d` and that ReLU with ``nn.Identity``: the pair becomes one
-kernel of ours (csrc/kernels/pool_epilogue.cuh), max_pool2d(relu(y)) in one pass over the conv's output, instead of
-ATen's relu and max_pool2d. The answer is ATen's to the bit (max and ReLU are exact; a NaN propagates as ATen's
-does). It pays most where ATen's pooling is slow: channels_last at small batches, where AlexNet's three
-MaxPool2d in bfloat16 at N = 1 cost the H200 more GPU time than its five convs
-(benchmarks/results/module_times_h200_alexnet_n1_bfloat16_nhwc.md).
+``convert`` makes each ``nn.Sequential`` that holds a converted conv followed by an ``nn.MaxPool2d`` (directly, or
+after one ``nn.ReLU``) a :class:`FusedSequential`: the same modules, the same state dict, and a forward that runs
+such a ReLU -> MaxPool2d pair as one kernel of ours (csrc/kernels/pool_epilogue.cuh), max_pool2d(relu(y)) in one pass
+over the conv's output, instead of ATen's relu and max_pool2d. The answer is ATen's to the bit: the kernel applies
+ATen's ReLU (``fmaxf``, a NaN kept) to each element, then takes the window's maximum by ATen's rule (a NaN wins,
+the first of equals stays, a window with no input is -inf). It pays most where ATen's pooling is slow: channels_last
+at small batches, where AlexNet's three MaxPool2d in bfloat16 at N = 1 cost more GPU time than its five convs
+(benchmarks/results/module_times_h100_alexnet_n1_bfloat16_nhwc.md).
 
-``FusedMaxPool2d`` is an ``nn.MaxPool2d`` (same attributes, no parameters or buffers, so state dicts are unchanged)
-with a ``relu`` flag. Calls our kernel cannot serve run ATen's ``relu`` and ``max_pool2d``: CPU tensors, dtypes
-other than float32 / float16 / bfloat16, a gradient to record, torch.compile and torch.export traces (Inductor
-fuses the pair itself), TorchScript, tensor subclasses and dispatch modes, and any device where the kernel failed
-to build (logged once). Modules with hooks of their own are not fused (``convert(model, fuse=False)`` fuses none).
+Every module stays where it was and keeps its type, so whatever calls them one by one (a slice of the Sequential, a
+loop that collects each layer's output, a hook, torch.fx's feature extractors) sees what it saw before: only the
+container's own forward fuses, and only a pair it calls in sequence. A pair is called module by module (ATen) when
+the ReLU, the pool or the conv has hooks (or a global module hook is set), the pool returns indices or is a subclass,
+and for calls the kernel does not take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to
+record, inputs that are neither contiguous nor channels_last, torch.compile and torch.export traces (Inductor fuses
+the pair itself), TorchScript, tensor subclasses and dispatch modes, the first call inside a CUDA graph capture, and
+any device where the kernel failed to build (logged once). ``convert(model, fuse=False)`` leaves the containers as
+they are.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from __future__ import annotations
 import threading
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _module
+from torch.nn.modules.utils import _pair
 
 from . import log
-from .nn import _compiling, _foreign, _stream_capturing
+from .nn import TunedConv2d, _compiling, _foreign, _stream_capturing
 
 _NAMES = [f"bagf::relu_max_pool2d<{dt}, {nhwc}, {relu}>" for dt in range(3) for nhwc in (0, 1) for relu in (0, 1)]
 """The kernel's twelve instantiations, in the order ``bagf_ext.load_pool_epilogue`` takes their lowered names."""
@@ -79,15 +85,11 @@ def _ready(device: int) -> bool:
                 ext.load_pool_epilogue(cubin, lowered, device)
             state = True
         except Exception as e:  # (a build error, no NVRTC, a cubin that does not load: ATen's pooling is the answer)
-            log.once(f"pool-epilogue:{device}", f"FusedMaxPool2d: the pooling kernel cannot run on cuda:{device} "
+            log.once(f"pool-epilogue:{device}", f"FusedSequential: the pooling kernel cannot run on cuda:{device} "
                      f"({e}); using ATen's relu and max_pool2d there")
             state = False
         _state[device] = state
         return state
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 def _plain(x) -> bool:
@@ -97,53 +99,15 @@ def _plain(x) -> bool:
         return False
     if not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in _DTYPES or x.dim() != 4:
         return False
-    if _foreign(x, x, None) or (x.requires_grad and torch.is_grad_enabled()):
+    if _foreign(x, x, None) or (x.requires_grad and torch.is_grad_enabled()) or x.is_neg() or x.is_conj():
+        return False
+    # (dense in one of the two formats, as a conv's output is: the output then has the format ATen's would)
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
         return False
     return 0 < x.numel() <= 2**31 - 1
 
 
-class FusedMaxPool2d(nn.MaxPool2d):
-    """``nn.MaxPool2d`` of ``relu(input)`` (``relu=True``) or of ``input``, in one kernel on CUDA tensors.
-
-    What ``convert`` puts in place of an ``nn.ReLU`` -> ``nn.MaxPool2d`` pair after a converted conv; ATen's ops
-    answer whatever the kernel does not take (see the module's docs).
-    """
-
-    relu = True  # (a class default: TorchScript reads the instance's)
-
-    def __init__(self, *args, relu: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.return_indices:
-            raise ValueError("FusedMaxPool2d computes no indices: return_indices must be False")
-        self.relu = bool(relu)
-
-    @classmethod
-    def from_pool(cls, pool: nn.MaxPool2d, relu: bool) -> "FusedMaxPool2d":
-        return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, ceil_mode=pool.ceil_mode, relu=relu)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, relu={self.relu}"
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.jit.is_scripting():
-            x = torch.relu(input) if self.relu else input
-            return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
-        return self._fused_forward(input)
-
-    @torch.jit.unused
-    def _fused_forward(self, input: torch.Tensor) -> torch.Tensor:
-        # (a first call inside a CUDA graph capture is captured with ATen's ops: no compile while capturing)
-        if _plain(input) and (_state.get(input.get_device()) or (not _stream_capturing()
-                                                                 and _ready(input.get_device()))):
-            from .jit.extension import loaded
-
-            try:
-                return loaded().relu_max_pool2d(input, _pair(self.kernel_size), _pair(self.stride),
-                                                _pair(self.padding), _pair(self.dilation), self.ceil_mode, self.relu)
-            except RuntimeError as e:  # arguments ATen refuses (its own error follows), or a launch that failed
-                log.once(f"pool-epilogue-call:{e}", f"FusedMaxPool2d: {e}; using ATen's relu and max_pool2d")
-        x = torch.relu(input) if self.relu else input
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+_LIMIT = 65535  # (the host's bound on kernel, stride and dilation)
 
 
 def _hooked(m: nn.Module) -> bool:
@@ -151,29 +115,131 @@ def _hooked(m: nn.Module) -> bool:
                 or getattr(m, "_backward_pre_hooks", None))
 
 
-def fuse(seq: nn.Sequential, is_conv) -> int:
-    """In ``seq`` (an ``nn.Sequential``, changed in place), replace each ``nn.MaxPool2d`` that follows a module
-    for which ``is_conv`` is true, directly or after one ``nn.ReLU``, with a :class:`FusedMaxPool2d`, and that ReLU
-    with ``nn.Identity``. Exact ``nn.ReLU`` / ``nn.MaxPool2d`` types only (a subclass's forward may differ), no
-    ``return_indices``, no hooks on any of the three. Returns how many pairs were fused."""
-    names = list(seq._modules)
-    fused = 0
-    i = 0
-    while i < len(names) - 1:
-        # (a hook on the conv sees its output: with an in-place ReLU after it, the output as the ReLU left it)
-        if not is_conv(seq._modules[names[i]]) or _hooked(seq._modules[names[i]]):
-            i += 1
+def _global_hooks() -> bool:
+    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
+                or _module._global_backward_hooks or getattr(_module, "_global_backward_pre_hooks", None))
+
+
+def _pool_args(pool: nn.MaxPool2d) -> tuple | None:
+    """(kernel, stride, padding, dilation, ceil_mode) of a pool the kernel computes as ATen does, else None: an exact
+    nn.MaxPool2d without indices, its sizes two ints each within the kernel's limits, padding at most half the
+    kernel (ATen's own rule; it raises otherwise, and then it should)."""
+    if type(pool) is not nn.MaxPool2d or pool.return_indices:
+        return None
+    try:
+        k, s, p, d = (tuple(int(v) for v in _pair(a))
+                      for a in (pool.kernel_size, pool.stride, pool.padding, pool.dilation))
+    except (TypeError, ValueError):
+        return None
+    if not all(len(t) == 2 for t in (k, s, p, d)):
+        return None
+    if not all(0 < k[i] <= _LIMIT and 0 < s[i] <= _LIMIT and 0 < d[i] <= _LIMIT and 0 <= p[i] <= k[i] // 2
+               for i in range(2)):
+        return None
+    return k, s, p, d, bool(pool.ceil_mode)
+
+
+def pairs(modules: list) -> dict[int, tuple[int, bool]]:
+    """The fusable pairs of a Sequential's module list: {index of a TunedConv2d: (index of the MaxPool2d after it,
+    whether an nn.ReLU stands between)}. Types only (hooks and the pool's arguments are checked per call)."""
+    found = {}
+    for i, m in enumerate(modules[:-1]):
+        if not isinstance(m, TunedConv2d):
             continue
         j = i + 1
-        relu = type(seq._modules[names[j]]) is nn.ReLU and not _hooked(seq._modules[names[j]])
+        relu = type(modules[j]) is nn.ReLU
         if relu:
             j += 1
-        pool = seq._modules[names[j]] if j < len(names) else None
-        if type(pool) is nn.MaxPool2d and not pool.return_indices and not _hooked(pool):
-            if relu:
-                seq._modules[names[i + 1]] = nn.Identity()
-            seq._modules[names[j]] = FusedMaxPool2d.from_pool(pool, relu)
-            seq._modules[names[j]].train(pool.training)
-            fused += 1
-        i = j
-    return fused
+        if j < len(modules) and type(modules[j]) is nn.MaxPool2d:
+            found[i] = (j, relu)
+    return found
+
+
+def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool) -> torch.Tensor | None:
+    """``pool(relu(x))`` (or ``pool(x)``) by the epilogue kernel, or None where it does not take the call."""
+    args = _pool_args(pool)
+    if args is None or not _plain(x):
+        return None
+    device = x.get_device()
+    # (a first call inside a CUDA graph capture is captured with ATen's ops: no compile or load while capturing)
+    if not (_state.get(device) or (not _stream_capturing() and _ready(device))):
+        return None
+    k, s, p, d, ceil = args
+    try:
+        return _ext().relu_max_pool2d(x, k, s, p, d, ceil, relu)
+    except RuntimeError as e:  # (an output that would be empty: ATen's max_pool2d raises its own error)
+        log.once("pool-epilogue-call", f"FusedSequential: the pooling kernel refused a call ({e}); ATen's relu and "
+                 "max_pool2d answer such calls")
+        return None
+
+
+_ext_module = None
+
+
+def _ext():
+    global _ext_module
+    if _ext_module is None:
+        from .jit.extension import load
+
+        _ext_module = load()
+    return _ext_module
+
+
+class FusedSequential(nn.Sequential):
+    """``nn.Sequential`` whose forward runs each ``nn.ReLU`` -> ``nn.MaxPool2d`` pair after a ``TunedConv2d`` as one
+    kernel (see the module's docs); the same modules, state dict and answer as the ``nn.Sequential`` it was.
+
+    >>> import torch, bagf_torch
+    >>> m = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2)))
+    >>> type(m).__name__, [type(x).__name__ for x in m]
+    ('FusedSequential', ['TunedConv2d', 'ReLU', 'MaxPool2d'])
+    """
+
+    def forward(self, input):
+        if torch.jit.is_scripting():
+            for module in self:
+                input = module(input)
+            return input
+        return self._fused_forward(input)
+
+    @torch.jit.unused
+    def _fused_forward(self, input):
+        modules = list(self._modules.values())
+        found = pairs(modules) if not _compiling() else {}
+        i, n = 0, len(modules)
+        while i < n:
+            module = modules[i]
+            input = module(input)
+            pair = found.get(i)
+            if pair is not None:
+                j, relu = pair
+                if not (_hooked(module) or _hooked(modules[j]) or (relu and _hooked(modules[i + 1]))
+                        or _global_hooks()):
+                    out = relu_max_pool2d(input, modules[j], relu)
+                    if out is not None:
+                        input = out
+                        i = j
+            i += 1
+        return input
+
+
+def prepare(model: nn.Module, device: int) -> bool:
+    """Build (or read from the cache) and load the pooling kernel on CUDA device ``device`` if ``model`` has a pair to
+    fuse: ``tune_model`` does, so that its cache serves the kernel's cubin too (a serving process then compiles
+    nothing) and a first call inside a CUDA graph capture runs it. Returns whether it is ready there (False: no pair
+    in ``model``, or the build failed, logged)."""
+    if not any(isinstance(m, FusedSequential) and pairs(list(m._modules.values())) for m in model.modules()):
+        return False
+    return _ready(device)
+
+
+def fuse(model: nn.Module) -> int:
+    """Make every exact ``nn.Sequential`` in ``model`` (itself included) that holds a fusable pair a
+    :class:`FusedSequential`, in place (its class only: modules, parameters, hooks and state dict stay). Returns how
+    many containers changed."""
+    changed = 0
+    for m in model.modules():
+        if type(m) is nn.Sequential and pairs(list(m._modules.values())):
+            m.__class__ = FusedSequential
+            changed += 1
+    return changed

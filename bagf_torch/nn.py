@@ -606,28 +606,29 @@ def convert(model: nn.Module, fuse: bool = True) -> nn.Module:
     Returns ``model`` (or the new module if ``model`` itself is an ``nn.Conv2d``). Subclasses of
     ``nn.Conv2d`` (other than TunedConv2d) are left alone: their forward may differ.
 
-    With ``fuse`` (the default), in each ``nn.Sequential`` an ``nn.MaxPool2d`` that follows a converted conv,
-    directly or after an ``nn.ReLU``, becomes a :class:`~bagf_torch.epilogue.FusedMaxPool2d` and that ReLU an
-    ``nn.Identity``: the pair runs as one kernel, to the bit what ATen's ops give (AlexNet's and VGG's features).
-    Modules with hooks of their own, the conv's included, are left as they are.
+    With ``fuse`` (the default), each ``nn.Sequential`` where an ``nn.MaxPool2d`` follows a converted conv, directly
+    or after an ``nn.ReLU``, becomes a :class:`~bagf_torch.epilogue.FusedSequential`: the same modules in the same
+    places, whose forward runs that ReLU and pool as one kernel, to the bit what ATen's ops give (AlexNet's and VGG's
+    features). Modules called one by one (a slice, a loop over the layers, hooks) answer as before.
 
     >>> import torch, bagf_torch
     >>> m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
     >>> type(bagf_torch.convert(m)[0]).__name__
     'TunedConv2d'
-    >>> m = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2)))
-    >>> [type(x).__name__ for x in m]
-    ['TunedConv2d', 'Identity', 'FusedMaxPool2d']
     """
     if type(model) is nn.Conv2d:
         return TunedConv2d.from_conv(model)
+    _swap(model)
+    if fuse:
+        from . import epilogue
+
+        epilogue.fuse(model)
+    return model
+
+
+def _swap(model: nn.Module) -> None:
     for name, child in list(model.named_children()):
         if type(child) is nn.Conv2d:
             setattr(model, name, TunedConv2d.from_conv(child))
         else:
-            convert(child, fuse)
-    if fuse and type(model) is nn.Sequential:
-        from . import epilogue
-
-        epilogue.fuse(model, lambda m: isinstance(m, TunedConv2d))
-    return model
+            _swap(child)

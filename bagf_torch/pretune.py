@@ -655,6 +655,10 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
                              "in the dtype and memory format production will run (float32 NCHW; float16 or bfloat16, "
                              "NCHW or channels_last)")
         step = RuntimeTuneStep(budget=budget, seconds=seconds, strategy=strategy, seed=seed)
+        from . import epilogue
+
+        for device in sorted({found.devices[p] for p in found.problems}):  # (a fused model's pooling kernel too)
+            epilogue.prepare(model, device)
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
     ctx = distributed.Context.current(group)
     mine = distributed.shard(found.problems, ctx.world_size, ctx.rank)

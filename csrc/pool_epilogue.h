@@ -1,5 +1,5 @@
-// Host side of the pooling epilogue (kernels/pool_epilogue.cuh): a TunedConv2d that convert() fused with the
-// nn.ReLU and nn.MaxPool2d after it runs its conv, then this one launch in place of ATen's relu and max_pool2d.
+// Host side of the pooling epilogue (kernels/pool_epilogue.cuh): a FusedSequential (convert() makes one of an
+// nn.Sequential) runs the nn.ReLU and nn.MaxPool2d after a TunedConv2d as this one launch instead of ATen's two.
 // Included by bagf_ext.cpp after its helpers (cat, BAGF_CHECK, BAGF_CU_CHECK, make_context_current); the Python side
 // is bagf_torch/epilogue.py, which compiles the cubin (all twelve instantiations, one NVRTC compile, cached on disk
 // like a plan's) and checks every argument before it calls here, so the checks below only guard the process.
@@ -19,8 +19,8 @@ struct Kernels {
   std::atomic<bool> ready{false};
 };
 
-std::array<Kernels, kMaxDevices> g_kernels;
-std::mutex g_mutex;
+inline std::array<Kernels, kMaxDevices> g_kernels;
+inline std::mutex g_mutex;
 
 inline int dtype_index(at::ScalarType t) {
   return t == at::kFloat ? 0 : t == at::kHalf ? 1 : t == at::kBFloat16 ? 2 : -1;
@@ -62,8 +62,9 @@ inline bool loaded(int device) {
   return device >= 0 && device < kMaxDevices && g_kernels[device].ready.load(std::memory_order_acquire);
 }
 
-// max_pool2d(relu(x)) (relu: false, max_pool2d(x)) as ATen computes it, in x's dtype and suggested memory format,
-// on the current stream. x: a CUDA float32 / float16 / bfloat16 4-d tensor of fewer than 2^31 elements, any strides.
+// max_pool2d(relu(x)) (relu: false, max_pool2d(x)) as ATen computes it, in x's dtype and memory format, on the
+// current stream. x: a CUDA float32 / float16 / bfloat16 4-d tensor of fewer than 2^31 elements, contiguous or
+// channels_last (the Python side sends nothing else; anything else is refused here too).
 inline at::Tensor relu_max_pool2d(const at::Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
                                   std::vector<int64_t> padding, std::vector<int64_t> dilation, bool ceil_mode,
                                   bool relu) {
@@ -71,6 +72,8 @@ inline at::Tensor relu_max_pool2d(const at::Tensor& x, std::vector<int64_t> kern
   const int dt = dtype_index(x.scalar_type());
   BAGF_CHECK(dt >= 0, "bagf_torch: pool epilogue: dtype must be float32, float16 or bfloat16");
   BAGF_CHECK(x.numel() < (int64_t(1) << 31), "bagf_torch: pool epilogue: 2^31 or more elements");
+  BAGF_CHECK(x.is_contiguous() || x.is_contiguous(at::MemoryFormat::ChannelsLast),
+             "bagf_torch: pool epilogue: needs a contiguous or channels_last input");
   BAGF_CHECK(kernel.size() == 2 && stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
              "bagf_torch: pool epilogue: kernel, stride, padding and dilation take two values each");
   for (int i = 0; i < 2; ++i) {

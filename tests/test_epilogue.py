@@ -1,5 +1,6 @@
-"""The pooling epilogue: convert() fusing nn.ReLU -> nn.MaxPool2d after a conv into FusedMaxPool2d, ATen's answer
-to the bit on every path (CPU: the fusion's structure and its ATen path; GPU: the kernel itself)."""
+"""The pooling epilogue: convert() making Sequentials FusedSequential, whose forward runs nn.ReLU -> nn.MaxPool2d
+after a conv as one kernel, ATen's answer to the bit on every path (CPU: which calls the container fuses, with the
+kernel stood in for; its ATen path; GPU: the kernel itself, bit patterns compared)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,7 @@ from torch import nn
 
 import bagf_torch
 from bagf_torch import epilogue, models
-from bagf_torch.epilogue import FusedMaxPool2d
+from bagf_torch.epilogue import FusedSequential
 from bagf_torch.jit import kernels_dir
 
 
@@ -31,53 +33,83 @@ def _types(seq):
     return [type(m).__name__ for m in seq]
 
 
-def test_convert_fuses_relu_then_pool_after_a_conv_and_nothing_else():
+def test_convert_makes_sequentials_with_a_pair_fused_and_keeps_every_module():
     m = bagf_torch.convert(_net())
-    assert _types(m) == ["TunedConv2d", "Identity", "FusedMaxPool2d", "TunedConv2d", "FusedMaxPool2d",
-                         "TunedConv2d", "ReLU", "ReLU", "MaxPool2d"]
-    assert m[2].relu and not m[4].relu
-    assert (m[2].kernel_size, m[2].stride, m[4].kernel_size, m[4].ceil_mode) == (3, 2, 2, True)
-    assert "relu=True" in repr(m[2])
-    again = _types(bagf_torch.convert(m))  # converting twice changes nothing
-    assert again == _types(m)
-    assert _types(bagf_torch.convert(_net(), fuse=False)) == ["TunedConv2d", "ReLU", "MaxPool2d", "TunedConv2d",
-                                                              "MaxPool2d", "TunedConv2d", "ReLU", "ReLU", "MaxPool2d"]
-
-
-def test_alexnet_features_fuse_and_keep_torchvisions_state_dict():
+    assert type(m) is FusedSequential
+    assert _types(m) == ["TunedConv2d", "ReLU", "MaxPool2d", "TunedConv2d", "MaxPool2d", "TunedConv2d", "ReLU", "ReLU",
+                         "MaxPool2d"]
+    assert epilogue.pairs(list(m)) == {0: (2, True), 3: (4, False)}
+    assert type(bagf_torch.convert(_net(), fuse=False)) is nn.Sequential
+    assert type(bagf_torch.convert(m)) is FusedSequential  # (converting twice changes nothing)
     net = models.alexnet()
-    f = net.features
-    assert _types(f)[:6] == ["TunedConv2d", "Identity", "FusedMaxPool2d"] * 2
-    assert _types(f)[6:] == ["TunedConv2d", "ReLU", "TunedConv2d", "ReLU", "TunedConv2d", "Identity", "FusedMaxPool2d"]
+    assert type(net.features) is FusedSequential and type(net.classifier) is nn.Sequential
+    assert epilogue.pairs(list(net.features)) == {0: (2, True), 3: (5, True), 10: (12, True)}
     assert list(net.state_dict()) == list(models.alexnet(tuned=False).state_dict())
+    assert type(m[:3]) is FusedSequential and _types(m[:3]) == ["TunedConv2d", "ReLU", "MaxPool2d"]
 
 
-def test_no_fusion_across_hooks_indices_subclasses_or_other_containers():
-    def seq():
-        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2))
+class _Recorder:
+    """Stands in for the CUDA kernel on CPU: ATen's answer, and the pairs the container sent to it."""
 
-    for i in range(3):  # a hook on any of the three: the hooked module sees what it saw before
-        m = seq()
-        m[i].register_forward_hook(lambda *a: None)
-        assert _types(bagf_torch.convert(m)) == ["TunedConv2d", "ReLU", "MaxPool2d"]
-    m = seq()
-    m[2] = nn.MaxPool2d(2, return_indices=True)
-    assert _types(bagf_torch.convert(m))[1:] == ["ReLU", "MaxPool2d"]
+    def __init__(self):
+        self.calls = []
 
-    class MyPool(nn.MaxPool2d):
-        pass
+    def __call__(self, x, pool, relu):
+        self.calls.append((pool, relu))
+        return F.max_pool2d(torch.relu(x) if relu else x, pool.kernel_size, pool.stride, pool.padding, pool.dilation,
+                            pool.ceil_mode)
 
-    m = seq()
-    m[2] = MyPool(2)
-    assert _types(bagf_torch.convert(m))[1:] == ["ReLU", "MyPool"]
 
-    class MySeq(nn.Sequential):  # (its forward may not call its modules in order)
-        pass
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(epilogue, "relu_max_pool2d", rec)
+    return rec
 
-    m = MySeq(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2))
-    assert _types(bagf_torch.convert(m)) == ["TunedConv2d", "ReLU", "MaxPool2d"]
-    with pytest.raises(ValueError, match="return_indices"):
-        FusedMaxPool2d(2, return_indices=True)
+
+def test_the_container_fuses_the_pairs_it_calls_in_sequence_and_nothing_else(recorder):
+    torch.manual_seed(0)
+    ref = _net().eval()
+    m = bagf_torch.convert(copy.deepcopy(ref))
+    x = torch.randn(2, 3, 21, 19)
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+    assert recorder.calls == [(m[2], True), (m[4], False)]
+    recorder.calls.clear()
+    torch.testing.assert_close(m[1:](ref[0](x)), ref[1:](ref[0](x)), rtol=0, atol=0)
+    assert recorder.calls == [(m[4], False)]  # (a slice that starts at the ReLU holds no conv before it)
+    recorder.calls.clear()
+    outs = []  # a loop over the layers, as feature extractors and perceptual losses do: each layer's own output
+    h = x
+    for layer in m:
+        h = layer(h)
+        outs.append(h)
+    assert recorder.calls == [] and outs[1].min() >= 0  # the ReLU's output, not the conv's
+    for i in (0, 1, 2):  # a hook on any of the three: called module by module, so the hook sees what it saw
+        seen = []
+        handle = m[i].register_forward_hook(lambda mod, inp, out: seen.append(out.min().item()))
+        torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        assert recorder.calls == [(m[4], False)] and seen
+        recorder.calls.clear()
+        handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        m(x)
+    finally:
+        handle.remove()
+    assert recorder.calls == []
+    m[4] = type("MyPool", (nn.MaxPool2d,), {})(2, ceil_mode=True)  # (changed after convert: read per call)
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+    assert recorder.calls == [(m[2], True)]  # (a subclass's forward may differ: called as it is)
+
+
+def test_pool_arguments_the_kernel_takes():
+    assert epilogue._pool_args(nn.MaxPool2d(3, 2)) == ((3, 3), (2, 2), (0, 0), (1, 1), False)
+    assert epilogue._pool_args(nn.MaxPool2d(np.int64(3), (2, 1), 1, 2, ceil_mode=True)) == (
+        (3, 3), (2, 1), (1, 1), (2, 2), True)
+    assert epilogue._pool_args(nn.MaxPool2d(3, return_indices=True)) is None
+    assert epilogue._pool_args(nn.MaxPool2d(3, padding=2)) is None  # (ATen raises its own error)
+    assert epilogue._pool_args(nn.MaxPool2d(70000)) is None
+    assert epilogue._pool_args(type("P", (nn.MaxPool2d,), {})(3)) is None
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -88,8 +120,7 @@ def test_fused_model_equals_the_stock_one_to_the_bit_on_cpu(train):
     x = torch.randn(2, 3, 21, 19)
     x[0, 0, 5, 5] = float("nan")
     x.requires_grad_(train)
-    y, y_ref = m(x), ref(x)
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0, equal_nan=True)
     if train:
         x = torch.nan_to_num(x.detach())  # (gradients through a NaN are NaN either way)
         m(x).sum().backward()
@@ -98,7 +129,7 @@ def test_fused_model_equals_the_stock_one_to_the_bit_on_cpu(train):
             torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
 
 
-def test_fused_pool_survives_script_pickle_deepcopy_export_and_compile():
+def test_fused_container_survives_script_pickle_deepcopy_export_and_compile():
     torch.manual_seed(1)
     ref = _net().eval()
     m = bagf_torch.convert(copy.deepcopy(ref))
@@ -107,11 +138,9 @@ def test_fused_pool_survives_script_pickle_deepcopy_export_and_compile():
     for other in (torch.jit.script(m), pickle.loads(pickle.dumps(m)), copy.deepcopy(m),
                   torch.export.export(m, (x,)).module()):
         torch.testing.assert_close(other(x), want, rtol=0, atol=0)
+    assert type(pickle.loads(pickle.dumps(m))) is FusedSequential
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x), torch.compile(ref, fullgraph=True)(x),
                                rtol=0, atol=0)
-    bad = FusedMaxPool2d(3, padding=2)  # padding above half the kernel: ATen's own error
-    with pytest.raises(RuntimeError, match="pad should be"):
-        bad(torch.randn(1, 1, 8, 8))
 
 
 def test_kernel_names_are_the_hosts_order():
@@ -141,12 +170,21 @@ _POOLS = [  # kernel, stride, padding, dilation, ceil_mode
     ((3, 2), (1, 2), (1, 0), (1, 1), False),
     (3, 1, 1, 2, False),
     (5, 3, 2, 1, True),
+    (2, 1, 1, 3, False),  # dilated taps: on a 2-row input a window can hold no input at all (-inf)
 ]
-_SHAPES = [(1, 64, 55, 55), (2, 3, 13, 14), (3, 37, 9, 7), (1, 256, 13, 13), (2, 1, 5, 6)]
+_SHAPES = [(1, 64, 55, 55), (2, 3, 13, 14), (3, 37, 9, 7), (1, 256, 13, 13), (2, 1, 5, 6), (1, 4, 2, 2)]
 
 
-def _ref(x, relu, k, s, p, d, ceil):
-    return F.max_pool2d(torch.relu(x) if relu else x, k, s, p, d, ceil)
+def _bits(t):
+    """``t``'s bit patterns as integers: +0.0 and -0.0 differ, NaN equals NaN of the same payload."""
+    return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()])
+
+
+def _same_bits(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)  # (NaN payloads may differ between kernels: compared as NaN)
+    assert torch.equal(_bits(got.masked_fill(nan, 0)), _bits(want.masked_fill(nan, 0)))
 
 
 def _poisoned_call(fn, like):
@@ -157,74 +195,81 @@ def _poisoned_call(fn, like):
     return fn()
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_kernel_is_atens_relu_and_max_pool2d_to_the_bit(dtype, channels_last, cache_dir, monkeypatch):
+@pytest.fixture
+def fresh_runtime(cache_dir, monkeypatch):
     monkeypatch.setenv("BAGF_CACHE_DIR", str(cache_dir))
     from bagf_torch import runtime
 
     runtime.reset()
     epilogue._state.clear()
+    yield
+    runtime.reset()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernel_is_atens_relu_and_max_pool2d_to_the_bit(dtype, channels_last, fresh_runtime):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     gen = torch.Generator(device="cuda").manual_seed(3)
     for shape in _SHAPES:
         x = torch.randn(shape, device="cuda", generator=gen).to(dtype)
-        x.view(-1)[:: 97] = float("nan")
-        x.view(-1)[5:: 131] = float("-inf")
+        flat = x.view(-1)
+        flat[::97] = float("nan")
+        flat[5::131] = float("-inf")
+        flat[7::11] = -0.0  # (beside negatives and +0.0: ATen's ReLU and the first-of-equals rule decide the sign)
+        flat[8::11] = 0.0
         x = x.contiguous(memory_format=fmt)
         for k, s, p, d, ceil in _POOLS:
             kk, pp, dd = (v if isinstance(v, tuple) else (v, v) for v in (k, p, d))
             if any(shape[2 + i] + 2 * pp[i] - dd[i] * (kk[i] - 1) - 1 < 0 for i in range(2)):
                 continue
+            pool = nn.MaxPool2d(k, s, p, d, ceil_mode=ceil)
             for relu in (True, False):
-                pool = FusedMaxPool2d(k, s, p, d, ceil_mode=ceil, relu=relu)
-                want = _ref(x, relu, k, s, p, d, ceil)
-                got = _poisoned_call(lambda: pool(x), want)
-                assert got.dtype == want.dtype and got.shape == want.shape
-                assert got.is_contiguous(memory_format=fmt)
-                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    assert epilogue._state[torch.cuda.current_device()] is True  # (the kernel ran, not the fallback)
-    # a strided view (every other channel): read through its strides
-    x = torch.randn(2, 20, 11, 12, device="cuda", dtype=dtype).contiguous(memory_format=fmt)[:, ::2]
-    pool = FusedMaxPool2d(3, 2, 1, relu=True)
-    torch.testing.assert_close(pool(x), _ref(x, True, 3, 2, 1, 1, False), rtol=0, atol=0)
+                want = pool(torch.relu(x) if relu else x)
+                got = _poisoned_call(lambda: epilogue.relu_max_pool2d(x, pool, relu), want)
+                assert got is not None, (shape, k, s, p, d, ceil, relu)  # (the kernel answered, not ATen)
+                _same_bits(got, want)
+    # a strided view is not the kernel's (nor a conv's output): ATen answers it
+    view = torch.randn(2, 20, 11, 12, device="cuda", dtype=dtype).contiguous(memory_format=fmt)[:, ::2]
+    assert epilogue.relu_max_pool2d(view, nn.MaxPool2d(3, 2, 1), True) is None
 
 
 @pytest.mark.cuda
-def test_fused_alexnet_features_in_a_cuda_graph_and_with_gradients(cache_dir, monkeypatch):
-    monkeypatch.setenv("BAGF_CACHE_DIR", str(cache_dir))
+def test_fused_alexnet_features_eager_in_a_cuda_graph_and_with_gradients(fresh_runtime, monkeypatch):
     monkeypatch.setenv("BAGF_TUNE", "0")  # (the convs run cuDNN: this test is about the pooling)
-    from bagf_torch import runtime
-
-    runtime.reset()
-    epilogue._state.clear()
     torch.manual_seed(0)
     ref = models.alexnet(tuned=False).features.cuda().to(torch.bfloat16).to(memory_format=torch.channels_last).eval()
     m = bagf_torch.convert(copy.deepcopy(ref))
-    assert sum(isinstance(x, FusedMaxPool2d) for x in m) == 3
+    assert type(m) is FusedSequential
     x = torch.randn(2, 3, 224, 224, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+
+    def graphed(model, static):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g), torch.no_grad():
+            out = model(static)
+        return g, out
+
+    # a first call inside a capture: captured with ATen's ops (no compile or module load while capturing)
+    static = x.clone()
+    g, out = graphed(m, static)
+    assert epilogue._state == {}
+    g.replay()
+    _same_bits(out, ref(static))
     with torch.inference_mode():
         want = ref(x)
-        torch.testing.assert_close(m(x), want, rtol=0, atol=0)
+        _same_bits(m(x), want)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             m(x)
             torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any("relu_max_pool2d" in n for n in names) and not any("max_pool" in n and "relu" not in n for n in names)
-    static = x.clone()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        m(static)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g), torch.no_grad():
-        out = m(static)
+    assert sum("relu_max_pool2d" in n for n in names) == 3, names
+    assert not any("max_pool" in n and "relu_max_pool2d" not in n for n in names), names
+    g, out = graphed(m, static)  # (loaded now: the capture holds our kernel)
     static.copy_(torch.randn_like(static))
     g.replay()
     with torch.no_grad():
-        torch.testing.assert_close(out, ref(static), rtol=0, atol=0)
+        _same_bits(out, ref(static))
     xg = x.float().requires_grad_()  # a gradient to record: ATen's ops, so backward works
     mf, rf = copy.deepcopy(m).float(), copy.deepcopy(ref).float()
     mf(xg).sum().backward()
@@ -232,3 +277,50 @@ def test_fused_alexnet_features_in_a_cuda_graph_and_with_gradients(cache_dir, mo
     xg.grad = None
     rf(xg).sum().backward()
     assert (gm - xg.grad).norm() <= 1e-4 * xg.grad.norm()  # (cuDNN's backward may sum in another order per call)
+
+
+@pytest.mark.cuda
+def test_tune_model_stores_the_pooling_kernel_so_a_serving_process_compiles_nothing(fresh_runtime, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    monkeypatch.setenv("BAGF_STRATEGY", "random")
+    monkeypatch.setenv("BAGF_BUDGET", "4")
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2)).cuda()
+
+    x = torch.randn(1, 3, 33, 33, device="cuda")
+    m = bagf_torch.convert(build())
+    bagf_torch.tune_model(m, [x], progress=False)
+    assert epilogue._state == {torch.cuda.current_device(): True}
+    with torch.no_grad():
+        expected = m(x)
+    d = os.environ["BAGF_CACHE_DIR"]
+    torch.save((x.cpu(), expected.cpu()), os.path.join(d, "xy.pt"))
+    script = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {str(Path(bagf_torch.__file__).resolve().parent.parent)!r})
+        import torch, bagf_torch
+        from torch import nn
+        from bagf_torch import epilogue
+        from bagf_torch.jit.compiler import STATS
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2)).cuda()
+        m = bagf_torch.convert(m)
+        x, y = torch.load(os.path.join(os.environ["BAGF_CACHE_DIR"], "xy.pt"))
+        with torch.no_grad():
+            got = m(x.cuda()).cpu()
+        ready = epilogue._state.get(torch.cuda.current_device())
+        print(json.dumps(dict(nvrtc=STATS.nvrtc_compiles, ready=ready, same=torch.equal(got, y))))
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, BAGF_TUNE="0"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats = json.loads(res.stdout.strip().splitlines()[-1])
+    assert stats == {"nvrtc": 0, "ready": True, "same": True}, stats

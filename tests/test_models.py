@@ -58,7 +58,7 @@ def test_alexnet_convs_and_geometry():
     geometry = [(m.kernel_size, m.stride, m.padding) for m in convs.values()]
     assert geometry == [((11, 11), (4, 4), (2, 2)), ((5, 5), (1, 1), (2, 2)), ((3, 3), (1, 1), (1, 1)),
                         ((3, 3), (1, 1), (1, 1)), ((3, 3), (1, 1), (1, 1))]
-    assert sum(isinstance(m, nn.MaxPool2d) for m in net.features) == 3  # (FusedMaxPool2d: bagf_torch.epilogue)
+    assert sum(isinstance(m, nn.MaxPool2d) for m in net.features) == 3
     assert isinstance(net.avgpool, nn.AdaptiveAvgPool2d) and net.avgpool.output_size == (6, 6)
     assert type(models.alexnet(tuned=False).features[0]) is nn.Conv2d
 

@@ -37,6 +37,7 @@ from bench_overhead import command_line, git_commit, interleaved_graph_us  # noq
 from eager_host import forward_with_hooks, leaves  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
+from bagf_torch import epilogue  # noqa: E402
 from bagf_torch.bench import graphed  # noqa: E402
 from bagf_torch.nn import TunedConv2d, _numeric_padding, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
@@ -87,6 +88,26 @@ def graph_replay(call, x: torch.Tensor | None):
     return replay
 
 
+def fused_calls(model: torch.nn.Module) -> dict[str, tuple]:
+    """What a FusedSequential's forward runs in place of the ReLU -> MaxPool2d pairs it fuses (``convert``'s pooling
+    epilogue), by module name: (a call on the module's input, the row's kind). The pool's row times the one kernel,
+    ReLU included (on the ReLU's output, the same work); the ReLU's row is an empty graph. Timed alone (or with hooks
+    on, as ``leaf_calls`` has them) each module runs ATen's op, as a FusedSequential's modules do called one by one."""
+    out = {}
+    for prefix, mod in model.named_modules():
+        if not isinstance(mod, epilogue.FusedSequential):
+            continue
+        names = list(mod._modules)
+        for i, (j, relu) in epilogue.pairs(list(mod._modules.values())).items():
+            pool = mod._modules[names[j]]
+            if relu:
+                out[".".join(filter(None, (prefix, names[i + 1])))] = (lambda t: t, "ReLU (fused into the pool)")
+            out[".".join(filter(None, (prefix, names[j])))] = (
+                lambda t, pool=pool, relu=relu: epilogue.relu_max_pool2d(t, pool, relu),
+                "MaxPool2d (the fused ReLU + pool kernel)")
+    return out
+
+
 def kind(mod: torch.nn.Module) -> str:
     return type(mod).__name__
 
@@ -132,15 +153,17 @@ def main(argv=None) -> int:
     # Two events around an empty graph's replay: what every row carries besides its module's work (the launch of a
     # graph from an idle stream); the sums below take it off each row, and the whole forward's once.
     empty = graph_replay(lambda t: t, x)
+    fused = fused_calls(tuned)  # (tune_model loaded the pooling kernel: epilogue.prepare)
     rows = []
     seen: dict[str, int] = {}
     for (name, smod, sinp), (_, tmod, tinp) in zip(stock_calls, tuned_calls):
         seen[name] = seen.get(name, 0) + 1
         label = name if names.count(name) == 1 else f"{name}#{seen[name]}"
+        call, k = fused.get(name, (tmod, None))
         stock_us, bagf_us, floor_us = interleaved_graph_us(
-            [graph_replay(smod, sinp), graph_replay(tmod, tinp), empty], args.replays, args.rounds)
-        # (convert's fusion makes a stock ReLU an Identity and its MaxPool2d a FusedMaxPool2d: both kinds shown)
-        k = kind(smod) if kind(smod) == kind(tmod) else f"{kind(smod)} -> {kind(tmod)}"
+            [graph_replay(smod, sinp), graph_replay(call, tinp), empty], args.replays, args.rounds)
+        if k is None:
+            k = kind(smod) if kind(smod) == kind(tmod) else f"{kind(smod)} -> {kind(tmod)}"
         rows.append({"module": label, "kind": k, "shape": list(sinp.shape),
                      "plan": plan_of(report, name, tmod, tinp),
                      "stock_us": stock_us, "bagf_us": bagf_us, "floor_us": floor_us})
