@@ -18,44 +18,9 @@
 #pragma once
 
 #include "conv_params.h"  // PoolParams
+#include "elem_io.cuh"
 
 namespace bagf {
-
-namespace pool {
-
-template <int DT>
-__device__ __forceinline__ float load(const void* base, long long i) {
-  if constexpr (DT == 0) {
-    return __ldg(static_cast<const float*>(base) + i);
-  } else {
-    const unsigned short h = __ldg(static_cast<const unsigned short*>(base) + i);
-    if constexpr (DT == 2) {
-      return __uint_as_float(static_cast<unsigned>(h) << 16);
-    } else {
-      float f;
-      asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-      return f;
-    }
-  }
-}
-
-// Exact for a value that was loaded from the same dtype (the maximum is one of the inputs, or 0).
-template <int DT>
-__device__ __forceinline__ void store(void* base, long long i, float v) {
-  if constexpr (DT == 0) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    unsigned short h;
-    if constexpr (DT == 2) {
-      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    } else {
-      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    }
-    static_cast<unsigned short*>(base)[i] = h;
-  }
-}
-
-}  // namespace pool
 
 template <int DT, int NHWC, int RELU>
 __global__ void __launch_bounds__(256) relu_max_pool2d(const void* __restrict__ x, void* __restrict__ y,
@@ -92,12 +57,12 @@ __global__ void __launch_bounds__(256) relu_max_pool2d(const void* __restrict__ 
       for (int b = 0; b < p.kw; ++b) {
         const int w = w0 + b * p.dw;
         if (w < 0 || w >= p.W) continue;
-        float v = pool::load<DT>(x, base + h * p.xs[2] + w * p.xs[3]);
+        float v = elem::load<DT>(x, base + h * p.xs[2] + w * p.xs[3]);
         if (RELU && v == v) v = fmaxf(v, 0.f);  // (ATen's clamp_min(x, 0): a NaN passes)
         if (v > m || v != v) m = v;             // (ATen's max_pool2d: a NaN wins and stays)
       }
     }
-    pool::store<DT>(y, n * p.ys[0] + c * p.ys[1] + op * p.ys[2] + oq * p.ys[3], m);
+    elem::store<DT>(y, n * p.ys[0] + c * p.ys[1] + op * p.ys[2] + oq * p.ys[3], m);
   }
 }
 

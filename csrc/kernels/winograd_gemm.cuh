@@ -39,6 +39,7 @@
 // The kernel includes nothing from torch; NVRTC compiles it at run time and plain nvcc in the tests.
 #pragma once
 #include "conv_params.h"
+#include "elem_io.cuh"
 #include "winograd.cuh"
 #include "gemm_tf32x3.cuh"  // the plan's own GEMM (GE 1-5), compiled into the same cubin
 #include "gemm_wgmma.cuh"   // or its wgmma GEMM (GE 6-7, sm_90a), which reads U's small parts (US = 1)
@@ -46,38 +47,8 @@
 namespace bagf {
 namespace wg {
 
-// Element i of a DT tensor, widened to fp32 (16-bit values travel as unsigned short; bf16 is fp32's upper half).
-template <int DT>
-__device__ __forceinline__ float load(const void* base, long long i) {
-  if constexpr (DT == 0) {
-    return __ldg(static_cast<const float*>(base) + i);
-  } else {
-    const unsigned short h = __ldg(static_cast<const unsigned short*>(base) + i);
-    if constexpr (DT == 2) {
-      return __uint_as_float(static_cast<unsigned>(h) << 16);
-    } else {
-      float f;
-      asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-      return f;
-    }
-  }
-}
-
-// Element i of a DT tensor := v, rounded to nearest even once.
-template <int DT>
-__device__ __forceinline__ void store(void* base, long long i, float v) {
-  if constexpr (DT == 0) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    unsigned short h;
-    if constexpr (DT == 2) {
-      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    } else {
-      asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    }
-    static_cast<unsigned short*>(base)[i] = h;
-  }
-}
+using elem::load;   // (elem_io.cuh)
+using elem::store;
 
 }  // namespace wg
 
