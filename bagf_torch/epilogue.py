@@ -3,9 +3,10 @@
 ``convert`` makes each ``nn.Sequential`` that holds a converted conv followed by an ``nn.MaxPool2d`` (directly, or
 after one ``nn.ReLU``) a :class:`FusedSequential`: the same modules, the same state dict, and a forward that runs
 such a ReLU -> MaxPool2d pair as one kernel of ours (csrc/kernels/pool_epilogue.cuh), max_pool2d(relu(y)) in one pass
-over the conv's output, instead of ATen's relu and max_pool2d. The answer is ATen's to the bit: the kernel applies
-ATen's ReLU (``fmaxf``, a NaN kept) to each element, then takes the window's maximum by ATen's rule (a NaN wins,
-the first of equals stays, a window with no input is -inf). It pays most where ATen's pooling is slow: channels_last
+over the conv's output, instead of ATen's relu and max_pool2d. The answer is ATen's to the bit (a NaN as a NaN): the
+kernel applies ATen's ReLU to each element (a NaN kept; -0.0 kept or made +0.0 as this torch's ReLU does, asked once
+per device), then takes the window's maximum by ATen's rule (a NaN wins, the first of equals stays, a window with no
+input is -inf), into the strides ATen's output would have. It pays most where ATen's pooling is slow: channels_last
 at small batches, where AlexNet's three MaxPool2d in bfloat16 at N = 1 cost more GPU time than its five convs
 (benchmarks/results/module_times_h100_alexnet_n1_bfloat16_nhwc.md).
 
@@ -14,15 +15,18 @@ loop that collects each layer's output, a hook, torch.fx's feature extractors) s
 container's own forward fuses, and only a pair it calls in sequence. A pair is called module by module (ATen) when
 the ReLU, the pool or the conv has hooks (or a global module hook is set), the pool returns indices or is a subclass,
 and for calls the kernel does not take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to
-record, inputs that are neither contiguous nor channels_last, torch.compile and torch.export traces (Inductor fuses
-the pair itself), TorchScript, tensor subclasses and dispatch modes, the first call inside a CUDA graph capture, and
+record, inputs that are neither contiguous nor channels_last (and, after an out-of-place ReLU, those that are both:
+C = 1 or a 1x1 map, where ATen's ReLU output has other strides), torch.compile and torch.export traces (Inductor fuses
+the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type) and dispatch modes, the first call inside a CUDA graph capture, and
 any device where the kernel failed to build (logged once). ``convert(model, fuse=False)`` leaves the containers as
 they are.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
+import weakref
 
 import torch
 from torch import nn
@@ -57,6 +61,7 @@ class _Kernels:
 
 _state: dict[int, bool] = {}  # device index -> loaded (True) or failed (False)
 _lock = threading.Lock()
+_keeps_negative_zero: dict[int, bool] = {}  # device index -> whether ATen's relu(-0.0) is -0.0 there (torch's choice)
 
 
 def _ready(device: int) -> bool:
@@ -76,13 +81,17 @@ def _ready(device: int) -> bool:
             from .outcome import Outcome
 
             ext = load()
-            if not ext.pool_epilogue_loaded(device):
-                compiler = runtime.get().device(device).compiler
-                got = compiler.cubin(KernelSpec(_Kernels, {}, compiler.arch))
-                if isinstance(got, Outcome):
-                    raise RuntimeError(got.detail)
-                cubin, lowered, _ = got
-                ext.load_pool_epilogue(cubin, lowered, device)
+            with torch.cuda.device(device):  # (the module loads into this device's context, whatever the thread's)
+                if not ext.pool_epilogue_loaded(device):
+                    compiler = runtime.get().device(device).compiler
+                    got = compiler.cubin(KernelSpec(_Kernels, {}, compiler.arch))
+                    if isinstance(got, Outcome):
+                        raise RuntimeError(got.detail)
+                    cubin, lowered, _ = got
+                    ext.load_pool_epilogue(cubin, lowered, device)
+                # torch's ReLU has kept -0.0 in some versions and made it +0.0 in others: ask it, once
+                zero = torch.relu(torch.tensor([-0.0], device=f"cuda:{device}"))
+                _keeps_negative_zero[device] = bool(torch.signbit(zero).item())
             state = True
         except Exception as e:  # (a build error, no NVRTC, a cubin that does not load: ATen's pooling is the answer)
             log.once(f"pool-epilogue:{device}", f"FusedSequential: the pooling kernel cannot run on cuda:{device} "
@@ -97,7 +106,8 @@ def _plain(x) -> bool:
     no mode, transform or trace recording), with no gradient to record."""
     if _compiling() or torch.jit.is_scripting():
         return False
-    if not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in _DTYPES or x.dim() != 4:
+    # (exactly a Tensor: a subclass, even one with only __torch_function__, gets its own type back from ATen's ops)
+    if type(x) is not torch.Tensor or not x.is_cuda or x.dtype not in _DTYPES or x.dim() != 4:
         return False
     if _foreign(x, x, None) or (x.requires_grad and torch.is_grad_enabled()) or x.is_neg() or x.is_conj():
         return False
@@ -121,15 +131,30 @@ def _global_hooks() -> bool:
 
 
 def _pool_args(pool: nn.MaxPool2d) -> tuple | None:
+    """``_pool_args_of(pool)``, remembered while the pool's arguments stay the same (a forward asks for it per
+    pair)."""
+    sig = (type(pool), pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode, pool.return_indices)
+    memo = _args_memo.get(pool)
+    if memo is None or memo[0] != sig:
+        memo = _args_memo[pool] = (sig, _pool_args_of(pool))
+    return memo[1]
+
+
+_args_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""pool module -> (its arguments, ``_pool_args_of``'s answer); beside the module, not in it (torch.jit.script of the
+model would have to type an attribute of the module's own)."""
+
+
+def _pool_args_of(pool: nn.MaxPool2d) -> tuple | None:
     """(kernel, stride, padding, dilation, ceil_mode) of a pool the kernel computes as ATen does, else None: an exact
     nn.MaxPool2d without indices, its sizes two ints each within the kernel's limits, padding at most half the
     kernel (ATen's own rule; it raises otherwise, and then it should)."""
     if type(pool) is not nn.MaxPool2d or pool.return_indices:
         return None
-    try:
-        k, s, p, d = (tuple(int(v) for v in _pair(a))
+    try:  # (integers only, numpy's too: ATen refuses 2.0 and True, and then it should say so)
+        k, s, p, d = (tuple(operator.index(v) for v in _pair(a) if not isinstance(v, bool))
                       for a in (pool.kernel_size, pool.stride, pool.padding, pool.dilation))
-    except (TypeError, ValueError):
+    except TypeError:
         return None
     if not all(len(t) == 2 for t in (k, s, p, d)):
         return None
@@ -155,19 +180,27 @@ def pairs(modules: list) -> dict[int, tuple[int, bool]]:
     return found
 
 
-def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool) -> torch.Tensor | None:
-    """``pool(relu(x))`` (or ``pool(x)``) by the epilogue kernel, or None where it does not take the call."""
+def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool, relu_inplace: bool = True
+                    ) -> torch.Tensor | None:
+    """``pool(relu(x))`` (or ``pool(x)``) by the epilogue kernel, or None where it does not take the call.
+    ``relu_inplace``: the ReLU is ``nn.ReLU(inplace=True)`` (it decides the output's strides where ``x`` is both
+    contiguous and channels_last: ATen's out-of-place relu gives such a tensor contiguous strides)."""
     args = _pool_args(pool)
     if args is None or not _plain(x):
         return None
+    if relu and not relu_inplace and x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return None  # (C = 1 or a 1x1 map, where the two formats' strides differ in the size-1 dimensions only)
     device = x.get_device()
     # (a first call inside a CUDA graph capture is captured with ATen's ops: no compile or load while capturing)
     if not (_state.get(device) or (not _stream_capturing() and _ready(device))):
         return None
     k, s, p, d, ceil = args
     try:
-        return _ext().relu_max_pool2d(x, k, s, p, d, ceil, relu)
-    except RuntimeError as e:  # (an output that would be empty: ATen's max_pool2d raises its own error)
+        return _ext().relu_max_pool2d(x, k, s, p, d, ceil, relu, _keeps_negative_zero.get(device, False))
+    except RuntimeError as e:
+        if "failed with" in str(e):  # (a launch that failed: this device keeps ATen's pooling from now on)
+            _state[device] = False
+        # (else an output that would be empty: ATen's max_pool2d raises its own error)
         log.once("pool-epilogue-call", f"FusedSequential: the pooling kernel refused a call ({e}); ATen's relu and "
                  "max_pool2d answer such calls")
         return None
@@ -202,10 +235,20 @@ class FusedSequential(nn.Sequential):
             return input
         return self._fused_forward(input)
 
+    __jit_ignored_attributes__ = ["_bagf_pairs"]  # (TorchScript runs the plain loop: not its to type)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_bagf_pairs", None)  # (a memo of this process's module list)
+        return state
+
     @torch.jit.unused
     def _fused_forward(self, input):
-        modules = list(self._modules.values())
-        found = pairs(modules) if not _compiling() else {}
+        modules = tuple(self._modules.values())
+        memo = self.__dict__.get("_bagf_pairs")
+        if memo is None or memo[0] != modules:  # (the list changed: append, insert, item assignment...)
+            memo = self.__dict__["_bagf_pairs"] = (modules, pairs(list(modules)))
+        found = memo[1] if not _compiling() else {}
         i, n = 0, len(modules)
         while i < n:
             module = modules[i]
@@ -213,9 +256,10 @@ class FusedSequential(nn.Sequential):
             pair = found.get(i)
             if pair is not None:
                 j, relu = pair
-                if not (_hooked(module) or _hooked(modules[j]) or (relu and _hooked(modules[i + 1]))
+                # (the conv's forward hooks see its output: with an in-place ReLU after it, as the ReLU left it)
+                if not (module._forward_hooks or _hooked(modules[j]) or (relu and _hooked(modules[i + 1]))
                         or _global_hooks()):
-                    out = relu_max_pool2d(input, modules[j], relu)
+                    out = relu_max_pool2d(input, modules[j], relu, not relu or modules[i + 1].inplace)
                     if out is not None:
                         input = out
                         i = j

@@ -243,6 +243,9 @@ class TunedConv2d(nn.Conv2d):
     # read an annotation as a module attribute's type.
     _bagf_last = None  # tuple | None: the last plan entry used
     _bagf_frozen = False  # ``freeze_weights``
+    # torch.jit.script compiles the forward's first branch only: this process's memos (dicts keyed by shapes, tuples)
+    # are not its to type, and a layer that had been called could not be scripted
+    __jit_ignored_attributes__ = ["_bagf_plans", "_bagf_last", "_bagf_told", "_bagf_krsc", "_bagf_pinned"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1175,5 +1175,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("relu_max_pool2d", &bagf_pool::relu_max_pool2d,
         "max_pool2d(relu(x)) (or max_pool2d(x)) in one launch on the current stream, in x's dtype and memory format",
         py::arg("input"), py::arg("kernel_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
-        py::arg("ceil_mode"), py::arg("relu"));
+        py::arg("ceil_mode"), py::arg("relu"), py::arg("relu_keeps_negative_zero"));
 }

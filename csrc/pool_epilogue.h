@@ -45,6 +45,9 @@ inline void load(py::bytes cubin_bytes, const std::string& lowered, int device) 
   BAGF_CHECK(names.size() == 12, "bagf_torch: pool epilogue: expected 12 kernel names, got ", names.size());
   const std::string cubin = cubin_bytes;
   make_context_current(device);
+  // (held while the module loads: cuModuleLoadData loads into the thread's current context, this device's)
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  BAGF_CHECK(cudaFree(nullptr) == cudaSuccess, "bagf_torch: pool epilogue: cannot use device ", device);
   CUmodule module = nullptr;
   BAGF_CU_CHECK(cuModuleLoadData(&module, cubin.data()));
   for (int i = 0; i < 12; ++i) {
@@ -67,7 +70,7 @@ inline bool loaded(int device) {
 // channels_last (the Python side sends nothing else; anything else is refused here too).
 inline at::Tensor relu_max_pool2d(const at::Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
                                   std::vector<int64_t> padding, std::vector<int64_t> dilation, bool ceil_mode,
-                                  bool relu) {
+                                  bool relu, bool relu_keeps_negative_zero) {
   BAGF_CHECK(x.is_cuda() && x.dim() == 4, "bagf_torch: pool epilogue: needs a 4-d CUDA tensor");
   const int dt = dtype_index(x.scalar_type());
   BAGF_CHECK(dt >= 0, "bagf_torch: pool epilogue: dtype must be float32, float16 or bfloat16");
@@ -108,6 +111,7 @@ inline at::Tensor relu_max_pool2d(const at::Tensor& x, std::vector<int64_t> kern
   p.pw = static_cast<int>(padding[1]);
   p.dh = static_cast<int>(dilation[0]);
   p.dw = static_cast<int>(dilation[1]);
+  p.relu_keeps_negative_zero = relu_keeps_negative_zero ? 1 : 0;
   for (int i = 0; i < 4; ++i) {
     p.xs[i] = x.stride(i);
     p.ys[i] = y.stride(i);

@@ -54,7 +54,7 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, x, pool, relu):
+    def __call__(self, x, pool, relu, relu_inplace=True):
         self.calls.append((pool, relu))
         return F.max_pool2d(torch.relu(x) if relu else x, pool.kernel_size, pool.stride, pool.padding, pool.dilation,
                             pool.ceil_mode)
@@ -109,6 +109,11 @@ def test_pool_arguments_the_kernel_takes():
     assert epilogue._pool_args(nn.MaxPool2d(3, return_indices=True)) is None
     assert epilogue._pool_args(nn.MaxPool2d(3, padding=2)) is None  # (ATen raises its own error)
     assert epilogue._pool_args(nn.MaxPool2d(70000)) is None
+    assert epilogue._pool_args(nn.MaxPool2d(2.0)) is None and epilogue._pool_args(nn.MaxPool2d(True)) is None
+    pool = nn.MaxPool2d(3)
+    assert epilogue._pool_args(pool)[0] == (3, 3)
+    pool.kernel_size = 2  # (kept on the module while its arguments stay the same)
+    assert epilogue._pool_args(pool)[0] == (2, 2)
     assert epilogue._pool_args(type("P", (nn.MaxPool2d,), {})(3)) is None
 
 
@@ -135,6 +140,7 @@ def test_fused_container_survives_script_pickle_deepcopy_export_and_compile():
     m = bagf_torch.convert(copy.deepcopy(ref))
     x = torch.randn(1, 3, 24, 24)
     want = ref(x)
+    m(x)  # (after a call: the layers' and the container's memos are neither pickled nor scripted)
     for other in (torch.jit.script(m), pickle.loads(pickle.dumps(m)), copy.deepcopy(m),
                   torch.export.export(m, (x,)).module()):
         torch.testing.assert_close(other(x), want, rtol=0, atol=0)
@@ -226,10 +232,13 @@ def test_kernel_is_atens_relu_and_max_pool2d_to_the_bit(dtype, channels_last, fr
                 continue
             pool = nn.MaxPool2d(k, s, p, d, ceil_mode=ceil)
             for relu in (True, False):
-                want = pool(torch.relu(x) if relu else x)
+                want = pool(torch.relu_(x.clone()) if relu else x)  # (nn.ReLU(inplace=True): x's strides kept)
                 got = _poisoned_call(lambda: epilogue.relu_max_pool2d(x, pool, relu), want)
                 assert got is not None, (shape, k, s, p, d, ceil, relu)  # (the kernel answered, not ATen)
                 _same_bits(got, want)
+                if x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):  # (C = 1)
+                    # an out-of-place ReLU gives such a tensor contiguous strides, and the pool's output follows
+                    assert epilogue.relu_max_pool2d(x, pool, True, relu_inplace=False) is None
     # a strided view is not the kernel's (nor a conv's output): ATen answers it
     view = torch.randn(2, 20, 11, 12, device="cuda", dtype=dtype).contiguous(memory_format=fmt)[:, ::2]
     assert epilogue.relu_max_pool2d(view, nn.MaxPool2d(3, 2, 1), True) is None

@@ -43,6 +43,7 @@ struct PoolParams {
   int N, C, H, W;  // input
   int P, Q;        // output spatial extent
   int kh, kw, sh, sw, ph, pw, dh, dw;
+  int relu_keeps_negative_zero;  // 1: relu(-0.0) = -0.0, as torch's ReLU gives it on this device; 0: +0.0
   long long xs[4];  // input strides (elements) of n, c, h, w
   long long ys[4];  // output strides of n, c, p, q
 };

@@ -1,10 +1,11 @@
 // The pooling epilogue of a convolution layer: y = max_pool2d(relu(x)) (or max_pool2d(x)) in one pass, what nn.ReLU
 // then nn.MaxPool2d compute after a conv in a Sequential (bagf_torch/epilogue.py runs them as this one launch). It
-// computes what ATen's two kernels do, to the bit: ATen's ReLU of each element (fmaxf(v, 0), a NaN kept), then the
-// window's maximum by ATen's max_pool2d rule (the running maximum starts at -inf; a value replaces it when greater
-// or NaN, so the first of equal values stays and a NaN wins; a window with no input, which dilation allows, stays
-// -inf). 16-bit values are widened to fp32 and stored back unchanged. (A ReLU with no pool after it is left to ATen:
-// on its own this launch would only replace ATen's.)
+// computes what ATen's two kernels do, to the bit (NaNs as NaN): ATen's ReLU of each element (a NaN kept; -0.0 kept
+// or made +0.0 as torch's own ReLU does: versions differ, and the host asks it once per device), then the window's
+// maximum by ATen's max_pool2d rule (the running maximum starts at -inf; a value replaces it when greater or NaN, so
+// the first of equal values stays and a NaN wins; a window with no input, which dilation allows, stays -inf).
+// 16-bit values are widened to fp32 and stored back unchanged. (A ReLU with no pool after it is left to ATen: on its
+// own this launch would only replace ATen's.)
 //
 // One thread per output element. The input is read through its four strides; the output is written through the
 // output's strides, and NHWC decides only the order threads walk the outputs in: channels fastest for a channels_last
@@ -58,8 +59,8 @@ __global__ void __launch_bounds__(256) relu_max_pool2d(const void* __restrict__ 
         const int w = w0 + b * p.dw;
         if (w < 0 || w >= p.W) continue;
         float v = elem::load<DT>(x, base + h * p.xs[2] + w * p.xs[3]);
-        if (RELU && v == v) v = fmaxf(v, 0.f);  // (ATen's clamp_min(x, 0): a NaN passes)
-        if (v > m || v != v) m = v;             // (ATen's max_pool2d: a NaN wins and stays)
+        if (RELU) v = v < 0.f || (v == 0.f && !p.relu_keeps_negative_zero) ? 0.f : v;  // (a NaN passes)
+        if (v > m || v != v) m = v;  // (ATen's max_pool2d: a NaN wins and stays)
       }
     }
     elem::store<DT>(y, n * p.ys[0] + c * p.ys[1] + op * p.ys[2] + oq * p.ys[3], m);
