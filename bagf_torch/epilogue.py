@@ -17,9 +17,9 @@ the ReLU, the pool or the conv has hooks (or a global module hook is set), the p
 and for calls the kernel does not take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to
 record, inputs that are neither contiguous nor channels_last (and, after an out-of-place ReLU, those that are both:
 C = 1 or a 1x1 map, where ATen's ReLU output has other strides), torch.compile and torch.export traces (Inductor fuses
-the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type) and dispatch modes, the first call inside a CUDA graph capture, and
-any device where the kernel failed to build (logged once). ``convert(model, fuse=False)`` leaves the containers as
-they are.
+the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type) and dispatch modes, the first
+call inside a CUDA graph capture, and any device where the kernel failed to build (logged once).
+``convert(model, fuse=False)`` leaves the containers as they are.
 """
 
 from __future__ import annotations
