@@ -54,10 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = bench.gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
         print(why, file=sys.stderr)

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from host_floor import parse_plan  # noqa: E402
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.jit.compiler import KernelSpec  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
@@ -49,10 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     if not torch.cuda.is_available():
         print("ab_macro: no CUDA GPU here")
         return 2

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_layers
-from bagf_torch.bench import fp32, time_forward  # noqa: E402
+from bagf_torch.bench import fp32, gpu_tag, time_forward  # noqa: E402
 from bench_layers import ALEXNET  # noqa: E402
 
 COMPUTE = {"32F": 68, "32F_FAST_TF32": 77, "32F_EMULATED_16BFX9": 78}
@@ -103,10 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     torch.manual_seed(0)
     lib = libcublas()
     gemm = Gemm(lib)

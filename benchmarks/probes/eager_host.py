@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_overhead import command_line, git_commit  # noqa: E402
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch import models  # noqa: E402
 from bagf_torch.nn import convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
@@ -142,10 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="directory for eager_host_<tag>.{json,md} (default: print only)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     dtype = getattr(torch, args.dtype)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     torch.manual_seed(0)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
 from bench_overhead import command_line, git_commit  # noqa: E402
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch import runtime  # noqa: E402
 from bagf_torch.kernels import FAMILIES, family_refuses  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
@@ -109,10 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default=None)
     ap.add_argument("--from-json", default=None, help="rewrite the Markdown of a sweep's JSON (CPU) and exit")
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
         Path(args.from_json).with_suffix(".md").write_text(markdown(data["meta"], data["rows"]))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for cublas_emulation (also when imported)
 from cublas_emulation import median_us, shapes  # noqa: E402
@@ -72,10 +73,7 @@ def main(argv=None) -> int:
                     help="run one tile (e.g. 64x128x32x1x4x4) on one product a few times and exit, for ncu")
     ap.add_argument("--define", action="append", default=[], help="-D options for the kernel (A/B of a macro)")
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     import cupy as cp  # on the GPU machine only (CI imports this module for its tile arithmetic)
 
     torch.backends.cuda.matmul.allow_tf32 = False

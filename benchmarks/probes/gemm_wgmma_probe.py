@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch.kernels import winograd_gemm as wgg  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for cublas_emulation (also when imported)
 from cublas_emulation import median_us, shapes as _products  # noqa: E402
@@ -78,10 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", help="comma-separated LAYER:N:MT products to time (default: all 18)")
     ap.add_argument("--ncu", action="store_true", help="launch each kernel 4 times on the first --shapes product")
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     import cupy as cp  # on the GPU machine only (CI imports this module for its tile arithmetic)
 
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -38,7 +38,7 @@ from eager_host import forward_with_hooks, leaves  # noqa: E402
 
 from bagf_torch import models  # noqa: E402
 from bagf_torch import epilogue  # noqa: E402
-from bagf_torch.bench import graphed  # noqa: E402
+from bagf_torch.bench import gpu_tag, graphed  # noqa: E402
 from bagf_torch.nn import TunedConv2d, _numeric_padding, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
 from bagf_torch.problem import ConvProblem  # noqa: E402
@@ -125,10 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="directory for the JSON and Markdown (default: print only)")
     ap.add_argument("--tag", default=None)
     args = ap.parse_args(argv)
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     if not torch.cuda.is_available():
         print("module_times needs a CUDA GPU", file=sys.stderr)
         return 2

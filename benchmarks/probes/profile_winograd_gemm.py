@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch import iobound  # noqa: E402
 from bagf_torch.cache import Cache  # noqa: E402
 from bagf_torch.jit.compiler import KernelCompiler  # noqa: E402
@@ -62,10 +63,7 @@ def main() -> None:
     ap.add_argument("--ge", type=int, default=wgf.DEFAULT["GE"], help="the GEMM knob (0 cuBLAS, 1-5 mma.sync, "
                     "6-7 wgmma)")
     args = ap.parse_args()
-    if args.tag is None:  # (the GPU this runs on)
-        from bagf_torch.bench import gpu_tag
-
-        args.tag = gpu_tag()
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     compiler = KernelCompiler(Cache.for_dir(Path.home() / ".cache" / "bagf_profile"), 0, workers=8)
