@@ -33,7 +33,8 @@ from torch import nn
 from torch.nn.modules import module as _module
 from torch.nn.modules.utils import _pair
 
-from . import log
+from . import log, runtime
+from .jit.extension import load as _extension
 from .nn import TunedConv2d, _compiling, _foreign, _stream_capturing
 
 _NAMES = [f"bagf::relu_max_pool2d<{dt}, {nhwc}, {relu}>" for dt in range(3) for nhwc in (0, 1) for relu in (0, 1)]
@@ -75,12 +76,10 @@ def _ready(device: int) -> bool:
         if state is not None:
             return state
         try:
-            from . import runtime
             from .jit.compiler import KernelSpec
-            from .jit.extension import load
             from .outcome import Outcome
 
-            ext = load()
+            ext = _extension()
             with torch.cuda.device(device):  # (the module loads into this device's context, whatever the thread's)
                 if not ext.pool_epilogue_loaded(device):
                     compiler = runtime.get().device(device).compiler
@@ -196,7 +195,7 @@ def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool, relu_inplac
         return None
     k, s, p, d, ceil = args
     try:
-        return _ext().relu_max_pool2d(x, k, s, p, d, ceil, relu, _keeps_negative_zero.get(device, False))
+        return _extension().relu_max_pool2d(x, k, s, p, d, ceil, relu, _keeps_negative_zero.get(device, False))
     except RuntimeError as e:
         if "failed with" in str(e):  # (a launch that failed: this device keeps ATen's pooling from now on)
             _state[device] = False
@@ -204,18 +203,6 @@ def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool, relu_inplac
         log.once("pool-epilogue-call", f"FusedSequential: the pooling kernel refused a call ({e}); ATen's relu and "
                  "max_pool2d answer such calls")
         return None
-
-
-_ext_module = None
-
-
-def _ext():
-    global _ext_module
-    if _ext_module is None:
-        from .jit.extension import load
-
-        _ext_module = load()
-    return _ext_module
 
 
 class FusedSequential(nn.Sequential):
