@@ -72,6 +72,15 @@ def gpu_tag(device: int = 0) -> str:
     return "".join(c for c in name.replace("nvidia", "") if c.isalnum()) or "gpu"
 
 
+def mode_tag(dtype: str = "float32", channels_last: bool = False, tf32: bool = False) -> str:
+    """The precision part of a result file's name: "" for strict fp32 NCHW, else "_tf32", "_bf16_nhwc", "_fp16_nchw"
+    ..., so that a run in one mode does not overwrite another mode's results on the same GPU."""
+    short = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
+    if dtype == "float32":
+        return ("_tf32" if tf32 else "") + ("_nhwc" if channels_last else "")
+    return f"_{short}_{'nhwc' if channels_last else 'nchw'}"
+
+
 @contextlib.contextmanager
 def fp32(benchmark: bool, tf32: bool = False):
     """fp32 convs with cuDNN's TF32 as ``tf32`` says and strict fp32 matmuls, cudnn.benchmark as given; restores

@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
-    args.tag = bench.gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
+    if args.tag is None:  # (the GPU this runs on, and the mode: dtype, format, TF32)
+        args.tag = bench.gpu_tag() + bench.mode_tag(args.dtype, args.channels_last, args.tf32)
     why = cli.gpu_problem("bench_alexnet")
     if why is not None:
         print(why, file=sys.stderr)

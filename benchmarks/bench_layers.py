@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder, for bench_overhead's helpers
 
-from bagf_torch.bench import gpu_tag  # noqa: E402
+from bagf_torch.bench import gpu_tag, mode_tag  # noqa: E402
 import bagf_torch  # noqa: E402
 from bagf_torch import runtime, settings  # noqa: E402
 from bagf_torch.kernels import family_name, implicit_gemm as ig, implicit_gemm_h16 as h16, implicit_gemm_tc as tc  # noqa: E402
@@ -316,7 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--watchdog", type=float, default=120.0,
                     help="dump every thread's stack to stderr each this many seconds (0: off)")
     args = ap.parse_args(argv)
-    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
+    if args.tag is None:  # (the GPU this runs on, and the mode: dtype, format, TF32)
+        args.tag = gpu_tag() + mode_tag(args.dtype, args.channels_last, args.tf32)
     if args.from_json:
         src = Path(args.from_json)
         src.with_suffix(".md").write_text("\n".join(markdown(json.loads(src.read_text()))) + "\n")

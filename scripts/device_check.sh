@@ -106,6 +106,8 @@ if has build; then
   (cd /tmp && python3 -c "import bagf_torch; from bagf_torch import jit; print('bagf_torch', bagf_torch.__file__); print('extension', jit.load().__file__)") 2>&1 | tee -a "$OUT/build.log" || rc=1
   echo "build: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/build.log"
 fi
+# The GPU's part of result file names ("h200", "h100": bagf_torch.bench.gpu_tag), as the benchmarks name theirs.
+gpu=$( (cd /tmp && python3 -c "from bagf_torch.bench import gpu_tag; print(gpu_tag())") 2>/dev/null || echo gpu)
 if has smoke; then
   # one launch of $SMOKE_FAMILY's start point in a child with a time limit: a hung kernel stops the call here.
   # SMOKE_RUNS: several, "family smoke.py-arguments" separated by ';' (e.g. "implicit_gemm_tma_h16 --set
@@ -130,12 +132,12 @@ if has alexnet; then
   fi
   echo "alexnet tune: ${tune[*]}" > "$OUT/alexnet.log"
   timeout $t "${tune[@]}" tune --model alexnet --batch 1,32,128 --tf32 off --budget 24 --seconds 8 --no-progress \
-    --json "$OUT/tune_alexnet_h200.json" >> "$OUT/alexnet.log" 2>&1 || rc=1
+    --json "$OUT/tune_alexnet_$gpu.json" >> "$OUT/alexnet.log" 2>&1 || rc=1
   echo "alexnet tune: $(( $(date +%s) - t0 )) s on $NGPU GPU(s)" | tee -a "$OUT/alexnet.log"
 fi
 run_faults() {
   # shellcheck disable=SC2086  # FAULTS_ARGS is a list of pytest arguments (e.g. "-n 4": pytest-xdist)
-  timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_h200.json" \
+  timeout ${FAULTS_TIMEOUT:-300} python3 benchmarks/faults.py --noise --noise-budget 12 --json "$OUT/faults_$gpu.json" \
     -- ${FAULTS_ARGS:-} > "$OUT/faults.log" 2>&1
 }
 run_bench() {
@@ -170,7 +172,7 @@ if has alexnet; then
   wait_alongside
   export CUDA_VISIBLE_DEVICES=0
   { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --compile-batch ${ALEXNET_COMPILE_BATCH:-1} --out "$OUT" \
-    && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_h200.png" \
+    && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_$gpu.png" \
     && python3 -m bagf_torch cache export /tmp/bagf_export.json \
     && python3 -m bagf_torch cache import /tmp/bagf_export.json --cache /tmp/bagf_cache_imported \
     && python3 -m bagf_torch cache list --cache /tmp/bagf_cache_imported; } >> "$OUT/alexnet.log" 2>&1 || rc=1
@@ -215,15 +217,16 @@ fi
 if has extras16; then
   wait_alongside
   # The ResNet-style layers in each 16-bit dtype and memory format, one bench_layers.py run (and cache) each:
-  # bench_layers_extra_h200_{bf16,fp16}_{nhwc,nchw}.{json,md}; EXTRAS16_ARGS adds arguments to every run.
+  # bench_layers_extra_<gpu>_{bf16,fp16}_{nhwc,nchw}.{json,md}; EXTRAS16_ARGS adds arguments to every run.
   for combo in "bfloat16 --channels-last:bf16_nhwc" "float16 --channels-last:fp16_nhwc" "bfloat16:bf16_nchw" \
                "float16:fp16_nchw"; do
     tag=${combo##*:}
     # shellcheck disable=SC2086  # the dtype and format words; EXTRAS16_ARGS is a list of arguments
     BAGF_CACHE_DIR=/tmp/bagf_cache_extras16_$tag timeout ${EXTRAS16_TIMEOUT:-110} python3 benchmarks/bench_layers.py \
-      --out "$OUT" --dtype ${combo%%:*} --layers r3x3_256,r3x3_128,r1x1_1024 --batch 1,32 --tag "extra_h200_$tag" \
+      --out "$OUT" --dtype ${combo%%:*} --layers r3x3_256,r3x3_128,r1x1_1024 --batch 1,32 --tag "extra_${gpu}_$tag" \
       ${EXTRAS16_ARGS:-} > "$OUT/extras16_$tag.log" 2>&1 || rc=1
-    echo "== extras16 $tag"; grep -E "^Geomean|^\| r[13]x" "$OUT/bench_layers_extra_h200_$tag.md" 2>/dev/null | head -7
+    echo "== extras16 $tag"
+    grep -E "^Geomean|^\| r[13]x" "$OUT/bench_layers_extra_${gpu}_$tag.md" 2>/dev/null | head -7
   done
 fi
 if has modtimes; then
@@ -298,7 +301,7 @@ if has hostfloor; then
 fi
 if has contexts; then
   wait_alongside
-  timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/probes/cudnn_contexts.py --json "$OUT/cudnn_contexts_h200.json" \
+  timeout ${CONTEXTS_TIMEOUT:-240} python3 benchmarks/probes/cudnn_contexts.py --json "$OUT/cudnn_contexts_$gpu.json" \
     2>&1 | tee "$OUT/contexts.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

@@ -242,3 +242,12 @@ def test_table_shows_the_served_speedups_where_a_served_child_ran():
     by = dict(zip(head, cells))
     assert by["served vs stock"] == "2.00x" and by["served graph vs stock graph"] == "2.00x"
     assert by["bagf_served us"] == "250.0" and by["bagf vs stock (default)"] == "1.25x"
+
+
+def test_result_names_keep_each_precision_mode_apart():
+    modes = [(dt, cl, tf) for dt in ("float32", "float16", "bfloat16") for cl in (False, True) for tf in (False, True)
+             if not (tf and dt != "float32")]
+    tags = [bench.mode_tag(*m) for m in modes]
+    assert len(set(tags)) == len(modes), dict(zip(modes, tags))  # (a run in one mode never overwrites another's)
+    assert bench.mode_tag() == ""  # (strict fp32 NCHW keeps the plain names: bench_layers_h200.json)
+    assert bench.mode_tag("bfloat16", True) == "_bf16_nhwc" and bench.mode_tag("float32", False, True) == "_tf32"

@@ -259,7 +259,13 @@ def test_fused_alexnet_features_eager_in_a_cuda_graph_and_with_gradients(fresh_r
             out = model(static)
         return g, out
 
-    # a first call inside a capture: captured with ATen's ops (no compile or module load while capturing)
+    # a first call inside a capture: captured with ATen's ops (no compile or module load while capturing). cuDNN
+    # allocates device memory the first time it runs an engine for a shape, which a capture refuses (stock PyTorch's
+    # own first conv inside a capture fails so: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED); so the stock
+    # model runs once first, as any capture of a cuDNN conv needs, and the converted model's first call is the capture
+    with torch.no_grad():
+        ref(x)
+    torch.cuda.synchronize()
     static = x.clone()
     g, out = graphed(m, static)
     assert epilogue._state == {}
