@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import statistics
@@ -105,11 +106,8 @@ class Timing:
         return {"median_us": self.median_us, "p25_us": self.p25_us, "p75_us": self.p75_us, "runs": self.runs}
 
 
-def time_forward(fn: Callable[[], object], runs: int = 200, warmup: int = 20) -> Timing:
-    """GPU time of one call of ``fn`` from an idle stream: median and quartiles over ``runs``."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+def time_samples(fn: Callable[[], object], runs: int) -> list[float]:
+    """GPU microseconds of each of ``runs`` calls of ``fn``, each from an idle stream (no warm-up)."""
     stream = torch.cuda.current_stream()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -119,8 +117,48 @@ def time_forward(fn: Callable[[], object], runs: int = 200, warmup: int = 20) ->
         end.record(stream)
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
+    return times
+
+
+def summary(times: list[float]) -> Timing:
+    """Median and quartiles of ``times``."""
     q = statistics.quantiles(times, n=4) if len(times) >= 4 else [min(times), 0, max(times)]
     return Timing(statistics.median(times), q[0], q[2], len(times))
+
+
+def time_forward(fn: Callable[[], object], runs: int = 200, warmup: int = 20) -> Timing:
+    """GPU time of one call of ``fn`` from an idle stream: median and quartiles over ``runs``."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return summary(time_samples(fn, runs))
+
+
+ROUNDS = 10
+"""Rounds of ``time_interleaved``: each variant's runs are spread over this many turns."""
+
+
+def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[], object]]], runs: int,
+                     warmup: int = 20, rounds: int = ROUNDS) -> dict[str, Timing]:
+    """GPU time of one call of each variant, interleaved: {name: (fn, context)}, each timed ``runs`` times in all, in
+    ``rounds`` turns that go round the variants (each turn inside ``context()``, e.g. its cuDNN flags, after two
+    untimed calls), so that a clock or thermal drift during the run reaches every variant alike; median and quartiles
+    of each variant's pooled times. ``warmup`` untimed calls of each first."""
+    for fn, context in variants.values():
+        with context():
+            for _ in range(warmup):
+                fn()
+    torch.cuda.synchronize()
+    rounds = max(1, min(rounds, runs))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        share = runs // rounds + (r < runs % rounds)
+        for name, (fn, context) in variants.items():
+            with context():
+                fn()
+                fn()
+                times[name] += time_samples(fn, share)
+    return {name: summary(t) for name, t in times.items()}
 
 
 def graphed(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
@@ -157,7 +195,8 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
                  compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False,
                  channels_last: bool | None = None, frozen: bool = False) -> dict:
-    """Time every variant on input ``x``; returns {variant: {median_us, ..., max_rel_diff}} and, with
+    """Time every variant on input ``x`` (this process's variants interleaved, ``time_interleaved``: ``runs`` each,
+    in turns); returns {variant: {median_us, ..., max_rel_diff}} and, with
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
     (otherwise its first warm-up call tunes).
 
@@ -187,17 +226,18 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
             variants.append(("stock", False, lambda: lambda: stock(x)))
             if graphs:
                 variants.append(("stock_graph", False, lambda: _graph_call(stock, x, out, "stock_graph")))
+        timed: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {}
         for name, benchmark, make in variants:
             with fp32(benchmark=benchmark, tf32=tf32):
                 fn = make()
                 # compared before timing: a CUDA-graph replay (ours, or torch.compile's max-autotune
                 # cudagraphs) overwrites its output on the next run
-                diff = max_rel_diff(fn(), ref)
+                out.setdefault(name, {})["max_rel_diff"] = max_rel_diff(fn(), ref)
                 torch.cuda.synchronize()
-                timing = time_forward(fn, runs=runs)
-            entry = out.setdefault(name, {})
-            entry.update(timing.as_dict())
-            entry["max_rel_diff"] = diff
+            timed[name] = (fn, functools.partial(fp32, benchmark=benchmark, tf32=tf32))
+        # every variant built (graphs captured, cuDNN's benchmark-mode picks made in the order above): timed in turns
+        for name, timing in time_interleaved(timed, runs).items():
+            out[name].update(timing.as_dict(), timed="interleaved")
     if stock_model is not None:
         shape, dtype, fmt = child_args(x, channels_last)
         shared = _cache_shared()

@@ -109,7 +109,9 @@ def main(argv=None) -> int:
                  "BAGF_TUNE=0 and PyTorch's default flags, plans from the cache"
                  + (" (its weights frozen too)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
-                 "it picks per shape, see bagf_torch/bench.py). `bagf` runs its ATen-planned layers in benchmark "
+                 "it picks per shape, see bagf_torch/bench.py), and this process's variants are timed interleaved: "
+                 f"{bench.ROUNDS} turns round them, {args.runs} runs each in all (the children time their own "
+                 "two). `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups: first over `stock_benchmark` (cuDNN in "
                  "benchmark mode in this process: the like-for-like comparison), then over PyTorch's defaults "
                  "(`stock`, benchmark off: what a user who changes nothing runs).", "",

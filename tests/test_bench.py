@@ -251,3 +251,35 @@ def test_result_names_keep_each_precision_mode_apart():
     assert len(set(tags)) == len(modes), dict(zip(modes, tags))  # (a run in one mode never overwrites another's)
     assert bench.mode_tag() == ""  # (strict fp32 NCHW keeps the plain names: bench_layers_h200.json)
     assert bench.mode_tag("bfloat16", True) == "_bf16_nhwc" and bench.mode_tag("float32", False, True) == "_tf32"
+
+
+def test_variants_are_timed_in_turns_each_inside_its_own_flags(monkeypatch):
+    """``time_interleaved`` goes round the variants (a drift during the run reaches each alike), every turn inside the
+    variant's context (its cuDNN flags), each variant timed ``runs`` times in all."""
+    import contextlib
+
+    order, inside = [], []
+    current = []
+
+    @contextlib.contextmanager
+    def flags(name):
+        current.append(name)
+        yield
+        current.pop()
+
+    def sample(fn, n):
+        fn()
+        order.append((current[-1], n))
+        return [{"a": 1.0, "b": 2.0}[current[-1]]] * n
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(bench, "time_samples", sample)
+    variants = {v: ((lambda v=v: inside.append((v, tuple(current)))), (lambda v=v: flags(v))) for v in "ab"}
+    got = bench.time_interleaved(variants, runs=25, warmup=3, rounds=10)
+    assert [name for name, _ in order] == ["a", "b"] * 10  # (turns, not one variant's runs and then the other's)
+    assert sum(n for name, n in order if name == "a") == 25 == sum(n for name, n in order if name == "b")
+    assert all(ctx == (v,) for v, ctx in inside)  # (every call, warm-up too, inside its own variant's flags)
+    assert got["a"].median_us == 1.0 and got["b"].median_us == 2.0 and got["a"].runs == 25
+    order.clear()
+    assert bench.time_interleaved(variants, runs=3, warmup=0)["b"].runs == 3
+    assert order == [("a", 1), ("b", 1)] * 3  # (fewer runs than rounds: one run per turn)
