@@ -31,7 +31,8 @@
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
 #   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each). modtimes = benchmarks/probes/module_times.py
-#   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1).
+#   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). plankernels = benchmarks/probes/plan_kernels.py
+#   (an NCHW 16-bit plan's kernels beside its channels_last twin's; $PLANKERNELS_RUNS, argument sets split by ';').
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
 #   the fault matrix in the background beside the tests stage, and every later stage but sanitize waits for it (on
 #   2+ GPUs the matrix runs on the last GPU anyway).
@@ -78,7 +79,7 @@ watchdog=$!
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets|plankernels) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -237,6 +238,20 @@ if has modtimes; then
   BAGF_CACHE_DIR=/tmp/bagf_cache_modtimes timeout ${MODTIMES_TIMEOUT:-150} python3 benchmarks/probes/module_times.py \
     --out "$OUT" ${MODTIMES_ARGS:---dtype bfloat16 --channels-last --batch 1} > "$OUT/modtimes.log" 2>&1 || rc=1
   tail -n 40 "$OUT/modtimes.log"
+fi
+if has plankernels; then
+  wait_alongside
+  # benchmarks/probes/plan_kernels.py: an NCHW 16-bit plan's kernels beside its channels_last twin's; one run per
+  # ';'-separated argument set in $PLANKERNELS_RUNS (default: the N = 32 persistent and N = 1 split-K starts, bf16)
+  IFS=';' read -r -a pk_runs <<< "${PLANKERNELS_RUNS:---batch 32 --set WN=128,MI=2,WG=2,STAGES=4,SK=2,SPLIT=1;\
+--batch 1 --set WN=64,MI=1,WG=1,STAGES=5,SPLIT=4,CR=1}"
+  : > "$OUT/plankernels.log"
+  for run in "${pk_runs[@]}"; do
+    # shellcheck disable=SC2086  # the run's arguments
+    timeout ${PLANKERNELS_TIMEOUT:-120} python3 benchmarks/probes/plan_kernels.py --out "$OUT" $run \
+      >> "$OUT/plankernels.log" 2>&1 || rc=1
+  done
+  grep -E "^\| r" "$OUT"/plan_kernels_*.md
 fi
 if has record; then
   wait_alongside

@@ -760,3 +760,26 @@ def test_bench_layers_marks_a_plan_over_its_checks_bound():
     row["error"]["over_bound"] = True
     marked = [line for line in bl.markdown(doc) if line.startswith(f"| {row['layer']} | {row['n']} | `")]
     assert any(line.endswith("**over** |") for line in marked)
+
+
+def test_plan_kernels_times_an_nchw_plan_beside_its_channels_last_twin():
+    """benchmarks/probes/plan_kernels.py: the same configuration on the NCHW problem and its channels_last twin (only
+    NHWC differs), each through the family's space and problem rule; ours and ATen's kernels named short; without a
+    GPU it says so and exits 2."""
+    probe = _script("probes/plan_kernels")
+    bl = _script("bench_layers")
+    layer = next(lay for lay in bl.EXTRA if lay[0] == "r3x3_256")
+    (p0, c0, why0), (p1, c1, why1) = probe.configs(layer, 32, "bfloat16", {"WN": 128, "MI": 2, "WG": 2, "STAGES": 4,
+                                                                                 "SK": 2})
+    assert (p0.layout, p1.layout) == ("nchw", "nhwc") and why0 is None and why1 is None
+    assert {k: v for k, v in c0.items() if k != "NHWC"} == {k: v for k, v in c1.items() if k != "NHWC"}
+    assert (c0["NHWC"], c1["NHWC"], c0["SK"], c0["DT"]) == (0, 1, 2, 1)
+    (_, bad, why), _ = probe.configs(layer, 32, "float16", {"SK": 2, "SPLIT": 4})
+    assert why and "SPLIT" in why  # (persistent blocks take no split-K: the space says so, nothing is compiled)
+    assert probe.short("void bagf::nchw_to_nhwc<1>(__nv_bfloat16 const*, ...)") == "nchw_to_nhwc"
+    assert probe.short("void bagf::implicit_gemm_tma_h16_conv2d<1, 128, 2, 2, 4, 0, 2>(...)") == (
+        "implicit_gemm_tma_h16_conv2d")
+    import torch
+
+    if not torch.cuda.is_available():
+        assert probe.main(["--layers", "r1x1_1024", "--batch", "1"]) == 2
