@@ -76,17 +76,10 @@ def _ready(device: int) -> bool:
         if state is not None:
             return state
         try:
-            from .jit.compiler import KernelSpec
-            from .outcome import Outcome
-
             ext = _extension()
             with torch.cuda.device(device):  # (the module loads into this device's context, whatever the thread's)
                 if not ext.pool_epilogue_loaded(device):
-                    compiler = runtime.get().device(device).compiler
-                    got = compiler.cubin(KernelSpec(_Kernels, {}, compiler.arch))
-                    if isinstance(got, Outcome):
-                        raise RuntimeError(got.detail)
-                    cubin, lowered, _ = got
+                    cubin, lowered = _cubin(device)
                     ext.load_pool_epilogue(cubin, lowered, device)
                 # torch's ReLU has kept -0.0 in some versions and made it +0.0 in others: ask it, once
                 zero = torch.relu(torch.tensor([-0.0], device=f"cuda:{device}"))
@@ -98,6 +91,19 @@ def _ready(device: int) -> bool:
             state = False
         _state[device] = state
         return state
+
+
+def _cubin(device: int) -> tuple[bytes, str]:
+    """The kernel's cubin and lowered names from the runtime's cache for ``device``, compiled and stored there first
+    if the cache lacks it; raises what went wrong."""
+    from .jit.compiler import KernelSpec
+    from .outcome import Outcome
+
+    compiler = runtime.get().device(device).compiler
+    got = compiler.cubin(KernelSpec(_Kernels, {}, compiler.arch))
+    if isinstance(got, Outcome):
+        raise RuntimeError(got.detail)
+    return got[0], got[1]
 
 
 def _plain(x) -> bool:
@@ -261,7 +267,17 @@ def prepare(model: nn.Module, device: int) -> bool:
     in ``model``, or the build failed, logged)."""
     if not any(isinstance(m, FusedSequential) and pairs(list(m._modules.values())) for m in model.modules()):
         return False
-    return _ready(device)
+    if not _ready(device):
+        return False
+    # loaded earlier in this process, maybe from another cache (the runtime's cache can change: a new
+    # BAGF_CACHE_DIR and runtime.reset()): this one must hold the cubin too, or a serving process would compile it
+    try:
+        with torch.cuda.device(device):
+            _cubin(device)
+    except Exception as e:  # (the kernel stays loaded and in use here; only the cache lacks it)
+        log.once(f"pool-epilogue-store:{device}", f"FusedSequential: the pooling kernel's cubin could not be stored in "
+                 f"the cache ({e}); a serving process will compile it on its first call")
+    return True
 
 
 def fuse(model: nn.Module) -> int:

@@ -783,3 +783,21 @@ def test_plan_kernels_times_an_nchw_plan_beside_its_channels_last_twin():
 
     if not torch.cuda.is_available():
         assert probe.main(["--layers", "r1x1_1024", "--batch", "1"]) == 2
+
+
+def test_plan_kernels_writes_its_rows_and_the_refused_ones(tmp_path):
+    """plan_kernels.py's files: every row in the JSON, a measured row's kernels and references in the table, a refused
+    configuration's reason in its row."""
+    probe = _script("probes/plan_kernels")
+    meta = {"gpu": "Fake GPU", "torch": "2", "cuda": "13", "cudnn": 9, "date": "today", "commit": "abc",
+            "dtype": "bfloat16", "command": "python benchmarks/probes/plan_kernels.py"}
+    rows = [{"layer": "r3x3_256", "n": 32, "layout": "nchw", "plan": "p_nchw", "input_mb": 51.4,
+             "graph_us": {"plan": 264.3, "cudnn": 345.1, "aten_to_channels_last": 177.0, "clone": 39.1},
+             "kernels_us": {"implicit_gemm_tma_h16_conv2d": 186.6, "nchw_to_nhwc": 72.8}},
+            {"layer": "r3x3_256", "n": 32, "layout": "nhwc", "plan": "p_nhwc", "error": "needs 280064 bytes"}]
+    lines = probe.write(tmp_path, "sim", meta, rows)
+    assert json.loads((tmp_path / "plan_kernels_sim.json").read_text())["rows"] == rows
+    assert (tmp_path / "plan_kernels_sim.md").read_text().splitlines() == lines
+    assert any("| 264.3 | 345.1 | implicit_gemm_tma_h16_conv2d 186.6; nchw_to_nhwc 72.8 | 51.4 | 177.0 | 39.1 |" in x
+               for x in lines)
+    assert any("`p_nhwc` | needs 280064 bytes" in x for x in lines) and "bfloat16" in lines[2]

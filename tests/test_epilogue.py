@@ -4,6 +4,7 @@ kernel stood in for; its ATen path; GPU: the kernel itself, bit patterns compare
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import re
@@ -147,6 +148,38 @@ def test_fused_container_survives_script_pickle_deepcopy_export_and_compile():
     assert type(pickle.loads(pickle.dumps(m))) is FusedSequential
     torch.testing.assert_close(torch.compile(m, fullgraph=True)(x), torch.compile(ref, fullgraph=True)(x),
                                rtol=0, atol=0)
+
+
+def test_prepare_stores_the_cubin_in_the_current_cache_even_when_loaded_under_another(monkeypatch):
+    """tune_model's prepare() is what puts the kernel's cubin in the cache a serving process reads: when this process
+    loaded the kernel earlier (under another cache: a new BAGF_CACHE_DIR and runtime.reset()), prepare still asks the
+    current cache's compiler for it (a hit, or compiled and stored); a failure there leaves the loaded kernel in use,
+    logged. No pair in the model: nothing asked."""
+    import types
+
+    asked = []
+
+    class Compiler:
+        arch = "sm_90"
+
+        def cubin(self, spec):
+            asked.append(spec.name)
+            if fail:
+                raise OSError("disk full")
+            return b"cubin", "lowered", 0.0
+
+    fake = types.SimpleNamespace(device=lambda d: types.SimpleNamespace(compiler=Compiler()))
+    monkeypatch.setattr(epilogue.runtime, "get", lambda: fake)
+    monkeypatch.setattr(epilogue.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(epilogue, "_state", {0: True})  # (loaded before, in this process)
+    fail = False
+    model = bagf_torch.convert(_net())
+    assert epilogue.prepare(model, 0) is True and len(asked) == 1
+    assert epilogue.prepare(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), 0) is False and len(asked) == 1
+    fail = True
+    assert epilogue.prepare(model, 0) is True and len(asked) == 2  # (still loaded and used; the cache lacks it)
+    monkeypatch.setattr(epilogue, "_state", {0: False})  # (failed to build here: nothing more asked)
+    assert epilogue.prepare(model, 0) is False and len(asked) == 2
 
 
 def test_kernel_names_are_the_hosts_order():

@@ -89,6 +89,36 @@ def configs(layer, n: int, dtype: str, knobs: dict) -> list[tuple]:
     return out
 
 
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def write(out: Path, tag: str, meta: dict, rows: list[dict]) -> list[str]:
+    """``plan_kernels_<tag>.{json,md}`` under ``out``; returns the Markdown's lines."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"plan_kernels_{tag}"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Where an NCHW plan's time goes: implicit_gemm_tma_h16 NCHW vs its channels_last twin ({meta['gpu']})",
+             "", f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {meta['dtype']}; "
+             f"commit `{meta['commit']}`; `{meta['command']}`.", "",
+             "Graph columns: GPU us of one replay of each call's CUDA graph (median of rounds interleaved with cuDNN's "
+             "call in the same format). Kernel columns: torch.profiler's mean GPU us per call of each kernel the plan "
+             "launches (the weight's KRSC copy is ATen's; `nchw_to_nhwc` the plan's input copy). The last two "
+             "columns time the same input's ATen copy to channels_last and a plain clone of its bytes.", "",
+             "| layer | N | format | plan | plan graph us | cuDNN graph us | kernels (us per call) | input MB | "
+             "ATen to channels_last us | clone us |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {r['error'][:80]} | | | | | |")
+            continue
+        g = r["graph_us"]
+        ks = "; ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
+        lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {g['plan']:.1f} | {g['cudnn']:.1f} "
+                     f"| {ks} | {r['input_mb']:.1f} | {_us(g.get('aten_to_channels_last'))} | {_us(g.get('clone'))} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="r3x3_256,r3x3_128,r1x1_1024")
@@ -155,31 +185,9 @@ def main(argv=None) -> int:
                     print(f"{layer[0]} N={n} {layout}: {row['graph_us']} {row['kernels_us']}", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"), "commit": git_commit(), "command": command_line(), "dtype": args.dtype}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"plan_kernels_{args.tag}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Where an NCHW plan's time goes: implicit_gemm_tma_h16 NCHW vs its channels_last twin ({meta['gpu']})",
-             "", f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {args.dtype}; "
-             f"commit `{meta['commit']}`; `{meta['command']}`.", "",
-             "Graph columns: GPU us of one replay of each call's CUDA graph (median of rounds interleaved with cuDNN's "
-             "call in the same format). Kernel columns: torch.profiler's mean GPU us per call of each kernel the plan "
-             "launches (the weight's KRSC copy is ATen's; `nchw_to_nhwc` the plan's input copy). The last two "
-             "columns time the same input's ATen copy to channels_last and a plain clone of its bytes.", "",
-             "| layer | N | format | plan | plan graph us | cuDNN graph us | kernels (us per call) | input MB | "
-             "ATen to channels_last us | clone us |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {r['error'][:80]} | | | | | |")
-            continue
-        g = r["graph_us"]
-        ks = "; ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
-        lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {g['plan']:.1f} | {g['cudnn']:.1f} "
-                     f"| {ks} | {r['input_mb']:.1f} | {g.get('aten_to_channels_last', float('nan')):.1f} | "
-                     f"{g.get('clone', float('nan')):.1f} |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                timespec="seconds"), "commit": git_commit(), "dtype": args.dtype,
+            "command": command_line("probes/plan_kernels.py", sys.argv[1:] if argv is None else argv)}
+    print("\n".join(write(Path(args.out), args.tag, meta, rows)))
     return 0
 
 
