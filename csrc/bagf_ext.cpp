@@ -844,17 +844,19 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
   at::Tensor xf = x;
   if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    if (plan.transpose_fn == nullptr || (p.C + 31) / 32 > 65535) {
+    if (plan.transpose_fn == nullptr || (p.C + bagf::kNchwCopyTile - 1) / bagf::kNchwCopyTile > 65535) {
       xf = x.contiguous(at::MemoryFormat::ChannelsLast);
-    } else {  // the plan's own copy: 32 x 32 tiles through shared memory (ATen's permuting copy is slower)
+    } else {  // the plan's own copy: 64 x 64 tiles through shared memory (ATen's permuting copy is slower)
       xf = at::empty_like(x, at::MemoryFormat::ChannelsLast);
       const void* src = x.const_data_ptr();
       void* dst = xf.mutable_data_ptr();
       int C = p.C, HW = p.H * p.W, N = p.N;
       void* targs[] = {&src, &dst, &C, &HW, &N};
-      BAGF_CU_CHECK(cuLaunchKernel(plan.transpose_fn, static_cast<unsigned>((HW + 31) / 32),
-                                   static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(std::min(N, 65535)), 256,
-                                   1, 1, 0, c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), targs, nullptr));
+      constexpr int tile = bagf::kNchwCopyTile;
+      const unsigned gx = static_cast<unsigned>((HW + tile - 1) / tile);
+      const unsigned gy = static_cast<unsigned>((C + tile - 1) / tile);
+      BAGF_CU_CHECK(cuLaunchKernel(plan.transpose_fn, gx, gy, static_cast<unsigned>(std::min(N, 65535)), 256, 1, 1, 0,
+                                   c10::cuda::getCurrentCUDAStream(x.get_device()).stream(), targs, nullptr));
     }
   }
   const void* xp = xf.const_data_ptr();

@@ -13,7 +13,7 @@ any C % 8 == 0 is served by whole copies. The host encodes the two maps per call
 stride above 8, padding above 128, a filter window past the im2col box's range): the problem rule keeps such problems
 out of the space. An NCHW problem (what ``.to(torch.bfloat16)`` alone gives; cuDNN's NCHW 16-bit kernels take 1.4-1.9x its
 channels_last ones on AlexNet) runs the same kernel on a channels_last copy of the input made per call by the plan's
-second kernel (``nchw_to_nhwc``, 32 x 32 tiles through shared memory; a cubin compiled before it falls back to
+second kernel (``nchw_to_nhwc``, 64 x 64 tiles through shared memory; a cubin compiled before it falls back to
 ATen's copy) and a KRSC copy of the weight, and the epilogue writes the NCHW output, staged through the ring (through
 a buffer of its own with persistent blocks; from the registers with stream-K).
 

@@ -48,4 +48,8 @@ struct PoolParams {
   long long ys[4];  // output strides of n, c, p, q
 };
 
+// nchw_to_nhwc's tile (implicit_gemm_tma_h16.cuh): channels and pixels per block, each way; the host sizes the copy's
+// grid with it.
+constexpr int kNchwCopyTile = 64;
+
 }  // namespace bagf

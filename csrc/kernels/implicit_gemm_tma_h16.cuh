@@ -429,28 +429,69 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
 }  // namespace wgt
 #endif
 
-// An NCHW plan's first launch: the input copied to channels_last (its maps view channels innermost), 32 channels x
-// 32 pixels per tile through shared memory, so that both the reads (a channel's pixels) and the writes (a pixel's
-// channels) are whole rows; images N over grid.z and a stride of gridDim.z. Any compute capability.
+// An NCHW plan's first launch: the input copied to channels_last (its maps view channels innermost), TILE channels x
+// TILE pixels per block (kNchwCopyTile, 64) through shared memory, so that both the reads (a channel's pixels) and the
+// writes (a pixel's channels) are whole rows; images N over grid.z and a stride of gridDim.z. A warp moves 128 bytes
+// per access: 16-bit values go two at a time in 4-byte words (64 pixels of a channel in, 64 channels of a pixel out)
+// where HW and C are even and both tensors 4-byte aligned, else one at a time in two passes of 32; fp32 values one at
+// a time (32 x 4 bytes). With 32 x 32 tiles and 2-byte accesses (half lines, 8 bytes in flight per thread) it took
+// 72.8 us for a 51 MB bf16 input on the H100, where a clone of the bytes takes 39.1. At most 40 registers: six
+// blocks per SM. Any compute capability.
 template <int DT>
-__global__ void __launch_bounds__(256) nchw_to_nhwc(const typename wgh::Elem<DT>::T* __restrict__ x,
+__global__ void __launch_bounds__(256, 6) nchw_to_nhwc(const typename wgh::Elem<DT>::T* __restrict__ x,
                                                     typename wgh::Elem<DT>::T* __restrict__ y, int C, int HW, int N) {
-  using T = typename wgh::Elem<DT>::T;
-  __shared__ T tile[32][33];
-  const int p0 = blockIdx.x * 32;
-  const int c0 = blockIdx.y * 32;
-  const int tx = threadIdx.x & 31;
-  const int ty = threadIdx.x >> 5;
+  using E = wgh::Elem<DT>;
+  using T = typename E::T;
+  constexpr int TILE = kNchwCopyTile;
+  constexpr int ROWS = TILE / 8;  // rows per warp (8 warps)
+  constexpr bool H16 = sizeof(T) == 2;
+  // (rows of 66 16-bit values: 4-byte aligned for the paired stores, word (33 row + lane) in bank row + lane; fp32
+  // rows of 65: the column reads of the second phase fall in 32 different banks)
+  __shared__ __align__(4) T tile[TILE][TILE + (H16 ? 2 : 1)];
+  const int p0 = blockIdx.x * TILE;
+  const int c0 = blockIdx.y * TILE;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const bool pairs = H16 && !(HW & 1) && !(C & 1) && !(reinterpret_cast<unsigned long long>(x) & 3ull) &&
+                     !(reinterpret_cast<unsigned long long>(y) & 3ull);
   for (int n = blockIdx.z; n < N; n += gridDim.z) {
     const T* xn = x + static_cast<long long>(n) * C * HW;
     T* yn = y + static_cast<long long>(n) * C * HW;
+    if (H16 && pairs) {
+      // (every load of the tile issued before the first shared store: 8 x 4 bytes in flight per thread)
+      unsigned v[ROWS];
+      const int p = p0 + 2 * lane;  // (even, and HW even: p + 1 < HW whenever p < HW)
 #pragma unroll
-    for (int i = ty; i < 32; i += 8)
-      if (c0 + i < C && p0 + tx < HW) tile[i][tx] = xn[(c0 + i) * HW + p0 + tx];
-    __syncthreads();
+      for (int r = 0; r < ROWS; ++r) {
+        const int c = c0 + warp + 8 * r;
+        v[r] = (c < C && p < HW) ? __ldg(reinterpret_cast<const unsigned*>(xn + c * HW + p)) : 0u;
+      }
 #pragma unroll
-    for (int i = ty; i < 32; i += 8)
-      if (p0 + i < HW && c0 + tx < C) yn[(p0 + i) * C + c0 + tx] = tile[tx][i];
+      for (int r = 0; r < ROWS; ++r) *reinterpret_cast<unsigned*>(&tile[warp + 8 * r][2 * lane]) = v[r];
+      __syncthreads();
+      const int c = c0 + 2 * lane;  // (even, and C even: c + 1 < C whenever c < C)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int i = warp + 8 * r;
+        if (p0 + i < HW && c < C) E::store_pair(yn + (p0 + i) * C + c, tile[2 * lane][i], tile[2 * lane + 1][i]);
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int j = lane; j < TILE; j += 32) {
+          const int i = warp + 8 * r;
+          if (c0 + i < C && p0 + j < HW) tile[i][j] = xn[(c0 + i) * HW + p0 + j];
+        }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int j = lane; j < TILE; j += 32) {
+          const int i = warp + 8 * r;
+          if (p0 + i < HW && c0 + j < C) yn[(p0 + i) * C + c0 + j] = tile[j][i];
+        }
+    }
     __syncthreads();
   }
 }
