@@ -182,7 +182,8 @@ def main(argv=None) -> int:
                     row["graph_us"] = graph_us(fns, args.replays, args.rounds)
                     row["kernels_us"] = {short(k): v for k, v in kernel_us(plan, args.profiled).items()}
                     row["input_mb"] = ws.x.numel() * ws.x.element_size() / 1e6
-                    print(f"{layer[0]} N={n} {layout}: {row['graph_us']} {row['kernels_us']}", flush=True)
+                    print(f"{layer[0]} N={n} {layout}: error {row['error_vs_float64']:.2e} {row['graph_us']} "
+                          f"{row['kernels_us']}", flush=True)
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"), "commit": git_commit(), "dtype": args.dtype,
