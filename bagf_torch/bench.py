@@ -203,12 +203,13 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``stock_model`` (a model name ``models.build`` takes, e.g. "alexnet"): the benchmark-off variants (``stock``,
     ``stock_graph``) and the served ones (``bagf_served``, ``bagf_served_graph``) are timed in child processes
     (see the module docstring), in ``x``'s dtype and in channels_last as ``channels_last`` says (None: as ``x``'s
-    strides say); no served variant when the cache is in memory (a child cannot see its plans). None: ``stock`` and
-    ``stock_graph`` are timed here, AFTER every benchmark-mode variant, so they do not poison the others' cuDNN
-    choice -- but they then inherit benchmark mode's algorithms and are not what a default PyTorch process runs --
-    and there is no served variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the tuned model's plans
-    must be TF32-mode plans. ``frozen``: the served model's weights are frozen too (``freeze_weights``), as the tuned
-    model's are."""
+    strides say); no served variant when the cache is in memory (a child cannot see its plans). A child times its
+    own two variants, apart from this process's turns: ratios against a child's variant are not interleaved. None:
+    ``stock`` and ``stock_graph`` run here, first called AFTER every benchmark-mode variant, so they do not poison the
+    others' cuDNN choice -- but they then inherit benchmark mode's algorithms and are not what a default PyTorch
+    process runs -- and there is no served variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the
+    tuned model's plans must be TF32-mode plans. ``frozen``: the served model's weights are frozen too
+    (``freeze_weights``), as the tuned model's are."""
     out: dict = {}
     with torch.no_grad():
         with fp32(benchmark=True, tf32=tf32):

@@ -251,7 +251,7 @@ if has plankernels; then
     timeout ${PLANKERNELS_TIMEOUT:-120} python3 benchmarks/probes/plan_kernels.py --out "$OUT" $run \
       >> "$OUT/plankernels.log" 2>&1 || rc=1
   done
-  grep -E "^\| r" "$OUT"/plan_kernels_*.md
+  grep -E "^\| (r|conv)" "$OUT"/plan_kernels_*.md
 fi
 if has record; then
   wait_alongside

@@ -793,11 +793,16 @@ def test_plan_kernels_writes_its_rows_and_the_refused_ones(tmp_path):
             "dtype": "bfloat16", "command": "python benchmarks/probes/plan_kernels.py"}
     rows = [{"layer": "r3x3_256", "n": 32, "layout": "nchw", "plan": "p_nchw", "input_mb": 51.4,
              "graph_us": {"plan": 264.3, "cudnn": 345.1, "aten_to_channels_last": 177.0, "clone": 39.1},
-             "kernels_us": {"implicit_gemm_tma_h16_conv2d": 186.6, "nchw_to_nhwc": 72.8}},
+             "kernels_us": {"implicit_gemm_tma_h16_conv2d": 186.6, "nchw_to_nhwc": 72.8}, "clone_kernel_us": 35.0},
             {"layer": "r3x3_256", "n": 32, "layout": "nhwc", "plan": "p_nhwc", "error": "needs 280064 bytes"}]
     lines = probe.write(tmp_path, "sim", meta, rows)
     assert json.loads((tmp_path / "plan_kernels_sim.json").read_text())["rows"] == rows
     assert (tmp_path / "plan_kernels_sim.md").read_text().splitlines() == lines
-    assert any("| 264.3 | 345.1 | implicit_gemm_tma_h16_conv2d 186.6; nchw_to_nhwc 72.8 | 51.4 | 177.0 | 39.1 |" in x
-               for x in lines)
+    assert any("| 264.3 | 345.1 | implicit_gemm_tma_h16_conv2d 186.6; nchw_to_nhwc 72.8 | 51.4 | 177.0 | 39.1 | 35.0 |"
+               in x for x in lines)
+    # two kernels of one short name (two of ATen's elementwise launches): their times added, not the last kept
+    assert probe.by_short_name({"void at::native::elementwise_kernel<128, 4>(A)": 3.0,
+                                "void at::native::elementwise_kernel<128, 4>(B)": 0.5,
+                                "void bagf::nchw_to_nhwc<1>(x)": 7.9}) == {
+        "void at::native::elementwise_kernel": 3.5, "nchw_to_nhwc": 7.9}
     assert any("`p_nhwc` | needs 280064 bytes" in x for x in lines) and "bfloat16" in lines[2]

@@ -12,8 +12,8 @@ writes NCHW. This probe times, per layer and batch:
 - references for the input copy: ATen's ``contiguous(channels_last)`` and a plain ``clone`` of the same bytes (the
   copy bandwidth the transposition could reach), each in a CUDA graph.
 
-    python benchmarks/probes/plan_kernels.py --layers r3x3_256,r1x1_1024 --batch 1,32 --dtype bfloat16 \\
-        --set "WN=128,MI=2,WG=2,STAGES=4,SK=2" --out benchmarks/results
+    python benchmarks/probes/plan_kernels.py --layers r3x3_256,r1x1_1024 --batch 32 --dtype bfloat16 \\
+        --set "WN=128,MI=2,WG=2,STAGES=4,SK=2,SPLIT=1" --out benchmarks/results
 
 The configuration: the family's ``default_for`` of the NCHW problem with ``--set``'s knobs over it (NHWC and DT
 follow the problem). Writes ``plan_kernels_<tag>.{json,md}`` under ``--out`` (default tag: GPU, dtype, batches,
@@ -67,6 +67,14 @@ def kernel_us(fn, calls: int) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
+def by_short_name(kernels: dict[str, float]) -> dict[str, float]:
+    """``kernels`` under their :func:`short` names, the times of kernels that share one added together."""
+    out: dict[str, float] = {}
+    for name, us in kernels.items():
+        out[short(name)] = out.get(short(name), 0.0) + us
+    return out
+
+
 def short(name: str) -> str:
     """A kernel's name without its template arguments' noise (ours) or ATen's namespaces."""
     for ours in ("nchw_to_nhwc", "implicit_gemm_tma_h16_conv2d"):
@@ -104,17 +112,21 @@ def write(out: Path, tag: str, meta: dict, rows: list[dict]) -> list[str]:
              "Graph columns: GPU us of one replay of each call's CUDA graph (median of rounds interleaved with cuDNN's "
              "call in the same format). Kernel columns: torch.profiler's mean GPU us per call of each kernel the plan "
              "launches (the weight's KRSC copy is ATen's; `nchw_to_nhwc` the plan's input copy). The last two "
-             "columns time the same input's ATen copy to channels_last and a plain clone of its bytes.", "",
+             "columns time the same input's ATen copy to channels_last and a plain clone of its bytes in CUDA graphs "
+             "(with a graph's launch floor, a few us), and the clone's kernel alone by the profiler, as the plan's "
+             "kernels are.", "",
              "| layer | N | format | plan | plan graph us | cuDNN graph us | kernels (us per call) | input MB | "
-             "ATen to channels_last us | clone us |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "ATen to channels_last graph us | clone graph us | clone kernel us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {r['error'][:80]} | | | | | | |")
             continue
         g = r["graph_us"]
         ks = "; ".join(f"{k} {v:.1f}" for k, v in r["kernels_us"].items())
         lines.append(f"| {r['layer']} | {r['n']} | {r['layout']} | `{r['plan']}` | {g['plan']:.1f} | {g['cudnn']:.1f} "
-                     f"| {ks} | {r['input_mb']:.1f} | {_us(g.get('aten_to_channels_last'))} | {_us(g.get('clone'))} |")
+                     f"| {ks} | {r['input_mb']:.1f} | {_us(g.get('aten_to_channels_last'))} | {_us(g.get('clone'))} | "
+                     f"{_us(r.get('clone_kernel_us'))} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -162,7 +174,7 @@ def main(argv=None) -> int:
                     if not hasattr(built, "handle"):
                         row["error"] = built.detail[:500]
                         continue
-                    ws = Workspace(p, dev)
+                    ws = Workspace(p, dev, seed=n)  # (the same data for the NCHW plan and its twin)
                     s, pad, dil = ws.args
 
                     def plan(ws=ws, s=s, pad=pad, dil=dil, handle=built.handle):
@@ -180,7 +192,9 @@ def main(argv=None) -> int:
                         fns["aten_to_channels_last"] = lambda ws=ws: ws.x.contiguous(memory_format=torch.channels_last)
                         fns["clone"] = lambda ws=ws: ws.x.clone()
                     row["graph_us"] = graph_us(fns, args.replays, args.rounds)
-                    row["kernels_us"] = {short(k): v for k, v in kernel_us(plan, args.profiled).items()}
+                    row["kernels_us"] = by_short_name(kernel_us(plan, args.profiled))
+                    if layout == "nchw":  # (the clone's kernel alone: like for like with the plan's copy kernel)
+                        row["clone_kernel_us"] = sum(kernel_us(fns["clone"], args.profiled).values())
                     row["input_mb"] = ws.x.numel() * ws.x.element_size() / 1e6
                     print(f"{layer[0]} N={n} {layout}: error {row['error_vs_float64']:.2e} {row['graph_us']} "
                           f"{row['kernels_us']}", flush=True)

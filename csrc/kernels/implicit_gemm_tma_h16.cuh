@@ -431,12 +431,11 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
 
 // An NCHW plan's first launch: the input copied to channels_last (its maps view channels innermost), TILE channels x
 // TILE pixels per block (kNchwCopyTile, 64) through shared memory, so that both the reads (a channel's pixels) and the
-// writes (a pixel's channels) are whole rows; images N over grid.z and a stride of gridDim.z. A warp moves 128 bytes
-// per access: 16-bit values go two at a time in 4-byte words (64 pixels of a channel in, 64 channels of a pixel out)
-// where HW and C are even and both tensors 4-byte aligned, else one at a time in two passes of 32; fp32 values one at
-// a time (32 x 4 bytes). With 32 x 32 tiles and 2-byte accesses (half lines, 8 bytes in flight per thread) it took
-// 72.8 us for a 51 MB bf16 input on the H100, where a clone of the bytes takes 39.1. At most 40 registers: six
-// blocks per SM. Any compute capability.
+// writes (a pixel's channels) are whole rows; images N over grid.z and a stride of gridDim.z. 16-bit values go two
+// at a time in 4-byte words where H*W and C are even and both tensors 4-byte aligned (a warp reads 64 pixels of a
+// channel and writes 64 channels of a pixel: whole 128-byte lines, 32 bytes in flight per thread), else one at a time
+// (64-byte accesses, two per row); fp32 values one at a time (128-byte accesses). At most 40 registers: six blocks per
+// SM. Any compute capability.
 template <int DT>
 __global__ void __launch_bounds__(256, 6) nchw_to_nhwc(const typename wgh::Elem<DT>::T* __restrict__ x,
                                                     typename wgh::Elem<DT>::T* __restrict__ y, int C, int HW, int N) {
@@ -445,8 +444,9 @@ __global__ void __launch_bounds__(256, 6) nchw_to_nhwc(const typename wgh::Elem<
   constexpr int TILE = kNchwCopyTile;
   constexpr int ROWS = TILE / 8;  // rows per warp (8 warps)
   constexpr bool H16 = sizeof(T) == 2;
-  // (rows of 66 16-bit values: 4-byte aligned for the paired stores, word (33 row + lane) in bank row + lane; fp32
-  // rows of 65: the column reads of the second phase fall in 32 different banks)
+  // (rows of 66 16-bit values: 4-byte aligned for the paired stores, word (33 row + lane) in bank row + lane; the
+  // paired column reads of rows 2 lane and 2 lane + 1 meet in pairs of lanes (2-way), which the copy's bandwidth
+  // bound hides; fp32 rows of 65: the column reads of the second phase fall in 32 different banks)
   __shared__ __align__(4) T tile[TILE][TILE + (H16 ? 2 : 1)];
   const int p0 = blockIdx.x * TILE;
   const int c0 = blockIdx.y * TILE;
