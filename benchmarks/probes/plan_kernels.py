@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -35,20 +34,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
-from bench_overhead import command_line, git_commit  # noqa: E402
+from bench_overhead import command_line, git_commit, interleaved_graph_us  # noqa: E402
 
-from bagf_torch.bench import gpu_tag, graphed, mode_tag, time_forward  # noqa: E402
+from bagf_torch.bench import gpu_tag, graphed, mode_tag  # noqa: E402
 
 
 def graph_us(fns: dict, replays: int, rounds: int) -> dict[str, float]:
-    """GPU us of one replay of each callable's CUDA graph: median over ``rounds`` interleaved rounds of the median of
-    ``replays`` replays."""
-    graphs = {name: graphed(lambda _x, fn=fn: fn(), None)[0] for name, fn in fns.items()}
-    per: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, replay in graphs.items():
-            per[name].append(time_forward(replay, runs=replays, warmup=3).median_us)
-    return {name: statistics.median(v) for name, v in per.items()}
+    """GPU us of one replay of each callable's CUDA graph (bench_overhead's ``interleaved_graph_us``: the median over
+    ``rounds`` interleaved rounds of the median of ``replays`` replays)."""
+    graphs = [graphed(lambda _x, fn=fn: fn(), None)[0] for fn in fns.values()]
+    return dict(zip(fns, interleaved_graph_us(graphs, replays, rounds)))
 
 
 def kernel_us(fn, calls: int) -> dict[str, float]:
