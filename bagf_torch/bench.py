@@ -142,7 +142,8 @@ def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[]
                      warmup: int = 20, rounds: int = ROUNDS) -> dict[str, Timing]:
     """GPU time of one call of each variant, interleaved: {name: (fn, context)}, each timed ``runs`` times in all, in
     ``rounds`` turns that go round the variants (each turn inside ``context()``, e.g. its cuDNN flags, after two
-    untimed calls), so that a clock or thermal drift during the run reaches every variant alike; median and quartiles
+    untimed calls), so that a clock or thermal drift during the run reaches every variant alike; the order rotates
+    from turn to turn, so that no variant always follows the same one (its caches, its clocks). Median and quartiles
     of each variant's pooled times. ``warmup`` untimed calls of each first."""
     for fn, context in variants.values():
         with context():
@@ -151,9 +152,11 @@ def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[]
     torch.cuda.synchronize()
     rounds = max(1, min(rounds, runs))
     times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
     for r in range(rounds):
         share = runs // rounds + (r < runs % rounds)
-        for name, (fn, context) in variants.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, context = variants[name]
             with context():
                 fn()
                 fn()

@@ -254,8 +254,9 @@ def test_result_names_keep_each_precision_mode_apart():
 
 
 def test_variants_are_timed_in_turns_each_inside_its_own_flags(monkeypatch):
-    """``time_interleaved`` goes round the variants (a drift during the run reaches each alike), every turn inside the
-    variant's context (its cuDNN flags), each variant timed ``runs`` times in all."""
+    """``time_interleaved`` goes round the variants (a drift during the run reaches each alike), the order rotating
+    from turn to turn, every turn inside the variant's context (its cuDNN flags), each variant timed ``runs`` times in
+    all."""
     import contextlib
 
     order, inside = [], []
@@ -276,10 +277,18 @@ def test_variants_are_timed_in_turns_each_inside_its_own_flags(monkeypatch):
     monkeypatch.setattr(bench, "time_samples", sample)
     variants = {v: ((lambda v=v: inside.append((v, tuple(current)))), (lambda v=v: flags(v))) for v in "ab"}
     got = bench.time_interleaved(variants, runs=25, warmup=3, rounds=10)
-    assert [name for name, _ in order] == ["a", "b"] * 10  # (turns, not one variant's runs and then the other's)
+    # (turns, not one variant's runs and then the other's; neither always first)
+    assert [name for name, _ in order] == ["a", "b", "b", "a"] * 5
     assert sum(n for name, n in order if name == "a") == 25 == sum(n for name, n in order if name == "b")
     assert all(ctx == (v,) for v, ctx in inside)  # (every call, warm-up too, inside its own variant's flags)
     assert got["a"].median_us == 1.0 and got["b"].median_us == 2.0 and got["a"].runs == 25
     order.clear()
     assert bench.time_interleaved(variants, runs=3, warmup=0)["b"].runs == 3
-    assert order == [("a", 1), ("b", 1)] * 3  # (fewer runs than rounds: one run per turn)
+    # (fewer runs than rounds: one run per turn)
+    assert order == [("a", 1), ("b", 1), ("b", 1), ("a", 1), ("a", 1), ("b", 1)]
+    order.clear()
+    monkeypatch.setattr(bench, "time_samples", lambda fn, n: order.append((current[-1], n)) or [1.0] * n)
+    three = {v: ((lambda: None), (lambda v=v: flags(v))) for v in "xyz"}
+    bench.time_interleaved(three, runs=3, warmup=0)
+    assert "".join(name for name, _ in order) == "xyzyzxzxy"  # (each variant first in one turn)
+
