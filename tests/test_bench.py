@@ -291,4 +291,3 @@ def test_variants_are_timed_in_turns_each_inside_its_own_flags(monkeypatch):
     three = {v: ((lambda: None), (lambda v=v: flags(v))) for v in "xyz"}
     bench.time_interleaved(three, runs=3, warmup=0)
     assert "".join(name for name, _ in order) == "xyzyzxzxy"  # (each variant first in one turn)
-
