@@ -46,6 +46,8 @@
 #   non-editable (pip install --no-deps --no-build-isolation .) and the tests stage runs the GPU tests against
 #   that copy from outside the checkout (BAGF_TEST_INSTALLED=1). budgets = benchmarks/budgets.py (a fast and a slow
 #   pre-tuning's plans re-timed side by side; BUDGETS_PAIRS, or BUDGETS_FAST and BUDGETS_SLOW; BUDGETS_ARGS).
+#   Every *_ARGS variable is split at whitespace and nothing else: quotes inside it reach the program as characters
+#   (write SWEEP_ARGS='... --where SPLIT=1;SK=0,2', not --where "SPLIT=1;SK=0,2"), and no argument can hold a space.
 # Needs: on a machine whose Python lacks ax-platform (or tqdm, hypothesis), their wheels in ./.whl, installed into
 # /tmp/site at the start: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # ax-platform==1.3.1 <each requirement the machine lacks> (unzip -p .whl/NAME-*.whl '*/METADATA' lists them).
