@@ -116,3 +116,51 @@ def test_split_k_in_clusters_rules_workspace_and_start():
     wide = dict(th.DEFAULT, WN=64, MI=1, WG=1, STAGES=4, SPLIT=8)
     assert "MiB" in th.problem_rule(wide, huge) and th.problem_rule(dict(wide, CR=1), huge) is None
 
+
+
+def test_wide_and_narrow_second_starts_follow_their_rules():
+    """The persistent 256-channel tile where K is a multiple of 256 and its grid has four waves or more; the
+    persistent 64-channel tile where it fills at least 0.15 more of the last wave than the start's 128 channels;
+    each measured after the start's own twin, on sm_90 GPUs only."""
+    r256 = _problem(32, 256, 56, 256, 3)  # 784 tiles of 256 x 128: 5.9 waves on 132 SMs
+    start = th.default_for(r256)
+    wide = dict(start, WN=256, MI=1, WG=2, SK=2, STAGES=4)  # (5 stages of 256 + 128 rows do not fit)
+    assert th.start_alternatives(r256, arch="sm_90") == [dict(start, SK=2), wide]
+    assert th.deepest_ring(wide, 5) == 4 and th.deepest_ring(start, 5) == 5 and th.deepest_ring(start, 4) == 4
+    assert th.wide_alternatives(start, r256, "sm_80") == [] == th.start_alternatives(r256)
+    nchw = _problem(32, 256, 56, 256, 3, layout="nchw")  # (its staging buffer: still 4 stages)
+    assert th.wide_alternatives(th.default_for(nchw), nchw, "sm_90") == [dict(th.default_for(nchw), **{
+        "WN": 256, "SK": 2, "STAGES": 4})]
+    # K = 384 pads a 256-channel tile; AlexNet conv4 at N = 128 (K = 256) has 169 wide tiles, 1.3 waves
+    assert th.wide_alternatives(start, _problem(32, 256, 56, 384, 3), "sm_90") == []
+    conv4 = _problem(128, 384, 13, 256, 3)
+    assert th.tiles(dict(wide), conv4) == 169 and th.wide_alternatives(th.default_for(conv4), conv4, "sm_90") == []
+    few = _problem(11, 256, 56, 256, 3)  # 270 wide tiles: 2 waves
+    assert th.wide_alternatives(th.default_for(few), few, "sm_90") == []
+    edge = _problem(22, 256, 56, 256, 3)  # 539 wide tiles >= 4 x 132
+    assert th.tiles(wide, edge) == 539 and th.wide_alternatives(th.default_for(edge), edge, "sm_90") != []
+    assert th.wide_alternatives(th.default_for(edge), edge, "sm_90", sms=135) == []  # 540 > 539
+    assert th.wide_alternatives(dict(start, WN=192), r256, "sm_90") == []  # only from the 128-channel start
+
+    r128 = _problem(32, 128, 28, 128, 3)  # 196 tiles of 128 x 128 (1.48 waves), 392 of 64 x 128 (2.97)
+    start = th.default_for(r128)
+    narrow = dict(start, WN=64, SK=2)
+    assert abs(th.wave_fill(start, r128) - 196 / 264) < 1e-9 and abs(th.wave_fill(narrow, r128) - 392 / 396) < 1e-9
+    assert th.start_alternatives(r128, arch="sm_90") == [dict(start, SK=2), narrow]
+    assert th.narrow_alternatives(start, r128, "sm_80") == []
+    assert th.narrow_alternatives(dict(start, SK=2), r128, "sm_90") == []  # (a persistent start is its own twin)
+    # AlexNet conv4 at N = 128: 338 tiles (0.85 of 3 waves) against 676 (0.85 of 6): no gain, no narrow start
+    assert th.narrow_alternatives(th.default_for(conv4), conv4, "sm_90") == []
+    # a grid of one wave or less keeps the start (3x3 128@28 at N = 21: 129 tiles)
+    one_wave = _problem(21, 128, 28, 128, 3)
+    assert th.tiles(start, one_wave) == 129
+    assert th.narrow_alternatives(th.default_for(one_wave), one_wave, "sm_90") == []
+    # the gain's threshold: 0.15 passes, just under does not
+    gain = th.wave_fill(narrow, r128) - th.wave_fill(start, r128)
+    assert gain >= th.NARROW_MIN_GAIN
+    old = th.NARROW_MIN_GAIN
+    try:
+        th.NARROW_MIN_GAIN = gain + 1e-6
+        assert th.narrow_alternatives(start, r128, "sm_90") == []
+    finally:
+        th.NARROW_MIN_GAIN = old

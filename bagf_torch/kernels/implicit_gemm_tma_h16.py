@@ -344,10 +344,15 @@ def sized_start(c: Config, problem, max_stages: int, rule, sms: int = H200_SMS) 
     c["WN"] = _wh.instruction_width(problem.k)
     if tiles(c, problem) < sms // 4:
         c.update(WN=64, WG=1)
-    c["STAGES"] = max(s for s in PARAMS["STAGES"] if s <= max_stages and smem_bytes(dict(c, STAGES=s))
-                      <= SM90_SMEM_LIMIT - STATIC_SMEM)
+    c["STAGES"] = deepest_ring(c, max_stages)
     c["SPLIT"] = _wh.one_wave_split(c, tiles(c, problem), lambda s: rule(dict(c, SPLIT=s), problem), sms)
     return c
+
+
+def deepest_ring(c: Mapping[str, int], max_stages: int) -> int:
+    """The most STAGES, at most ``max_stages``, whose ring fits the device's opt-in shared memory with ``c``'s tile."""
+    return max(s for s in PARAMS["STAGES"] if s <= max_stages and smem_bytes(dict(c, STAGES=s))
+               <= SM90_SMEM_LIMIT - STATIC_SMEM)
 
 
 def blocks_per_sm(c: Mapping[str, int]) -> int:
@@ -408,11 +413,53 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 
 def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
-    """The start's twin the start rule cannot choose against, measured beside it: split-K in clusters (CR = 1) where
-    the start splits 2 to 8 ways (the small grids of batch 1; the same cubin, so one more timing and no compile), or
-    persistent blocks (SK = 2) where the start's grid has more tiles than the GPU has SMs (one more compile, in the
-    up-front wave). Also implicit_gemm_tma_tf32's (with its ``default_for``)."""
-    return twin_alternatives(default_for(problem, sms), problem, arch, sms)
+    """Second starts the start rule cannot choose between, each measured beside the start (one more compile each, in
+    the up-front wave): the start's :func:`twin_alternatives`, then :func:`wide_alternatives` and
+    :func:`narrow_alternatives`."""
+    start = default_for(problem, sms)
+    return (twin_alternatives(start, problem, arch, sms) + wide_alternatives(start, problem, arch, sms)
+            + narrow_alternatives(start, problem, arch, sms))
+
+
+WIDE_MIN_WAVES = 4
+""":func:`wide_alternatives` asks for a grid of at least this many waves of 256-channel tiles."""
+
+
+def wide_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
+    """Persistent 256 x 128 tiles (WN = 256, MI = 1, WG = 2, SK = 2, the deepest ring of at most 5 stages) where the
+    start takes 128 channels, K is a multiple of 256 (no padded channels) and that grid has at least
+    :data:`WIDE_MIN_WAVES` waves; on sm_90 GPUs only. In the bf16 channels_last sweep of 3x3 256@56 on an H100
+    (benchmarks/results/family_sweep_implicit_gemm_tma_h16_h100_bf16_nhwc_pairs.md) this tile was the best plan at
+    N = 32 and 128, 3-8% faster than the 128-channel persistent tile: each input tile is read once per 256 channels,
+    not twice."""
+    if arch != "sm_90" or start["WN"] != 128 or problem.k % 256:
+        return []
+    wide = dict(start, WN=256, MI=1, WG=2, SK=2, SPLIT=1, CR=0)
+    wide["STAGES"] = deepest_ring(wide, 5)
+    return [wide] if tiles(wide, problem) >= WIDE_MIN_WAVES * sms else []
+
+
+NARROW_MIN_GAIN = 0.15
+""":func:`narrow_alternatives` asks the 64-channel tiles to fill at least this much more of the device's last wave."""
+
+
+def wave_fill(c: Mapping[str, int], problem, sms: int = H200_SMS) -> float:
+    """The share of the blocks' turns that hold a tile: ``c``'s tiles over whole waves of the blocks the device holds at
+    once (1.0 where the last wave is full)."""
+    slots = sms * blocks_per_sm(c)
+    n = tiles(c, problem)
+    return n / (-(-n // slots) * slots)
+
+
+def narrow_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
+    """The start's persistent twin in 64-channel tiles (WN = 64, SK = 2, SPLIT = 1) where the start takes 128 channels,
+    has more tiles than ``sms`` and the narrow tiles' :func:`wave_fill` is at least :data:`NARROW_MIN_GAIN` above
+    the start's; on sm_90 GPUs only. 3x3 128@28 at N = 32 is 196 tiles of 128 channels (1.5 waves on 132 SMs) and
+    392 of 64 (2.97): on an H100 in bf16 channels_last, 22.2 against 23.8 us for the start's persistent twin."""
+    if arch != "sm_90" or start["WN"] != 128 or start.get("SK", 0) or tiles(start, problem) <= sms:
+        return []
+    narrow = dict(start, WN=64, SK=2, SPLIT=1, CR=0)
+    return [narrow] if wave_fill(narrow, problem, sms) - wave_fill(start, problem, sms) >= NARROW_MIN_GAIN else []
 
 
 def twin_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
