@@ -30,7 +30,8 @@
 #   bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
-#   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each). modtimes = benchmarks/probes/module_times.py
+#   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each; EXTRAS16_MODES="bf16_nhwc fp16_nhwc": those only).
+#   modtimes = benchmarks/probes/module_times.py
 #   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). plankernels = benchmarks/probes/plan_kernels.py
 #   (an NCHW 16-bit plan's kernels beside its channels_last twin's; $PLANKERNELS_RUNS, argument sets split by ';').
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
@@ -224,6 +225,7 @@ if has extras16; then
   for combo in "bfloat16 --channels-last:bf16_nhwc" "float16 --channels-last:fp16_nhwc" "bfloat16:bf16_nchw" \
                "float16:fp16_nchw"; do
     tag=${combo##*:}
+    case " ${EXTRAS16_MODES:-$tag} " in *" $tag "*) ;; *) continue ;; esac
     # shellcheck disable=SC2086  # the dtype and format words; EXTRAS16_ARGS is a list of arguments
     BAGF_CACHE_DIR=/tmp/bagf_cache_extras16_$tag timeout ${EXTRAS16_TIMEOUT:-110} python3 benchmarks/bench_layers.py \
       --out "$OUT" --dtype ${combo%%:*} --layers r3x3_256,r3x3_128,r1x1_1024 --batch 1,32 --tag "extra_${gpu}_$tag" \
