@@ -30,8 +30,8 @@
 #   bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
-#   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each; EXTRAS16_MODES="bf16_nhwc fp16_nhwc": those only).
-#   modtimes = benchmarks/probes/module_times.py
+#   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each; EXTRAS16_MODES="bf16_nhwc fp16_nhwc": those only;
+#   unset, all four). modtimes = benchmarks/probes/module_times.py
 #   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). plankernels = benchmarks/probes/plan_kernels.py
 #   (an NCHW 16-bit plan's kernels beside its channels_last twin's; $PLANKERNELS_RUNS, argument sets split by ';').
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
@@ -220,6 +220,10 @@ if has bench2; then
 fi
 if has extras16; then
   wait_alongside
+  for m in ${EXTRAS16_MODES:-}; do
+    case "$m" in bf16_nhwc|fp16_nhwc|bf16_nchw|fp16_nchw) ;; *) echo "EXTRAS16_MODES: no mode $m (bf16_nhwc," \
+      "fp16_nhwc, bf16_nchw or fp16_nchw, separated by spaces)"; rc=1 ;; esac
+  done
   # The ResNet-style layers in each 16-bit dtype and memory format, one bench_layers.py run (and cache) each:
   # bench_layers_extra_<gpu>_{bf16,fp16}_{nhwc,nchw}.{json,md}; EXTRAS16_ARGS adds arguments to every run.
   for combo in "bfloat16 --channels-last:bf16_nhwc" "float16 --channels-last:fp16_nhwc" "bfloat16:bf16_nchw" \

@@ -117,8 +117,7 @@ def test_split_k_in_clusters_rules_workspace_and_start():
     assert "MiB" in th.problem_rule(wide, huge) and th.problem_rule(dict(wide, CR=1), huge) is None
 
 
-
-def test_wide_and_narrow_second_starts_follow_their_rules():
+def test_wide_and_narrow_second_starts_follow_their_rules(monkeypatch):
     """The persistent 256-channel tile where K is a multiple of 256 and its grid has four waves or more; the
     persistent 64-channel tile where it fills at least 0.15 more of the last wave than the start's 128 channels;
     each measured after the start's own twin, on sm_90 GPUs only."""
@@ -128,7 +127,7 @@ def test_wide_and_narrow_second_starts_follow_their_rules():
     assert th.start_alternatives(r256, arch="sm_90") == [dict(start, SK=2), wide]
     assert th.deepest_ring(wide, 5) == 4 and th.deepest_ring(start, 5) == 5 and th.deepest_ring(start, 4) == 4
     assert th.wide_alternatives(start, r256, "sm_80") == [] == th.start_alternatives(r256)
-    nchw = _problem(32, 256, 56, 256, 3, layout="nchw")  # (its staging buffer: still 4 stages)
+    nchw = _problem(32, 256, 56, 256, 3, layout="nchw")  # (persistent NCHW tiles stage stores: 4 stages still fit)
     assert th.wide_alternatives(th.default_for(nchw), nchw, "sm_90") == [dict(th.default_for(nchw), **{
         "WN": 256, "SK": 2, "STAGES": 4})]
     # K = 384 pads a 256-channel tile; AlexNet conv4 at N = 128 (K = 256) has 169 wide tiles, 1.3 waves
@@ -151,16 +150,21 @@ def test_wide_and_narrow_second_starts_follow_their_rules():
     assert th.narrow_alternatives(dict(start, SK=2), r128, "sm_90") == []  # (a persistent start is its own twin)
     # AlexNet conv4 at N = 128: 338 tiles (0.85 of 3 waves) against 676 (0.85 of 6): no gain, no narrow start
     assert th.narrow_alternatives(th.default_for(conv4), conv4, "sm_90") == []
-    # a grid of one wave or less keeps the start (3x3 128@28 at N = 21: 129 tiles)
+    # a grid of one wave or less keeps the start (3x3 128@28 at N = 21: 129 tiles), also where the narrow tiles would
+    # fill more of it (N = 8: 49 tiles split 2 ways, a fill of 0.37 against 0.74: split-K serves it)
     one_wave = _problem(21, 128, 28, 128, 3)
     assert th.tiles(start, one_wave) == 129
     assert th.narrow_alternatives(th.default_for(one_wave), one_wave, "sm_90") == []
-    # the gain's threshold: 0.15 passes, just under does not
+    small = _problem(8, 128, 28, 128, 3)
+    assert th.default_for(small)["SPLIT"] == 2 and th.tiles(start, small) == 49
+    assert th.wave_fill(dict(narrow, SPLIT=1), small) - th.wave_fill(start, small) > th.NARROW_MIN_GAIN
+    assert th.narrow_alternatives(th.default_for(small), small, "sm_90") == []
+    # the gain's threshold: a gain equal to it passes, a gain just under it does not
     gain = th.wave_fill(narrow, r128) - th.wave_fill(start, r128)
-    assert gain >= th.NARROW_MIN_GAIN
-    old = th.NARROW_MIN_GAIN
-    try:
-        th.NARROW_MIN_GAIN = gain + 1e-6
-        assert th.narrow_alternatives(start, r128, "sm_90") == []
-    finally:
-        th.NARROW_MIN_GAIN = old
+    assert 0.24 < gain < 0.26 and th.NARROW_MIN_GAIN == 0.15
+    monkeypatch.setattr(th, "NARROW_MIN_GAIN", gain)
+    assert th.narrow_alternatives(start, r128, "sm_90") == [narrow]
+    monkeypatch.setattr(th, "NARROW_MIN_GAIN", gain + 1e-9)
+    assert th.narrow_alternatives(start, r128, "sm_90") == []
+    monkeypatch.setattr(th, "WIDE_MIN_WAVES", 1)  # (539 tiles: a grid of exactly the waves asked for passes)
+    assert th.wide_alternatives(th.default_for(edge), edge, "sm_90", sms=539) != []

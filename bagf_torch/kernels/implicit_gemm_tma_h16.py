@@ -350,7 +350,8 @@ def sized_start(c: Config, problem, max_stages: int, rule, sms: int = H200_SMS) 
 
 
 def deepest_ring(c: Mapping[str, int], max_stages: int) -> int:
-    """The most STAGES, at most ``max_stages``, whose ring fits the device's opt-in shared memory with ``c``'s tile."""
+    """The most STAGES, at most ``max_stages``, whose ring fits the device's opt-in shared memory with ``c``'s tile.
+    Also implicit_gemm_tma_tf32's (through :func:`sized_start`)."""
     return max(s for s in PARAMS["STAGES"] if s <= max_stages and smem_bytes(dict(c, STAGES=s))
                <= SM90_SMEM_LIMIT - STATIC_SMEM)
 
@@ -414,8 +415,8 @@ arch_rule = _wgmma.arch_rule  # searched on sm_90 GPUs only
 
 def start_alternatives(problem, sms: int = H200_SMS, arch: str | None = None) -> list[Config]:
     """Second starts the start rule cannot choose between, each measured beside the start (one more compile each, in
-    the up-front wave): the start's :func:`twin_alternatives`, then :func:`wide_alternatives` and
-    :func:`narrow_alternatives`."""
+    the up-front wave, but for the CR = 1 twin, which shares the start's cubin): the start's
+    :func:`twin_alternatives`, then :func:`wide_alternatives` and :func:`narrow_alternatives`."""
     start = default_for(problem, sms)
     return (twin_alternatives(start, problem, arch, sms) + wide_alternatives(start, problem, arch, sms)
             + narrow_alternatives(start, problem, arch, sms))
@@ -430,8 +431,8 @@ def wide_alternatives(start: Config, problem, arch: str | None, sms: int = H200_
     start takes 128 channels, K is a multiple of 256 (no padded channels) and that grid has at least
     :data:`WIDE_MIN_WAVES` waves; on sm_90 GPUs only. In the bf16 channels_last sweep of 3x3 256@56 on an H100
     (benchmarks/results/family_sweep_implicit_gemm_tma_h16_h100_bf16_nhwc_pairs.md) this tile was the best plan at
-    N = 32 and 128, 3-8% faster than the 128-channel persistent tile: each input tile is read once per 256 channels,
-    not twice."""
+    N = 32 and 128, 3-8% faster than the best 128-channel persistent tile (9% than the start's twin at N = 32): each
+    input tile is read once per 256 channels, not twice."""
     if arch != "sm_90" or start["WN"] != 128 or problem.k % 256:
         return []
     wide = dict(start, WN=256, MI=1, WG=2, SK=2, SPLIT=1, CR=0)
@@ -445,7 +446,8 @@ NARROW_MIN_GAIN = 0.15
 
 def wave_fill(c: Mapping[str, int], problem, sms: int = H200_SMS) -> float:
     """The share of the blocks' turns that hold a tile: ``c``'s tiles over whole waves of the blocks the device holds at
-    once (1.0 where the last wave is full)."""
+    once (1.0 where the last wave is full). One slice's tiles: for SPLIT = 1 (:func:`narrow_alternatives` asks only
+    where the start does not split)."""
     slots = sms * blocks_per_sm(c)
     n = tiles(c, problem)
     return n / (-(-n // slots) * slots)
@@ -464,7 +466,7 @@ def narrow_alternatives(start: Config, problem, arch: str | None, sms: int = H20
 
 def twin_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
     """``start`` with CR = 1 when it splits and :func:`cluster_rule` lets that through, or with SK = 2 when it does
-    not split and its tiles pass ``sms``; on sm_90 GPUs only."""
+    not split and its tiles pass ``sms``; on sm_90 GPUs only. implicit_gemm_tma_tf32's second starts."""
     if arch != "sm_90" or start.get("SK", 0):
         return []
     if start["SPLIT"] > 1:
