@@ -133,7 +133,7 @@ def test_wide_and_narrow_second_starts_follow_their_rules(monkeypatch):
     # K = 384 pads a 256-channel tile; AlexNet conv4 at N = 128 (K = 256) has 169 wide tiles, 1.3 waves
     assert th.wide_alternatives(start, _problem(32, 256, 56, 384, 3), "sm_90") == []
     conv4 = _problem(128, 384, 13, 256, 3)
-    assert th.tiles(dict(wide), conv4) == 169 and th.wide_alternatives(th.default_for(conv4), conv4, "sm_90") == []
+    assert th.tiles(wide, conv4) == 169 and th.wide_alternatives(th.default_for(conv4), conv4, "sm_90") == []
     few = _problem(11, 256, 56, 256, 3)  # 270 wide tiles: 2 waves
     assert th.wide_alternatives(th.default_for(few), few, "sm_90") == []
     edge = _problem(22, 256, 56, 256, 3)  # 539 wide tiles >= 4 x 132
