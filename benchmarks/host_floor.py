@@ -12,6 +12,7 @@ Writes JSON + Markdown (``--out``, ``--tag``). Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -36,11 +37,18 @@ SLEEP_CYCLES = 2e8
 
 
 def parse_plan(spec: str):
-    """``<family name>@<layer>:<N>`` -> (family module, config, ConvProblem)."""
+    """``<family name>@<layer>:<N>`` -> (family module, config, ConvProblem). A configuration that names its dtype
+    and memory format (the 16-bit families' DT and NHWC) gets a problem in them."""
     name, where = spec.split("@")
     layer, n = where.split(":")
     layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
-    return (*config_of(name), problem(layers[layer], int(n)))
+    fam, c = config_of(name)
+    p = problem(layers[layer], int(n))
+    if "DT" in c and hasattr(fam, "DTYPES"):
+        p = dataclasses.replace(p, dtype=next(k for k, v in fam.DTYPES.items() if v == c["DT"]))
+    if "NHWC" in c and hasattr(fam, "LAYOUTS"):
+        p = dataclasses.replace(p, layout=next(k for k, v in fam.LAYOUTS.items() if v == c["NHWC"]))
+    return fam, c, p
 
 
 def config_of(plan_name: str):

@@ -945,7 +945,8 @@ def test_ax_batches_small_while_early():
 
 def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     """host_floor.py, probes/ncu_plan.py and probes/ab_macro.py take plans as ``<family name>@<layer>:<N>``: the name must map
-    back to its configuration (a specialised direct kernel included) and the layer to bench_layers' problem."""
+    back to its configuration (a specialised direct kernel included) and the layer to bench_layers' problem, in the
+    plan's dtype and memory format."""
     hf = _benchmark_module("host_floor")
     fam, cfg, p = hf.parse_plan("direct_th8_tw16_bk64_bc1_tk8_px8_db0_s1_w11u4_sm90@conv1:128")
     assert fam.FAMILY == "direct" and cfg["G"] == 1 and cfg["PX"] == 8 and cfg["DB"] == 0
@@ -960,6 +961,12 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     fam, cfg, p = hf.parse_plan("winograd_gemm_f5_tb64_vl0_ml0_ge6_so1_sm90@conv4:32")
     assert cfg == {"MT": 5, "TB": 64, "VL": 0, "ML": 0, "GE": 6, "SO": 1, "DT": 0, "NHWC": 0} and fam.name_expression(
         cfg) == "bagf::winograd_gemm_stage<5, 64, 0, 0, 0, 0, 1, 1>;bagf::gemm_wgmma<128, 1, 2, 4>"
+    assert (p.dtype, p.layout) == ("float32", "nchw")
+    # a 16-bit plan runs in its own dtype and memory format (the check refuses a plan's dtype on another problem)
+    fam, cfg, p = hf.parse_plan("implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st4_c2_sm90@r3x3_256:1")
+    assert cfg["CR"] == 1 and cfg["SPLIT"] == 2 and (p.n, p.dtype, p.layout) == (1, "bfloat16", "nhwc")
+    fam, cfg, p = hf.parse_plan("implicit_gemm_tma_h16_fp16_nchw_wn64_mi1_wg1_st5_c4_sm90@r3x3_128:1")
+    assert (p.dtype, p.layout) == ("float16", "nchw") and fam.problem_rule(cfg, p) is None
     with pytest.raises(SystemExit, match="no configuration"):
         hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
 
