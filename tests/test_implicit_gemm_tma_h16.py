@@ -168,3 +168,31 @@ def test_wide_and_narrow_second_starts_follow_their_rules(monkeypatch):
     assert th.narrow_alternatives(start, r128, "sm_90") == []
     monkeypatch.setattr(th, "WIDE_MIN_WAVES", 1)  # (539 tiles: a grid of exactly the waves asked for passes)
     assert th.wide_alternatives(th.default_for(edge), edge, "sm_90", sms=539) != []
+
+
+def test_unsplit_second_start_where_the_start_splits_two_warpgroup_tiles():
+    """Where the start splits 128-pixel tiles of two warpgroups to fill one wave, the one-warpgroup tile of 64 pixels
+    without a split, the deepest ring of at most 6 stages, where those tiles fit one wave; on sm_90 GPUs only."""
+    r256 = _problem(1, 256, 56, 256, 3)  # 50 tiles of 128 x 128 split 2 ways; 98 tiles of 64 x 128
+    start = th.default_for(r256)
+    assert (start["WN"], start["MI"], start["WG"], start["SPLIT"], start["CR"]) == (128, 1, 2, 2, 0)
+    whole = dict(start, WG=1, SPLIT=1, STAGES=6)
+    assert th.tiles(whole, r256) == 98 and th.tiles(start, r256) == 50
+    assert th.start_alternatives(r256, arch="sm_90") == [dict(start, CR=1), whole]
+    assert th.unsplit_alternatives(start, r256, "sm_80") == [] == th.start_alternatives(r256)
+    nchw = _problem(1, 256, 56, 256, 3, layout="nchw")
+    assert th.unsplit_alternatives(th.default_for(nchw), nchw, "sm_90") == [dict(th.default_for(nchw), WG=1,
+                                                                                   SPLIT=1, STAGES=6)]
+    # the unsplit tiles must fit one wave: 98 of them on 98 SMs do, on 97 they do not
+    assert th.unsplit_alternatives(start, r256, "sm_90", sms=98) == [whole]
+    assert th.unsplit_alternatives(start, r256, "sm_90", sms=97) == []
+    # only from a split start of two warpgroups of one 64-pixel row block each
+    assert th.unsplit_alternatives(dict(start, SPLIT=1), r256, "sm_90") == []
+    assert th.unsplit_alternatives(dict(start, WG=1), r256, "sm_90") == []
+    assert th.unsplit_alternatives(dict(start, MI=2), r256, "sm_90") == []
+    # a start of one warpgroup already (3x3 128@28 at N = 1: 64 x 64 tiles split 4 ways), or one that does not
+    # split (3x3 256@56 at N = 32), gets none
+    r128 = _problem(1, 128, 28, 128, 3)
+    assert th.default_for(r128)["WG"] == 1 and th.unsplit_alternatives(th.default_for(r128), r128, "sm_90") == []
+    r256_32 = _problem(32, 256, 56, 256, 3)
+    assert th.unsplit_alternatives(th.default_for(r256_32), r256_32, "sm_90") == []
