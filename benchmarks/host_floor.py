@@ -38,7 +38,8 @@ SLEEP_CYCLES = 2e8
 
 def parse_plan(spec: str):
     """``<family name>@<layer>:<N>`` -> (family module, config, ConvProblem). A configuration that names its dtype
-    and memory format (the 16-bit families' DT and NHWC) gets a problem in them."""
+    or memory format (the DT and NHWC knobs) gets a problem in them; a family that computes one memory format only in
+    that dtype (``FORMATS``, e.g. implicit_gemm_wgmma_h16: channels_last) gets that one."""
     name, where = spec.split("@")
     layer, n = where.split(":")
     layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
@@ -48,6 +49,9 @@ def parse_plan(spec: str):
         p = dataclasses.replace(p, dtype=next(k for k, v in fam.DTYPES.items() if v == c["DT"]))
     if "NHWC" in c and hasattr(fam, "LAYOUTS"):
         p = dataclasses.replace(p, layout=next(k for k, v in fam.LAYOUTS.items() if v == c["NHWC"]))
+    layouts = [layout for dtype, layout in getattr(fam, "FORMATS", ()) if dtype == p.dtype]
+    if len(layouts) == 1:
+        p = dataclasses.replace(p, layout=layouts[0])
     return fam, c, p
 
 
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
         ws = Workspace(p, torch.device("cuda", 0))
         bad = checker.check(ws, built.handle)
         assert bad is None, (plan_name, bad)
-        row = {"layer": layer, "n": int(n), "plan": plan_name}
+        row = {"layer": layer, "n": int(n), "plan": plan_name, "format": f"{p.dtype} {p.layout}"}
         with torch.no_grad():
             for who, h in (("cudnn", ATEN), ("ours", built.handle)):
                 fn = bench._call(ws, h)
@@ -153,16 +157,17 @@ def main(argv=None) -> int:
     stem = out / f"host_floor_{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Per-call time at small batch: GPU (graph replay) vs eager vs host issue ({meta['gpu']})", "",
-             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; fp32, TF32 off, "
-             "cuDNN benchmark mode. eager = the layer benchmark's per-call CUDA-event median; graph = per call of "
+             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; each layer in its "
+             "plan's dtype and memory format (format; cuDNN in the same), TF32 off, cuDNN benchmark mode. eager = the "
+             "layer benchmark's per-call CUDA-event median; graph = per call of "
              f"{GRAPH_CALLS} calls captured in one CUDA graph (the GPU's time); issue = host us per call while "
              "the GPU is busy. ours = conv2d_inference (TunedConv2d's inference path).", "",
-             "| layer | N | plan | cuDNN eager | cuDNN graph | cuDNN issue | ours eager | ours graph | ours issue "
-             "| torch.empty issue |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| layer | N | format | plan | cuDNN eager | cuDNN graph | cuDNN issue | ours eager | ours graph "
+             "| ours issue | torch.empty issue |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {r['cudnn_eager_us']:.1f} | {r['cudnn_graph_us']:.1f} "
-                     f"| {r['cudnn_issue_us']:.1f} | {r['ours_eager_us']:.1f} | {r['ours_graph_us']:.1f} | "
-                     f"{r['ours_issue_us']:.1f} | {r['empty_issue_us']:.1f} |")
+        lines.append(f"| {r['layer']} | {r['n']} | {r['format']} | `{r['plan']}` | {r['cudnn_eager_us']:.1f} "
+                     f"| {r['cudnn_graph_us']:.1f} | {r['cudnn_issue_us']:.1f} | {r['ours_eager_us']:.1f} "
+                     f"| {r['ours_graph_us']:.1f} | {r['ours_issue_us']:.1f} | {r['empty_issue_us']:.1f} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

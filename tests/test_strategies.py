@@ -967,6 +967,9 @@ def test_device_scripts_name_plans_by_family_name_layer_and_batch():
     assert cfg["CR"] == 1 and cfg["SPLIT"] == 2 and (p.n, p.dtype, p.layout) == (1, "bfloat16", "nhwc")
     fam, cfg, p = hf.parse_plan("implicit_gemm_tma_h16_fp16_nchw_wn64_mi1_wg1_st5_c4_sm90@r3x3_128:1")
     assert (p.dtype, p.layout) == ("float16", "nchw") and fam.problem_rule(cfg, p) is None
+    # a family without a memory-format knob that computes one format in that dtype: that format
+    fam, cfg, p = hf.parse_plan("implicit_gemm_wgmma_h16_bf16_wn128_mi1_wg2_st4_ks1_s1_sm90@conv3:32")
+    assert "NHWC" not in cfg and (p.dtype, p.layout) == ("bfloat16", "nhwc") and fam.applies(p) is None
     with pytest.raises(SystemExit, match="no configuration"):
         hf.parse_plan("direct_th3_tw16_bk64_bc1_tk8_px8_db0_s1_sm90@conv1:1")
 

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             assert bad is None, (name, v, bad.detail)
             handles.append(b.handle)
         times = bench.remeasure(ws, [ATEN] + handles, rounds=args.rounds)
-        row = {"layer": layer, "n": int(n), "plan": name, "cudnn_us": times[0],
+        row = {"layer": layer, "n": int(n), "plan": name, "format": f"{p.dtype} {p.layout}", "cudnn_us": times[0],
                "us": {str(v): t for v, t in zip(values, times[1:])}}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -89,14 +89,15 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         head = " | ".join(f"{args.macro}={v} us" for v in values)
         lines = [f"# {args.macro} A/B ({meta['gpu']}, {meta['date']})", "",
-                 f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; fp32, TF32 off; CUDA-event "
-                 f"medians over {args.rounds} interleaved rounds; every variant passed the float64 check first. "
+                 f"torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; each layer in its plan's "
+                 "dtype and memory format (format; cuDNN in the same), TF32 off; CUDA-event medians over "
+                 f"{args.rounds} interleaved rounds; every variant passed the float64 check first. "
                  f"The first value is the tuner's build.", "",
-                 f"| layer | N | plan | cuDNN us | {head} | {values[0]} vs {values[1]} |",
-                 "|---|---|---|---|" + "---|" * len(values) + "---|"]
+                 f"| layer | N | format | plan | cuDNN us | {head} | {values[0]} vs {values[1]} |",
+                 "|---|---|---|---|---|" + "---|" * len(values) + "---|"]
         for r in rows:
             ts = [r["us"][str(v)] for v in values]
-            lines.append(f"| {r['layer']} | {r['n']} | `{r['plan']}` | {r['cudnn_us']:.1f} | "
+            lines.append(f"| {r['layer']} | {r['n']} | {r['format']} | `{r['plan']}` | {r['cudnn_us']:.1f} | "
                          + " | ".join(f"{t:.1f}" for t in ts) + f" | {ts[1] / ts[0]:.3f}x |")
         stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return 0
