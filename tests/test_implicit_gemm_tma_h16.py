@@ -172,7 +172,8 @@ def test_wide_and_narrow_second_starts_follow_their_rules(monkeypatch):
 
 def test_unsplit_second_start_where_the_start_splits_two_warpgroup_tiles():
     """Where the start splits 128-pixel tiles of two warpgroups to fill one wave, the one-warpgroup tile of 64 pixels
-    without a split, the deepest ring of at most 6 stages, where those tiles fit one wave; on sm_90 GPUs only."""
+    without a split, the deepest ring of at most 6 stages (those tiles fit the wave: the start splits only where its
+    tiles fill at most half of it); on sm_90 GPUs only."""
     r256 = _problem(1, 256, 56, 256, 3)  # 50 tiles of 128 x 128 split 2 ways; 98 tiles of 64 x 128
     start = th.default_for(r256)
     assert (start["WN"], start["MI"], start["WG"], start["SPLIT"], start["CR"]) == (128, 1, 2, 2, 0)
@@ -183,9 +184,17 @@ def test_unsplit_second_start_where_the_start_splits_two_warpgroup_tiles():
     nchw = _problem(1, 256, 56, 256, 3, layout="nchw")
     assert th.unsplit_alternatives(th.default_for(nchw), nchw, "sm_90") == [dict(th.default_for(nchw), WG=1,
                                                                                    SPLIT=1, STAGES=6)]
-    # the unsplit tiles must fit one wave: 98 of them on 98 SMs do, on 97 they do not
-    assert th.unsplit_alternatives(start, r256, "sm_90", sms=98) == [whole]
-    assert th.unsplit_alternatives(start, r256, "sm_90", sms=97) == []
+    # the unsplit tiles fit one wave wherever the rule fires, on any number of SMs
+    fired = 0
+    for sms in (66, 78, 98, 114, 132, 170):
+        for n in (1, 2, 4, 8, 16, 32):
+            for c, h, k in ((256, 56, 256), (128, 28, 128), (64, 56, 64), (512, 7, 512), (192, 13, 384)):
+                p = _problem(n, c, h, k, 3)
+                for whole_n in th.unsplit_alternatives(th.default_for(p, sms), p, "sm_90", sms):
+                    fired += 1
+                    assert th.tiles(whole_n, p) <= sms and th.problem_rule(whole_n, p) is None
+                    assert th.space().is_valid(whole_n)
+    assert fired > 20
     # only from a split start of two warpgroups of one 64-pixel row block each
     assert th.unsplit_alternatives(dict(start, SPLIT=1), r256, "sm_90") == []
     assert th.unsplit_alternatives(dict(start, WG=1), r256, "sm_90") == []

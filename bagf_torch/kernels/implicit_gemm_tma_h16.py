@@ -467,17 +467,18 @@ def narrow_alternatives(start: Config, problem, arch: str | None, sms: int = H20
 
 def unsplit_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
     """The start's tile in one consumer warpgroup without a split (WG = 1, MI = 1, SPLIT = 1, the deepest ring of at
-    most 6 stages) where the start, two warpgroups of 64-pixel rows, splits its k tiles to fill one wave and the tiles
-    of half the pixels fill it alone (at most ``sms`` of them); on sm_90 GPUs only. It computes each tile's sums in one
-    block: no hand-over of partial sums, no second pass over the tile. 3x3 256@56 at N = 1 is 50 tiles of 128 x 128,
-    the start split 2 ways (in clusters, its twin), or 98 tiles of 64 pixels x 128 channels: in the bf16 channels_last
-    sweeps on an H100 (benchmarks/results/family_sweep_implicit_gemm_tma_h16_h100_bf16_nhwc_n1*.md) 13.5 us against
-    14.7 us for the best two-warpgroup plan and 14.6 us for cuDNN."""
+    most 6 stages) where the start, two warpgroups of 64-pixel rows, splits its k tiles; on sm_90 GPUs only. The
+    start splits only to fill one wave (SPLIT x tiles <= SMs, SPLIT >= 2), so the tiles of half the pixels, at most
+    twice as many, fill at most that wave unsplit: each tile's sums in one block, no hand-over of partial sums. 3x3
+    256@56 at N = 1 is 50 tiles of 128 x 128, the start split 2 ways (in clusters, its twin), or 98 tiles of 64 pixels
+    x 128 channels: in the bf16 channels_last sweeps on an H100
+    (benchmarks/results/family_sweep_implicit_gemm_tma_h16_h100_bf16_nhwc_n1*.md) 13.5 us against 14.6 us for cuDNN
+    and 14.7 us for the best plan of two warpgroups of 3-5 stages without persistent blocks."""
     if arch != "sm_90" or start["WG"] != 2 or start["MI"] != 1 or start["SPLIT"] < 2:  # (a split is never stream-K)
         return []
     whole = dict(start, WG=1, SPLIT=1, CR=0)
     whole["STAGES"] = deepest_ring(whole, 6)
-    return [whole] if tiles(whole, problem) <= sms else []
+    return [whole]
 
 
 def twin_alternatives(start: Config, problem, arch: str | None, sms: int = H200_SMS) -> list[Config]:
