@@ -294,7 +294,7 @@ if has ncu; then
     timeout ${NCU_TIMEOUT:-150} ncu --set full --import-source no --launch-count 1 ${NCU_ARGS:-} \
       --kernel-name "regex:${NCU_KERNEL:-^(bagf::)?(implicit_gemm|winograd|direct|gemm_)}" \
       python3 benchmarks/probes/ncu_plan.py --launches 1 "$plan" >> "$OUT/ncu_$k.log" 2>&1 || rc=1
-    grep -E "^# |Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Stall|stall" \
+    grep -E "^# |Error|Duration|Compute \(SM\) Throughput|Memory Throughput  |L2 Cache Throughput|DRAM Throughput|Waves Per SM|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Registers Per|Stall|stall" \
       "$OUT/ncu_$k.log" | head -40
   done
 fi
