@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
-from bagf_torch.kernels import FAMILIES  # noqa: E402
+from bagf_torch.kernels import FAMILIES, formats  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
 from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
 
@@ -39,7 +39,7 @@ SLEEP_CYCLES = 2e8
 def parse_plan(spec: str):
     """``<family name>@<layer>:<N>`` -> (family module, config, ConvProblem). A configuration that names its dtype
     or memory format (the DT and NHWC knobs) gets a problem in them; a family that computes one memory format only in
-    that dtype (``FORMATS``, e.g. implicit_gemm_wgmma_h16: channels_last) gets that one."""
+    that dtype (``kernels.formats``, e.g. implicit_gemm_wgmma_h16: channels_last) gets that one."""
     name, where = spec.split("@")
     layer, n = where.split(":")
     layers = {lay[0]: lay for lay in ALEXNET + EXTRA}
@@ -49,7 +49,7 @@ def parse_plan(spec: str):
         p = dataclasses.replace(p, dtype=next(k for k, v in fam.DTYPES.items() if v == c["DT"]))
     if "NHWC" in c and hasattr(fam, "LAYOUTS"):
         p = dataclasses.replace(p, layout=next(k for k, v in fam.LAYOUTS.items() if v == c["NHWC"]))
-    layouts = [layout for dtype, layout in getattr(fam, "FORMATS", ()) if dtype == p.dtype]
+    layouts = [layout for dtype, layout in formats(fam) if dtype == p.dtype]
     if len(layouts) == 1:
         p = dataclasses.replace(p, layout=layouts[0])
     return fam, c, p
