@@ -156,6 +156,15 @@ def main(argv=None) -> int:
     plans = {layer: row.plan for row in report.rows for layer in row.layers}  # module name -> its plan
     rows, totals = {}, {}
     formats = {"stock": output_layouts(stock, x), "bagf": output_layouts(tuned, x)}
+    # the whole forward without hooks (a hooked conv does not fuse its ReLU and pool): stock, bagf as converted, and
+    # bagf with convert(fuse=False), which isolates what the pooling epilogue saves; three turns, interleaved
+    unfused = convert(copy.deepcopy(stock), fuse=False).eval()
+    tune_model(unfused, [x], seconds=args.seconds, progress=False)  # (the same cache: nothing tuned again)
+    bare: dict[str, list[float]] = {}
+    for _ in range(3):
+        for label, model in (("stock", stock), ("bagf", tuned), ("bagf unfused", unfused)):
+            bare.setdefault(label, []).extend(busy_host_us(lambda m=model: m(x), args.runs))
+    bare_median = {label: statistics.median(v) for label, v in bare.items()}
     for label, model in (("stock", stock), ("bagf", tuned), ("stock again", stock), ("bagf again", tuned)):
         per, whole = host_times(model, x, args.runs)
         totals[label] = whole
@@ -178,6 +187,10 @@ def main(argv=None) -> int:
                      + " | ".join(f"{vals.get(k, float('nan')):.1f}" for k in totals)
                      + f" | {formats['stock'].get(name, '')} | {formats['bagf'].get(name, '')} |")
     lines.append("| **whole forward** | | " + " | ".join(f"**{v:.1f}**" for v in totals.values()) + " | | |")
+    lines += ["", "The whole forward without hooks (host us, median of three interleaved turns of the runs, GPU kept "
+              "busy); `bagf unfused` is `convert(fuse=False)`: its ReLU and pooling run as ATen's modules:", "",
+              "| " + " | ".join(bare_median) + " |", "|" + "---|" * len(bare_median),
+              "| " + " | ".join(f"{v:.1f}" for v in bare_median.values()) + " |"]
     crossed = cross_inputs(stock, tuned, x, args.runs)
     if crossed:
         kinds = list(next(iter(crossed.values())))
@@ -205,7 +218,7 @@ def main(argv=None) -> int:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "output_layouts": formats,
+        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median, "output_layouts": formats,
                "cross_inputs": crossed}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
