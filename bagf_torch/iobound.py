@@ -700,8 +700,8 @@ def winograd_gemm_fast_memory_words(config: Mapping[str, int]) -> int:
 
 
 def _gemm_shape(problem: ConvProblem, config: Mapping[str, int], tiles: int) -> tuple[int, int]:
-    """(rows, columns) of each of the E products as launch_gemm_plan calls ``at::bmm_out``: ML=0,
-    M[e] = U[e] V[e] is K x T; ML=1, M^T[e] = V^T[e] U^T[e] is T x K. The reduction is C either way."""
+    """(rows, columns) of each of the E products as launch_gemm_plan's cuBLASLt (or at::bmm_out) GEMM computes
+    them: ML=0, M[e] = U[e] V[e] is K x T; ML=1, M^T[e] = V^T[e] U^T[e] is T x K. The reduction is C either way."""
     return (problem.k, tiles) if config["ML"] == 0 else (tiles, problem.k)
 
 

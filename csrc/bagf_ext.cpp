@@ -506,6 +506,18 @@ bagf_lt::SgemmShape winograd_sgemm_shape(const LaunchGeometry& geo, const Winogr
   return shape;
 }
 
+// The cuBLASLt GEMM a non-fused Winograd plan without its own GEMM runs its products with for ``dims`` on
+// ``device`` (resolved at the first call of each shape), or nullptr (``why`` set) where cuBLASLt cannot be loaded or
+// has no fp32 algorithm for the shape: then at::bmm_out's cuBLAS SGEMM, which follows torch's TF32 flags and costs
+// ATen's dispatch and the operands' views on the host.
+const bagf_lt::Sgemm* winograd_lt_gemm(const Plan& plan, const WinogradDims& dims, int device, bagf_lt::Handle& h,
+                                       std::string& why) {
+  h = plan.sgemm != nullptr ? bagf_lt::handle(device, why) : nullptr;
+  if (h == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(plan.sgemm->mutex);
+  return bagf_lt::resolve_sgemm(*plan.sgemm, h, winograd_sgemm_shape(plan.geo, dims), why);
+}
+
 // The split-K workspace of a call (launch_plan's grid) for a plan whose slices hand their sums over in order (16-bit
 // and TMA plans, kernels/implicit_gemm_h16.cuh's protocol): each slice's fp32 sums of each BM x BN tile, then one
 // arrival counter per tile; 0 for other plans (other fp32 split-K plans add atomically into a zeroed output; a split-K
@@ -617,22 +629,20 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     if (launch_smem(plan, w.size(2), w.size(3), stride, dilation) > plan.smem_max)
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
-  if (geo.gemm == 1 && plan.gemm_fn == nullptr && matmul_tf32() && P > 0 && Q > 0) {
+  if (geo.gemm == 1 && plan.gemm_fn == nullptr && P > 0 && Q > 0) {
     // its products through cuBLASLt in fp32 (launch_gemm_plan): resolved here, once per shape, so that a shape
-    // cuBLASLt cannot take is ATen's answer (or the check's refusal), never an error out of the launch
-    const bagf_lt::SgemmShape shape =
-        winograd_sgemm_shape(geo, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]));
+    // cuBLASLt cannot take runs at::bmm_out's SGEMM where that is fp32 too, and is ATen's answer (or the check's
+    // refusal) where torch's flags would make it TF32, never an error out of the launch
     std::string why;
-    const bagf_lt::Handle h = plan.sgemm != nullptr ? bagf_lt::handle(x.get_device(), why) : nullptr;
-    if (h == nullptr)
-      return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, or "
-             "torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run it in fp32, is "
-             "not available";
-    std::lock_guard<std::mutex> lock(plan.sgemm->mutex);
-    if (bagf_lt::resolve_sgemm(*plan.sgemm, h, shape, why) == nullptr)
-      return "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, or "
-             "torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt offers no fp32 algorithm for "
-             "this shape's products";
+    bagf_lt::Handle h = nullptr;
+    if (winograd_lt_gemm(plan, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]), x.get_device(),
+                         h, why) == nullptr && matmul_tf32())
+      return h == nullptr ? "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, "
+                            "or torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run "
+                            "it in fp32, is not available"
+                          : "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, "
+                            "or torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt offers no fp32 "
+                            "algorithm for this shape's products";
   }
   if (b.has_value() && b->defined()) {
     if (!b->is_cuda() || b->scalar_type() != dt || !b->is_contiguous() || b->numel() != w.size(0))
@@ -642,23 +652,34 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
 }
 
 // A non-fused Winograd plan: filter and input transforms (stages 0 and 1 of plan.fn), the E batched products
-// M[e] = U[e] V[e] -- through the plan's own 3xTF32 GEMM (plan.gemm_fn) when it has one, else through at::bmm_out
-// (cuBLAS SGEMM; unsupported_reason has made sure TF32 is off) -- and the inverse transform with bias (stage 2).
-// The workspaces come from torch's caching allocator on the current stream. At stride s > 1 the products reduce
-// over the C s^2 polyphase channels (winograd_gemm.cuh).
+// M[e] = U[e] V[e] -- through the plan's own 3xTF32 GEMM (plan.gemm_fn) when it has one, else through cuBLASLt in
+// strict fp32 (winograd_lt_gemm), else through at::bmm_out (cuBLAS SGEMM; unsupported_reason has made sure TF32 is
+// off there) -- and the inverse transform with bias (stage 2). One workspace from torch's caching allocator on the
+// current stream holds U, V, M and cuBLASLt's workspace, each at a 256-byte boundary (one allocation, not four:
+// a batch-1 call is host-bound). At stride s > 1 the products reduce over the C s^2 polyphase
+// channels (winograd_gemm.cuh).
 void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor& x, const void* xp,
                       const void* wp, const void* bp, void* yp, cudaStream_t stream) {
   const LaunchGeometry& geo = plan.geo;
   const WinogradDims dims = winograd_dims(geo, p.N, p.P, p.Q, p.K, p.C, p.stride_h);
   const int64_t E = dims.E, T = dims.T, K = dims.K, C = dims.C;
   const bool v_tc = geo.layout & 1, m_tk = geo.layout & 2, u_small = geo.layout & 4;
-  auto opts = x.options().dtype(at::kFloat);  // fp32 workspaces whatever the tensors' dtype (the stages widen it)
-  at::Tensor U = at::empty({u_small ? 2 * E : E, K, C}, opts);  // u_small: stage 0 writes U's small parts after U
-  at::Tensor V = v_tc ? at::empty({E, T, C}, opts) : at::empty({E, C, T}, opts);
-  at::Tensor M = m_tk ? at::empty({E, T, K}, opts) : at::empty({E, K, T}, opts);
-  float* up = U.data_ptr<float>();
-  float* vp = V.data_ptr<float>();
-  const float* mp = M.data_ptr<float>();
+  bagf_lt::Handle h = nullptr;
+  std::string why;
+  const bagf_lt::Sgemm* g = plan.gemm_fn == nullptr ? winograd_lt_gemm(plan, dims, x.get_device(), h, why) : nullptr;
+  BAGF_CHECK(g != nullptr || plan.gemm_fn != nullptr || !matmul_tf32(),
+             "bagf_torch: the Winograd products in fp32 need cuBLASLt while torch's matmuls run in TF32: ", why);
+  auto padded = [](int64_t floats) { return (floats + 63) / 64 * 64; };  // (256-byte boundaries)
+  const int64_t u_n = (u_small ? 2 * E : E) * K * C;  // u_small: stage 0 writes U's small parts after U
+  const int64_t v_n = E * C * T, m_n = E * K * T;
+  const int64_t ws_n = g != nullptr ? static_cast<int64_t>((g->workspace + 3) / 4) : 0;
+  // fp32 workspaces whatever the tensors' dtype (the stages widen it)
+  at::Tensor buffer = at::empty({padded(u_n) + padded(v_n) + padded(m_n) + ws_n}, x.options().dtype(at::kFloat));
+  float* up = buffer.data_ptr<float>();
+  float* vp = up + padded(u_n);
+  float* mo = vp + padded(v_n);
+  const float* mp = mo;
+  void* wsp = ws_n > 0 ? static_cast<void*>(mo + padded(m_n)) : nullptr;
   const int64_t tb = geo.threads;
   auto blocks_for = [tb](int64_t items) { return (items + tb - 1) / tb; };
   auto stage = [&](int which, int64_t blocks) {
@@ -673,7 +694,6 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
                K, "x", C, "x", T, " exceed 32-bit indexing");
     int gm = static_cast<int>(K), gn = static_cast<int>(T), gk = static_cast<int>(C);
     long long sa = K * C, sb = C * T, sc = K * T;
-    float* mo = M.data_ptr<float>();
     void* args[] = {&up, &vp, &mo, &gm, &gn, &gk, &sa, &sb, &sc};
     const int64_t gx = (T + geo.gemm_bn - 1) / geo.gemm_bn, gy = (K + geo.gemm_bm - 1) / geo.gemm_bm;
     BAGF_CHECK(gx <= INT_MAX && gy <= 65535 && E <= 65535, "bagf_torch: Winograd GEMM grid ", gx, "x", gy, "x", E,
@@ -681,28 +701,20 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
     BAGF_CU_CHECK(cuLaunchKernel(plan.gemm_fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                                  static_cast<unsigned>(E), geo.gemm_threads, 1, 1, geo.gemm_smem, stream, args,
                                  nullptr));
-  } else if (matmul_tf32()) {
-    // at::bmm_out would multiply in TF32 (the program set torch.set_float32_matmul_precision or
-    // matmul.allow_tf32): the same products through cuBLASLt in strict fp32 (unsupported_reason resolved them)
-    const bagf_lt::SgemmShape shape = winograd_sgemm_shape(geo, dims);
-    const float* a = m_tk ? vp : up;
-    const float* b = m_tk ? up : vp;
-    std::string why;
-    bagf_lt::Handle h = bagf_lt::handle(x.get_device(), why);
-    BAGF_CHECK(h != nullptr && plan.sgemm != nullptr, "bagf_torch: the Winograd products in fp32 need cuBLASLt: ",
-               why);
-    std::lock_guard<std::mutex> lock(plan.sgemm->mutex);
-    const bagf_lt::Sgemm* g = bagf_lt::resolve_sgemm(*plan.sgemm, h, shape, why);
-    BAGF_CHECK(g != nullptr, "bagf_torch: ", why);
-    at::Tensor ws = g->workspace > 0 ? at::empty({static_cast<int64_t>(g->workspace)}, x.options().dtype(at::kByte))
-                                     : at::Tensor();
-    const bagf_lt::Status st = bagf_lt::run_sgemm(h, *g, a, b, M.data_ptr<float>(),
-                                                  ws.defined() ? ws.data_ptr() : nullptr, stream);
+  } else if (g != nullptr) {
+    const bagf_lt::Status st = bagf_lt::run_sgemm(h, *g, m_tk ? vp : up, m_tk ? up : vp, mo, wsp, stream);
     BAGF_CHECK(st == 0, "bagf_torch: the Winograd products through cuBLASLt failed: ", bagf_lt::status_text(st));
-  } else if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
-    at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
-  } else {
-    at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
+  } else {  // (views of the one workspace, as the stages see it)
+    const float* base = buffer.data_ptr<float>();
+    auto part = [&](const float* from, int64_t floats) { return buffer.narrow(0, from - base, floats); };
+    at::Tensor U = part(up, E * K * C).view({E, K, C});
+    at::Tensor V = part(vp, v_n).view(v_tc ? at::IntArrayRef{E, T, C} : at::IntArrayRef{E, C, T});
+    at::Tensor M = part(mo, m_n).view(m_tk ? at::IntArrayRef{E, T, K} : at::IntArrayRef{E, K, T});
+    if (m_tk) {  // M^T[e] = V^T[e] U^T[e]
+      at::bmm_out(M, v_tc ? V : V.transpose(1, 2), U.transpose(1, 2));
+    } else {
+      at::bmm_out(M, U, v_tc ? V.transpose(1, 2) : V);
+    }
   }
   // inverse transform with bias; staged (layout bit 3, the kernel's SO): K * ceil(N / G) blocks of G whole images
   // each, G = threads / tiles per image, when an image's tiles fit in a block (else per tile, as unstaged)

@@ -817,12 +817,12 @@ def _op_and_gradients_match_aten(handle, x, w, b, stride, padding):
 
 @pytest.mark.parametrize("mt", [2, 4, 5, 6])
 def test_winograd_gemm_opcheck_autograd_fallback_and_fp32_under_tf32_matmul_flags(compiler, mt, monkeypatch):
-    """The non-fused Winograd plan (three stages around cuBLAS's batched SGEMM): opcheck, gradients through
+    """The non-fused Winograd plan (three stages around cuBLASLt's batched SGEMM): opcheck, gradients through
     ATen's backward, ATen's answer for a problem it cannot compute; and, while torch lets its fp32 matmuls use
     TF32 (matmul.allow_tf32, or set_float32_matmul_precision below 'highest', as many programs set), still the
-    plan's fp32 arithmetic (its products then through cuBLASLt in fp32, not at::bmm_out): within fp32's error of
-    what it computes with the flags off, and nowhere near TF32's. It used to hand such calls to ATen, so a plan
-    tuned in a default process ran cuDNN wherever a program had set the flags."""
+    plan's fp32 arithmetic (its products through cuBLASLt in fp32 with the flags on or off, never at::bmm_out's
+    TF32): within fp32's error of what it computes with the flags off, and nowhere near TF32's. It used to hand
+    such calls to ATen, so a plan tuned in a default process ran cuDNN wherever a program had set the flags."""
     fam = _family("winograd_gemm")
     handle = compiler.compile(fam, [dict(fam.DEFAULT, MT=mt, VL=1, ML=1, GE=0)])[0].handle
     x = torch.randn(2, 5, 11, 13, device="cuda", requires_grad=True)

@@ -71,8 +71,8 @@ class LaunchGeometry:
     fix_u: int = 0
     """The specialised column stride (a direct plan's KU), see ``fix_s``."""
     gemm_bm: int = 0
-    """The plan's own batched GEMM (the cubin's second kernel; without one the GEMM is ``at::bmm_out``): output
-    rows per block, grid.y = ceil(K / gemm_bm); at least 16 when there is one."""
+    """The plan's own batched GEMM (the cubin's second kernel; without one the GEMM is cuBLASLt's, else
+    ``at::bmm_out``): output rows per block, grid.y = ceil(K / gemm_bm); at least 16 when there is one."""
     gemm_bn: int = 0
     """Its output columns per block, grid.x = ceil(T / gemm_bn) (grid.z = E); at least 16 when there is one."""
     gemm_threads: int = 0

@@ -13,7 +13,10 @@ and the input transform V = B^T d B (stages 0 and 1, one launch), the E = (MT+2)
 products M[e] = U[e] V[e] as one batched GEMM, and the inverse transform with bias (stage 2). U, V and M are
 workspaces from torch's caching allocator, allocated per call.
 
-The GEMM is a knob (GE). GE = 0: cuBLAS's SGEMM through ``at::bmm_out`` (fp32 on the FFMA pipe, TF32 off).
+The GEMM is a knob (GE). GE = 0: cuBLASLt's strided-batch SGEMM (fp32 on the FFMA pipe), called from the host
+extension with the heuristic's first algorithm for the shape, whatever torch's TF32 flags say, so that a plan runs
+the GEMM its check and its timing saw in every process; ``at::bmm_out``'s cuBLAS SGEMM only where cuBLASLt cannot
+be loaded or takes no such shape (with TF32 off: under the flags such a call is ATen's).
 GE > 0: our own batched GEMM on tensor cores with fp32 accuracy from three TF32 products
 (csrc/kernels/gemm_tf32x3.cuh), compiled into the same cubin as the transforms, with the block tile of
 :data:`GEMMS`. On the H200 its best tile is 1.32-1.53x faster than cuBLAS on AlexNet's conv3-5 products
@@ -37,10 +40,10 @@ is the global-memory round trip of V and M (iobound.winograd_gemm_traffic), whic
 With GE = 0 the GEMM is cuBLAS's: its tile shapes are cuBLAS's heuristic, and this family tunes what is ours
 (the tile size, the workspace layouts the GEMM reads and writes, the transforms' blocks).
 
-TF32: at::bmm_out follows torch's TF32 flags for fp32 matmuls; while a program allows TF32 there
-(``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision`` other than "highest"), the
-host runs the same products through cuBLASLt with fp32 compute (csrc/cublaslt_plan.h, ``resolve_sgemm``), so the
-plan computes what its check passed whatever the program set (ATen answers only where cuBLASLt cannot be loaded).
+TF32: cuBLASLt's GEMM computes in fp32 whatever torch's flags say (csrc/cublaslt_plan.h, ``resolve_sgemm``), so
+the plan computes what its check passed whatever the program set. at::bmm_out follows torch's TF32 flags for fp32
+matmuls: while a program allows TF32 there (``torch.backends.cuda.matmul.allow_tf32`` or
+``torch.set_float32_matmul_precision`` other than "highest"), a call cuBLASLt cannot take is ATen's answer.
 
 Accuracy is the fused families' (the same transforms, the same products in another order): the tuner's
 correctness check (relative norm < 1e-4, max < 1e-3 against float64) rejects a candidate above it.
