@@ -1,14 +1,19 @@
-"""The pooling epilogue of a converted conv: ``nn.ReLU`` then ``nn.MaxPool2d`` in one launch.
+"""The epilogues of a converted conv: ``nn.ReLU`` then ``nn.MaxPool2d`` in one launch, and ``nn.ReLU`` in the conv's.
 
 ``convert`` makes each ``nn.Sequential`` that holds a converted conv followed by an ``nn.MaxPool2d`` (directly, or
-after one ``nn.ReLU``) a :class:`FusedSequential`: the same modules, the same state dict, and a forward that runs
-such a ReLU -> MaxPool2d pair as one kernel of ours (csrc/kernels/pool_epilogue.cuh), max_pool2d(relu(y)) in one pass
-over the conv's output, instead of ATen's relu and max_pool2d. The answer is ATen's to the bit (a NaN as a NaN): the
-kernel applies ATen's ReLU to each element (a NaN kept; -0.0 kept or made +0.0 as this torch's ReLU does, asked once
-per device), then takes the window's maximum by ATen's rule (a NaN wins, the first of equals stays, a window with no
-input is -inf), into the strides ATen's output would have. It pays most where ATen's pooling is slow: channels_last
-at small batches, where AlexNet's three MaxPool2d in bfloat16 at N = 1 cost more GPU time than its five convs
-(benchmarks/results/module_times_h100_alexnet_n1_bfloat16_nhwc.md).
+after one ``nn.ReLU``) or by an ``nn.ReLU`` a :class:`FusedSequential`: the same modules, the same state dict, and a
+forward that runs
+- such a ReLU -> MaxPool2d pair as one kernel of ours (csrc/kernels/pool_epilogue.cuh), max_pool2d(relu(y)) in one
+  pass over the conv's output, instead of ATen's relu and max_pool2d. The answer is ATen's to the bit (a NaN as a
+  NaN): the kernel applies ATen's ReLU to each element (a NaN kept; -0.0 kept or made +0.0 as this torch's ReLU
+  does, asked once per device), then takes the window's maximum by ATen's rule (a NaN wins, the first of equals
+  stays, a window with no input is -inf), into the strides ATen's output would have. It pays most where ATen's
+  pooling is slow: channels_last at small batches, where AlexNet's three MaxPool2d in bfloat16 at N = 1 cost more GPU
+  time than its five convs (benchmarks/results/module_times_h100_alexnet_n1_bfloat16_nhwc.md);
+- a conv -> ReLU pair with no pool after it as the conv's own launch with the ReLU in its epilogue, where the conv's
+  plan for the call is a TMA plan (``TunedConv2d._relu_forward``; the same ReLU of the output as rounded, to the
+  bit): one launch and one pass over the output fewer, which a batch-1 eager forward, host-bound, feels most
+  (AlexNet's conv3 and conv4). Other plans, and calls not yet planned, run the two modules.
 
 Every module stays where it was and keeps its type, so whatever calls them one by one (a slice of the Sequential, a
 loop that collects each layer's output, a hook, torch.fx's feature extractors) sees what it saw before: only the
@@ -185,6 +190,15 @@ def pairs(modules: list) -> dict[int, tuple[int, bool]]:
     return found
 
 
+def relu_pairs(modules: list) -> dict[int, int]:
+    """The conv -> ReLU pairs of a Sequential's module list that no pool follows (those are :func:`pairs`'): {index
+    of a TunedConv2d: index of the exact ``nn.ReLU`` after it}, whose forward runs as one launch where the conv's
+    plan is a TMA plan (``TunedConv2d._relu_forward``: the ReLU in its epilogue). Types only."""
+    return {i: i + 1 for i, m in enumerate(modules[:-1]) if isinstance(m, TunedConv2d)
+            and type(modules[i + 1]) is nn.ReLU
+            and not (i + 2 < len(modules) and type(modules[i + 2]) is nn.MaxPool2d)}
+
+
 def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool, relu_inplace: bool = True
                     ) -> torch.Tensor | None:
     """``pool(relu(x))`` (or ``pool(x)``) by the epilogue kernel, or None where it does not take the call.
@@ -240,11 +254,22 @@ class FusedSequential(nn.Sequential):
         modules = tuple(self._modules.values())
         memo = self.__dict__.get("_bagf_pairs")
         if memo is None or memo[0] != modules:  # (the list changed: append, insert, item assignment...)
-            memo = self.__dict__["_bagf_pairs"] = (modules, pairs(list(modules)))
-        found = memo[1] if not _compiling() else {}
+            listed = list(modules)
+            memo = self.__dict__["_bagf_pairs"] = (modules, pairs(listed), relu_pairs(listed))
+        found, relus = (memo[1], memo[2]) if not _compiling() else ({}, {})
         i, n = 0, len(modules)
         while i < n:
             module = modules[i]
+            r = relus.get(i)
+            if r is not None and not (_hooked(module) or _hooked(modules[r]) or _global_hooks()):
+                out = module._relu_forward(input)
+                # (an out-of-place ReLU of an output that is both contiguous and channels_last, C = 1 or a 1x1 map,
+                # gives contiguous strides in ATen: left to it)
+                if out is not None and (modules[r].inplace or not out.is_contiguous()
+                                        or not out.is_contiguous(memory_format=torch.channels_last)):
+                    input = out
+                    i = r + 1
+                    continue
             input = module(input)
             pair = found.get(i)
             if pair is not None:
@@ -286,7 +311,7 @@ def fuse(model: nn.Module) -> int:
     many containers changed."""
     changed = 0
     for m in model.modules():
-        if type(m) is nn.Sequential and pairs(list(m._modules.values())):
+        if type(m) is nn.Sequential and (pairs(list(m._modules.values())) or relu_pairs(list(m._modules.values()))):
             m.__class__ = FusedSequential
             changed += 1
     return changed

@@ -569,6 +569,81 @@ class TunedConv2d(nn.Conv2d):
             return self._conv_forward(input, w, b)
         return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
 
+    @torch.jit.unused
+    def _relu_forward(self, input: torch.Tensor) -> torch.Tensor | None:
+        """``relu(self(input))`` as one launch, the ReLU in the plan's epilogue, for FusedSequential's conv -> ReLU
+        pairs (the caller has checked that neither module has hooks): where calls like ``input`` already run a TMA
+        plan of this layer (its plan table), eagerly, with no gradient to record; None otherwise (no plan yet, torch's
+        conv, another kernel, anything the fast path of ``_tuned_forward`` would not hand to the kernel), and the
+        caller calls the two modules. The answer is torch's ReLU of what ``self(input)`` gives, to the bit
+        (``wgh::out`` in csrc/kernels/implicit_gemm_wgmma_h16.cuh)."""
+        if _compiling() or type(input) not in _PLAIN or (_any_autocast() and _autocast_on(input)):
+            return None
+        params = self._parameters
+        own = True
+        try:
+            w, b = params["weight"], params["bias"]
+        except KeyError:
+            w, b, own = self.weight, self.bias, False
+        dtype, contiguous = input.dtype, input.is_contiguous()
+        if not contiguous and not input.is_contiguous(memory_format=torch.channels_last):
+            return None
+        last = self._bagf_last
+        if (last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32()
+                and last[3] is dtype and last[4] is contiguous):
+            hit = last[5]
+        else:
+            hit = self._plan_entry(input)
+        if (hit is None or hit[0] != "kernel" or w.dtype is not dtype or (contiguous and not w.is_contiguous())
+                or _foreign(input, w, b) or _needs_dispatcher(input, w, b)):
+            return None
+        ext = _extension_loaded()
+        if ext is None or not _fuses_relu(ext, hit[1]):
+            return None
+        mode = _relu_mode(input.device, dtype)
+        if mode is None:
+            return None
+        if hit[5] and own and self._bagf_frozen:
+            w = self._krsc_weight(w)
+        return ext.conv2d_relu_inference(input, w, b, hit[2], hit[3], hit[4], hit[1], mode)
+
+
+_FUSES_RELU: dict[int, bool] = {}
+"""Plan handle -> whether its epilogue runs a ReLU (``bagf_ext.plan_fuses_relu``: the TMA plans). Handles are never
+reused in a process."""
+_RELU_MODES: dict[tuple, int] = {}
+"""(device, dtype) -> ``conv2d_relu_inference``'s relu argument: 2 where torch's ReLU keeps -0.0 there, else 1."""
+
+
+def _extension_loaded():
+    from .jit import extension
+
+    return extension.loaded()
+
+
+def _fuses_relu(ext, handle: int) -> bool:
+    fuses = _FUSES_RELU.get(handle)
+    if fuses is None:
+        try:
+            fuses = bool(ext.plan_fuses_relu(handle))
+        except RuntimeError:  # (no such plan: a test's stand-in handle)
+            fuses = False
+        _FUSES_RELU[handle] = fuses
+    return fuses
+
+
+def _relu_mode(device: torch.device, dtype: torch.dtype) -> int | None:
+    """2 where torch's ReLU keeps -0.0 on ``device`` in ``dtype``, 1 where it makes it +0.0, asked once (one
+    synchronisation); None during a CUDA graph capture before it was asked (the capture cannot synchronise)."""
+    key = (device, dtype)
+    mode = _RELU_MODES.get(key)
+    if mode is None:
+        if device.type == "cuda" and _stream_capturing():
+            return None
+        zero = torch.relu(torch.full((1,), -0.0, device=device, dtype=dtype))
+        mode = _RELU_MODES[key] = 2 if bool(torch.signbit(zero).item()) else 1
+    return mode
+
 
 def freeze_weights(model: nn.Module, frozen: bool = True) -> nn.Module:
     """Promise that the convolution weights of ``model``'s TunedConv2d layers will not change behind their backs,
@@ -609,10 +684,11 @@ def convert(model: nn.Module, fuse: bool = True) -> nn.Module:
     Returns ``model`` (or the new module if ``model`` itself is an ``nn.Conv2d``). Subclasses of
     ``nn.Conv2d`` (other than TunedConv2d) are left alone: their forward may differ.
 
-    With ``fuse`` (the default), each ``nn.Sequential`` where an ``nn.MaxPool2d`` follows a converted conv, directly
-    or after an ``nn.ReLU``, becomes a :class:`~bagf_torch.epilogue.FusedSequential`: the same modules in the same
-    places, whose forward runs that ReLU and pool as one kernel, to the bit what ATen's ops give (AlexNet's and VGG's
-    features). Modules called one by one (a slice, a loop over the layers, hooks) answer as before.
+    With ``fuse`` (the default), each ``nn.Sequential`` where an ``nn.MaxPool2d`` or an ``nn.ReLU`` follows a
+    converted conv becomes a :class:`~bagf_torch.epilogue.FusedSequential`: the same modules in the same places,
+    whose forward runs a ReLU and pool after a conv as one kernel, and a ReLU after a conv whose plan is a TMA plan
+    in that plan's epilogue, to the bit what ATen's ops give (AlexNet's and VGG's features). Modules called one by
+    one (a slice, a loop over the layers, hooks) answer as before.
 
     >>> import torch, bagf_torch
     >>> m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())

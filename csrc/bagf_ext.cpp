@@ -822,8 +822,9 @@ bool launch_blas_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w
 
 void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
                  const std::optional<at::Tensor>& b, at::Tensor& y, at::IntArrayRef stride,
-                 at::IntArrayRef padding, at::IntArrayRef dilation) {
+                 at::IntArrayRef padding, at::IntArrayRef dilation, int relu = 0) {
   const LaunchGeometry& geo = plan.geo;
+  BAGF_CHECK(relu == 0 || (geo.tma && plan.blas == nullptr), "bagf_torch: only a TMA plan's epilogue runs a ReLU");
   if (plan.blas != nullptr) {
     std::string why;
     BAGF_CHECK(launch_blas_plan(plan, x, w, b, y, why), "bagf_torch: ", why);
@@ -847,6 +848,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   p.dil_w = static_cast<int>(dilation[1]);
   const bool has_bias = b.has_value() && b->defined();
   p.has_bias = has_bias ? 1 : 0;
+  p.relu = relu;  // (read by the TMA kernels' epilogue only: conv_params.h)
   // The kernels read the weight in the plan's format (KRSC for a channels_last plan and for every TMA plan): a
   // weight in another format is converted for this call (a frozen TunedConv2d passes a KRSC copy: plan_reads_krsc).
   // unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get a contiguous weight, so for
@@ -953,6 +955,13 @@ bool plan_reads_krsc(int64_t handle) {
   return (plan->geo.tma != 0 || plan->geo.nhwc != 0) && plan->blas == nullptr;  // (a 1x1 filter: KCRS is KRSC)
 }
 
+// Whether a loaded plan's epilogue can run the ReLU after the conv (conv2d_relu_inference): the TMA plans.
+bool plan_fuses_relu(int64_t handle) {
+  const Plan* plan = plan_for(handle);
+  BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", handle);
+  return plan->geo.tma != 0 && plan->blas == nullptr;
+}
+
 at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                        int64_t plan_handle) {
@@ -1039,6 +1048,32 @@ at::Tensor conv2d_inference(const at::Tensor& x, const at::Tensor& w, const std:
              "bagf_torch: stride, padding and dilation must have 2 elements each");
   launch_into(*plan, x, w, b, *out, stride, padding, dilation);
   return *out;
+}
+
+// The conv and the ReLU after it as one launch (FusedSequential's conv -> ReLU pairs, eager calls that need no
+// gradient): the plan's output with torch's ReLU applied in its epilogue (relu: 1, -0.0 made +0.0; 2, -0.0 kept, as
+// torch's ReLU does on the device), or None wherever conv2d_cuda would not launch the plan itself (no such plan, a
+// plan that is not TMA, a call the plan does not take, TF32 off for a TF32 plan, an empty or oversized output): the
+// caller then runs the conv and the ReLU as before, which says why where that path does.
+std::optional<at::Tensor> conv2d_relu_inference(const at::Tensor& x, const at::Tensor& w,
+                                                const std::optional<at::Tensor>& b, std::vector<int64_t> stride,
+                                                std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                                                int64_t plan_handle, int64_t relu) {
+  BAGF_CHECK(relu == 1 || relu == 2, "bagf_torch: relu must be 1 (-0.0 made +0.0) or 2 (-0.0 kept), got ", relu);
+  const Plan* plan = plan_for(plan_handle);
+  if (plan == nullptr || !plan->geo.tma || plan->blas != nullptr || stride.size() != 2 || padding.size() != 2 ||
+      dilation.size() != 2 || !valid_geometry(stride, padding, dilation))
+    return std::nullopt;
+  if (unsupported_reason(x, w, b, stride, padding, dilation, *plan) != nullptr) return std::nullopt;
+  if (plan->geo.tf32 && !cudnn_conv_tf32()) return std::nullopt;
+  c10::cuda::CUDAGuard guard(x.device());
+  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+  if (P <= 0 || Q <= 0) return std::nullopt;
+  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan->geo)));
+  if (y.numel() == 0 || y.numel() > INT_MAX) return std::nullopt;
+  launch_plan(*plan, x, w, b, y, stride, padding, dilation, static_cast<int>(relu));
+  return y;
 }
 
 // ---------------------------------------------------------------------------------------- autograd
@@ -1177,6 +1212,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unload_plan", &unload_plan, "Unload a plan's module");
   m.def("plan_reads_krsc", &plan_reads_krsc,
         "Whether a loaded plan reads its weight KRSC (channels_last; it converts one in another format per call)");
+  m.def("plan_fuses_relu", &plan_fuses_relu,
+        "Whether a loaded plan's epilogue runs the ReLU after the conv (conv2d_relu_inference): the TMA plans");
+  m.def("conv2d_relu_inference", &conv2d_relu_inference,
+        "A TMA plan's conv with the ReLU after it in its epilogue, without the dispatcher (no autograd); None where "
+        "the plan does not take the call", py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"),
+        py::arg("padding"), py::arg("dilation"), py::arg("plan"), py::arg("relu"));
   m.def("conv2d_inference", &conv2d_inference,
         "bagf::conv2d's CUDA kernel without the dispatcher (no autograd); with out=, the plan launched into it or "
         "an error (never ATen)",

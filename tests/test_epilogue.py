@@ -103,6 +103,104 @@ def test_the_container_fuses_the_pairs_it_calls_in_sequence_and_nothing_else(rec
     assert recorder.calls == [(m[2], True)]  # (a subclass's forward may differ: called as it is)
 
 
+def test_relu_pairs_are_a_conv_and_the_relu_after_it_with_no_pool_after_that():
+    m = bagf_torch.convert(_net())
+    assert epilogue.relu_pairs(list(m)) == {5: 6}  # (conv 0's ReLU leads to a pool: the pooling kernel's pair)
+    assert epilogue.relu_pairs(list(models.alexnet().features)) == {6: 7, 8: 9}
+    only = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()))
+    assert type(only) is FusedSequential and epilogue.pairs(list(only)) == {}
+    assert type(bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.GELU()))) is nn.Sequential
+    assert epilogue.relu_pairs([bagf_torch.TunedConv2d(3, 4, 3), type("R", (nn.ReLU,), {})()]) == {}  # (a subclass)
+
+
+class _ReluRecorder:
+    """Stands in for TunedConv2d._relu_forward on CPU: ATen's conv and ReLU (or None: no TMA plan), and the convs
+    the container sent to it."""
+
+    def __init__(self, answer=True):
+        self.calls, self.answer = [], answer
+
+    def __call__(self, conv, x):
+        self.calls.append(conv)
+        return torch.relu(conv._conv_forward(x, conv.weight, conv.bias)) if self.answer else None
+
+
+def test_the_container_runs_a_conv_and_its_relu_as_one_call_where_the_conv_can(monkeypatch, recorder):
+    torch.manual_seed(0)
+    ref = _net().eval()
+    m = bagf_torch.convert(copy.deepcopy(ref)).eval()
+    x = torch.randn(2, 3, 21, 19)
+    called = []
+    m[6].forward = lambda t, f=m[6].forward: called.append(6) or f(t)  # (an instance attribute: no hook)
+    rec = _ReluRecorder()
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_relu_forward", lambda self, x: rec(self, x))
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+    assert rec.calls == [m[5]] and called == []  # (the ReLU after it not called)
+    for i in (5, 6):  # a hook on the conv or the ReLU: both called
+        rec.calls.clear(), called.clear()
+        handle = m[i].register_forward_pre_hook(lambda *a: None)
+        torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        assert rec.calls == [] and called == [6]
+        handle.remove()
+    rec.answer = False  # (no TMA plan for the call: the two modules)
+    rec.calls.clear(), called.clear()
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+    assert rec.calls == [m[5]] and called == [6]
+    # an out-of-place ReLU after an output both contiguous and channels_last (one channel): left to ATen's ReLU,
+    # whose output strides differ there
+    one = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 1, 3), nn.ReLU(), nn.Conv2d(1, 2, 1), nn.ReLU(inplace=True)))
+    rec.answer, rec.calls = True, []
+    one(x)
+    assert rec.calls == [one[0], one[2]]
+    seen = []
+    one[1].forward = lambda t, f=one[1].forward: seen.append(1) or f(t)
+    one[3].forward = lambda t, f=one[3].forward: seen.append(3) or f(t)
+    one(x)
+    assert seen == [1]
+
+
+def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch):
+    """TunedConv2d._relu_forward with a stand-in extension (CPU): the call goes to conv2d_relu_inference with the
+    layer's plan for such inputs and the ReLU mode of the device's own ReLU; None for a call not planned, a plan whose
+    epilogue has no ReLU, cuDNN's plan, a gradient to record, autocast, strides of neither format."""
+    from bagf_torch import nn as bnn
+
+    class Ext:
+        def __init__(self):
+            self.calls = []
+
+        def plan_fuses_relu(self, handle):
+            return handle == 7
+
+        def conv2d_relu_inference(self, x, w, b, stride, padding, dilation, handle, relu):
+            self.calls.append((handle, stride, padding, dilation, relu))
+            return torch.relu(F.conv2d(x, w, b, stride, padding, dilation))
+
+    ext = Ext()
+    monkeypatch.setattr(bnn, "_extension_loaded", lambda: ext)
+    monkeypatch.setattr(bnn, "_FUSES_RELU", {})
+    torch.manual_seed(0)
+    conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1).eval()
+    x = torch.randn(2, 4, 9, 8)
+    assert conv._relu_forward(x) is None  # (not planned yet)
+    conv._remember(x, ("kernel", 7, [1, 1], [1, 1], [1, 1], False))
+    mode = 2 if torch.signbit(torch.relu(torch.tensor([-0.0]))).item() else 1
+    with torch.no_grad():
+        torch.testing.assert_close(conv._relu_forward(x), torch.relu(F.conv2d(x, conv.weight, conv.bias, 1, 1)))
+    assert ext.calls == [(7, [1, 1], [1, 1], [1, 1], mode)]
+    assert conv._relu_forward(x) is None  # (the weight needs a gradient)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert conv._relu_forward(x) is None
+        assert conv._relu_forward(x[..., ::2]) is None  # (neither contiguous nor channels_last: another key anyway)
+        assert conv._relu_forward(x.double()) is None  # (not planned in float64)
+        conv._remember(x, ("kernel", 8, [1, 1], [1, 1], [1, 1], False))
+        assert conv._relu_forward(x) is None  # (its epilogue has no ReLU)
+        conv._remember(x, ("aten",))
+        assert conv._relu_forward(x) is None
+    assert len(ext.calls) == 1
+
+
 def test_pool_arguments_the_kernel_takes():
     assert epilogue._pool_args(nn.MaxPool2d(3, 2)) == ((3, 3), (2, 2), (0, 0), (1, 1), False)
     assert epilogue._pool_args(nn.MaxPool2d(np.int64(3), (2, 1), 1, 2, ceil_mode=True)) == (

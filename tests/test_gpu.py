@@ -1766,6 +1766,116 @@ def test_tma_persistent_blocks_give_the_one_tile_per_block_bits(compiler, name):
     _tma_twin_bits(compiler, name, configs, lambda c: dict(c, SK=0), shapes, op_cfg)
 
 
+@pytest.mark.parametrize("name", ["implicit_gemm_tma_h16", "implicit_gemm_tma_tf32"])
+def test_tma_relu_epilogue_is_torchs_relu_of_the_plans_output_to_the_bit(compiler, name):
+    """A TMA plan's ReLU epilogue (conv2d_relu_inference, FusedSequential's conv -> ReLU pairs) in every dtype and
+    format of the family and on every store path (one tile per block, split-K through the workspace and in clusters,
+    stream-K, persistent blocks; NCHW staged and from the registers): bit for bit torch's ReLU of the same plan's
+    unfused output, with -0.0 kept (relu = 2) or made +0.0 (1) and NaN kept, on odd shapes with an image of tiny
+    values (sums that round to zero, of either sign) and zero biases; the device's own ReLU is the mode
+    nn._relu_mode picks. A plan that is not TMA, or a call the plan does not take, gives None."""
+    from bagf_torch import nn as bnn
+    from bagf_torch.tuning.measure import Workspace
+
+    fam = _family(name)
+    tf32 = not name.endswith("h16")
+    variants = [dict(SPLIT=1), dict(SPLIT=4), dict(SPLIT=4, CR=1), dict(SPLIT=1, SK=1), dict(SPLIT=1, SK=2)]
+    configs = [dict(fam.DEFAULT, **_TMA_VARIANT_TILES[0], DT=dt, NHWC=nh, **v) for dt in _tma_dts(fam)
+               for nh in (0, 1) for v in variants]
+    configs = [c for c in configs if fam.space().is_valid(c)]
+    assert len(configs) >= 4 * len(_tma_dts(fam)), [fam.name(c) for c in configs]
+    built = compiler.compile(fam, configs)
+    assert all(hasattr(b, "handle") for b in built), [(fam.name(c), b.detail[:200]) for c, b in zip(configs, built)
+                                                      if not hasattr(b, "handle")]
+    shapes = [(2, 64, 9, 7, 129, 3, 3, (1, 2), (1, 0), (1, 1), True),
+              (3, 24, 15, 13, 40, 3, 3, (1, 1), (1, 1), (1, 1), True),
+              (1, 192, 13, 13, 384, 3, 3, (1, 1), (1, 1), (1, 1), False)]
+    bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+    tiny = {torch.float32: 1e-42, torch.float16: 1e-7, torch.bfloat16: 1e-39}
+    compared = 0
+    for c, b in zip(configs, built):
+        for fmt in _formats(fam):
+            for shape in shapes:
+                if not _runs(fam, c, shape, fmt):
+                    continue
+                ws = Workspace(_problem(shape, tf32=tf32, fmt=fmt), torch.device("cuda", 0))
+                x = ws.x.clone()
+                x[0] = (x[0].float() * tiny[x.dtype]).to(x.dtype)  # (sums of either sign that round to zero)
+                x[-1, 0, 0, 0] = float("nan")
+                bias = None if ws.b is None else ws.b.clone()
+                if bias is not None:
+                    bias[::2] = 0
+                with torch.no_grad():
+                    y = compiler.ext.conv2d_inference(x, ws.w, bias, *ws.args, b.handle)
+                    for mode in (1, 2):
+                        got = compiler.ext.conv2d_relu_inference(x, ws.w, bias, *ws.args, b.handle, mode)
+                        keep = (y > 0) | torch.isnan(y)
+                        if mode == 2:
+                            keep |= (y == 0) & torch.signbit(y)
+                        want = torch.where(keep, y, torch.zeros_like(y))
+                        assert got is not None and got.stride() == y.stride() and got.dtype == y.dtype
+                        assert torch.equal(got.view(bits[y.dtype]), want.view(bits[y.dtype])), (fam.name(c), fmt,
+                                                                                               shape, mode)
+                        compared += 1
+                    device_mode = bnn._relu_mode(y.device, y.dtype)
+                    mine = compiler.ext.conv2d_relu_inference(x, ws.w, bias, *ws.args, b.handle, device_mode)
+                    assert torch.equal(mine.view(bits[y.dtype]), torch.relu(y).view(bits[y.dtype]))
+                    assert bool(compiler.ext.plan_fuses_relu(b.handle))
+                    # (a call the plan does not take: another dtype)
+                    assert compiler.ext.conv2d_relu_inference(x.double(), ws.w.double(), None, *ws.args, b.handle,
+                                                              1) is None
+    assert compared >= 2 * len(configs)
+    other = _family("implicit_gemm_wgmma_h16")
+    handle = compiler.compile(other, [dict(other.DEFAULT)])[0].handle
+    assert not compiler.ext.plan_fuses_relu(handle)
+    ws = Workspace(_problem(shapes[0], fmt=("float16", "nhwc")), torch.device("cuda", 0))
+    assert compiler.ext.conv2d_relu_inference(ws.x, ws.w, ws.b, *ws.args, handle, 1) is None
+    with pytest.raises(RuntimeError, match="relu must be 1"):
+        compiler.ext.conv2d_relu_inference(ws.x, ws.w, ws.b, *ws.args, handle, 0)
+
+
+def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler):
+    """FusedSequential's conv -> ReLU pairs (in-place and not) whose convs run TMA plans, bf16 channels_last: the
+    ReLU modules are not called and the output is, to the bit, what calling the modules one by one gives (the same
+    plans, then ATen's ReLU); with a gradient to record, or a hook on the ReLU, the modules are called."""
+    import bagf_torch
+    from bagf_torch.nn import _reads_krsc
+
+    torch.manual_seed(0)
+    seq = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(64, 136, 3, padding=1), torch.nn.ReLU(inplace=True),
+                                                 torch.nn.Conv2d(136, 64, 3, padding=(1, 0)), torch.nn.ReLU()))
+    assert type(seq).__name__ == "FusedSequential"
+    seq = seq.cuda().to(torch.bfloat16).to(memory_format=torch.channels_last).eval()
+    fam = _family("implicit_gemm_tma_h16")
+    x = torch.randn(2, 64, 11, 9, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    h = x
+    for i in (0, 2):  # each conv's plan for its input, as its first call would have remembered it
+        handle = compiler.compile(fam, [dict(fam.DEFAULT, DT=fam.DTYPES["bfloat16"], NHWC=1)])[0].handle
+        conv = seq[i]
+        seq[i]._remember(h, ("kernel", handle, list(conv.stride), list(conv.padding), list(conv.dilation),
+                             _reads_krsc(handle)))
+        h = seq[i + 1](conv(h))
+    calls = []
+    for i in (1, 3):
+        relu = seq[i]
+        relu.forward = lambda t, f=relu.forward: calls.append(1) or f(t)  # (an instance attribute: no hook)
+    with torch.no_grad():
+        want = seq[3](seq[2](seq[1](seq[0](x))))
+        calls.clear()
+        got = seq(x)
+    assert calls == [] and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    handle = seq[1].register_forward_hook(lambda *a: None)
+    with torch.no_grad():
+        torch.testing.assert_close(seq(x), want, rtol=0, atol=0)
+    assert calls == [1]  # (the hooked ReLU called; the other pair fused)
+    handle.remove()
+    calls.clear()
+    xg = x.clone().requires_grad_()
+    seq(xg).float().sum().backward()  # (a gradient to record: every module called, ATen's backward)
+    assert calls == [1, 1] and xg.grad is not None
+
+
 def _h16_model(dtype, layout):
     return _conv_model().to(getattr(torch, dtype)).to(memory_format=_memory_format(layout)).eval()
 

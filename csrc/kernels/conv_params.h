@@ -20,6 +20,10 @@ struct Conv2dParams {
   int pad_h, pad_w;
   int dil_h, dil_w;
   int has_bias;
+  // The ReLU after the conv in its epilogue (TMA plans, implicit_gemm_tma_h16.cuh; the host sets it only for them):
+  // 0 none; 1 torch's ReLU of the output as rounded to its dtype, -0.0 made +0.0; 2 the same keeping -0.0, where
+  // torch's ReLU keeps it on the device. NaN stays NaN, as torch's ReLU leaves it.
+  int relu;
 };
 
 // The input patch a TH x TW output tile reads (halo included): rows x cols, stored in shared memory with an

@@ -185,6 +185,8 @@ struct Elem {
   using T = unsigned short;
   static __device__ __forceinline__ float widen(T v) { return h16::to_f32<DT>(v); }
   static __device__ __forceinline__ T narrow(float f) { return h16::from_f32<DT>(f); }
+  static __device__ __forceinline__ bool negative_zero(T v) { return v == 0x8000u; }
+  static __device__ __forceinline__ T zero() { return 0; }
   // two neighbouring channels in one 4-byte store (dst 4-byte aligned)
   static __device__ __forceinline__ void store_pair(T* dst, T a, T b) {
     *reinterpret_cast<unsigned*>(dst) = static_cast<unsigned>(a) | (static_cast<unsigned>(b) << 16);
@@ -195,10 +197,22 @@ struct Elem<2> {
   using T = float;
   static __device__ __forceinline__ float widen(float v) { return v; }
   static __device__ __forceinline__ float narrow(float f) { return f; }
+  static __device__ __forceinline__ bool negative_zero(float v) { return __float_as_uint(v) == 0x80000000u; }
+  static __device__ __forceinline__ float zero() { return 0.f; }
   static __device__ __forceinline__ void store_pair(float* dst, float a, float b) {
     *reinterpret_cast<float2*>(dst) = make_float2(a, b);
   }
 };
+
+// The output value of an fp32 sum: rounded once to the output dtype, then torch's ReLU of that where p.relu asks for
+// it (conv_params.h): below zero gives +0.0, -0.0 gives +0.0 (1) or stays (2), NaN stays. Rounding first keeps a
+// tiny negative sum that rounds to -0.0 what torch's ReLU makes of the unfused conv's -0.0.
+template <int DT>
+__device__ __forceinline__ typename Elem<DT>::T out(float v, int relu) {
+  const typename Elem<DT>::T o = Elem<DT>::narrow(v);
+  if (relu != 0 && v <= 0.f && !(relu == 2 && Elem<DT>::negative_zero(o))) return Elem<DT>::zero();
+  return o;
+}
 
 // The end of a block of either kernel, in two steps: split_hand_over, then store (finish runs both).
 //
@@ -255,7 +269,7 @@ __device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float*
   return true;
 }
 
-// store: bias in fp32 and the one rounding to the output dtype, stored from the registers into the channels_last
+// store: bias in fp32 and the one rounding to the output dtype (then p.relu's ReLU: out), stored from the registers into the channels_last
 // output (NHWC true: two channels per store) or the NCHW one (NHWC false: each of a warp's stores then covers 8
 // runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory instead,
 // wgt::store_nchw_staged). Channel groups [j_begin, j_end) of 8 only: split-K in a cluster stores each rank's share.
@@ -293,12 +307,12 @@ __device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv
           v0 += Elem<DT>::widen(__ldg(bias + ch));
           if (two) v1 += Elem<DT>::widen(__ldg(bias + ch + 1));
         }
-        const E o0 = Elem<DT>::narrow(v0);
+        const E o0 = out<DT>(v0, p.relu);
         if (NHWC && pairs && two) {
-          Elem<DT>::store_pair(yout + ch, o0, Elem<DT>::narrow(v1));
+          Elem<DT>::store_pair(yout + ch, o0, out<DT>(v1, p.relu));
         } else {
           yout[ch * cstride] = o0;
-          if (two) yout[(ch + 1) * cstride] = Elem<DT>::narrow(v1);
+          if (two) yout[(ch + 1) * cstride] = out<DT>(v1, p.relu);
         }
       }
     }
