@@ -227,7 +227,8 @@ def relu_max_pool2d(x: torch.Tensor, pool: nn.MaxPool2d, relu: bool, relu_inplac
 
 class FusedSequential(nn.Sequential):
     """``nn.Sequential`` whose forward runs each ``nn.ReLU`` -> ``nn.MaxPool2d`` pair after a ``TunedConv2d`` as one
-    kernel (see the module's docs); the same modules, state dict and answer as the ``nn.Sequential`` it was.
+    kernel, and each ``nn.ReLU`` after one in the conv's epilogue where its plan is a TMA plan (see the module's
+    docs); the same modules, state dict and answer as the ``nn.Sequential`` it was.
 
     >>> import torch, bagf_torch
     >>> m = bagf_torch.convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2)))
