@@ -190,11 +190,19 @@ def pairs(modules: list) -> dict[int, tuple[int, bool]]:
     return found
 
 
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def relu_pairs(modules: list) -> dict[int, int]:
     """The conv -> ReLU pairs of a Sequential's module list that no pool follows (those are :func:`pairs`'): {index
-    of a TunedConv2d: index of the exact ``nn.ReLU`` after it}, whose forward runs as one launch where the conv's
+    of an exact TunedConv2d: index of the exact ``nn.ReLU`` after it}, whose forward runs as one launch where the conv's
     plan is a TMA plan (``TunedConv2d._relu_forward``: the ReLU in its epilogue). Types only."""
-    return {i: i + 1 for i, m in enumerate(modules[:-1]) if isinstance(m, TunedConv2d)
+    return {i: i + 1 for i, m in enumerate(modules[:-1]) if type(m) is TunedConv2d  # (a subclass's forward may differ)
             and type(modules[i + 1]) is nn.ReLU
             and not (i + 2 < len(modules) and type(modules[i + 2]) is nn.MaxPool2d)}
 
@@ -262,12 +270,16 @@ class FusedSequential(nn.Sequential):
         while i < n:
             module = modules[i]
             r = relus.get(i)
-            if r is not None and not (_hooked(module) or _hooked(modules[r]) or _global_hooks()):
+            # (a forward set on the instance, as a patch or a test does, is what the module's call runs: not fused)
+            if r is not None and not (_hooked(module) or _hooked(modules[r]) or _global_hooks()
+                                      or "forward" in module.__dict__ or "forward" in modules[r].__dict__):
                 out = module._relu_forward(input)
-                # (an out-of-place ReLU of an output that is both contiguous and channels_last, C = 1 or a 1x1 map,
-                # gives contiguous strides in ATen: left to it)
-                if out is not None and (modules[r].inplace or not out.is_contiguous()
-                                        or not out.is_contiguous(memory_format=torch.channels_last)):
+                if out is not None:
+                    if not modules[r].inplace and out.is_contiguous() and out.is_contiguous(
+                            memory_format=torch.channels_last):
+                        # (K = 1 or a 1x1 map: ATen's out-of-place ReLU gives contiguous strides, which address
+                        # the same elements here)
+                        out = out.as_strided(out.shape, _contiguous_strides(out.shape))
                     input = out
                     i = r + 1
                     continue

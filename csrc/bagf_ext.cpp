@@ -383,7 +383,9 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     if (!err.empty()) {
       if (plan.module != nullptr) cuModuleUnload(plan.module);
     } else {
-      if (geo.gemm == 1 && plan.gemm_fn == nullptr) plan.sgemm = new bagf_lt::SgemmCache();
+      // (BAGF_TEST_WINOGRAD_BMM, set when the plan is loaded: no cuBLASLt GEMM, so that a GPU test runs at::bmm_out's)
+      if (geo.gemm == 1 && plan.gemm_fn == nullptr && std::getenv("BAGF_TEST_WINOGRAD_BMM") == nullptr)
+        plan.sgemm = new bagf_lt::SgemmCache();
       g_plans[idx] = plan;
       g_count.store(idx + 1, std::memory_order_release);
     }
@@ -635,8 +637,8 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
     // refusal) where torch's flags would make it TF32, never an error out of the launch
     std::string why;
     bagf_lt::Handle h = nullptr;
-    if (winograd_lt_gemm(plan, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]), x.get_device(),
-                         h, why) == nullptr && matmul_tf32())
+    if (matmul_tf32() && winograd_lt_gemm(plan, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]),
+                                          x.get_device(), h, why) == nullptr)
       return h == nullptr ? "the non-fused Winograd plan's GEMM would run in TF32 through ATen (matmul.allow_tf32, "
                             "or torch.set_float32_matmul_precision is not 'highest'), and cuBLASLt, which would run "
                             "it in fp32, is not available"
@@ -680,6 +682,10 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   float* mo = vp + padded(v_n);
   const float* mp = mo;
   void* wsp = ws_n > 0 ? static_cast<void*>(mo + padded(m_n)) : nullptr;
+  // (the GEMM was resolved for bases at its alignment: the caching allocator's are; another allocator's may not be)
+  if (g != nullptr && g->shape.align != 0 && reinterpret_cast<uintptr_t>(up) % g->shape.align != 0 && !matmul_tf32())
+    g = nullptr;
+  bagf_lt::Status st = 0;
   const int64_t tb = geo.threads;
   auto blocks_for = [tb](int64_t items) { return (items + tb - 1) / tb; };
   auto stage = [&](int which, int64_t blocks) {
@@ -701,10 +707,11 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
     BAGF_CU_CHECK(cuLaunchKernel(plan.gemm_fn, static_cast<unsigned>(gx), static_cast<unsigned>(gy),
                                  static_cast<unsigned>(E), geo.gemm_threads, 1, 1, geo.gemm_smem, stream, args,
                                  nullptr));
-  } else if (g != nullptr) {
-    const bagf_lt::Status st = bagf_lt::run_sgemm(h, *g, m_tk ? vp : up, m_tk ? up : vp, mo, wsp, stream);
-    BAGF_CHECK(st == 0, "bagf_torch: the Winograd products through cuBLASLt failed: ", bagf_lt::status_text(st));
+  } else if (g != nullptr && (st = bagf_lt::run_sgemm(h, *g, m_tk ? vp : up, m_tk ? up : vp, mo, wsp, stream)) == 0) {
+    // (done; a refusal with torch's fp32 matmuls in TF32 is an error, else at::bmm_out computes the same products)
   } else {  // (views of the one workspace, as the stages see it)
+    BAGF_CHECK(!matmul_tf32(), "bagf_torch: the Winograd products through cuBLASLt failed: ",
+               bagf_lt::status_text(st));
     const float* base = buffer.data_ptr<float>();
     auto part = [&](const float* from, int64_t floats) { return buffer.narrow(0, from - base, floats); };
     at::Tensor U = part(up, E * K * C).view({E, K, C});

@@ -131,32 +131,56 @@ def test_the_container_runs_a_conv_and_its_relu_as_one_call_where_the_conv_can(m
     m = bagf_torch.convert(copy.deepcopy(ref)).eval()
     x = torch.randn(2, 3, 21, 19)
     called = []
-    m[6].forward = lambda t, f=m[6].forward: called.append(6) or f(t)  # (an instance attribute: no hook)
+    relu_forward = nn.ReLU.forward
+    monkeypatch.setattr(nn.ReLU, "forward", lambda self, t: called.append(self) or relu_forward(self, t))
     rec = _ReluRecorder()
     monkeypatch.setattr(bagf_torch.TunedConv2d, "_relu_forward", lambda self, x: rec(self, x))
     torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
-    assert rec.calls == [m[5]] and called == []  # (the ReLU after it not called)
+    assert rec.calls == [m[5]] and m[6] not in called  # (the ReLU after it not called)
     for i in (5, 6):  # a hook on the conv or the ReLU: both called
         rec.calls.clear(), called.clear()
         handle = m[i].register_forward_pre_hook(lambda *a: None)
         torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
-        assert rec.calls == [] and called == [6]
+        assert rec.calls == [] and m[6] in called
         handle.remove()
+    # a forward set on the conv's instance (what its call runs) or the ReLU's: both called
+    for mod in (m[5], m[6]):
+        rec.calls.clear(), called.clear()
+        mod.forward = lambda t, f=mod.forward: f(t)
+        torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        assert rec.calls == [] and m[6] in called
+        del mod.forward
     rec.answer = False  # (no TMA plan for the call: the two modules)
     rec.calls.clear(), called.clear()
     torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
-    assert rec.calls == [m[5]] and called == [6]
-    # an out-of-place ReLU after an output both contiguous and channels_last (one channel): left to ATen's ReLU,
-    # whose output strides differ there
-    one = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 1, 3), nn.ReLU(), nn.Conv2d(1, 2, 1), nn.ReLU(inplace=True)))
+    assert rec.calls == [m[5]] and m[6] in called
+    # an out-of-place ReLU after an output both contiguous and channels_last (one channel): ATen's ReLU gives it
+    # contiguous strides, and so does the fused call
+    stock = nn.Sequential(nn.Conv2d(3, 1, 3), nn.ReLU(), nn.Conv2d(1, 2, 1), nn.ReLU(inplace=True)).eval()
+    one = bagf_torch.convert(copy.deepcopy(stock))
+    xl = x.contiguous(memory_format=torch.channels_last)
     rec.answer, rec.calls = True, []
-    one(x)
-    assert rec.calls == [one[0], one[2]]
-    seen = []
-    one[1].forward = lambda t, f=one[1].forward: seen.append(1) or f(t)
-    one[3].forward = lambda t, f=one[3].forward: seen.append(3) or f(t)
-    one(x)
-    assert seen == [1]
+    # (the strides a plan's output has: channels_last for an input in channels_last only, as bagf's memory_layout)
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_relu_forward", lambda self, x: torch.empty_like(
+        y := rec(self, x), memory_format=torch.contiguous_format if x.is_contiguous() else torch.channels_last
+    ).copy_(y))
+    with torch.no_grad():
+        h = one[0]._relu_forward(xl)
+        assert h.is_contiguous() and h.is_contiguous(memory_format=torch.channels_last) and h.stride()[1] == 1
+        got, want = one(xl), stock(xl)
+        assert rec.calls == [one[0], one[0], one[2]]
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.stride() == want.stride()
+        assert stock[1](stock[0](xl)).stride() == one[1].forward(one[0]._relu_forward(xl)).stride()
+
+
+def test_a_conv_subclass_is_not_fused_with_its_relu():
+    class Scaled(bagf_torch.TunedConv2d):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    assert epilogue.relu_pairs([Scaled(3, 4, 3), nn.ReLU()]) == {}
+    assert epilogue.relu_pairs([bagf_torch.TunedConv2d(3, 4, 3), nn.ReLU()]) == {0: 1}
 
 
 def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch):
