@@ -588,12 +588,7 @@ class TunedConv2d(nn.Conv2d):
         dtype, contiguous = input.dtype, input.is_contiguous()
         if not contiguous and not input.is_contiguous(memory_format=torch.channels_last):
             return None
-        last = self._bagf_last
-        if (last is not None and last[0] == input.shape and last[1] == input.get_device() and last[2] is _tf32()
-                and last[3] is dtype and last[4] is contiguous):
-            hit = last[5]
-        else:
-            hit = self._plan_entry(input)
+        hit = self._plan_entry(input)
         if (hit is None or hit[0] != "kernel" or w.dtype is not dtype or (contiguous and not w.is_contiguous())
                 or _foreign(input, w, b) or _needs_dispatcher(input, w, b)):
             return None
