@@ -218,8 +218,8 @@ def main(argv=None) -> int:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median, "output_layouts": formats,
-               "cross_inputs": crossed}
+        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
+               "output_layouts": formats, "cross_inputs": crossed}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
