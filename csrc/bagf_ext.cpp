@@ -632,9 +632,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
       return "the direct plan's input patch and filters for this call do not fit the device's shared memory";
   }
   if (geo.gemm == 1 && plan.gemm_fn == nullptr && P > 0 && Q > 0) {
-    // its products through cuBLASLt in fp32 (launch_gemm_plan): resolved here, once per shape, so that a shape
-    // cuBLASLt cannot take runs at::bmm_out's SGEMM where that is fp32 too, and is ATen's answer (or the check's
-    // refusal) where torch's flags would make it TF32, never an error out of the launch
+    // its products through cuBLASLt in fp32 (launch_gemm_plan), resolved here where torch's flags would make
+    // at::bmm_out's TF32: a shape cuBLASLt cannot take is then ATen's answer (or the check's refusal), never an error
+    // out of the launch (with the flags off such a shape runs at::bmm_out's fp32 SGEMM)
     std::string why;
     bagf_lt::Handle h = nullptr;
     if (matmul_tf32() && winograd_lt_gemm(plan, winograd_dims(geo, x.size(0), P, Q, w.size(0), x.size(1), stride[0]),
@@ -675,16 +675,15 @@ void launch_gemm_plan(const Plan& plan, bagf::Conv2dParams& p, const at::Tensor&
   const int64_t u_n = (u_small ? 2 * E : E) * K * C;  // u_small: stage 0 writes U's small parts after U
   const int64_t v_n = E * C * T, m_n = E * K * T;
   const int64_t ws_n = g != nullptr ? static_cast<int64_t>((g->workspace + 3) / 4) : 0;
-  // fp32 workspaces whatever the tensors' dtype (the stages widen it)
-  at::Tensor buffer = at::empty({padded(u_n) + padded(v_n) + padded(m_n) + ws_n}, x.options().dtype(at::kFloat));
-  float* up = buffer.data_ptr<float>();
+  // fp32 workspaces whatever the tensors' dtype (the stages widen it), from a 256-byte boundary (the GEMM was resolved
+  // for operands aligned so: the caching allocator's blocks are, another allocator's may not be)
+  at::Tensor buffer =
+      at::empty({padded(u_n) + padded(v_n) + padded(m_n) + ws_n + 64}, x.options().dtype(at::kFloat));
+  float* up = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data_ptr<float>()) + 255) & ~uintptr_t{255});
   float* vp = up + padded(u_n);
   float* mo = vp + padded(v_n);
   const float* mp = mo;
   void* wsp = ws_n > 0 ? static_cast<void*>(mo + padded(m_n)) : nullptr;
-  // (the GEMM was resolved for bases at its alignment: the caching allocator's are; another allocator's may not be)
-  if (g != nullptr && g->shape.align != 0 && reinterpret_cast<uintptr_t>(up) % g->shape.align != 0 && !matmul_tf32())
-    g = nullptr;
   bagf_lt::Status st = 0;
   const int64_t tb = geo.threads;
   auto blocks_for = [tb](int64_t items) { return (items + tb - 1) / tb; };

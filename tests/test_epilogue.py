@@ -171,7 +171,14 @@ def test_the_container_runs_a_conv_and_its_relu_as_one_call_where_the_conv_can(m
         assert rec.calls == [one[0], one[0], one[2]]
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert got.stride() == want.stride()
-        assert stock[1](stock[0](xl)).stride() == one[1].forward(one[0]._relu_forward(xl)).stride()
+    # the pair last, its output the model's: ATen's strides (restrided from the plan's channels_last ones)
+    for stock in (nn.Sequential(nn.Conv2d(3, 1, 3), nn.ReLU()).eval(),
+                  nn.Sequential(nn.Conv2d(3, 5, (19, 17)), nn.ReLU()).eval()):  # (one channel; a 1x1 map)
+        last = bagf_torch.convert(copy.deepcopy(stock))
+        with torch.no_grad():
+            got, want = last(xl), stock(xl)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
 
 
 def test_a_conv_subclass_is_not_fused_with_its_relu():

@@ -815,11 +815,12 @@ def _op_and_gradients_match_aten(handle, x, w, b, stride, padding):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
 
 
-def test_winograd_gemm_products_through_at_bmm_out_where_cublaslt_is_not_used(compiler):
+def test_winograd_gemm_products_through_at_bmm_out_where_cublaslt_is_not_used(compiler, monkeypatch):
     """The non-fused Winograd plan without its own GEMM runs its products through cuBLASLt; where cuBLASLt cannot be
     used (forced here with BAGF_TEST_WINOGRAD_BMM when the plan is loaded) at::bmm_out computes them, in views of the
     same one workspace: every layout of V and M, float32 and bfloat16 channels_last, within the check's bound on odd
-    shapes (stride 4 polyphase too), and the same values as the cuBLASLt plan to fp32's rounding."""
+    shapes (stride 4 polyphase too), and the cuBLASLt plan's values to fp32's rounding. Such a plan refuses calls
+    while torch's matmuls run in TF32 (at::bmm_out would multiply in TF32), which the cuBLASLt plan takes."""
     from bagf_torch.tuning.measure import CudaChecker, Workspace
 
     fam = _family("winograd_gemm")
@@ -830,35 +831,41 @@ def test_winograd_gemm_products_through_at_bmm_out_where_cublaslt_is_not_used(co
     configs = [dict(fam.DEFAULT, MT=4, VL=vl, ML=ml, GE=0, SO=0, DT=fam.DTYPES[d], NHWC=int(l == "nhwc"))
                for vl in (0, 1) for ml in (0, 1) for d, l in fmts]
     assert all(fam.space().is_valid(c) for c in configs)
+    monkeypatch.setenv("BAGF_TEST_WINOGRAD_BMM", "1")
+    bmm = compiler.compile(fam, configs)
+    monkeypatch.delenv("BAGF_TEST_WINOGRAD_BMM")
     lt = compiler.compile(fam, configs)
-    for b in lt:
-        compiler.unload(b.handle)
-    os.environ["BAGF_TEST_WINOGRAD_BMM"] = "1"
-    try:
-        bmm = compiler.compile(fam, configs)
-    finally:
-        del os.environ["BAGF_TEST_WINOGRAD_BMM"]
-    lt = compiler.compile(fam, configs)
+    assert all(hasattr(b, "handle") for b in bmm + lt), [b.detail[:200] for b in bmm + lt if not hasattr(b, "handle")]
     compared = 0
-    for fmt in fmts:
-        for shape in shapes:
-            ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
-            for c, b, a in zip(configs, bmm, lt):
-                if not _runs(fam, c, shape, fmt):
-                    continue
-                assert checker.check(ws, b.handle) is None, (fam.name(c), shape, fmt)
-                with torch.no_grad():
-                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, b.handle,
-                                                        out=torch.full_like(ws.out, float("nan")))
-                    want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, a.handle,
-                                                         out=torch.full_like(ws.out, float("nan")))
-                # (two SGEMMs' sums in other orders: fp32's rounding, then at most one step of the output's dtype)
-                ulp = 2.0 ** -7 if got.dtype == torch.bfloat16 else 1e-5
-                torch.testing.assert_close(got.float(), want.float(), rtol=ulp, atol=1e-5)
-                compared += 1
-    for b in bmm + lt:
-        compiler.unload(b.handle)
-    assert compared >= len(configs)
+    try:
+        for fmt in fmts:
+            for shape in shapes:
+                ws = Workspace(_problem(shape, fmt=fmt), torch.device("cuda", 0))
+                for c, b, a in zip(configs, bmm, lt):
+                    if not _runs(fam, c, shape, fmt):
+                        continue
+                    assert checker.check(ws, b.handle) is None, (fam.name(c), shape, fmt)
+                    with torch.no_grad():
+                        got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, b.handle,
+                                                            out=torch.full_like(ws.out, float("nan")))
+                        want = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, a.handle,
+                                                             out=torch.full_like(ws.out, float("nan")))
+                    # (two SGEMMs' sums in other orders through the inverse transform: fp32's rounding, as the other
+                    # Winograd tests bound it on unit-variance outputs, then at most a step of the output's dtype)
+                    rtol = 2.0 ** -7 if got.dtype == torch.bfloat16 else 1e-4
+                    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=1e-4)
+                    if fmt[0] == "float32":  # the switch took: under TF32 matmul flags only the cuBLASLt plan runs
+                        with monkeypatch.context() as m:
+                            m.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+                            refused = checker.check(ws, b.handle)
+                            assert refused is not None and refused.status == "launch" and "not available" in (
+                                refused.detail), refused
+                            assert checker.check(ws, a.handle) is None
+                    compared += 1
+    finally:
+        for b in bmm + lt:
+            compiler.unload(b.handle)
+    assert compared == 8 * len(shapes)
 
 
 @pytest.mark.parametrize("mt", [2, 4, 5, 6])
