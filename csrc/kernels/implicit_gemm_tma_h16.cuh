@@ -368,8 +368,8 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
 // tile and a warp writes 32 consecutive pixels of a channel plane. 32 channels per pass: the consumers put their
 // accumulators, bias added in fp32, into [channel][BN + 4] floats at `stage` (the row pad puts a warp's 32 values in 32
 // banks), meet, and each thread stores its pixel's channels c0, c0 + T / BN, ... of the pass, rounded once to the
-// output dtype (then p.relu's ReLU: wgh::out). Runs after the split-K hand-over, on its block only; the 128 WG consumer threads meet at named
-// barrier 1. Passes [pass_begin, pass_end) only: split-K in a cluster stores each rank's share.
+// output dtype (then p.relu's ReLU: wgh::out). Runs after the split-K hand-over, on its block only; the 128 WG
+// consumer threads meet at named barrier 1. Passes [pass_begin, pass_end) only: split-K in a cluster stores each rank's share.
 template <int DT, int WN, int MI, int WG>
 __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                                   const typename wgh::Elem<DT>::T* __restrict__ bias,
