@@ -1904,10 +1904,13 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
     seq = seq.cuda().to(torch.bfloat16).to(memory_format=torch.channels_last).eval()
     fam = _family("implicit_gemm_tma_h16")
     x = torch.randn(2, 64, 11, 9, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    cfg = dict(fam.DEFAULT, DT=fam.DTYPES["bfloat16"], NHWC=1)
     h = x
     for i in (0, 2):  # each conv's plan for its input, as its first call would have remembered it
-        handle = compiler.compile(fam, [dict(fam.DEFAULT, DT=fam.DTYPES["bfloat16"], NHWC=1)])[0].handle
         conv = seq[i]
+        shape = (*h.shape, conv.out_channels, *conv.kernel_size, conv.stride, conv.padding, conv.dilation, True)
+        assert _runs(fam, cfg, shape, ("bfloat16", "nhwc")), shape
+        handle = compiler.compile(fam, [cfg])[0].handle
         seq[i]._remember(h, ("kernel", handle, list(conv.stride), list(conv.padding), list(conv.dilation),
                              _reads_krsc(handle)))
         h = seq[i + 1](conv(h))
