@@ -18,12 +18,14 @@ forward that runs
 Every module stays where it was and keeps its type, so whatever calls them one by one (a slice of the Sequential, a
 loop that collects each layer's output, a hook, torch.fx's feature extractors) sees what it saw before: only the
 container's own forward fuses, and only a pair it calls in sequence. A pair is called module by module (ATen) when
-the ReLU, the pool or the conv has hooks (or a global module hook is set), the pool returns indices or is a subclass,
-and for calls the kernel does not take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to
-record, inputs that are neither contiguous nor channels_last (and, after an out-of-place ReLU, those that are both:
-C = 1 or a 1x1 map, where ATen's ReLU output has other strides), torch.compile and torch.export traces (Inductor fuses
-the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type) and dispatch modes, the first
-call inside a CUDA graph capture, and any device where the kernel failed to build (logged once).
+the ReLU, the pool or the conv has hooks (or a global module hook is set) or a forward set on its instance, the pool
+returns indices or is a subclass, the conv of a conv -> ReLU pair is a subclass, and for calls the kernel does not
+take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to record, inputs that are neither
+contiguous nor channels_last (and, before a pool after an out-of-place ReLU, those that are both: C = 1 or a 1x1 map,
+where ATen's ReLU output has other strides; a conv -> ReLU pair gives its output those strides), torch.compile and
+torch.export traces (Inductor fuses the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type)
+and dispatch modes, the first call inside a CUDA graph capture, and any device where the kernel failed to build
+(logged once).
 ``convert(model, fuse=False)`` leaves the containers as they are.
 """
 
@@ -287,9 +289,11 @@ class FusedSequential(nn.Sequential):
             pair = found.get(i)
             if pair is not None:
                 j, relu = pair
-                # (the conv's forward hooks see its output: with an in-place ReLU after it, as the ReLU left it)
+                # (the conv's forward hooks see its output: with an in-place ReLU after it, as the ReLU left it; a
+                # forward set on the ReLU's or the pool's instance is what their calls run)
                 if not (module._forward_hooks or _hooked(modules[j]) or (relu and _hooked(modules[i + 1]))
-                        or _global_hooks()):
+                        or _global_hooks() or "forward" in modules[j].__dict__
+                        or (relu and "forward" in modules[i + 1].__dict__)):
                     out = relu_max_pool2d(input, modules[j], relu, not relu or modules[i + 1].inplace)
                     if out is not None:
                         input = out

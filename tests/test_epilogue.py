@@ -98,6 +98,12 @@ def test_the_container_fuses_the_pairs_it_calls_in_sequence_and_nothing_else(rec
     finally:
         handle.remove()
     assert recorder.calls == []
+    for i in (1, 2):  # a forward set on the ReLU's or the pool's instance (what its call runs): called
+        m[i].forward = lambda t, f=m[i].forward: f(t)
+        torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        assert recorder.calls == [(m[4], False)]
+        recorder.calls.clear()
+        del m[i].forward
     m[4] = type("MyPool", (nn.MaxPool2d,), {})(2, ceil_mode=True)  # (changed after convert: read per call)
     torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
     assert recorder.calls == [(m[2], True)]  # (a subclass's forward may differ: called as it is)
