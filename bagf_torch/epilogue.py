@@ -328,7 +328,10 @@ def fuse(model: nn.Module) -> int:
     many containers changed."""
     changed = 0
     for m in model.modules():
-        if type(m) is nn.Sequential and (pairs(list(m._modules.values())) or relu_pairs(list(m._modules.values()))):
+        if type(m) is not nn.Sequential:
+            continue
+        listed = list(m._modules.values())
+        if pairs(listed) or relu_pairs(listed):
             m.__class__ = FusedSequential
             changed += 1
     return changed

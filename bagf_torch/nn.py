@@ -144,28 +144,36 @@ def _op():
     return torch.ops.bagf.conv2d.default
 
 
+def _extension_loaded():
+    """The host extension (``bagf_ext``), or None before it is loaded."""
+    from .jit import extension
+
+    return extension.loaded()
+
+
 def _inference_call():
     """The op's CUDA kernel without the dispatcher (``bagf_ext.conv2d_inference``), or None before the
     extension is loaded. Only for calls that need no gradient, outside torch.compile and tracing."""
-    from .jit import extension
-
-    ext = extension.loaded()
+    ext = _extension_loaded()
     return None if ext is None else ext.conv2d_inference
+
+
+def _plan_query(name: str, handle: int) -> bool:
+    """``bagf_ext.<name>(handle)``, a question about a loaded plan; False before the extension is loaded and for a
+    handle it has no plan for (a test's stand-in handle: the op's call falls back to ATen anyway)."""
+    ext = _extension_loaded()
+    if ext is None:
+        return False
+    try:
+        return bool(getattr(ext, name)(handle))
+    except RuntimeError:
+        return False
 
 
 def _reads_krsc(handle: int) -> bool:
     """Whether plan ``handle`` reads its weight KRSC (channels_last; ``bagf_ext.plan_reads_krsc``): every TMA plan and
-    every channels_last kernel of ours (not a cuBLASLt plan). False before the extension is loaded (a test's stand-in
-    handle)."""
-    from .jit import extension
-
-    ext = extension.loaded()
-    if ext is None:
-        return False
-    try:
-        return bool(ext.plan_reads_krsc(handle))
-    except RuntimeError:  # (no such plan: the op's call falls back to ATen anyway)
-        return False
+    every channels_last kernel of ours (not a cuBLASLt plan)."""
+    return _plan_query("plan_reads_krsc", handle)
 
 
 def _needs_dispatcher(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
@@ -593,7 +601,7 @@ class TunedConv2d(nn.Conv2d):
                 or _foreign(input, w, b) or _needs_dispatcher(input, w, b)):
             return None
         ext = _extension_loaded()
-        if ext is None or not _fuses_relu(ext, hit[1]):
+        if ext is None or not _fuses_relu(hit[1]):
             return None
         mode = _relu_mode(input.device, dtype)
         if mode is None:
@@ -610,20 +618,13 @@ _RELU_MODES: dict[tuple, int] = {}
 """(device, dtype) -> ``conv2d_relu_inference``'s relu argument: 2 where torch's ReLU keeps -0.0 there, else 1."""
 
 
-def _extension_loaded():
-    from .jit import extension
-
-    return extension.loaded()
-
-
-def _fuses_relu(ext, handle: int) -> bool:
+def _fuses_relu(handle: int) -> bool:
+    """``bagf_ext.plan_fuses_relu(handle)``, asked once per handle of the loaded extension."""
     fuses = _FUSES_RELU.get(handle)
     if fuses is None:
-        try:
-            fuses = bool(ext.plan_fuses_relu(handle))
-        except RuntimeError:  # (no such plan: a test's stand-in handle)
-            fuses = False
-        _FUSES_RELU[handle] = fuses
+        fuses = _plan_query("plan_fuses_relu", handle)
+        if _extension_loaded() is not None:
+            _FUSES_RELU[handle] = fuses
     return fuses
 
 

@@ -968,6 +968,17 @@ bool plan_fuses_relu(int64_t handle) {
   return plan->geo.tma != 0 && plan->blas == nullptr;
 }
 
+// The output a launch of ``plan`` writes for this call: N x K x P x Q in the plan's memory format, or an error where
+// the kernel is larger than the padded input. (The caller holds a CUDAGuard for x's device.)
+at::Tensor plan_output(const Plan& plan, const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
+  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
+  BAGF_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
+              ": the kernel is larger than the padded input");
+  return at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan.geo)));
+}
+
 at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                        int64_t plan_handle) {
@@ -991,11 +1002,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x, const at::Tensor& w, const std::opti
     return aten_conv(x, w, b, stride, padding, dilation);
   }
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
-  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-  BAGF_CHECK(P > 0 && Q > 0, "bagf::conv2d: output would be ", P, "x", Q,
-              ": the kernel is larger than the padded input");
-  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan->geo)));
+  at::Tensor y = plan_output(*plan, x, w, stride, padding, dilation);
   if (y.numel() == 0) return y;
   if (y.numel() > INT_MAX) return aten_conv(x, w, b, stride, padding, dilation);
   if (plan->blas != nullptr) {
@@ -1060,7 +1067,8 @@ at::Tensor conv2d_inference(const at::Tensor& x, const at::Tensor& w, const std:
 // gradient): the plan's output with torch's ReLU applied in its epilogue (relu: 1, -0.0 made +0.0; 2, -0.0 kept, as
 // torch's ReLU does on the device), or None wherever conv2d_cuda would not launch the plan itself (no such plan, a
 // plan that is not TMA, a call the plan does not take, TF32 off for a TF32 plan, an empty or oversized output): the
-// caller then runs the conv and the ReLU as before, which says why where that path does.
+// caller then runs the conv and the ReLU as before, which says why where that path does. A kernel larger than the
+// padded input is conv2d_cuda's error.
 std::optional<at::Tensor> conv2d_relu_inference(const at::Tensor& x, const at::Tensor& w,
                                                 const std::optional<at::Tensor>& b, std::vector<int64_t> stride,
                                                 std::vector<int64_t> padding, std::vector<int64_t> dilation,
@@ -1073,10 +1081,7 @@ std::optional<at::Tensor> conv2d_relu_inference(const at::Tensor& x, const at::T
   if (unsupported_reason(x, w, b, stride, padding, dilation, *plan) != nullptr) return std::nullopt;
   if (plan->geo.tf32 && !cudnn_conv_tf32()) return std::nullopt;
   c10::cuda::CUDAGuard guard(x.device());
-  const int64_t P = out_extent(x.size(2), w.size(2), stride[0], padding[0], dilation[0]);
-  const int64_t Q = out_extent(x.size(3), w.size(3), stride[1], padding[1], dilation[1]);
-  if (P <= 0 || Q <= 0) return std::nullopt;
-  at::Tensor y = at::empty({x.size(0), w.size(0), P, Q}, x.options().memory_format(plan_format(plan->geo)));
+  at::Tensor y = plan_output(*plan, x, w, stride, padding, dilation);
   if (y.numel() == 0 || y.numel() > INT_MAX) return std::nullopt;
   launch_plan(*plan, x, w, b, y, stride, padding, dilation, static_cast<int>(relu));
   return y;
