@@ -42,7 +42,7 @@ from torch.nn.modules.utils import _pair
 
 from . import log, runtime
 from .jit.extension import load as _extension
-from .nn import TunedConv2d, _compiling, _foreign, _stream_capturing
+from .nn import TunedConv2d, _compiling, _foreign, _relu_mode, _stream_capturing
 
 _NAMES = [f"bagf::relu_max_pool2d<{dt}, {nhwc}, {relu}>" for dt in range(3) for nhwc in (0, 1) for relu in (0, 1)]
 """The kernel's twelve instantiations, in the order ``bagf_ext.load_pool_epilogue`` takes their lowered names."""
@@ -319,6 +319,18 @@ def prepare(model: nn.Module, device: int) -> bool:
     except Exception as e:  # (the kernel stays loaded and in use here; only the cache lacks it)
         log.once(f"pool-epilogue-store:{device}", f"FusedSequential: the pooling kernel's cubin could not be stored in "
                  f"the cache ({e}); a serving process will compile it on its first call")
+    return True
+
+
+def prepare_relu(model: nn.Module, device: torch.device, dtypes) -> bool:
+    """Ask how torch's ReLU treats -0.0 on ``device`` in each of ``dtypes`` (one synchronisation each, once per
+    process) if ``model`` has a conv -> ReLU pair to run in a plan's epilogue: ``tune_model`` does, so that a first
+    call inside a CUDA graph capture, which cannot synchronise to ask, runs the pair as one launch too. Returns
+    whether ``model`` has such a pair."""
+    if not any(isinstance(m, FusedSequential) and relu_pairs(list(m._modules.values())) for m in model.modules()):
+        return False
+    for dtype in dtypes:
+        _relu_mode(device, dtype)
     return True
 
 

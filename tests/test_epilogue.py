@@ -317,6 +317,24 @@ def test_prepare_stores_the_cubin_in_the_current_cache_even_when_loaded_under_an
     assert epilogue.prepare(model, 0) is False and len(asked) == 2
 
 
+def test_prepare_relu_asks_torchs_relu_sign_rule_up_front_where_a_conv_relu_pair_can_fuse(monkeypatch):
+    """tune_model's prepare_relu() asks, outside any capture, how torch's ReLU treats -0.0 in each dtype the model's
+    convs run in (a first call inside a CUDA graph capture cannot ask, and would run the pair unfused): only for a
+    model with a conv -> ReLU pair that no pool follows."""
+    from bagf_torch import nn as bnn
+
+    monkeypatch.setattr(bnn, "_RELU_MODES", {})
+    cpu = torch.device("cpu")
+    pooled = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2)))
+    assert type(pooled) is FusedSequential and epilogue.prepare_relu(pooled, cpu, {torch.float32}) is False
+    assert epilogue.prepare_relu(bagf_torch.convert(_net(), fuse=False), cpu, {torch.float32}) is False
+    assert bnn._RELU_MODES == {}
+    paired = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)))
+    assert epilogue.prepare_relu(nn.Sequential(paired), cpu, {torch.float32, torch.bfloat16}) is True
+    keeps = torch.signbit(torch.relu(torch.tensor([-0.0]))).item()
+    assert bnn._RELU_MODES == {(cpu, torch.float32): 2 if keeps else 1, (cpu, torch.bfloat16): 2 if keeps else 1}
+
+
 def test_kernel_names_are_the_hosts_order():
     names = epilogue._NAMES
     assert len(names) == 12 and len(set(names)) == 12

@@ -1893,7 +1893,8 @@ def test_tma_relu_epilogue_is_torchs_relu_of_the_plans_output_to_the_bit(compile
 def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkeypatch):
     """FusedSequential's conv -> ReLU pairs (in-place and not) whose convs run TMA plans, bf16 channels_last: the
     ReLU modules are not called and the output is, to the bit, what calling the modules one by one gives (the same
-    plans, then ATen's ReLU); with a gradient to record, or a hook on the ReLU, the modules are called."""
+    plans, then ATen's ReLU), also in a CUDA graph whose capture makes the first fused call (once the sign rule was
+    asked); with a gradient to record, or a hook on the ReLU, the modules are called."""
     import bagf_torch
     from bagf_torch.nn import _reads_krsc
 
@@ -1923,6 +1924,23 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
         got = seq(x)
     assert calls == [] and torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert got.is_contiguous(memory_format=torch.channels_last)
+    # a first fused call inside a CUDA graph capture: fused where the ReLU's sign rule was asked up front
+    # (tune_model's prepare_relu), else the modules are called (a capture cannot synchronise to ask); same bits
+    from bagf_torch import epilogue, nn as bnn
+
+    for asked in (False, True):
+        monkeypatch.setattr(bnn, "_RELU_MODES", {})
+        if asked:
+            assert epilogue.prepare_relu(seq, x.device, {torch.bfloat16})
+        calls.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = seq(x)
+        out.fill_(float("nan"))  # (poisoned: the replay writes it)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert calls == ([] if asked else [1, 1]), (asked, calls)
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     handle = seq[1].register_forward_hook(lambda *a: None)
     with torch.no_grad():
         torch.testing.assert_close(seq(x), want, rtol=0, atol=0)

@@ -365,6 +365,24 @@ def test_tune_model_compiles_every_start_point_up_front_through_the_steps_prepar
     assert pretune.ModelReport.from_dict(json.loads(report.to_json())).prefetch == report.prefetch
 
 
+def test_tune_model_prepares_the_fused_pairs_kernels_and_relu_rule_on_each_device_in_its_dtypes(monkeypatch):
+    """tune_model's own step (none passed) first builds a fused model's pooling kernel and asks the ReLU epilogue's
+    sign rule on each device its problems run on, in their dtypes, so that a first call inside a CUDA graph capture
+    runs both fused."""
+    from bagf_torch import epilogue
+
+    asked = []
+    monkeypatch.setattr(pretune, "RuntimeTuneStep", lambda **kw: FakeStep())
+    monkeypatch.setattr(pretune, "stock_us", lambda problem, device: 10.0)
+    monkeypatch.setattr(epilogue, "prepare", lambda model, device: asked.append(("pool", device)) or False)
+    monkeypatch.setattr(epilogue, "prepare_relu",
+                        lambda model, device, dtypes: asked.append(("relu", device, set(dtypes))) or True)
+    model = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)))
+    report = bagf_torch.tune_model(model, [torch.randn(2, 3, 16, 16).as_subclass(FakeCuda0)], progress=False)
+    assert report.tuned == 2
+    assert asked == [("pool", 0), ("relu", torch.device("cuda", 0), {torch.float32})]
+
+
 def test_tune_model_compiles_the_start_points_while_torchs_conv_is_timed(monkeypatch):
     """The start points' compile wave (host) runs beside the stock timing (GPU), not after it: each side waits for
     the other to have started, so run one after the other, the first would give up waiting. The report says
