@@ -150,6 +150,12 @@ __host__ __device__ __forceinline__ void cluster_share(int rank, int ranks, int 
   *je = unit * ((rank + 1) * units / ranks);
 }
 
+// A compile-time flag as a value (a generic lambda's argument: store_nchw_staged's put).
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
 }  // namespace wgt
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -416,12 +422,18 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
         }
     }
     sync();
-    if (in) {
+    auto put = [&](auto relu) {  // (the ReLU decided once per pass, not per value: wgh::out)
 #pragma unroll
       for (int c = c0; c < 32; c += RPT) {
         const int ch = m0 + 32 * pass + c;
-        if (ch < p.K) yout[ch * PQ] = wgh::out<DT>(stage[c * LD + i], p.relu);
+        if (ch < p.K) yout[ch * PQ] = wgh::out<DT, decltype(relu)::value>(stage[c * LD + i], p.relu);
       }
+    };
+    if (in) {
+      if (p.relu != 0)
+        put(wgt::Flag<true>{});
+      else
+        put(wgt::Flag<false>{});
     }
   }
 }

@@ -204,13 +204,15 @@ struct Elem<2> {
   }
 };
 
-// The output value of an fp32 sum: rounded once to the output dtype, then torch's ReLU of that where p.relu asks for
-// it (conv_params.h): below zero gives +0.0, -0.0 gives +0.0 (1) or stays (2), NaN stays. Rounding first keeps a
-// tiny negative sum that rounds to -0.0 what torch's ReLU makes of the unfused conv's -0.0.
-template <int DT>
+// The output value of an fp32 sum: rounded once to the output dtype, then, where RELU, torch's ReLU of that as
+// p.relu asks for it (conv_params.h): below zero gives +0.0, -0.0 gives +0.0 (1) or stays (2), NaN stays. Rounding
+// first keeps a tiny negative sum that rounds to -0.0 what torch's ReLU makes of the unfused conv's -0.0. RELU is the
+// launch's p.relu != 0, branched on once per store call (store, wgt::store_nchw_staged), not per value: a launch
+// without a ReLU runs the same stores as a kernel without the epilogue's ReLU.
+template <int DT, bool RELU>
 __device__ __forceinline__ typename Elem<DT>::T out(float v, int relu) {
   const typename Elem<DT>::T o = Elem<DT>::narrow(v);
-  if (relu != 0 && v <= 0.f && !(relu == 2 && Elem<DT>::negative_zero(o))) return Elem<DT>::zero();
+  if (RELU && v <= 0.f && !(relu == 2 && Elem<DT>::negative_zero(o))) return Elem<DT>::zero();
   return o;
 }
 
@@ -274,11 +276,11 @@ __device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float*
 // stores then covers 8 runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory
 // instead, wgt::store_nchw_staged). Channel groups [j_begin, j_end) of 8 only: split-K in a cluster stores each
 // rank's share.
-template <int DT, int WN, int MI, int WG, bool NHWC = true>
-__device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
-                                      const typename Elem<DT>::T* __restrict__ bias,
-                                      typename Elem<DT>::T* __restrict__ y, int n0, int m0, int j_begin = 0,
-                                      int j_end = WN / 8) {
+template <int DT, int WN, int MI, int WG, bool NHWC, bool RELU>
+__device__ __forceinline__ void store_values(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                             const typename Elem<DT>::T* __restrict__ bias,
+                                             typename Elem<DT>::T* __restrict__ y, int n0, int m0, int j_begin,
+                                             int j_end) {
   using E = typename Elem<DT>::T;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -308,15 +310,26 @@ __device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv
           v0 += Elem<DT>::widen(__ldg(bias + ch));
           if (two) v1 += Elem<DT>::widen(__ldg(bias + ch + 1));
         }
-        const E o0 = out<DT>(v0, p.relu);
+        const E o0 = out<DT, RELU>(v0, p.relu);
         if (NHWC && pairs && two) {
-          Elem<DT>::store_pair(yout + ch, o0, out<DT>(v1, p.relu));
+          Elem<DT>::store_pair(yout + ch, o0, out<DT, RELU>(v1, p.relu));
         } else {
           yout[ch * cstride] = o0;
-          if (two) yout[(ch + 1) * cstride] = out<DT>(v1, p.relu);
+          if (two) yout[(ch + 1) * cstride] = out<DT, RELU>(v1, p.relu);
         }
       }
     }
+}
+
+template <int DT, int WN, int MI, int WG, bool NHWC = true>
+__device__ __forceinline__ void store(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
+                                      const typename Elem<DT>::T* __restrict__ bias,
+                                      typename Elem<DT>::T* __restrict__ y, int n0, int m0, int j_begin = 0,
+                                      int j_end = WN / 8) {
+  if (p.relu != 0)
+    store_values<DT, WN, MI, WG, NHWC, true>(acc, p, bias, y, n0, m0, j_begin, j_end);
+  else
+    store_values<DT, WN, MI, WG, NHWC, false>(acc, p, bias, y, n0, m0, j_begin, j_end);
 }
 
 template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
