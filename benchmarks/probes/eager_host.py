@@ -7,7 +7,9 @@ launches, and the hooks' own microseconds: the numbers rank modules against thei
 forwards; stock in cuDNN's benchmark mode, both models in ``--dtype`` and
 (``--channels-last``) that format, AlexNet by default. The bagf model is pre-tuned first (``tune_model``; a cache
 that holds the plans keeps tuning out of the run: pre-tune in an earlier run, since compiles left running by the
-tuning slow the first pass).
+tuning slow the first pass). Then each conv alone: on either model's input, and beside the call its module makes
+underneath (``F.conv2d``; ``bagf_ext.conv2d_inference`` with the plan), which splits a module's cost into its Python
+and its op.
 
     python benchmarks/probes/eager_host.py --dtype bfloat16 --channels-last --batch 1 --out benchmarks/results
 """
@@ -31,7 +33,8 @@ from bench_overhead import command_line, git_commit  # noqa: E402
 
 from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch import models  # noqa: E402
-from bagf_torch.nn import convert  # noqa: E402
+from bagf_torch.jit import extension  # noqa: E402
+from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
 
 
@@ -99,6 +102,34 @@ def cross_inputs(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor
                                         "bagf on stock": call_host_us(mt, a, runs),
                                         "bagf on bagf": call_host_us(mt, b, runs)}
             a, b = ms(a), mt(b)
+    return out
+
+
+def under_the_module(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, dict]:
+    """Where a conv module's host time goes: each conv of the models' ``features`` called alone on the input bagf's
+    earlier layers produced, as each module's call and as the call its forward makes underneath -- stock's
+    ``F.conv2d`` (ATen's dispatch, cuDNN's launch), bagf's ``bagf_ext.conv2d_inference`` with the layer's plan (the
+    op's launch without the dispatcher) where that plan is our kernel. The module's call minus the op's is its Python.
+    {module name: {label: host us}}; empty for a model without ``features``."""
+    if not isinstance(getattr(tuned, "features", None), torch.nn.Sequential):
+        return {}
+    ext = extension.loaded()
+    out: dict[str, dict] = {}
+    with torch.no_grad():
+        h = x
+        for i, (ms, mt) in enumerate(zip(stock.features, tuned.features)):
+            if isinstance(ms, torch.nn.Conv2d):
+                row = {"stock module": call_host_us(ms, h, runs),
+                       "F.conv2d": statistics.median(busy_host_us(
+                           lambda: torch.nn.functional.conv2d(h, ms.weight, ms.bias, ms.stride, ms.padding,
+                                                              ms.dilation, ms.groups), runs)),
+                       "bagf module": call_host_us(mt, h, runs)}
+                hit = mt._plan_entry(h) if type(mt) is TunedConv2d else None
+                if ext is not None and hit is not None and hit[0] == "kernel":
+                    row["bagf conv2d_inference"] = statistics.median(busy_host_us(
+                        lambda: ext.conv2d_inference(h, mt.weight, mt.bias, hit[2], hit[3], hit[4], hit[1]), runs))
+                out[f"features.{i}"] = row
+            h = mt(h)
     return out
 
 
@@ -198,6 +229,15 @@ def main(argv=None) -> int:
                   "each on the input stock's and bagf's earlier layers produced:", "",
                   "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" for k in kinds) + " |" for name, v in crossed.items()]
+    under = under_the_module(stock, tuned, x, args.runs)
+    if under:
+        kinds = list(dict.fromkeys(k for v in under.values() for k in v))
+        lines += ["", "Under the module (host us, median of the runs, GPU kept busy, on bagf's input): each conv module's "
+                  "call beside the call its forward makes -- stock's `F.conv2d`, bagf's `bagf_ext.conv2d_inference` "
+                  "with the layer's plan, where the plan is our kernel (empty: cuDNN's plan):", "",
+                  "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" if k in v else "" for k in kinds) + " |"
+                  for name, v in under.items()]
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -219,7 +259,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
-               "output_layouts": formats, "cross_inputs": crossed}
+               "output_layouts": formats, "cross_inputs": crossed, "under_the_module": under}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
