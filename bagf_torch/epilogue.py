@@ -307,7 +307,7 @@ def prepare(model: nn.Module, device: int) -> bool:
     fuse: ``tune_model`` does, so that its cache serves the kernel's cubin too (a serving process then compiles
     nothing) and a first call inside a CUDA graph capture runs it. Returns whether it is ready there (False: no pair
     in ``model``, or the build failed, logged)."""
-    if not any(isinstance(m, FusedSequential) and pairs(list(m._modules.values())) for m in model.modules()):
+    if not _holds(model, pairs):
         return False
     if not _ready(device):
         return False
@@ -322,16 +322,21 @@ def prepare(model: nn.Module, device: int) -> bool:
     return True
 
 
-def prepare_relu(model: nn.Module, device: torch.device, dtypes) -> bool:
-    """Ask how torch's ReLU treats -0.0 on ``device`` in each of ``dtypes`` (one synchronisation each, once per
-    process) if ``model`` has a conv -> ReLU pair to run in a plan's epilogue: ``tune_model`` does, so that a first
-    call inside a CUDA graph capture, which cannot synchronise to ask, runs the pair as one launch too. Returns
-    whether ``model`` has such a pair."""
-    if not any(isinstance(m, FusedSequential) and relu_pairs(list(m._modules.values())) for m in model.modules()):
+def prepare_relu(model: nn.Module, device: int, dtypes) -> bool:
+    """Ask how torch's ReLU treats -0.0 on CUDA device ``device`` in each of ``dtypes`` (one synchronisation each,
+    once per process) if ``model`` has a conv -> ReLU pair to run in a plan's epilogue: ``tune_model`` does, so that a
+    first call inside a CUDA graph capture, which cannot synchronise to ask, runs the pair as one launch too (its plan
+    from the cache: ``TunedConv2d._relu_forward``). Returns whether ``model`` has such a pair."""
+    if not _holds(model, relu_pairs):
         return False
     for dtype in dtypes:
-        _relu_mode(device, dtype)
+        _relu_mode(torch.device("cuda", device), dtype)
     return True
+
+
+def _holds(model: nn.Module, finder) -> bool:
+    """Whether a FusedSequential in ``model`` has pairs by ``finder`` (:func:`pairs`, :func:`relu_pairs`)."""
+    return any(isinstance(m, FusedSequential) and finder(list(m._modules.values())) for m in model.modules())
 
 
 def fuse(model: nn.Module) -> int:

@@ -566,24 +566,31 @@ class TunedConv2d(nn.Conv2d):
                 return self._conv_forward(input, w, b)
         if _foreign(input, w, b):  # (neither checked, looked up nor tuned: a first call under a transform or mode)
             return self._conv_forward(input, w, b)
+        entry = self._first_entry(input)
+        if entry is None or entry[0] != "kernel":  # not taken, cuDNN won the tuning, or no plan yet: the stock path,
+            return self._conv_forward(input, w, b)  # without the op's extra hop
+        return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
+
+    def _first_entry(self, input: torch.Tensor) -> tuple | None:
+        """The plan-table entry of the first call like ``input`` (the table has none): the call checked (the reason
+        logged once where the kernels do not take it: None), then the runtime's plan for it, looked up or tuned now,
+        remembered (``_remember``) and returned."""
         reason = self._tell(input, None)
         if reason is not None:
             if reason is not _BAD_CALL:
                 self._remember(input, ("unsupported",))
-            return self._conv_forward(input, w, b)
+            return None
         entry = self._lookup(input, _numeric_padding(self))
         self._remember(input, entry)
-        if entry[0] != "kernel":  # cuDNN won the tuning, or no plan yet: the stock path, without the op's extra hop
-            return self._conv_forward(input, w, b)
-        return _op()(input, w, b, entry[2], entry[3], entry[4], entry[1])
+        return entry
 
     @torch.jit.unused
     def _relu_forward(self, input: torch.Tensor) -> torch.Tensor | None:
         """``relu(self(input))`` as one launch, the ReLU in the plan's epilogue, for FusedSequential's conv -> ReLU
-        pairs (the caller has checked that neither module has hooks): where calls like ``input`` already run a TMA
-        plan of this layer (its plan table), eagerly, with no gradient to record; None otherwise (no plan yet, torch's
-        conv, another kernel, anything the fast path of ``_tuned_forward`` would not hand to the kernel), and the
-        caller calls the two modules. The answer is torch's ReLU of what ``self(input)`` gives, to the bit
+        pairs (the caller has checked that neither module has hooks): where calls like ``input`` run a TMA plan of
+        this layer (its plan table, or the runtime's plan on a first call), eagerly, with no gradient to record; None
+        otherwise (no plan yet, torch's conv, another kernel, anything the fast path of ``_tuned_forward`` would not
+        hand to the kernel), and the caller calls the two modules. The answer is torch's ReLU of what ``self(input)`` gives, to the bit
         (``wgh::out`` in csrc/kernels/implicit_gemm_wgmma_h16.cuh)."""
         if _compiling() or type(input) not in _PLAIN or (_any_autocast() and _autocast_on(input)):
             return None
@@ -597,6 +604,14 @@ class TunedConv2d(nn.Conv2d):
         if not contiguous and not input.is_contiguous(memory_format=torch.channels_last):
             return None
         hit = self._plan_entry(input)
+        if hit is None:
+            # The pair's first call like ``input`` (after tune_model, or in a process serving the cache): the plan
+            # looked up (or tuned) and remembered here, as the conv's own first call would, so that this call, a
+            # first call inside a CUDA graph capture too, runs as one launch. A dtype and format no family computes
+            # is left to the conv's call, which says why.
+            if ((dtype is not _F32 or not contiguous) and (dtype, contiguous) not in _TAKEN) or _foreign(input, w, b):
+                return None
+            hit = self._first_entry(input)
         if (hit is None or hit[0] != "kernel" or w.dtype is not dtype or (contiguous and not w.is_contiguous())
                 or _foreign(input, w, b) or _needs_dispatcher(input, w, b)):
             return None

@@ -659,7 +659,7 @@ def tune_model(model: nn.Module, example_inputs, *, budget: int | None = None, s
 
         for device in sorted({found.devices[p] for p in found.problems}):  # (a fused model's pooling kernel too)
             epilogue.prepare(model, device)
-            epilogue.prepare_relu(model, torch.device("cuda", device),  # (and its ReLU epilogue's sign rule)
+            epilogue.prepare_relu(model, device,  # (and the ReLU epilogue's sign rule in the problems' dtypes there)
                                   {getattr(torch, p.dtype) for p in found.problems if found.devices[p] == device})
     per_problem = step.evaluations() if hasattr(step, "evaluations") else (budget or 1)
     ctx = distributed.Context.current(group)

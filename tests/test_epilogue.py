@@ -238,6 +238,40 @@ def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch)
     assert len(ext.calls) == 1
 
 
+def test_relu_forward_looks_up_the_plan_of_a_first_call_as_the_convs_own_call_would(monkeypatch):
+    """A pair's first call like its input (after tune_model, or in a process serving the cache: the layer's plan
+    table is empty) takes the runtime's plan for it, remembers it and runs fused, as the conv's own first call would
+    have remembered it: a first call inside a CUDA graph capture is one launch too. A dtype no family computes is not
+    looked up here (the conv's call says why)."""
+    from bagf_torch import nn as bnn
+
+    class Ext:
+        calls = []
+
+        def plan_fuses_relu(self, handle):
+            return True
+
+        def conv2d_relu_inference(self, x, w, b, stride, padding, dilation, handle, relu):
+            self.calls.append(handle)
+            return torch.relu(F.conv2d(x, w, b, stride, padding, dilation))
+
+    looked = []
+    monkeypatch.setattr(bnn, "_extension_loaded", lambda: Ext())
+    monkeypatch.setattr(bnn, "_FUSES_RELU", {})
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_tell", lambda self, x, kind: None)  # (taken, as on a GPU)
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup", lambda self, x, padding: looked.append(tuple(x.shape))
+                        or ("kernel", 7, [1, 1], [1, 1], [1, 1], False))
+    torch.manual_seed(0)
+    conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1).eval()
+    x = torch.randn(2, 4, 9, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(conv._relu_forward(x), torch.relu(F.conv2d(x, conv.weight, conv.bias, 1, 1)))
+        assert looked == [(2, 4, 9, 8)] and Ext.calls == [7] and conv._plan_entry(x)[1] == 7
+        conv._relu_forward(x)  # (remembered: not looked up again)
+        assert looked == [(2, 4, 9, 8)] and Ext.calls == [7, 7]
+        assert conv._relu_forward(x.double()) is None and looked == [(2, 4, 9, 8)]
+
+
 def test_pool_arguments_the_kernel_takes():
     assert epilogue._pool_args(nn.MaxPool2d(3, 2)) == ((3, 3), (2, 2), (0, 0), (1, 1), False)
     assert epilogue._pool_args(nn.MaxPool2d(np.int64(3), (2, 1), 1, 2, ceil_mode=True)) == (
@@ -318,21 +352,18 @@ def test_prepare_stores_the_cubin_in_the_current_cache_even_when_loaded_under_an
 
 
 def test_prepare_relu_asks_torchs_relu_sign_rule_up_front_where_a_conv_relu_pair_can_fuse(monkeypatch):
-    """tune_model's prepare_relu() asks, outside any capture, how torch's ReLU treats -0.0 in each dtype the model's
-    convs run in (a first call inside a CUDA graph capture cannot ask, and would run the pair unfused): only for a
-    model with a conv -> ReLU pair that no pool follows."""
-    from bagf_torch import nn as bnn
-
-    monkeypatch.setattr(bnn, "_RELU_MODES", {})
-    cpu = torch.device("cpu")
+    """tune_model's prepare_relu() asks, outside any capture, how torch's ReLU treats -0.0 on the CUDA device in each
+    dtype the model's convs run in (a first call inside a CUDA graph capture cannot ask, and would run the pair
+    unfused): only for a model with a conv -> ReLU pair that no pool follows."""
+    asked = []
+    monkeypatch.setattr(epilogue, "_relu_mode", lambda device, dtype: asked.append((device, dtype)) or 2)
     pooled = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2)))
-    assert type(pooled) is FusedSequential and epilogue.prepare_relu(pooled, cpu, {torch.float32}) is False
-    assert epilogue.prepare_relu(bagf_torch.convert(_net(), fuse=False), cpu, {torch.float32}) is False
-    assert bnn._RELU_MODES == {}
+    assert type(pooled) is FusedSequential and epilogue.prepare_relu(pooled, 0, {torch.float32}) is False
+    assert epilogue.prepare_relu(bagf_torch.convert(_net(), fuse=False), 0, {torch.float32}) is False
+    assert asked == []
     paired = bagf_torch.convert(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1)))
-    assert epilogue.prepare_relu(nn.Sequential(paired), cpu, {torch.float32, torch.bfloat16}) is True
-    keeps = torch.signbit(torch.relu(torch.tensor([-0.0]))).item()
-    assert bnn._RELU_MODES == {(cpu, torch.float32): 2 if keeps else 1, (cpu, torch.bfloat16): 2 if keeps else 1}
+    assert epilogue.prepare_relu(nn.Sequential(paired), 1, [torch.float32, torch.bfloat16]) is True
+    assert asked == [(torch.device("cuda", 1), torch.float32), (torch.device("cuda", 1), torch.bfloat16)]
 
 
 def test_kernel_names_are_the_hosts_order():

@@ -1893,8 +1893,9 @@ def test_tma_relu_epilogue_is_torchs_relu_of_the_plans_output_to_the_bit(compile
 def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkeypatch):
     """FusedSequential's conv -> ReLU pairs (in-place and not) whose convs run TMA plans, bf16 channels_last: the
     ReLU modules are not called and the output is, to the bit, what calling the modules one by one gives (the same
-    plans, then ATen's ReLU), also in a CUDA graph whose capture makes the first fused call (once the sign rule was
-    asked); with a gradient to record, or a hook on the ReLU, the modules are called."""
+    plans, then ATen's ReLU), also in a CUDA graph whose capture makes the pair's first call (once the sign rule was
+    asked), the layers' plans remembered or not yet; with a gradient to record, or a hook on the ReLU, the modules
+    are called."""
     import bagf_torch
     from bagf_torch.nn import _reads_krsc
 
@@ -1907,13 +1908,15 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
     x = torch.randn(2, 64, 11, 9, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
     cfg = dict(fam.DEFAULT, DT=fam.DTYPES["bfloat16"], NHWC=1)
     h = x
+    entries = {}
     for i in (0, 2):  # each conv's plan for its input, as its first call would have remembered it
         conv = seq[i]
         shape = (*h.shape, conv.out_channels, *conv.kernel_size, conv.stride, conv.padding, conv.dilation, True)
         assert _runs(fam, cfg, shape, ("bfloat16", "nhwc")), shape
         handle = compiler.compile(fam, [cfg])[0].handle
-        seq[i]._remember(h, ("kernel", handle, list(conv.stride), list(conv.padding), list(conv.dilation),
-                             _reads_krsc(handle)))
+        entries[i] = ("kernel", handle, list(conv.stride), list(conv.padding), list(conv.dilation),
+                      _reads_krsc(handle))
+        seq[i]._remember(h, entries[i])
         h = seq[i + 1](conv(h))
     calls = []
     relu_forward = torch.nn.ReLU.forward  # (counted on the class: a forward set on an instance is not fused)
@@ -1924,14 +1927,23 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
         got = seq(x)
     assert calls == [] and torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert got.is_contiguous(memory_format=torch.channels_last)
-    # a first fused call inside a CUDA graph capture: fused where the ReLU's sign rule was asked up front
-    # (tune_model's prepare_relu), else the modules are called (a capture cannot synchronise to ask); same bits
+    # the pair's first call inside a CUDA graph capture: fused where the ReLU's sign rule was asked up front
+    # (tune_model's prepare_relu), else the modules are called (a capture cannot synchronise to ask); same bits. Also
+    # where the layers' plan tables are empty (a pre-tuned model's first call): each plan from the runtime's lookup
+    # (here the plans above, as the lookup would give them)
     from bagf_torch import epilogue, nn as bnn
 
-    for asked in (False, True):
+    lookup, looked = bagf_torch.TunedConv2d._lookup, []
+    for asked, tables in ((False, True), (True, True), (True, False)):
         monkeypatch.setattr(bnn, "_RELU_MODES", {})
         if asked:
-            assert epilogue.prepare_relu(seq, x.device, {torch.bfloat16})
+            assert epilogue.prepare_relu(seq, x.device.index, {torch.bfloat16})
+        if not tables:
+            for i in (0, 2):
+                seq[i].__dict__.pop("_bagf_plans", None)
+                seq[i].__dict__.pop("_bagf_last", None)
+            monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup",
+                                lambda self, inp, padding: looked.append(1) or entries[2 if self is seq[2] else 0])
         calls.clear()
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph):
@@ -1939,8 +1951,10 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
         out.fill_(float("nan"))  # (poisoned: the replay writes it)
         graph.replay()
         torch.cuda.synchronize()
-        assert calls == ([] if asked else [1, 1]), (asked, calls)
+        assert calls == ([] if asked else [1, 1]), (asked, tables, calls)
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert looked == [1, 1]
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup", lookup)
     handle = seq[1].register_forward_hook(lambda *a: None)
     with torch.no_grad():
         torch.testing.assert_close(seq(x), want, rtol=0, atol=0)

@@ -216,7 +216,8 @@ __device__ __forceinline__ typename Elem<DT>::T out(float v, int relu) {
   return o;
 }
 
-// The end of a block of either kernel, in two steps: split_hand_over, then store (finish runs both).
+// The end of a block of either kernel, in two steps: split_hand_over, then store (finish runs both, the gathering
+// kernel's: its stores without a ReLU).
 //
 // split_hand_over: split-K's hand-over when the launch is split (implicit_gemm_h16.cuh's protocol: each slice's sums
 // in its own BM*BN floats of the workspace, element v of thread tid at v*T + tid; the last slice of the tile to
@@ -336,7 +337,9 @@ template <int DT, int WN, int MI, int WG, bool ALL, bool NHWC = true>
 __device__ __forceinline__ void finish(float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                        const typename Elem<DT>::T* __restrict__ bias,
                                        typename Elem<DT>::T* __restrict__ y, float* __restrict__ ws, int n0, int m0) {
-  if (split_hand_over<WN, MI, WG, ALL>(acc, ws)) store<DT, WN, MI, WG, NHWC>(acc, p, bias, y, n0, m0);
+  // (the gathering kernel's end: never a ReLU, which the host sends TMA plans only, as launch_plan checks)
+  if (split_hand_over<WN, MI, WG, ALL>(acc, ws))
+    store_values<DT, WN, MI, WG, NHWC, false>(acc, p, bias, y, n0, m0, 0, WN / 8);
 }
 }  // namespace wgh
 
