@@ -13,7 +13,8 @@ forward that runs
 - a conv -> ReLU pair with no pool after it as the conv's own launch with the ReLU in its epilogue, where the conv's
   plan for the call is a TMA plan (``TunedConv2d._relu_forward``; the same ReLU of the output as rounded, to the
   bit): one launch and one pass over the output fewer, which a batch-1 eager forward, host-bound, feels most
-  (AlexNet's conv3 and conv4). Other plans, and calls not yet planned, run the two modules.
+  (AlexNet's conv3 and conv4). Other plans run the two modules (a call not yet planned takes its plan first, as the
+  conv's own call would).
 
 Every module stays where it was and keeps its type, so whatever calls them one by one (a slice of the Sequential, a
 loop that collects each layer's output, a hook, torch.fx's feature extractors) sees what it saw before: only the
@@ -24,8 +25,9 @@ take: CPU tensors, dtypes other than float32 / float16 / bfloat16, a gradient to
 contiguous nor channels_last (and, before a pool after an out-of-place ReLU, those that are both: C = 1 or a 1x1 map,
 where ATen's ReLU output has other strides; a conv -> ReLU pair gives its output those strides), torch.compile and
 torch.export traces (Inductor fuses the pair itself), TorchScript, tensor subclasses (any: ATen's ops keep their type)
-and dispatch modes, the first call inside a CUDA graph capture, and any device where the kernel failed to build
-(logged once).
+and dispatch modes, a call inside a CUDA graph capture before the process has the pooling kernel loaded, the ReLU's
+sign rule asked on the device and the conv's plan loaded (``tune_model`` does all three, as does a call outside a
+capture), and any device where the kernel failed to build (logged once).
 ``convert(model, fuse=False)`` leaves the containers as they are.
 """
 

@@ -590,8 +590,8 @@ class TunedConv2d(nn.Conv2d):
         pairs (the caller has checked that neither module has hooks): where calls like ``input`` run a TMA plan of
         this layer (its plan table, or the runtime's plan on a first call), eagerly, with no gradient to record; None
         otherwise (no plan yet, torch's conv, another kernel, anything the fast path of ``_tuned_forward`` would not
-        hand to the kernel), and the caller calls the two modules. The answer is torch's ReLU of what ``self(input)`` gives, to the bit
-        (``wgh::out`` in csrc/kernels/implicit_gemm_wgmma_h16.cuh)."""
+        hand to the kernel), and the caller calls the two modules. The answer is torch's ReLU of what
+        ``self(input)`` gives, to the bit (``wgh::out`` in csrc/kernels/implicit_gemm_wgmma_h16.cuh)."""
         if _compiling() or type(input) not in _PLAIN or (_any_autocast() and _autocast_on(input)):
             return None
         params = self._parameters

@@ -514,12 +514,15 @@ class Runtime:
         """Make sure ``problem`` has a stored plan on ``device``: tune it now (even with BAGF_TUNE=0: pre-tuning
         is an explicit request) unless the cache already holds one. ``tuner_options`` (budget, strategy,
         seed) adjust the tuner; ``listeners`` hear every trial. Returns ``(key, plan row, tuned_now)``. Used by
-        ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup."""
+        ``bagf_torch.tune_model``; the handle is memoised like a forward's lookup, a cached plan's too (loaded now):
+        a first call inside a CUDA graph capture, which cannot load or tune, then runs the plan."""
         with self._tune_lock:
             dev = self.device(device)
             key = fingerprint(problem, dev.env)
             row = self.cache().get_plan(key)
             if row is not None:
+                if (problem, device) not in self._memo:  # (as a forward's lookup of a cached plan loads it)
+                    self._memo[(problem, device)] = self._load(row, dev)
                 return key, row, False
         # as a forward's lookup: under a claim, so that a forward (or another pre-tuning) of this problem in
         # another process waits for this plan instead of tuning it beside this tuning, and the reverse

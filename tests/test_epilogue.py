@@ -198,7 +198,8 @@ def test_a_conv_subclass_is_not_fused_with_its_relu():
 
 def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch):
     """TunedConv2d._relu_forward with a stand-in extension (CPU): the call goes to conv2d_relu_inference with the
-    layer's plan for such inputs and the ReLU mode of the device's own ReLU; None for a call not planned, a plan whose
+    layer's plan for such inputs and the ReLU mode of the device's own ReLU; None for a call the kernels do not take (a
+    CPU tensor: remembered as such on its first call), a plan whose
     epilogue has no ReLU, cuDNN's plan, a gradient to record, autocast, strides of neither format."""
     from bagf_torch import nn as bnn
 
@@ -219,7 +220,7 @@ def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch)
     torch.manual_seed(0)
     conv = bagf_torch.TunedConv2d(4, 6, 3, padding=1).eval()
     x = torch.randn(2, 4, 9, 8)
-    assert conv._relu_forward(x) is None  # (not planned yet)
+    assert conv._relu_forward(x) is None and conv._plan_entry(x) == ("unsupported",)  # (a CPU tensor)
     conv._remember(x, ("kernel", 7, [1, 1], [1, 1], [1, 1], False))
     mode = 2 if torch.signbit(torch.relu(torch.tensor([-0.0]))).item() else 1
     with torch.no_grad():
@@ -258,6 +259,7 @@ def test_relu_forward_looks_up_the_plan_of_a_first_call_as_the_convs_own_call_wo
     looked = []
     monkeypatch.setattr(bnn, "_extension_loaded", lambda: Ext())
     monkeypatch.setattr(bnn, "_FUSES_RELU", {})
+    monkeypatch.setattr(bnn, "_RELU_MODES", {})
     monkeypatch.setattr(bagf_torch.TunedConv2d, "_tell", lambda self, x, kind: None)  # (taken, as on a GPU)
     monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup", lambda self, x, padding: looked.append(tuple(x.shape))
                         or ("kernel", 7, [1, 1], [1, 1], [1, 1], False))
@@ -270,6 +272,28 @@ def test_relu_forward_looks_up_the_plan_of_a_first_call_as_the_convs_own_call_wo
         conv._relu_forward(x)  # (remembered: not looked up again)
         assert looked == [(2, 4, 9, 8)] and Ext.calls == [7, 7]
         assert conv._relu_forward(x.double()) is None and looked == [(2, 4, 9, 8)]
+
+
+def test_a_pairs_first_call_that_gets_torchs_conv_looks_its_plan_up_once(monkeypatch):
+    """Through FusedSequential: a pair's first call that _relu_forward cannot fuse after its lookup (cuDNN's plan,
+    or none yet) leaves the remembered entry to the conv's own call, which neither looks up nor tunes again."""
+    from bagf_torch import runtime
+
+    looked = []
+    monkeypatch.setattr(bagf_torch.TunedConv2d, "_tell", lambda self, x, kind: None)  # (taken, as on a GPU)
+    for entry in (("aten",), ("later", float("inf"), runtime.GENERATION)):
+        monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup",
+                            lambda self, x, padding, e=entry: looked.append(e[0]) or e)
+        torch.manual_seed(0)
+        seq = bagf_torch.convert(nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.ReLU()))
+        assert type(seq) is FusedSequential
+        x = torch.randn(2, 4, 9, 8)
+        with torch.no_grad():
+            want = torch.relu(F.conv2d(x, seq[0].weight, seq[0].bias, 1, 1))
+            torch.testing.assert_close(seq(x), want, rtol=0, atol=0)
+            torch.testing.assert_close(seq(x), want, rtol=0, atol=0)
+        assert looked == [entry[0]] and seq[0]._plan_entry(x) == entry
+        looked.clear()
 
 
 def test_pool_arguments_the_kernel_takes():

@@ -1908,7 +1908,7 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
     x = torch.randn(2, 64, 11, 9, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
     cfg = dict(fam.DEFAULT, DT=fam.DTYPES["bfloat16"], NHWC=1)
     h = x
-    entries = {}
+    entries, inputs = {}, {}
     for i in (0, 2):  # each conv's plan for its input, as its first call would have remembered it
         conv = seq[i]
         shape = (*h.shape, conv.out_channels, *conv.kernel_size, conv.stride, conv.padding, conv.dilation, True)
@@ -1917,6 +1917,7 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
         entries[i] = ("kernel", handle, list(conv.stride), list(conv.padding), list(conv.dilation),
                       _reads_krsc(handle))
         seq[i]._remember(h, entries[i])
+        inputs[i] = h
         h = seq[i + 1](conv(h))
     calls = []
     relu_forward = torch.nn.ReLU.forward  # (counted on the class: a forward set on an instance is not fused)
@@ -1930,20 +1931,22 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
     # the pair's first call inside a CUDA graph capture: fused where the ReLU's sign rule was asked up front
     # (tune_model's prepare_relu), else the modules are called (a capture cannot synchronise to ask); same bits. Also
     # where the layers' plan tables are empty (a pre-tuned model's first call): each plan from the runtime's lookup
-    # (here the plans above, as the lookup would give them)
-    from bagf_torch import epilogue, nn as bnn
+    # (the plans above put in the runtime's memo, as tune_model leaves them loaded: all a capture's lookup takes)
+    from bagf_torch import epilogue, nn as bnn, runtime
+    from bagf_torch.problem import ConvProblem
 
-    lookup, looked = bagf_torch.TunedConv2d._lookup, []
     for asked, tables in ((False, True), (True, True), (True, False)):
         monkeypatch.setattr(bnn, "_RELU_MODES", {})
         if asked:
             assert epilogue.prepare_relu(seq, x.device.index, {torch.bfloat16})
         if not tables:
             for i in (0, 2):
-                seq[i].__dict__.pop("_bagf_plans", None)
-                seq[i].__dict__.pop("_bagf_last", None)
-            monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup",
-                                lambda self, inp, padding: looked.append(1) or entries[2 if self is seq[2] else 0])
+                conv = seq[i]
+                conv.__dict__.pop("_bagf_plans", None)
+                conv.__dict__.pop("_bagf_last", None)
+                problem = ConvProblem.from_call(inputs[i], conv.weight, conv.bias, conv.stride,
+                                                bnn._numeric_padding(conv), conv.dilation, 1)
+                monkeypatch.setitem(runtime.get()._memo, (problem, x.device.index), entries[i][1])
         calls.clear()
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph):
@@ -1953,8 +1956,7 @@ def test_fused_sequential_runs_a_tma_plans_relu_in_its_epilogue(compiler, monkey
         torch.cuda.synchronize()
         assert calls == ([] if asked else [1, 1]), (asked, tables, calls)
         assert torch.equal(out.view(torch.int16), want.view(torch.int16))
-    assert looked == [1, 1]
-    monkeypatch.setattr(bagf_torch.TunedConv2d, "_lookup", lookup)
+    assert [seq[i]._plan_entry(inputs[i]) for i in (0, 2)] == [entries[0], entries[2]]  # (looked up in the capture)
     handle = seq[1].register_forward_hook(lambda *a: None)
     with torch.no_grad():
         torch.testing.assert_close(seq(x), want, rtol=0, atol=0)

@@ -249,6 +249,25 @@ def test_pretuning_takes_and_respects_the_claims_forwards_take(fake_device, monk
     assert tuned_now and row["family"] == "implicit_gemm" and 1.0 <= time.monotonic() - t0 < 10
 
 
+def test_pretuning_a_cached_problem_loads_its_plan_so_a_first_call_in_a_capture_runs_it(fake_device, monkeypatch):
+    """tune_model on a cache that already holds the plan (a second run, a serving process): pretune loads it and
+    memoises the handle, once, as a forward's lookup would; a first call inside a CUDA graph capture, whose lookup
+    may neither load nor tune, then gets the plan instead of torch's conv."""
+    rt = runtime.get()
+    _, row, tuned_now = rt.pretune(P, 0)
+    assert tuned_now and row["family"] == "implicit_gemm"
+    rt.forget()  # (a new process: the cache on disk, nothing loaded)
+    monkeypatch.setattr(runtime, "_capturing", lambda: True)
+    assert rt.lookup(P, 0) == (runtime.ATEN, False)  # (not loaded: a capture cannot load it)
+    loads = len(fake_device.loaded)
+    _, again, tuned_now = rt.pretune(P, 0)
+    assert not tuned_now and again["config"] == row["config"] and len(fake_device.loaded) == loads + 1
+    handle, final = rt.lookup(P, 0)
+    assert final and fake_device.loaded[handle] == row["config"]
+    rt.pretune(P, 0)
+    assert len(fake_device.loaded) == loads + 1  # (loaded once)
+
+
 def test_the_isolated_timeout_is_read_at_each_tuning(fake_device, monkeypatch):
     """BAGF_ISOLATE_TIMEOUT, as every setting, applies from the next tuning on (it was fixed when the device's worker
     pool was made), and a bad value is the settings' error, not ignored."""
