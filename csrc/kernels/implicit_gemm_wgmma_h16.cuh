@@ -276,7 +276,7 @@ __device__ __forceinline__ bool split_hand_over(float (&acc)[MI][WN / 2], float*
 // into the channels_last output (NHWC true: two channels per store) or the NCHW one (NHWC false: each of a warp's
 // stores then covers 8 runs of 8 pixels of one channel; the TMA family stages NCHW tiles through shared memory
 // instead, wgt::store_nchw_staged). Channel groups [j_begin, j_end) of 8 only: split-K in a cluster stores each
-// rank's share.
+// rank's share. store_values does it with the ReLU decided at compile time; store branches on p.relu once.
 template <int DT, int WN, int MI, int WG, bool NHWC, bool RELU>
 __device__ __forceinline__ void store_values(const float (&acc)[MI][WN / 2], const Conv2dParams& p,
                                              const typename Elem<DT>::T* __restrict__ bias,
