@@ -87,49 +87,31 @@ def call_host_us(mod: torch.nn.Module, inp: torch.Tensor, runs: int) -> float:
 def cross_inputs(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, dict]:
     """Whether a layer's extra host cost follows the layer or its input: each conv of the models' ``features``
     (a Sequential) called alone, stock's and bagf's module each on the input stock's and bagf's earlier layers
-    produced (same values to rounding, each producer's own tensor: its pointer, strides and allocation).
-    {module name: {"stock on stock": us, "stock on bagf": us, "bagf on stock": us, "bagf on bagf": us}}; empty for a
-    model without ``features``."""
+    produced (same values to rounding, each producer's own tensor: its pointer, strides and allocation); and, on
+    bagf's input, the call each module's forward makes underneath -- stock's ``F.conv2d`` (ATen's dispatch, cuDNN's
+    launch), bagf's ``bagf_ext.conv2d_inference`` with the layer's plan (the op's launch without the dispatcher)
+    where that plan is our kernel: the module's call minus the op's is its Python.
+    {module name: {"stock on stock": us, "stock on bagf": us, "bagf on stock": us, "bagf on bagf": us,
+    "F.conv2d on bagf": us[, "conv2d_inference on bagf": us]}}; empty for a model without ``features``."""
     if not isinstance(getattr(stock, "features", None), torch.nn.Sequential):
         return {}
+    ext = extension.loaded()
     out: dict[str, dict] = {}
     with torch.no_grad():
         a, b = x, x
         for i, (ms, mt) in enumerate(zip(stock.features, tuned.features)):
             if isinstance(ms, torch.nn.Conv2d):
-                out[f"features.{i}"] = {"stock on stock": call_host_us(ms, a, runs),
-                                        "stock on bagf": call_host_us(ms, b, runs),
-                                        "bagf on stock": call_host_us(mt, a, runs),
-                                        "bagf on bagf": call_host_us(mt, b, runs)}
-            a, b = ms(a), mt(b)
-    return out
-
-
-def under_the_module(stock: torch.nn.Module, tuned: torch.nn.Module, x: torch.Tensor, runs: int) -> dict[str, dict]:
-    """Where a conv module's host time goes: each conv of the models' ``features`` called alone on the input bagf's
-    earlier layers produced, as each module's call and as the call its forward makes underneath -- stock's
-    ``F.conv2d`` (ATen's dispatch, cuDNN's launch), bagf's ``bagf_ext.conv2d_inference`` with the layer's plan (the
-    op's launch without the dispatcher) where that plan is our kernel. The module's call minus the op's is its Python.
-    {module name: {label: host us}}; empty for a model without ``features``."""
-    if not isinstance(getattr(tuned, "features", None), torch.nn.Sequential):
-        return {}
-    ext = extension.loaded()
-    out: dict[str, dict] = {}
-    with torch.no_grad():
-        h = x
-        for i, (ms, mt) in enumerate(zip(stock.features, tuned.features)):
-            if isinstance(ms, torch.nn.Conv2d):
-                row = {"stock module": call_host_us(ms, h, runs),
-                       "F.conv2d": statistics.median(busy_host_us(
-                           lambda: torch.nn.functional.conv2d(h, ms.weight, ms.bias, ms.stride, ms.padding,
-                                                              ms.dilation, ms.groups), runs)),
-                       "bagf module": call_host_us(mt, h, runs)}
-                hit = mt._plan_entry(h) if type(mt) is TunedConv2d else None
+                row = out[f"features.{i}"] = {
+                    "stock on stock": call_host_us(ms, a, runs), "stock on bagf": call_host_us(ms, b, runs),
+                    "bagf on stock": call_host_us(mt, a, runs), "bagf on bagf": call_host_us(mt, b, runs),
+                    "F.conv2d on bagf": statistics.median(busy_host_us(
+                        lambda: torch.nn.functional.conv2d(b, ms.weight, ms.bias, ms.stride, ms.padding,
+                                                           ms.dilation, ms.groups), runs))}
+                hit = mt._plan_entry(b) if type(mt) is TunedConv2d else None
                 if ext is not None and hit is not None and hit[0] == "kernel":
-                    row["bagf conv2d_inference"] = statistics.median(busy_host_us(
-                        lambda: ext.conv2d_inference(h, mt.weight, mt.bias, hit[2], hit[3], hit[4], hit[1]), runs))
-                out[f"features.{i}"] = row
-            h = mt(h)
+                    row["conv2d_inference on bagf"] = statistics.median(busy_host_us(
+                        lambda: ext.conv2d_inference(b, mt.weight, mt.bias, hit[2], hit[3], hit[4], hit[1]), runs))
+            a, b = ms(a), mt(b)
     return out
 
 
@@ -224,20 +206,14 @@ def main(argv=None) -> int:
               "| " + " | ".join(f"{v:.1f}" for v in bare_median.values()) + " |"]
     crossed = cross_inputs(stock, tuned, x, args.runs)
     if crossed:
-        kinds = list(next(iter(crossed.values())))
+        kinds = list(dict.fromkeys(k for v in crossed.values() for k in v))
         lines += ["", "Each conv called alone (host us, median of the runs, GPU kept busy): stock's and bagf's module, "
-                  "each on the input stock's and bagf's earlier layers produced:", "",
-                  "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
-        lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" for k in kinds) + " |" for name, v in crossed.items()]
-    under = under_the_module(stock, tuned, x, args.runs)
-    if under:
-        kinds = list(dict.fromkeys(k for v in under.values() for k in v))
-        lines += ["", "Under the module (host us, median of the runs, GPU kept busy, on bagf's input): each conv module's "
-                  "call beside the call its forward makes -- stock's `F.conv2d`, bagf's `bagf_ext.conv2d_inference` "
-                  "with the layer's plan, where the plan is our kernel (empty: cuDNN's plan):", "",
+                  "each on the input stock's and bagf's earlier layers produced; then, on bagf's input, the call each "
+                  "module's forward makes underneath: stock's `F.conv2d`, bagf's `bagf_ext.conv2d_inference` with the "
+                  "layer's plan where the plan is our kernel (empty: cuDNN's plan):", "",
                   "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" if k in v else "" for k in kinds) + " |"
-                  for name, v in under.items()]
+                  for name, v in crossed.items()]
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -259,7 +235,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
-               "output_layouts": formats, "cross_inputs": crossed, "under_the_module": under}
+               "output_layouts": formats, "cross_inputs": crossed}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
