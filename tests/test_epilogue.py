@@ -196,6 +196,21 @@ def test_a_conv_subclass_is_not_fused_with_its_relu():
     assert epilogue.relu_pairs([bagf_torch.TunedConv2d(3, 4, 3), nn.ReLU()]) == {0: 1}
 
 
+class _ReluExt:
+    """A stand-in host extension on CPU for TunedConv2d._relu_forward: the plans in ``fused`` run the ReLU in their
+    epilogue (here ATen's conv and ReLU); each conv2d_relu_inference call is recorded."""
+
+    def __init__(self, fused):
+        self.fused, self.calls = set(fused), []
+
+    def plan_fuses_relu(self, handle):
+        return handle in self.fused
+
+    def conv2d_relu_inference(self, x, w, b, stride, padding, dilation, handle, relu):
+        self.calls.append((handle, stride, padding, dilation, relu))
+        return torch.relu(F.conv2d(x, w, b, stride, padding, dilation))
+
+
 def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch):
     """TunedConv2d._relu_forward with a stand-in extension (CPU): the call goes to conv2d_relu_inference with the
     layer's plan for such inputs and the ReLU mode of the device's own ReLU; None for a call the kernels do not take (a
@@ -203,18 +218,7 @@ def test_relu_forward_takes_only_planned_eager_calls_of_a_relu_plan(monkeypatch)
     epilogue has no ReLU, cuDNN's plan, a gradient to record, autocast, strides of neither format."""
     from bagf_torch import nn as bnn
 
-    class Ext:
-        def __init__(self):
-            self.calls = []
-
-        def plan_fuses_relu(self, handle):
-            return handle == 7
-
-        def conv2d_relu_inference(self, x, w, b, stride, padding, dilation, handle, relu):
-            self.calls.append((handle, stride, padding, dilation, relu))
-            return torch.relu(F.conv2d(x, w, b, stride, padding, dilation))
-
-    ext = Ext()
+    ext = _ReluExt(fused={7})
     monkeypatch.setattr(bnn, "_extension_loaded", lambda: ext)
     monkeypatch.setattr(bnn, "_FUSES_RELU", {})
     torch.manual_seed(0)
@@ -246,18 +250,9 @@ def test_relu_forward_looks_up_the_plan_of_a_first_call_as_the_convs_own_call_wo
     looked up here (the conv's call says why)."""
     from bagf_torch import nn as bnn
 
-    class Ext:
-        calls = []
-
-        def plan_fuses_relu(self, handle):
-            return True
-
-        def conv2d_relu_inference(self, x, w, b, stride, padding, dilation, handle, relu):
-            self.calls.append(handle)
-            return torch.relu(F.conv2d(x, w, b, stride, padding, dilation))
-
+    ext = _ReluExt(fused={7})
     looked = []
-    monkeypatch.setattr(bnn, "_extension_loaded", lambda: Ext())
+    monkeypatch.setattr(bnn, "_extension_loaded", lambda: ext)
     monkeypatch.setattr(bnn, "_FUSES_RELU", {})
     monkeypatch.setattr(bnn, "_RELU_MODES", {})
     monkeypatch.setattr(bagf_torch.TunedConv2d, "_tell", lambda self, x, kind: None)  # (taken, as on a GPU)
@@ -268,9 +263,9 @@ def test_relu_forward_looks_up_the_plan_of_a_first_call_as_the_convs_own_call_wo
     x = torch.randn(2, 4, 9, 8)
     with torch.no_grad():
         torch.testing.assert_close(conv._relu_forward(x), torch.relu(F.conv2d(x, conv.weight, conv.bias, 1, 1)))
-        assert looked == [(2, 4, 9, 8)] and Ext.calls == [7] and conv._plan_entry(x)[1] == 7
+        assert looked == [(2, 4, 9, 8)] and [c[0] for c in ext.calls] == [7] and conv._plan_entry(x)[1] == 7
         conv._relu_forward(x)  # (remembered: not looked up again)
-        assert looked == [(2, 4, 9, 8)] and Ext.calls == [7, 7]
+        assert looked == [(2, 4, 9, 8)] and [c[0] for c in ext.calls] == [7, 7]
         assert conv._relu_forward(x.double()) is None and looked == [(2, 4, 9, 8)]
 
 
