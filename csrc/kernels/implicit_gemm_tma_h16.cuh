@@ -150,12 +150,6 @@ __host__ __device__ __forceinline__ void cluster_share(int rank, int ranks, int 
   *je = unit * ((rank + 1) * units / ranks);
 }
 
-// A compile-time flag as a value (a generic lambda's argument: store_nchw_staged's put).
-template <bool B>
-struct Flag {
-  static constexpr bool value = B;
-};
-
 }  // namespace wgt
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -367,6 +361,19 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[MI][WN / 2], unsigne
   cluster_arrive();  // this rank has read its share of every ring
 }
 
+// One pass of store_nchw_staged's stores: this thread's pixel (`stage` at its column, `yout` at its channel 0) in
+// channels ch0 + c, c = c0, c0 + RPT, ... < 32, each rounded once to the output dtype, then the ReLU where RELU
+// (wgh::out). A function, not a lambda: NVRTC compiles a generic lambda's call operator as host code.
+template <int DT, int LD, int RPT, bool RELU>
+__device__ __forceinline__ void put_staged_pass(const float* stage, typename wgh::Elem<DT>::T* __restrict__ yout,
+                                                int c0, int ch0, int PQ, const Conv2dParams& p) {
+#pragma unroll
+  for (int c = c0; c < 32; c += RPT) {
+    const int ch = ch0 + c;
+    if (ch < p.K) yout[ch * PQ] = wgh::out<DT, RELU>(stage[c * LD], p.relu);
+  }
+}
+
 // An NCHW tile's stores staged through shared memory (SK = 0: the ring, idle once every k tile has been consumed;
 // SK = 2: a buffer of its own after the ring, which the producer is already filling with the next tile; stream-K
 // stores from the registers). From the registers,
@@ -422,18 +429,11 @@ __device__ __forceinline__ void store_nchw_staged(const float (&acc)[MI][WN / 2]
         }
     }
     sync();
-    auto put = [&](auto relu) {  // (the ReLU decided once per pass, not per value: wgh::out)
-#pragma unroll
-      for (int c = c0; c < 32; c += RPT) {
-        const int ch = m0 + 32 * pass + c;
-        if (ch < p.K) yout[ch * PQ] = wgh::out<DT, decltype(relu)::value>(stage[c * LD + i], p.relu);
-      }
-    };
-    if (in) {
+    if (in) {  // (the ReLU decided once per pass, not per value: wgh::out)
       if (p.relu != 0)
-        put(wgt::Flag<true>{});
+        put_staged_pass<DT, LD, RPT, true>(stage + i, yout, c0, m0 + 32 * pass, PQ, p);
       else
-        put(wgt::Flag<false>{});
+        put_staged_pass<DT, LD, RPT, false>(stage + i, yout, c0, m0 + 32 * pass, PQ, p);
     }
   }
 }
