@@ -193,9 +193,12 @@ if has tests; then
   # against the installed copy, from outside the checkout (conftest refuses the checkout's copy with this set)
   repo=$PWD
   echo "# $(date -u +%FT%TZ), commit ${GIT_COMMIT:-?}, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1):" \
-    "pytest -m cuda -q ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests (the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
-  (cd /tmp && BAGF_TEST_INSTALLED=1 timeout -s INT -k 30 ${TESTS_TIMEOUT:-480} python3 -m pytest -m cuda -q ${TESTS_X:--x} --durations=10 \
-    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log"
+    "pytest -m cuda -v ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests (the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
+  # -v: each test's outcome is in the log as it ends, so a run the DEADLINE watchdog stops (TERM: pytest prints no
+  # summary) still names its failures; the call's output shows the failures and the summary only
+  (cd /tmp && BAGF_TEST_INSTALLED=1 timeout -s INT -k 30 ${TESTS_TIMEOUT:-480} python3 -m pytest -m cuda -v ${TESTS_X:--x} --durations=10 \
+    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log" \
+    | grep --line-buffered -E "FAILED|ERROR|[0-9]+ (passed|failed|error)"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has sweep; then
