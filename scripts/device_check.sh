@@ -24,7 +24,9 @@
 #   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point ($SMOKE_ARGS: e.g. "--set SK=1,SPLIT=1")
 #   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
-#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures);
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_SHARD=k/n runs the k-th of n disjoint parts of
+#   it (tests/conftest.py: the whole GPU suite no longer fits one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE:
+#   run on past failures);
 #   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, over 300 s cold;
 #   at the limit pytest gets SIGINT, so it still prints the failures so far).
 #   bench2 = a second bench_layers.py run on GPU 0
@@ -192,14 +194,19 @@ fi
 if has tests; then
   # against the installed copy, from outside the checkout (conftest refuses the checkout's copy with this set)
   repo=$PWD
-  echo "# $(date -u +%FT%TZ), commit ${GIT_COMMIT:-?}, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1):" \
-    "pytest -m cuda -v ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests (the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
+  echo "# $(date -u +%FT%TZ), commit ${GIT_COMMIT:-?}," \
+    "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1):" \
+    "pytest -m cuda -v ${TESTS_X:--x}${TESTS_K:+ -k \"$TESTS_K\"} tests${TESTS_SHARD:+ (part $TESTS_SHARD)}" \
+    "(the installed copy, from /tmp)" > "$OUT/pytest_cuda.log"
   # -v: each test's outcome is in the log as it ends, so a run the DEADLINE watchdog stops (TERM: pytest prints no
   # summary) still names its failures; the call's output shows the failures and the summary only
-  (cd /tmp && BAGF_TEST_INSTALLED=1 timeout -s INT -k 30 ${TESTS_TIMEOUT:-480} python3 -m pytest -m cuda -v ${TESTS_X:--x} --durations=10 \
-    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 | tee -a "$OUT/pytest_cuda.log" \
-    | grep --line-buffered -E "FAILED|ERROR|[0-9]+ (passed|failed|error)"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  (cd /tmp && BAGF_TEST_SHARD=${TESTS_SHARD:-} BAGF_TEST_INSTALLED=1 timeout -s INT -k 30 ${TESTS_TIMEOUT:-480} \
+    python3 -m pytest -m cuda -v ${TESTS_X:--x} --durations=10 \
+    -c "$repo/pytest.ini" --rootdir "$repo" ${TESTS_K:+-k "$TESTS_K"} "$repo/tests") 2>&1 \
+    | tee -a "$OUT/pytest_cuda.log" \
+    | grep --line-buffered -E "FAILED|ERROR|KeyboardInterrupt|no tests ran|[0-9]+ (passed|failed|errors?|skipped|deselected)"
+  status=${PIPESTATUS[0]}
+  [ "$status" -eq 0 ] || { echo "pytest: exit $status (124: stopped at TESTS_TIMEOUT)"; rc=1; }
 fi
 if has sweep; then
   wait_alongside

@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import shutil
+import zlib
 
 import pytest
 
@@ -24,7 +25,27 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def _shard(items, spec: str):
+    """BAGF_TEST_SHARD="k/n": the k-th of n disjoint parts of ``items`` (by a hash of each test's id, so the same
+    test lands in the same part whatever else is selected): (kept, deselected). The GPU suite outgrew one device
+    call; its parts run in consecutive calls."""
+    try:
+        k, n = (int(v) for v in spec.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"BAGF_TEST_SHARD={spec!r}: expected k/n with 1 <= k <= n, e.g. 1/2") from None
+    kept, dropped = [], []
+    for item in items:
+        (kept if zlib.crc32(item.nodeid.encode()) % n == k - 1 else dropped).append(item)
+    return kept, dropped
+
+
 def pytest_collection_modifyitems(config, items):
+    spec = os.environ.get("BAGF_TEST_SHARD")
+    if spec:
+        items[:], dropped = _shard(items, spec)
+        config.hook.pytest_deselected(items=dropped)
     reason = cuda_unavailable_reason()
     nvcc = shutil.which("nvcc")
     for item in items:

@@ -1,7 +1,8 @@
 """NVRTC compiles a sample of each family's instantiations for sm_90 exactly as the runtime asks it to (the spec's
 source, name expressions and options), without a GPU: NVRTC's JIT mode rejects code that nvcc accepts (a generic
 lambda's call operator is host code there), which test_nvcc's whole-program compiles cannot see. Needs libnvrtc: a
-CUDA toolkit's, or the nvidia-cuda-nvrtc wheel's (the test extra installs it); skipped with the reason otherwise."""
+CUDA toolkit's, or the nvidia-cuda-nvrtc wheel's (the test extra installs it; CUDA 13's is preferred to a CUDA 12
+wheel's, which may be the one a cu12 torch would use); skipped with the reason otherwise."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from bagf_torch.jit.compiler import KernelSpec
 from bagf_torch.kernels import FAMILIES
+
+pytestmark = pytest.mark.slow
 
 
 def _candidates() -> list[str]:
@@ -94,7 +97,7 @@ def _sample(fam, n=3, seed=0) -> list[dict]:
     picked = [dict(fam.DEFAULT)]
     if "NHWC" in fam.PARAMS:
         picked += [dict(fam.DEFAULT, NHWC=v) for v in fam.PARAMS["NHWC"]]
-    picked += random.Random(seed).sample(valid, n)
+    picked += random.Random(seed).sample(valid, min(n, len(valid)))
     return list({fam.name(c): c for c in picked}.values())
 
 
@@ -104,4 +107,4 @@ def test_nvrtc_compiles_sampled_instantiations_as_the_runtime_does(nvrtc, family
     specs = [KernelSpec(fam, c, "sm_90") for c in _sample(fam)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         failed = [(s.name, e) for s, e in zip(specs, pool.map(lambda s: _compile(nvrtc, s), specs)) if e]
-    assert not failed, failed
+    assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed)
