@@ -27,8 +27,9 @@
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_SHARD=k/n runs the k-th of n disjoint parts of
 #   it (tests/conftest.py: the whole GPU suite no longer fits one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE:
 #   run on past failures);
-#   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, over 300 s cold;
-#   at the limit pytest gets SIGINT, so it still prints the failures so far).
+#   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, 380 s cold, and on a
+#   fresh H200 over 530 s for 105 of its 126 tests; at the limit pytest gets SIGINT, so it still prints the failures
+#   so far).
 #   bench2 = a second bench_layers.py run on GPU 0
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
