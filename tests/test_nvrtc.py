@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +16,7 @@ import pytest
 
 from bagf_torch.jit.compiler import KernelSpec
 from bagf_torch.kernels import FAMILIES
+from test_nvcc import _sample as nvcc_sample  # tests/ is on sys.path (pytest's default prepend import mode)
 
 pytestmark = pytest.mark.slow
 
@@ -91,13 +91,12 @@ def _compile(lib, spec: KernelSpec) -> str | None:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def _sample(fam, n=3, seed=0) -> list[dict]:
-    """The default, the default in each memory format the family has, and ``n`` drawn at random."""
-    valid = fam.space().valid_configs()
-    picked = [dict(fam.DEFAULT)]
+def _sample(fam) -> list[dict]:
+    """test_nvcc's sample (the default, the space's extremes) with three drawn at random, and the default in each
+    memory format the family has."""
+    picked = nvcc_sample(fam, n=3)
     if "NHWC" in fam.PARAMS:
         picked += [dict(fam.DEFAULT, NHWC=v) for v in fam.PARAMS["NHWC"]]
-    picked += random.Random(seed).sample(valid, min(n, len(valid)))
     return list({fam.name(c): c for c in picked}.values())
 
 
