@@ -24,7 +24,8 @@
 #   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point ($SMOKE_ARGS: e.g. "--set SK=1,SPLIT=1")
 #   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
-#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"`; TESTS_SHARD=k/n runs the k-th of n disjoint parts of
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"` (a test's keywords include its module's `pytestmark`,
+#   so -k tma selects nearly every GPU test: write tma_); TESTS_SHARD=k/n runs the k-th of n disjoint parts of
 #   it (tests/conftest.py: the whole GPU suite no longer fits one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE:
 #   run on past failures);
 #   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, 380 s cold, and on a
