@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating runs per version (2)")
     ap.add_argument("--tolerance", type=float, default=0.03, help="pass: |geomean new/old - 1| <= this (0.03)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", help="file name tag: compare_versions_<tag> (default: the GPU's, h200 or h100)")
     args = ap.parse_args(argv)
     plans = list(args.plans) + (plans_from(args.plans_from) if args.plans_from else [])
     if not plans:
@@ -144,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("compare_versions: no CUDA GPU here")
         return 2
+    from bagf_torch.bench import gpu_tag
+
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on: an H100's run is not the H200's)
     work = Path(tempfile.mkdtemp(prefix="bagf_compare_"))
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     site = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # e.g. carried wheels

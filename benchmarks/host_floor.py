@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_layers import ALEXNET, EXTRA, problem  # noqa: E402
 
 from bagf_torch import runtime  # noqa: E402
+from bagf_torch.bench import gpu_tag  # noqa: E402
 from bagf_torch.kernels import FAMILIES, formats  # noqa: E402
 from bagf_torch.ops import ATEN  # noqa: E402
 from bagf_torch.tuning.measure import CudaBenchmarker, CudaChecker, Workspace  # noqa: E402
@@ -117,11 +118,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", nargs="+", required=True, help="<family name>@<layer>:<N>")
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", help="file name tag: host_floor_<tag> (default: the GPU's, h200 or h100)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("host_floor: no CUDA GPU here")
         return 2
+    args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
