@@ -24,8 +24,8 @@
 #   smoke = scripts/smoke.py: one launch of $SMOKE_FAMILY's start point ($SMOKE_ARGS: e.g. "--set SK=1,SPLIT=1")
 #   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
-#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"` (a test's keywords include its module's `pytestmark`,
-#   so -k tma selects nearly every GPU test: write tma_); TESTS_SHARD=k/n runs the k-th of n disjoint parts of
+#   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"` (a test with any @pytest.mark decorator, parametrize
+#   included, has a `pytestmark` attribute that -k matches: -k tma selects 99 of the 126 GPU tests; write tma_); TESTS_SHARD=k/n runs the k-th of n disjoint parts of
 #   it (tests/conftest.py: the whole GPU suite no longer fits one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE:
 #   run on past failures);
 #   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, 380 s cold, and on a
@@ -355,7 +355,7 @@ if has compare; then
   wait_alongside
   # compare = benchmarks/compare_versions.py: the same plans under an older checkout ($COMPARE_OLD, e.g. a carried
   # `git archive <commit>` folder) and this one, alternating; $COMPARE_ARGS (default: the AlexNet winners of
-  # benchmarks/results/first_call_alexnet_h200_25s.json). Results: $OUT/compare_versions_h200.{json,md}.
+  # benchmarks/results/first_call_alexnet_h200_25s.json). Results: $OUT/compare_versions_<gpu>.{json,md} (h200, h100).
   # shellcheck disable=SC2086  # COMPARE_ARGS is a list of arguments
   timeout ${COMPARE_TIMEOUT:-420} python3 benchmarks/compare_versions.py --old "${COMPARE_OLD:-.old_main}" --out "$OUT" \
     ${COMPARE_ARGS:---plans-from benchmarks/results/first_call_alexnet_h200_25s.json} > "$OUT/compare.log" 2>&1 || rc=1
