@@ -25,9 +25,9 @@
 #   within $SMOKE_TIMEOUT s; the call stops if
 #   it fails or hangs (run it before the long stages after a kernel change).
 #   TESTS_K restricts the tests stage to `pytest -k "$TESTS_K"` (a test with any @pytest.mark decorator, parametrize
-#   included, has a `pytestmark` attribute that -k matches: -k tma selects 99 of the 126 GPU tests; write tma_); TESTS_SHARD=k/n runs the k-th of n disjoint parts of
-#   it (tests/conftest.py: the whole GPU suite no longer fits one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE:
-#   run on past failures);
+#   included, has a `pytestmark` attribute that -k matches: -k tma selects 99 of the 126 GPU tests; write tma_);
+#   TESTS_SHARD=k/n runs the k-th of n disjoint parts of it (tests/conftest.py: the whole GPU suite no longer fits
+#   one call); TESTS_X replaces its -x (e.g. TESTS_X=-rfE: run on past failures);
 #   TESTS_TIMEOUT (default 480 s: the whole suite took 226 s on an H100 with NVRTC's cache warm, 380 s cold, and on a
 #   fresh H200 over 530 s for 105 of its 126 tests; at the limit pytest gets SIGINT, so it still prints the failures
 #   so far).
