@@ -11,17 +11,28 @@ tuning slow the first pass). Then each conv alone: on either model's input, and 
 underneath (``F.conv2d``; ``bagf_ext.conv2d_inference`` with the plan), which splits a module's cost into its Python
 and its op.
 
+``--served`` adds fresh processes, as a serving user runs them: stock with PyTorch's defaults (cudnn.benchmark off),
+and bagf with BAGF_TUNE=0, its plans from the cache this run tuned into; two of each, alternating. Each reports the
+whole forward's host time without hooks, the ReLU and pooling ops ATen ran per forward (none where bagf's epilogues
+took them), its threads, and cProfile's costliest functions over the forwards, which this process reports for its
+own bagf model beside them: where a serving process's forward spends host time that the tuning process's does not.
+
     python benchmarks/probes/eager_host.py --dtype bfloat16 --channels-last --batch 1 --out benchmarks/results
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import copy
 import datetime
 import json
+import os
+import pstats
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_overhead import command_line, git_commit  # noqa: E402
 
-from bagf_torch.bench import gpu_tag  # noqa: E402
+from bagf_torch.bench import fp32, gpu_tag, layer_kinds  # noqa: E402
 from bagf_torch import models  # noqa: E402
 from bagf_torch.jit import extension  # noqa: E402
 from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
@@ -143,6 +154,121 @@ def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
     return seen
 
 
+EPILOGUE_OPS = ("aten::relu", "aten::relu_", "aten::max_pool2d", "aten::max_pool2d_with_indices")
+"""ATen's ops for what bagf's pooling and ReLU epilogues do in a conv's or the pooling kernel's launch."""
+
+MARK = "eager_host child: "
+"""The line of a child's stdout that carries its report (JSON)."""
+
+
+def profile_top(call, forwards: int = 30, top: int = 25) -> str:
+    """cProfile's ``top`` functions by own time over ``forwards`` calls of ``call()`` (without grad), issued while a
+    sleep kernel keeps the GPU busy: calls, own and cumulative us per call of ``call``, and the function."""
+    with torch.no_grad():
+        call()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e8))  # ~100 ms: the forwards are issued while the GPU is busy
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(forwards):
+            call()
+        prof.disable()
+        torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    lines = [f"{'calls/fwd':>9} {'own us/fwd':>10} {'cum us/fwd':>10}  function"]
+    for (file, line, name), (_, calls, own, cum, _) in rows:
+        where = name if file == "~" else f"{'/'.join(Path(file).parts[-2:])}:{line}({name})"
+        lines.append(f"{calls / forwards:>9g} {own / forwards * 1e6:>10.1f} {cum / forwards * 1e6:>10.1f}  {where}")
+    return "\n".join(lines)
+
+
+def epilogue_ops(call, forwards: int = 5) -> dict[str, float]:
+    """ATen's ReLU and pooling ops (``EPILOGUE_OPS``) per call of ``call()``, by torch.profiler: none for a pair that
+    bagf's epilogue ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        call()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(forwards):
+                call()
+    torch.cuda.synchronize()
+    return {e.key: e.count / forwards for e in prof.key_averages() if e.key in EPILOGUE_OPS}
+
+
+def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
+    """What one process's eager forward of ``model`` on ``x`` costs the host, and what might make it cost more: the
+    whole forward without hooks (median host us), ATen's ReLU and pooling ops per forward, the threads alive, the
+    interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``) and cProfile's costliest functions."""
+    whole = busy_host_us(lambda: model(x), runs)
+    return {"no_hooks_us": statistics.median(whole), "epilogue_ops": epilogue_ops(lambda: model(x)),
+            "threads": sorted(t.name for t in threading.enumerate()), "switch_interval_s": sys.getswitchinterval(),
+            "layer_kinds": layer_kinds(model), "profile": profile_top(lambda: model(x))}
+
+
+def child_main(kind: str, args) -> int:
+    """A fresh process's report (``process_report``) on stdout after ``MARK``: "stock" the stock model with PyTorch's
+    defaults (cudnn.benchmark off), "served" the converted one as a serving process runs it (the caller sets
+    BAGF_TUNE=0: plans from the cache, nothing tuned), built as ``bagf_torch.bench``'s served child builds it."""
+    from bagf_torch import runtime
+
+    dtype = getattr(torch, args.dtype)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    model = models.build(args.model, tuned=kind == "served").cuda().eval().to(dtype).to(memory_format=fmt)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=fmt)
+    with fp32(benchmark=False):
+        report = process_report(model, x, args.runs)
+    stats = runtime.get().stats if kind == "served" else {}
+    report.update(plans_loaded=stats.get("cache_hits", 0), tuned=stats.get("tuned", 0))
+    print(MARK + json.dumps(report), flush=True)
+    return 0
+
+
+def in_fresh_process(kind: str, args) -> dict:
+    """``child_main``'s report from a fresh process running this file (BAGF_TUNE=0 for "served"), with the end of its
+    stderr (bagf_torch's log lines: a fallback's reason)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model", args.model, "--batch",
+           str(args.batch), "--dtype", args.dtype, "--runs", str(args.runs)] + (
+        ["--channels-last"] if args.channels_last else [])
+    env = dict(os.environ, **({"BAGF_TUNE": "0"} if kind == "served" else {}))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    reports = [line[len(MARK):] for line in r.stdout.splitlines() if line.startswith(MARK)]
+    if r.returncode != 0 or not reports:
+        raise RuntimeError(f"the {kind} child failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
+    return dict(json.loads(reports[-1]), stderr=r.stderr[-2000:])
+
+
+def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
+    """The Markdown of ``--served``: this process's bagf model beside the fresh processes (stock and served)."""
+    def ops(report):
+        return ", ".join(f"{k.split('::')[1]} {v:g}" for k, v in sorted(report["epilogue_ops"].items())) or "none"
+
+    lines = ["", "Fresh processes (`--served`): stock with PyTorch's defaults, bagf served (BAGF_TUNE=0, plans from "
+             "this run's cache), alternating; the whole forward without hooks (host us, median of the runs, GPU kept "
+             "busy), ATen's ReLU and pooling ops per forward, the threads alive:", "",
+             "| process | whole forward us | ATen ReLU / pool ops per forward | threads | plans loaded / tuned |",
+             "|---|---|---|---|---|",
+             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {ops(own)} | "
+             f"{', '.join(own['threads'])} | |"]
+    for label, rep in children:
+        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {ops(rep)} | {', '.join(rep['threads'])} | "
+                     + (f"{rep['plans_loaded']} / {rep['tuned']}" if label.startswith("served") else "") + " |")
+    differ = sorted({k for label, rep in children if label.startswith("served")
+                     for k, v in rep["layer_kinds"].items() if own["layer_kinds"].get(k) != v})
+    if differ:
+        lines += ["", "Served calls that ran something else than here: " + ", ".join(
+            f"{k} ({own['layer_kinds'].get(k, 'missing')} here)" for k in differ)]
+    shown = [("this process, bagf", own)] + [(label, rep) for label, rep in children if label.endswith(" 1")]
+    for label, rep in shown:
+        lines += ["", f"cProfile, {label}: the 25 costliest functions by own time over 30 forwards:", "", "```",
+                  rep["profile"], "```"]
+        if rep.get("stderr", "").strip():
+            lines += ["", f"{label}'s stderr (its end):", "", "```", rep["stderr"].rstrip(), "```"]
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="alexnet")
@@ -155,7 +281,13 @@ def main(argv=None) -> int:
                     help="add torch.profiler's host-time table of ten forwards of each model (ops and CUDA API calls)")
     ap.add_argument("--out", default=None, help="directory for eager_host_<tag>.{json,md} (default: print only)")
     ap.add_argument("--tag", default=None)
+    ap.add_argument("--served", action="store_true",
+                    help="add fresh processes: stock with PyTorch's defaults and bagf served with BAGF_TUNE=0, "
+                         "two of each")
+    ap.add_argument("--child", choices=["stock", "served"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:
+        return child_main(args.child, args)
     args.tag = gpu_tag() if args.tag is None else args.tag  # (the GPU this runs on)
     dtype = getattr(torch, args.dtype)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -214,6 +346,13 @@ def main(argv=None) -> int:
                   "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" if k in v else "" for k in kinds) + " |"
                   for name, v in crossed.items()]
+    served = None
+    if args.served:
+        own = process_report(tuned, x, args.runs)
+        children = [(f"{kind} child {turn}", in_fresh_process(kind, args)) for turn in (1, 2)
+                    for kind in ("stock", "served")]
+        lines += served_section(own, children)
+        served = {"this_process": own, "children": dict(children)}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -235,7 +374,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
-               "output_layouts": formats, "cross_inputs": crossed}
+               "output_layouts": formats, "cross_inputs": crossed, "served": served}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
         (out / f"eager_host_{tag}.md").write_text(text)
     return 0
