@@ -587,6 +587,14 @@ def write_results(out: Path, stem: str, meta: dict, rows: list[dict], args) -> l
 
 # ---- main ------------------------------------------------------------------------------------------------
 
+def result_tag(tag: str | None, dry_run: bool) -> str:
+    """The GPU part of a result file's name: ``tag`` when given, else the GPU's (``bench.gpu_tag``: an H100's results
+    are not named after the H200), "cpu" for a dry run (its numbers are no GPU's)."""
+    if tag is not None:
+        return tag
+    return "cpu" if dry_run else bench.gpu_tag()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=parse_batches, default=parse_batches("1,8,32,128"), help="batch sizes (1,8,32,128)")
@@ -609,8 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--channels-last", action="store_true", help="channels_last modules and inputs for those kinds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="directory for the JSON and Markdown (benchmarks/results; dry run: a temporary one)")
-    ap.add_argument("--tag", default="h200", help="file name tag: bench_overhead_<tag>.json (h200; a 16-bit or "
-                    "channels_last run adds _bf16 / _fp16 and _nhwc)")
+    ap.add_argument("--tag", help="file name tag: bench_overhead_<tag>.json (default: the GPU's, h200 or h100; a "
+                    "dry run's: cpu); a 16-bit or channels_last run adds _bf16 / _fp16 and _nhwc")
     ap.add_argument("--watchdog", type=float, default=180.0,
                     help="dump all stacks to stderr when one row takes over this many s (0: off)")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: real bookkeeping, FAKE times (see the docstring)")
@@ -629,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            else REPO / "benchmarks" / "results")
     # a 16-bit or channels_last run gets its own files (bench_overhead_h200_bf16_nhwc), beside the fp32 ones
     fmt = {"bfloat16": "_bf16", "float16": "_fp16"}.get(args.dtype, "") + ("_nhwc" if args.channels_last else "")
-    stem = f"bench_overhead_{args.tag}{fmt}" + ("_dryrun" if args.dry_run else "")
+    stem = f"bench_overhead_{result_tag(args.tag, args.dry_run)}{fmt}" + ("_dryrun" if args.dry_run else "")
     console_logging()
     flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.benchmark = True

@@ -613,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--model: the tune command's --dtype (the model and inputs in it)")
     ap.add_argument("--channels-last", action="store_true", help="--model: the tune command's --channels-last")
     ap.add_argument("--out", help="directory for the results (benchmarks/results; dry run: a temporary one)")
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", help="file name tag (default: the GPU's, h200 or h100; a dry run's: cpu)")
     ap.add_argument("--watchdog", type=float, default=180.0,
                     help="dump all stacks to stderr when one first call or quality session takes over this many s "
                          "(0: off)")
@@ -635,7 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="bagf_dryrun_")) if args.dry_run
                                            else REPO / "benchmarks" / "results")
-    stem = (f"first_call{'_' + model_slug(args.model, args.model_batch) if args.model else ''}_{args.tag}"
+    stem = (f"first_call{'_' + model_slug(args.model, args.model_batch) if args.model else ''}"
+            + f"_{common.result_tag(args.tag, args.dry_run)}"
             + seconds_suffix(args.seconds, settings.DEFAULT_TIME_BUDGET) + ("_even" if args.model and args.even else "")
             + ("_dryrun" if args.dry_run else ""))
     console_logging()

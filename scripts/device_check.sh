@@ -344,7 +344,7 @@ if has overhead; then
   wait_alongside
   # overhead = benchmarks/bench_overhead.py: TunedConv2d against stock nn.Conv2d for every plan kind (tuned kernel,
   # cached aten plan, BAGF_TUNE=0 miss, bf16 / channels_last), eager and CUDA graph, N=1,8,32,128 by default;
-  # $OVERHEAD_ARGS (e.g. "--batch 1,8 --kinds kernel,miss"). Results: $OUT/bench_overhead_h200.{json,md} (top level);
+  # $OVERHEAD_ARGS (e.g. "--batch 1,8 --kinds kernel,miss"). Results: $OUT/bench_overhead_<gpu>.{json,md} (top level);
   # its log goes into out.tgz with the rest.
   # shellcheck disable=SC2086  # OVERHEAD_ARGS is a list of arguments
   timeout ${OVERHEAD_TIMEOUT:-420} python3 benchmarks/bench_overhead.py --out "$OUT" ${OVERHEAD_ARGS:-} \
@@ -371,7 +371,7 @@ if has firstcall; then
   # Then, with FIRSTCALL_MODELS="torchvision:resnet18@32 torchvision:resnet50@32" (model@batches), its --model mode
   # for each, once per value of FIRSTCALL_MODEL_SECONDS (default "default": the library's budget);
   # FIRSTCALL_MODEL_TIMEOUT as above (default 25 x (1.1 s + 9) + 120 per batch size).
-  # Results: $OUT/first_call_h200[_<S>s].{json,md} (top level); the --alexnet/--model results and the tune command's
+  # Results: $OUT/first_call_<gpu>[_<S>s].{json,md} (top level); the --alexnet/--model results and the tune command's
   # output go into $OUT/first_call_models.tgz (a device call returns at most 8 files); the logs with the rest into out.tgz.
   if [ -z "${FIRSTCALL_ONLY_ALEXNET:-}" ]; then
     # shellcheck disable=SC2086  # FIRSTCALL_ARGS is a list of arguments
@@ -414,7 +414,7 @@ if has budgets; then
   # "FAST.json=SLOW.json=TAG ..." (paths as the call sees them; a first_call.py --model result or a tune --json
   # report each), one run per pair; without it, one pair: BUDGETS_FAST (default: this call's `firstcall` --alexnet
   # result of the first value in $FIRSTCALL_ALEXNET) against BUDGETS_SLOW (default
-  # benchmarks/results/first_call_alexnet_h200_25s.json), tag alexnet_h200. BUDGETS_ARGS: more arguments for each run.
+  # benchmarks/results/first_call_alexnet_h200_25s.json), tag alexnet_<gpu>. BUDGETS_ARGS: more arguments for each run.
   # Results: $OUT/budgets_<tag>.{json,md} (top level).
   pairs=${BUDGETS_PAIRS:-}
   if [ -z "$pairs" ]; then
@@ -427,7 +427,8 @@ if has budgets; then
         sfx="_$(awk -v a="$s" 'BEGIN { printf "%g", a }')s"  # as first_call.py writes it (25.0 -> _25s)
       fi
       [ "$s" != "$fast_s" ] && sfx="${sfx}_even"
-      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_h200${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_h200"
+      gt=$(python3 -c "from bagf_torch.bench import gpu_tag; print(gpu_tag())")  # (first_call.py's default tag)
+      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_${gt}${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_${gt}"
     fi
   fi
   if [ -z "$pairs" ]; then

@@ -80,7 +80,7 @@ def test_overhead_dry_run_every_kind(overhead, tmp_path):
     rc = overhead.main(["--dry-run", "--out", str(tmp_path), "--batch", "1,8", "--layers", "8:8:8,4:8:6"])
     assert rc == 0
     assert os.environ.get("BAGF_CACHE_DIR") == before  # the script's per-kind settings do not leak
-    doc = _load(tmp_path / "bench_overhead_h200_dryrun.json")
+    doc = _load(tmp_path / "bench_overhead_cpu_dryrun.json")
     assert doc["meta"]["dry_run"] is True and "FAKE" in doc["meta"]["note"]
     assert doc["meta"]["command"].endswith("benchmarks/bench_overhead.py --dry-run --out "
                                            f"{tmp_path} --batch 1,8 --layers 8:8:8,4:8:6")
@@ -99,7 +99,7 @@ def test_overhead_dry_run_every_kind(overhead, tmp_path):
                if r["kind"].startswith("unsupported"))
     assert any("not a CUDA tensor" in rec["message"] for r in rows for rec in r["log"])  # the capture handler
     assert doc["summary"] == dict(doc["summary"], rows=20, failed=0, **{"pass": True})
-    md = (tmp_path / "bench_overhead_h200_dryrun.md").read_text()
+    md = (tmp_path / "bench_overhead_cpu_dryrun.md").read_text()
     assert md.startswith("# DRY RUN, FAKE NUMBERS") and "every time below is FAKE" in md
     assert md.count("| 3x3 8->8 @8x8 |") == 10 and "20 of 20 rows pass." in md
 
@@ -112,8 +112,8 @@ def test_overhead_dry_run_in_bf16_channels_last(overhead, tmp_path):
     rc = overhead.main(["--dry-run", "--out", str(tmp_path), "--batch", "1", "--layers", "8:8:8",
                         "--kinds", "kernel,unsupported:strided", "--dtype", "bfloat16", "--channels-last"])
     assert rc == 0
-    assert not (tmp_path / "bench_overhead_h200_dryrun.json").exists()
-    doc = _load(tmp_path / "bench_overhead_h200_bf16_nhwc_dryrun.json")
+    assert not (tmp_path / "bench_overhead_cpu_dryrun.json").exists()
+    doc = _load(tmp_path / "bench_overhead_cpu_bf16_nhwc_dryrun.json")
     assert doc["meta"]["dtype"] == "bfloat16" and doc["meta"]["channels_last"] is True
     stock, tuned = overhead.make_pair(overhead.parse_layers("8:8:8")[0], "kernel", torch.device("cpu"), 0,
                                       "bfloat16", True)
@@ -125,7 +125,7 @@ def test_overhead_dry_run_in_bf16_channels_last(overhead, tmp_path):
     strided = overhead.make_input(overhead.parse_layers("8:8:8")[0], 2, 8, "unsupported:strided",
                                   torch.device("cpu"), 0, "bfloat16", True)
     assert strided.dtype is torch.float32  # the unsupported kinds set their own dtype and strides
-    md = (tmp_path / "bench_overhead_h200_bf16_nhwc_dryrun.md").read_text()
+    md = (tmp_path / "bench_overhead_cpu_bf16_nhwc_dryrun.md").read_text()
     assert "bfloat16, channels_last (the kernel, aten and miss kinds)" in md
 
 
@@ -169,7 +169,7 @@ def test_first_call_dry_run_cases_and_contexts(first_call, tmp_path):
     rc = first_call.main(["--dry-run", "--out", str(tmp_path), "--batch", "1,4", "--layers", "8:16:8",
                           "--seconds", "3"])
     assert rc == 0
-    doc = _load(tmp_path / "first_call_h200_3s_dryrun.json")  # --seconds off the default: in the name
+    doc = _load(tmp_path / "first_call_cpu_3s_dryrun.json")  # --seconds off the default: in the name
     assert doc["meta"]["dry_run"] and doc["summary"]["complete"] and doc["summary"]["pass"]
     rows = doc["rows"]
     assert [(r["n"], r["context"]) for r in rows] == [(n, c) for n in (1, 4) for c in ("grad", "no_grad",
@@ -181,7 +181,7 @@ def test_first_call_dry_run_cases_and_contexts(first_call, tmp_path):
         assert any("not a CUDA tensor" in rec["message"] for rec in r["log"])
         assert r["reference_context"] == "grad" and r["vs_reference"] == 1.0 and r["quality_pass"]
         assert set(r["phases"]) == {"setup", "compile", "check", "measure", "strategy", "finalists"}
-    md = (tmp_path / "first_call_h200_3s_dryrun.md").read_text()
+    md = (tmp_path / "first_call_cpu_3s_dryrun.md").read_text()
     assert md.startswith("# DRY RUN, FAKE NUMBERS") and "6 of 6 rows pass." in md
 
 
@@ -189,7 +189,7 @@ def test_first_call_dry_run_failures(first_call, tmp_path):
     rc = first_call.main(["--dry-run", "--dry-run-fail", "--out", str(tmp_path), "--batch", "2",
                           "--layers", "4:4:4", "--contexts", "no_grad,grad"])
     assert rc == 1
-    rows = _load(tmp_path / "first_call_h200_dryrun.json")["rows"]  # --seconds not given: no suffix
+    rows = _load(tmp_path / "first_call_cpu_dryrun.json")["rows"]  # --seconds not given: no suffix
     no_grad, grad = rows
     assert not no_grad["within_budget"] and grad["within_budget"]  # the first context's wall: over budget + overshoot
     # the reference is grad even when it is not first; the fake plan of the last context is 20% slower
@@ -200,7 +200,7 @@ def test_first_call_dry_run_failures(first_call, tmp_path):
 def test_first_call_alexnet_dry_run(first_call, tmp_path):
     rc = first_call.main(["--dry-run", "--alexnet", "--seconds", "5", "--out", str(tmp_path)])
     assert rc == 0
-    stem = tmp_path / "first_call_alexnet_h200_5s_dryrun"
+    stem = tmp_path / "first_call_alexnet_cpu_5s_dryrun"
     doc = _load(stem.with_suffix(".json"))
     s = doc["summary"]
     assert s["problems"] == 15 and s["tuned"] == 15 and s["source"] == "tune JSON" and s["pass"]
@@ -227,7 +227,7 @@ def test_first_call_times_any_model_through_the_tune_command(first_call, tmp_pat
     rc = first_call.main(["--dry-run", "--model", "torchvision:resnet18", "--model-batch", "32", "--seconds", "5",
                           "--even", "--out", str(tmp_path)])
     assert rc == 0
-    stem = tmp_path / "first_call_resnet18_n32_h200_5s_even_dryrun"
+    stem = tmp_path / "first_call_resnet18_n32_cpu_5s_even_dryrun"
     doc = _load(stem.with_suffix(".json"))
     assert "--model torchvision:resnet18 --batch 32 " in doc["meta"]["tune_command"]
     assert doc["meta"]["tune_command"].endswith(" --seconds 5 --even")
@@ -399,7 +399,7 @@ def test_first_call_gpu_path_simulated(first_call, simulated_gpu, monkeypatch, t
     rc = first_call.main(["--out", str(tmp_path), "--batch", "1,2", "--layers", "4:8:6", "--seconds", "5",
                           "--no-prewarm", "--watchdog", "0", "--reps", "3"])
     assert rc == 1
-    doc = _load(tmp_path / "first_call_h200_5s.json")
+    doc = _load(tmp_path / "first_call_fakegpu_5s.json")  # (the GPU's tag: "Fake GPU")
     assert doc["summary"]["complete"] and doc["summary"]["failed"] == 2
     for r in doc["rows"]:
         assert r["budget_s"] == 5.0 and r["within_budget"] and r["runtime_stats"]["tuned"] == 1
