@@ -806,3 +806,42 @@ def test_plan_kernels_writes_its_rows_and_the_refused_ones(tmp_path):
                                 "void bagf::nchw_to_nhwc<1>(x)": 7.9}) == {
         "void at::native::elementwise_kernel": 3.5, "nchw_to_nhwc": 7.9}
     assert any("`p_nhwc` | needs 280064 bytes" in x for x in lines) and "bfloat16" in lines[2]
+
+
+def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeypatch):
+    """eager_host.py --served: a process's report (whole-forward host time, ATen's ReLU and pooling ops per forward,
+    its threads, cProfile's costliest functions in us per forward), JSON as a child prints it; and the Markdown that
+    sets the fresh processes beside this one, naming a served call that ran something else than here."""
+    import torch
+
+    probe = _script("probes/eager_host")
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)  # (no GPU: nothing to keep busy)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                torch.nn.Conv2d(4, 4, 1), torch.nn.ReLU(inplace=True))
+    rep = probe.process_report(model, torch.randn(1, 3, 12, 12), runs=3)
+    assert rep["epilogue_ops"]["aten::relu"] == 1 and rep["epilogue_ops"]["aten::relu_"] == 1
+    assert rep["epilogue_ops"]["aten::max_pool2d"] == 1 and "aten::conv2d" not in rep["epilogue_ops"]
+    assert rep["no_hooks_us"] > 0 and "MainThread" in rep["threads"] and rep["layer_kinds"] == {}
+    head, *rows = rep["profile"].splitlines()
+    assert head.split() == ["calls/fwd", "own", "us/fwd", "cum", "us/fwd", "function"] and 0 < len(rows) <= 25
+    conv = [r for r in rows if "torch.conv2d" in r]
+    assert conv and float(conv[0].split()[0]) == 2  # two convs per forward: calls per forward, not in all
+    assert json.loads(json.dumps(rep)) == rep  # (what a child prints)
+
+    kinds = {"features.0|(1, 3, 224, 224)|bfloat16|nhwc|tf32=False": "kernel"}
+    own = dict(rep, layer_kinds=kinds)
+    served = dict(rep, plans_loaded=1, tuned=0, stderr="TunedConv2d: a log line\n")
+    children = [("stock child 1", dict(rep, stderr="")), ("served child 1", dict(served, layer_kinds=kinds)),
+                ("stock child 2", dict(rep, stderr="")), ("served child 2", dict(served, layer_kinds=kinds))]
+    lines = probe.served_section(own, children)
+    table = [x for x in lines if x.startswith("| ")]
+    assert len(table) == 6  # the header, this process, four children
+    assert table[3].startswith("| served child 1 |") and table[3].endswith("| 1 / 0 |")
+    assert not any("ran something else" in x for x in lines)
+    assert sum(x.startswith("cProfile, ") for x in lines) == 3  # this process and the first child of each kind
+    assert "TunedConv2d: a log line" in lines
+    children[3] = ("served child 2", dict(served, layer_kinds={next(iter(kinds)): "later"}))
+    lines = probe.served_section(own, children)
+    assert any(x.startswith("Served calls that ran something else than here: features.0|") and "(kernel here)" in x
+               for x in lines)
