@@ -810,8 +810,9 @@ def test_plan_kernels_writes_its_rows_and_the_refused_ones(tmp_path):
 
 def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeypatch):
     """eager_host.py --served: a process's report (whole-forward host time, ATen's ReLU and pooling ops per forward,
-    its threads, cProfile's costliest functions in us per forward), JSON as a child prints it; and the Markdown that
-    sets the fresh processes beside this one, naming a served call that ran something else than here."""
+    its threads, cProfile's costliest functions in us per forward, the bagf_torch it imported), JSON as a child prints
+    it; and the Markdown that sets the fresh processes beside this one and names what makes a served child's numbers
+    not the tuned model's."""
     import torch
 
     probe = _script("probes/eager_host")
@@ -820,28 +821,35 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Conv2d(4, 4, 1), torch.nn.ReLU(inplace=True))
     rep = probe.process_report(model, torch.randn(1, 3, 12, 12), runs=3)
-    assert rep["epilogue_ops"]["aten::relu"] == 1 and rep["epilogue_ops"]["aten::relu_"] == 1
-    assert rep["epilogue_ops"]["aten::max_pool2d"] == 1 and "aten::conv2d" not in rep["epilogue_ops"]
+    assert rep["epilogue_ops"] == {"aten::relu": 1, "aten::relu_": 1, "aten::max_pool2d": 1}
     assert rep["no_hooks_us"] > 0 and "MainThread" in rep["threads"] and rep["layer_kinds"] == {}
+    assert rep["package"].endswith("__init__.py") and rep["profiled_us"] > 0
     head, *rows = rep["profile"].splitlines()
     assert head.split() == ["calls/fwd", "own", "us/fwd", "cum", "us/fwd", "function"] and 0 < len(rows) <= 25
     conv = [r for r in rows if "torch.conv2d" in r]
     assert conv and float(conv[0].split()[0]) == 2  # two convs per forward: calls per forward, not in all
+    assert sum(float(r.split()[1]) for r in rows) <= rep["profiled_us"] + 0.1 * len(rows)  # (the table's rounding)
     assert json.loads(json.dumps(rep)) == rep  # (what a child prints)
 
     kinds = {"features.0|(1, 3, 224, 224)|bfloat16|nhwc|tf32=False": "kernel"}
     own = dict(rep, layer_kinds=kinds)
-    served = dict(rep, plans_loaded=1, tuned=0, stderr="TunedConv2d: a log line\n")
-    children = [("stock child 1", dict(rep, stderr="")), ("served child 1", dict(served, layer_kinds=kinds)),
-                ("stock child 2", dict(rep, stderr="")), ("served child 2", dict(served, layer_kinds=kinds))]
+    served = dict(rep, plans_loaded=1, tuned=0, stderr="TunedConv2d: a log line\n", layer_kinds=kinds)
+    children = [("stock child 1", dict(rep, stderr="")), ("served child 1", served),
+                ("stock child 2", dict(rep, stderr="")), ("served child 2", served)]
     lines = probe.served_section(own, children)
     table = [x for x in lines if x.startswith("| ")]
     assert len(table) == 6  # the header, this process, four children
     assert table[3].startswith("| served child 1 |") and table[3].endswith("| 1 / 0 |")
-    assert not any("ran something else" in x for x in lines)
+    assert not any("Not the tuned model's numbers" in x for x in lines)
     assert sum(x.startswith("cProfile, ") for x in lines) == 3  # this process and the first child of each kind
     assert "TunedConv2d: a log line" in lines
-    children[3] = ("served child 2", dict(served, layer_kinds={next(iter(kinds)): "later"}))
+    children[1] = ("served child 1", dict(served, package="/elsewhere/bagf_torch/__init__.py"))
+    children[2] = ("stock child 2", {"error": "no report within 600 s"})
+    children[3] = ("served child 2", dict(served, plans_loaded=0, layer_kinds={next(iter(kinds)): "later"}))
     lines = probe.served_section(own, children)
-    assert any(x.startswith("Served calls that ran something else than here: features.0|") and "(kernel here)" in x
-               for x in lines)
+    assert "| stock child 2 | failed: no report within 600 s | | | | |" in lines
+    (problems,) = [x for x in lines if x.startswith("**Not the tuned model's numbers:**")]
+    assert "served child 1 imported /elsewhere/bagf_torch/__init__.py" in problems
+    assert "stock child 2 failed (no report within 600 s)" in problems
+    assert "served child 2: features.0|(1, 3, 224, 224)|bfloat16|nhwc|tf32=False ran later (kernel here)" in problems
+    assert "served child 2 loaded 0 plans and tuned 0 problems" in problems

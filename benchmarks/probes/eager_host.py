@@ -42,11 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_overhead import command_line, git_commit  # noqa: E402
 
-from bagf_torch.bench import fp32, gpu_tag, layer_kinds  # noqa: E402
+from bagf_torch.bench import _cache_shared, fp32, gpu_tag, layer_kinds  # noqa: E402
 from bagf_torch import models  # noqa: E402
 from bagf_torch.jit import extension  # noqa: E402
 from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
+from bagf_torch.problem import cudnn_tf32  # noqa: E402
 
 
 def leaves(model: torch.nn.Module):
@@ -154,33 +155,36 @@ def output_layouts(model: torch.nn.Module, x: torch.Tensor) -> dict[str, str]:
     return seen
 
 
-EPILOGUE_OPS = ("aten::relu", "aten::relu_", "aten::max_pool2d", "aten::max_pool2d_with_indices")
-"""ATen's ops for what bagf's pooling and ReLU epilogues do in a conv's or the pooling kernel's launch."""
+EPILOGUE_OPS = ("aten::relu", "aten::relu_", "aten::max_pool2d")
+"""ATen's ops for what bagf's pooling and ReLU epilogues do in a conv's or the pooling kernel's launch (the ops
+max_pool2d calls underneath, max_pool2d_with_indices on CUDA, not counted again)."""
 
 MARK = "eager_host child: "
 """The line of a child's stdout that carries its report (JSON)."""
 
 
-def profile_top(call, forwards: int = 30, top: int = 25) -> str:
-    """cProfile's ``top`` functions by own time over ``forwards`` calls of ``call()`` (without grad), issued while a
-    sleep kernel keeps the GPU busy: calls, own and cumulative us per call of ``call``, and the function."""
+def profile_top(call, forwards: int = 30, top: int = 25) -> tuple[str, float]:
+    """cProfile's ``top`` functions by own time over ``forwards`` calls of ``call()`` (without grad), each issued while
+    a sleep kernel keeps the GPU busy and profiled alone (a queue of launches behind one long sleep would fill and make
+    a launch wait): calls, own and cumulative us per call of ``call``, and the function; and the profiled us per call
+    in all (cProfile's own cost included: compare it with the unprofiled forward's)."""
+    prof = cProfile.Profile()
     with torch.no_grad():
         call()
         torch.cuda.synchronize()
-        torch.cuda._sleep(int(2e8))  # ~100 ms: the forwards are issued while the GPU is busy
-        prof = cProfile.Profile()
-        prof.enable()
         for _ in range(forwards):
+            torch.cuda._sleep(int(2e7))  # ~10 ms of GPU work, as in busy_host_us
+            prof.enable()
             call()
-        prof.disable()
-        torch.cuda.synchronize()
+            prof.disable()
+            torch.cuda.synchronize()
     stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     lines = [f"{'calls/fwd':>9} {'own us/fwd':>10} {'cum us/fwd':>10}  function"]
     for (file, line, name), (_, calls, own, cum, _) in rows:
         where = name if file == "~" else f"{'/'.join(Path(file).parts[-2:])}:{line}({name})"
         lines.append(f"{calls / forwards:>9g} {own / forwards * 1e6:>10.1f} {cum / forwards * 1e6:>10.1f}  {where}")
-    return "\n".join(lines)
+    return "\n".join(lines), sum(s[2] for s in stats.values()) / forwards * 1e6
 
 
 def epilogue_ops(call, forwards: int = 5) -> dict[str, float]:
@@ -200,17 +204,23 @@ def epilogue_ops(call, forwards: int = 5) -> dict[str, float]:
 def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
     """What one process's eager forward of ``model`` on ``x`` costs the host, and what might make it cost more: the
     whole forward without hooks (median host us), ATen's ReLU and pooling ops per forward, the threads alive, the
-    interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``) and cProfile's costliest functions."""
+    interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest functions (and its
+    profiled us per forward) and the bagf_torch it imported."""
+    import bagf_torch
+
     whole = busy_host_us(lambda: model(x), runs)
+    profile, profiled_us = profile_top(lambda: model(x))
     return {"no_hooks_us": statistics.median(whole), "epilogue_ops": epilogue_ops(lambda: model(x)),
             "threads": sorted(t.name for t in threading.enumerate()), "switch_interval_s": sys.getswitchinterval(),
-            "layer_kinds": layer_kinds(model), "profile": profile_top(lambda: model(x))}
+            "layer_kinds": layer_kinds(model), "profile": profile, "profiled_us": profiled_us,
+            "package": bagf_torch.__file__}
 
 
 def child_main(kind: str, args) -> int:
     """A fresh process's report (``process_report``) on stdout after ``MARK``: "stock" the stock model with PyTorch's
     defaults (cudnn.benchmark off), "served" the converted one as a serving process runs it (the caller sets
-    BAGF_TUNE=0: plans from the cache, nothing tuned), built as ``bagf_torch.bench``'s served child builds it."""
+    BAGF_TUNE=0: plans from the cache, nothing tuned), built as ``bagf_torch.bench``'s served child builds it; cuDNN's
+    TF32 as the parent had it (``--tf32``: a float32 plan's key holds the mode)."""
     from bagf_torch import runtime
 
     dtype = getattr(torch, args.dtype)
@@ -218,7 +228,7 @@ def child_main(kind: str, args) -> int:
     torch.manual_seed(0)
     model = models.build(args.model, tuned=kind == "served").cuda().eval().to(dtype).to(memory_format=fmt)
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype).to(memory_format=fmt)
-    with fp32(benchmark=False):
+    with fp32(benchmark=False, tf32=bool(args.tf32)):
         report = process_report(model, x, args.runs)
     stats = runtime.get().stats if kind == "served" else {}
     report.update(plans_loaded=stats.get("cache_hits", 0), tuned=stats.get("tuned", 0))
@@ -226,45 +236,72 @@ def child_main(kind: str, args) -> int:
     return 0
 
 
-def in_fresh_process(kind: str, args) -> dict:
-    """``child_main``'s report from a fresh process running this file (BAGF_TUNE=0 for "served"), with the end of its
-    stderr (bagf_torch's log lines: a fallback's reason)."""
+def in_fresh_process(kind: str, args, tf32: bool) -> dict:
+    """``child_main``'s report from a fresh process running this file (BAGF_TUNE=0 for "served"; this process's
+    bagf_torch first on its path, as ``bagf_torch.bench``'s children have it; cuDNN's TF32 as ``tf32``), with the end
+    of its stderr (bagf_torch's log lines: a fallback's reason); ``{"error": ...}`` where it failed or hung."""
+    import bagf_torch
+
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model", args.model, "--batch",
-           str(args.batch), "--dtype", args.dtype, "--runs", str(args.runs)] + (
+           str(args.batch), "--dtype", args.dtype, "--runs", str(args.runs), "--tf32", str(int(tf32))] + (
         ["--channels-last"] if args.channels_last else [])
-    env = dict(os.environ, **({"BAGF_TUNE": "0"} if kind == "served" else {}))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    here = str(Path(bagf_torch.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    if kind == "served":
+        env["BAGF_TUNE"] = "0"
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired as e:
+        return {"error": f"no report within {e.timeout:.0f} s"}
     reports = [line[len(MARK):] for line in r.stdout.splitlines() if line.startswith(MARK)]
     if r.returncode != 0 or not reports:
-        raise RuntimeError(f"the {kind} child failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
+        return {"error": f"exit {r.returncode}, no report", "stderr": r.stderr[-2000:]}
     return dict(json.loads(reports[-1]), stderr=r.stderr[-2000:])
 
 
 def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
-    """The Markdown of ``--served``: this process's bagf model beside the fresh processes (stock and served)."""
+    """The Markdown of ``--served``: this process's bagf model beside the fresh processes (stock and served), with
+    whatever makes a served child's numbers not the tuned model's: a call that ran something else than here, no plan
+    loaded, a problem tuned, another bagf_torch imported, a child that failed."""
     def ops(report):
         return ", ".join(f"{k.split('::')[1]} {v:g}" for k, v in sorted(report["epilogue_ops"].items())) or "none"
 
     lines = ["", "Fresh processes (`--served`): stock with PyTorch's defaults, bagf served (BAGF_TUNE=0, plans from "
              "this run's cache), alternating; the whole forward without hooks (host us, median of the runs, GPU kept "
-             "busy), ATen's ReLU and pooling ops per forward, the threads alive:", "",
-             "| process | whole forward us | ATen ReLU / pool ops per forward | threads | plans loaded / tuned |",
-             "|---|---|---|---|---|",
-             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {ops(own)} | "
+             "busy), ATen's ReLU and pooling ops per forward, cProfile's profiled us per forward (its own cost "
+             "included), the threads alive:", "",
+             "| process | whole forward us | ATen ReLU / pool ops per forward | profiled us | threads "
+             "| plans loaded / tuned |", "|---|---|---|---|---|---|",
+             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {ops(own)} | {own['profiled_us']:.1f} | "
              f"{', '.join(own['threads'])} | |"]
+    problems = []
     for label, rep in children:
-        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {ops(rep)} | {', '.join(rep['threads'])} | "
-                     + (f"{rep['plans_loaded']} / {rep['tuned']}" if label.startswith("served") else "") + " |")
-    differ = sorted({k for label, rep in children if label.startswith("served")
-                     for k, v in rep["layer_kinds"].items() if own["layer_kinds"].get(k) != v})
-    if differ:
-        lines += ["", "Served calls that ran something else than here: " + ", ".join(
-            f"{k} ({own['layer_kinds'].get(k, 'missing')} here)" for k in differ)]
-    shown = [("this process, bagf", own)] + [(label, rep) for label, rep in children if label.endswith(" 1")]
+        if "error" in rep:
+            lines.append(f"| {label} | failed: {rep['error']} | | | | |")
+            problems.append(f"{label} failed ({rep['error']})")
+            continue
+        served = label.startswith("served")
+        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {ops(rep)} | {rep['profiled_us']:.1f} | "
+                     f"{', '.join(rep['threads'])} | " + (f"{rep['plans_loaded']} / {rep['tuned']}" if served else "")
+                     + " |")
+        if rep["package"] != own["package"]:
+            problems.append(f"{label} imported {rep['package']}, this process {own['package']}")
+        if served:
+            differ = sorted(k for k in set(own["layer_kinds"]) | set(rep["layer_kinds"])
+                            if own["layer_kinds"].get(k) != rep["layer_kinds"].get(k))
+            mine, theirs = own["layer_kinds"], rep["layer_kinds"]
+            problems += [f"{label}: {k} ran {theirs.get(k, 'nothing')} ({mine.get(k, 'nothing')} here)" for k in differ]
+            if not rep["plans_loaded"] or rep["tuned"]:
+                problems.append(f"{label} loaded {rep['plans_loaded']} plans and tuned {rep['tuned']} problems")
+    if problems:
+        lines += ["", "**Not the tuned model's numbers:** " + "; ".join(problems) + "."]
+    shown = [("this process, bagf", own)] + [(label, rep) for label, rep in children
+                                             if label.endswith(" 1") and "error" not in rep]
     for label, rep in shown:
         lines += ["", f"cProfile, {label}: the 25 costliest functions by own time over 30 forwards:", "", "```",
                   rep["profile"], "```"]
-        if rep.get("stderr", "").strip():
+    for label, rep in children:
+        if label.endswith(" 1") and rep.get("stderr", "").strip():
             lines += ["", f"{label}'s stderr (its end):", "", "```", rep["stderr"].rstrip(), "```"]
     return lines
 
@@ -285,6 +322,7 @@ def main(argv=None) -> int:
                     help="add fresh processes: stock with PyTorch's defaults and bagf served with BAGF_TUNE=0, "
                          "two of each")
     ap.add_argument("--child", choices=["stock", "served"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tf32", type=int, choices=[0, 1], default=0, help=argparse.SUPPRESS)  # (a child's cuDNN TF32)
     args = ap.parse_args(argv)
     if args.child:
         return child_main(args.child, args)
@@ -347,12 +385,16 @@ def main(argv=None) -> int:
         lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" if k in v else "" for k in kinds) + " |"
                   for name, v in crossed.items()]
     served = None
-    if args.served:
+    if args.served and not _cache_shared():
+        lines += ["", "No fresh processes (`--served`): the cache is in memory, which a child cannot see (set "
+                  "BAGF_CACHE_DIR to a writable folder)."]
+    elif args.served:
         own = process_report(tuned, x, args.runs)
-        children = [(f"{kind} child {turn}", in_fresh_process(kind, args)) for turn in (1, 2)
+        tf32 = cudnn_tf32()  # (this process's mode, PyTorch's default unless changed: the plans' keys hold it)
+        children = [(f"{kind} child {turn}", in_fresh_process(kind, args, tf32)) for turn in (1, 2)
                     for kind in ("stock", "served")]
         lines += served_section(own, children)
-        served = {"this_process": own, "children": dict(children)}
+        served = {"this_process": own, "children": dict(children), "tf32": tf32}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
