@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (7)")
     ap.add_argument("--keep", type=float, default=0.97, help="the fraction a problem must reach (0.97)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--tag", default="alexnet_h200")
+    ap.add_argument("--tag", help="file name tag: budgets_<tag> (default: alexnet_ and the GPU's, e.g. alexnet_h200)")
     ap.add_argument("--from-json", type=Path, help="write the Markdown of this earlier result again (no GPU)")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -197,6 +197,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("budgets: needs a CUDA GPU")
         return 2
+    if args.tag is None:
+        from bagf_torch.bench import gpu_tag
+
+        args.tag = f"alexnet_{gpu_tag()}"
     fast_summary, fast_rows = tune_rows(args.fast)
     slow_summary, slow_rows = tune_rows(args.slow)
     pairs = pair_rows(fast_rows, slow_rows)

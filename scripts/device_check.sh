@@ -427,8 +427,7 @@ if has budgets; then
         sfx="_$(awk -v a="$s" 'BEGIN { printf "%g", a }')s"  # as first_call.py writes it (25.0 -> _25s)
       fi
       [ "$s" != "$fast_s" ] && sfx="${sfx}_even"
-      gt=$(python3 -c "from bagf_torch.bench import gpu_tag; print(gpu_tag())")  # (first_call.py's default tag)
-      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_${gt}${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_${gt}"
+      pairs="${BUDGETS_FAST:-$OUT/first_call_models/first_call_alexnet_${gpu}${sfx}.json}=${BUDGETS_SLOW:-benchmarks/results/first_call_alexnet_h200_25s.json}=alexnet_${gpu}"
     fi
   fi
   if [ -z "$pairs" ]; then

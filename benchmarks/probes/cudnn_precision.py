@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for bench_layers
-from bagf_torch.bench import time_forward  # noqa: E402
+from bagf_torch.bench import gpu_tag, time_forward  # noqa: E402
 from bench_layers import ALEXNET  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "cuda": torch.version.cuda}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cudnn_precision_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (out / f"cudnn_precision_{gpu_tag()}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
 

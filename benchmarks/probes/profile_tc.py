@@ -68,7 +68,7 @@ def build(compiler, family, config: dict, macro: str, value: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", default=",".join(PROBLEMS))
-    ap.add_argument("--out", default=None, help="directory for profile_tc_h200.{json,md}")
+    ap.add_argument("--out", default=None, help="directory for profile_tc_<gpu>.{json,md}")
     ap.add_argument("--ncu", metavar="PROBLEM",
                     help="launch each build of the first two configurations once on PROBLEM (for ncu)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -145,7 +145,9 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = "profile_tc_h200" if tag == "passes" else f"profile_tc_{tag}_h200"
+        from bagf_torch.bench import gpu_tag
+
+        stem = f"profile_tc_{gpu_tag()}" if tag == "passes" else f"profile_tc_{tag}_{gpu_tag()}"
         (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         base, others = values[0], values[1:]
         lines = [f"# implicit_gemm_tc: {args.macro} A/B ({meta['gpu']}, {meta['date']})", "",
