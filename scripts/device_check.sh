@@ -35,7 +35,9 @@
 #   with $BENCH2_ARGS (e.g. the generalisation layers while bench runs AlexNet on the last GPU).
 #   extras16 = bench_layers.py on the ResNet-style layers in bf16 and fp16, channels_last and NCHW (four runs,
 #   $EXTRAS16_ARGS added to each, $EXTRAS16_TIMEOUT s each; EXTRAS16_MODES="bf16_nhwc fp16_nhwc": those only;
-#   unset, all four). modtimes = benchmarks/probes/module_times.py
+#   unset, all four). eagerhost = benchmarks/probes/eager_host.py --served (host time per eager forward: the tuning
+#   process, fresh stock and served processes; $EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1).
+#   modtimes = benchmarks/probes/module_times.py
 #   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). plankernels = benchmarks/probes/plan_kernels.py
 #   (an NCHW 16-bit plan's kernels beside its channels_last twin's; $PLANKERNELS_RUNS, argument sets split by ';').
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
@@ -86,7 +88,7 @@ watchdog=$!
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets|plankernels) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|eagerhost|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets|plankernels) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -258,6 +260,17 @@ if has modtimes; then
   BAGF_CACHE_DIR=/tmp/bagf_cache_modtimes timeout ${MODTIMES_TIMEOUT:-150} python3 benchmarks/probes/module_times.py \
     --out "$OUT" ${MODTIMES_ARGS:---dtype bfloat16 --channels-last --batch 1} > "$OUT/modtimes.log" 2>&1 || rc=1
   tail -n 40 "$OUT/modtimes.log"
+fi
+if has eagerhost; then
+  wait_alongside
+  # benchmarks/probes/eager_host.py --served: where an eager forward spends host time, in this process and in fresh
+  # stock and served (BAGF_TUNE=0) processes ($EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1; it tunes
+  # what its cache lacks first)
+  # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
+  BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-300} python3 benchmarks/probes/eager_host.py \
+    --served --out "$OUT" ${EAGERHOST_ARGS:---dtype bfloat16 --channels-last --batch 1 --runs 100} \
+    > "$OUT/eagerhost.log" 2>&1 || rc=1
+  tail -n 60 "$OUT/eagerhost.log"
 fi
 if has plankernels; then
   wait_alongside

@@ -429,9 +429,10 @@ def test_device_check_knows_the_new_stages():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     case = next(line for line in text.splitlines() if line.strip().startswith('case "$a" in'))
     stages = case.split(" in ", 1)[1].split(")", 1)[0].split("|")
-    assert {"overhead", "firstcall", "compare", "budgets"} <= set(stages)
+    assert {"overhead", "firstcall", "compare", "budgets", "eagerhost"} <= set(stages)
     assert "benchmarks/bench_overhead.py --out \"$OUT\"" in text and "benchmarks/first_call.py --out \"$OUT\"" in text
     assert "benchmarks/budgets.py" in text
+    assert "benchmarks/probes/eager_host.py \\\n    --served" in text
 
 
 def test_compare_versions_plans_and_verdict(tmp_path):
