@@ -845,12 +845,12 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     assert sum(x.startswith("cProfile, ") for x in lines) == 3  # this process and the first child of each kind
     assert "TunedConv2d: a log line" in lines
     children[1] = ("served child 1", dict(served, package="/elsewhere/bagf_torch/__init__.py"))
-    children[2] = ("stock child 2", {"error": "no report within 600 s"})
+    children[2] = ("stock child 2", {"error": "exit 1, no report", "stderr": "Traceback: it broke"})
     children[3] = ("served child 2", dict(served, plans_loaded=0, layer_kinds={next(iter(kinds)): "later"}))
     lines = probe.served_section(own, children)
-    assert "| stock child 2 | failed: no report within 600 s | | | | |" in lines
+    assert "| stock child 2 | failed: exit 1, no report | | | | |" in lines and "Traceback: it broke" in lines
     (problems,) = [x for x in lines if x.startswith("**Not the tuned model's numbers:**")]
     assert "served child 1 imported /elsewhere/bagf_torch/__init__.py" in problems
-    assert "stock child 2 failed (no report within 600 s)" in problems
+    assert "stock child 2 failed (exit 1, no report)" in problems
     assert "served child 2: features.0|(1, 3, 224, 224)|bfloat16|nhwc|tf32=False ran later (kernel here)" in problems
     assert "served child 2 loaded 0 plans and tuned 0 problems" in problems

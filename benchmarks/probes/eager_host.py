@@ -300,8 +300,8 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
     for label, rep in shown:
         lines += ["", f"cProfile, {label}: the 25 costliest functions by own time over 30 forwards:", "", "```",
                   rep["profile"], "```"]
-    for label, rep in children:
-        if label.endswith(" 1") and rep.get("stderr", "").strip():
+    for label, rep in children:  # (the first of each kind's, and a failed child's)
+        if (label.endswith(" 1") or "error" in rep) and rep.get("stderr", "").strip():
             lines += ["", f"{label}'s stderr (its end):", "", "```", rep["stderr"].rstrip(), "```"]
     return lines
 
