@@ -267,10 +267,14 @@ if has eagerhost; then
   # stock and served (BAGF_TUNE=0) processes ($EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1; it tunes
   # what its cache lacks first)
   # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
-  BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-300} python3 benchmarks/probes/eager_host.py \
+  # (each fresh process has --child-timeout, 120 s, to report; the files are written before they start and after)
+  BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-480} python3 benchmarks/probes/eager_host.py \
     --served --out "$OUT" ${EAGERHOST_ARGS:---dtype bfloat16 --channels-last --batch 1 --runs 100} \
     > "$OUT/eagerhost.log" 2>&1 || rc=1
-  tail -n 60 "$OUT/eagerhost.log"
+  # the whole forward without hooks, here and in the fresh processes, and what invalidates the latter
+  sed -n '/^The whole forward without hooks/,/^Each conv/p; /^Fresh processes/,/^cProfile/p; /^No fresh processes/p' \
+    "$OUT/eagerhost.log" | grep -v '^Each conv\|^cProfile'
+  tail -n 5 "$OUT/eagerhost.log"
 fi
 if has plankernels; then
   wait_alongside

@@ -837,20 +837,75 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     served = dict(rep, plans_loaded=1, tuned=0, stderr="TunedConv2d: a log line\n", layer_kinds=kinds)
     children = [("stock child 1", dict(rep, stderr="")), ("served child 1", served),
                 ("stock child 2", dict(rep, stderr="")), ("served child 2", served)]
-    lines = probe.served_section(own, children)
+    lines, problems = probe.served_section(own, children)
     table = [x for x in lines if x.startswith("| ")]
     assert len(table) == 6  # the header, this process, four children
     assert table[3].startswith("| served child 1 |") and table[3].endswith("| 1 / 0 |")
-    assert not any("Not the tuned model's numbers" in x for x in lines)
+    assert problems == [] and not any("Not the numbers they claim to be" in x for x in lines)
     assert sum(x.startswith("cProfile, ") for x in lines) == 3  # this process and the first child of each kind
     assert "TunedConv2d: a log line" in lines
+    children[0] = ("stock child 1", dict(rep, stderr="", exit_code=-6))
     children[1] = ("served child 1", dict(served, package="/elsewhere/bagf_torch/__init__.py"))
     children[2] = ("stock child 2", {"error": "exit 1, no report", "stderr": "Traceback: it broke"})
     children[3] = ("served child 2", dict(served, plans_loaded=0, layer_kinds={next(iter(kinds)): "later"}))
-    lines = probe.served_section(own, children)
+    lines, problems = probe.served_section(own, children)
     assert "| stock child 2 | failed: exit 1, no report | | | | |" in lines and "Traceback: it broke" in lines
-    (problems,) = [x for x in lines if x.startswith("**Not the tuned model's numbers:**")]
+    (said,) = [x for x in lines if x.startswith("**Not the numbers they claim to be:**")]
+    assert all(p in said for p in problems) and len(problems) == 5
+    problems = said
+    assert "stock child 1 exited with -6 after its report" in problems
     assert "served child 1 imported /elsewhere/bagf_torch/__init__.py" in problems
     assert "stock child 2 failed (exit 1, no report)" in problems
     assert "served child 2: features.0|(1, 3, 224, 224)|bfloat16|nhwc|tf32=False ran later (kernel here)" in problems
     assert "served child 2 loaded 0 plans and tuned 0 problems" in problems
+
+
+def test_eager_host_runs_its_children_with_this_package_and_keeps_what_they_said(monkeypatch, tmp_path):
+    """eager_host.py --served: each fresh process runs this file through a stub that puts this process's bagf_torch
+    folder first on its path (a checkout in the working directory would shadow an installed copy), with cuDNN's TF32
+    as this process has it and BAGF_TUNE=0 where it serves; a child that hangs or dies keeps its stderr, one that
+    reports and then fails keeps its report with its exit code."""
+    import subprocess as sp
+
+    probe = _script("probes/eager_host")
+    args = probe.argparse.Namespace(model="alexnet", batch=1, dtype="bfloat16", runs=7, channels_last=True)
+    seen = []
+
+    def run(cmd, capture_output, text, timeout, env):
+        seen.append((cmd, env, timeout))
+        return seen_reply[0](cmd)
+
+    monkeypatch.setattr(probe.subprocess, "run", run)
+    seen_reply = [lambda cmd: sp.CompletedProcess(cmd, 0, probe.MARK + json.dumps({"no_hooks_us": 1.0}) + "\n", "log")]
+    assert probe.in_fresh_process("served", args, True, 45) == {"no_hooks_us": 1.0, "stderr": "log"}
+    cmd, env, timeout = seen[-1]
+    assert cmd[:2] == [sys.executable, "-c"] and timeout == 45 and env["BAGF_TUNE"] == "0"
+    assert cmd[3:] == ["--child", "served", "--model", "alexnet", "--batch", "1", "--dtype", "bfloat16", "--runs",
+                       "7", "--tf32", "1", "--channels-last"]
+    probe.in_fresh_process("stock", args, False, 45)
+    assert "--tf32" in seen[-1][0] and seen[-1][0][seen[-1][0].index("--tf32") + 1] == "0"
+    assert seen[-1][1].get("BAGF_TUNE") == os.environ.get("BAGF_TUNE")  # (stock: the environment as it is)
+
+    seen_reply[0] = lambda cmd: sp.CompletedProcess(cmd, -6, probe.MARK + json.dumps({"no_hooks_us": 2.0}), "abort")
+    assert probe.in_fresh_process("stock", args, False, 45) == {"no_hooks_us": 2.0, "stderr": "abort", "exit_code": -6}
+    seen_reply[0] = lambda cmd: sp.CompletedProcess(cmd, 1, "", "Traceback ...")
+    assert probe.in_fresh_process("stock", args, False, 45) == {"error": "exit 1, no report", "stderr": "Traceback ..."}
+
+    def hang(cmd):
+        raise sp.TimeoutExpired(cmd, 45, output=b"", stderr=b"still compiling")
+
+    seen_reply[0] = hang
+    assert probe.in_fresh_process("stock", args, False, 45) == {"error": "no report within 45 s",
+                                                                  "stderr": "still compiling"}
+
+    # the stub itself, for real: this file as __main__ with its arguments, the package folder first on the path
+    monkeypatch.undo()
+    import bagf_torch
+
+    here = str(Path(bagf_torch.__file__).resolve().parents[1])
+    stub = probe.CHILD_STUB.format(here=here, script=str(BENCHMARKS / "probes" / "eager_host.py"))
+    r = sp.run([sys.executable, "-c", stub, "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "--served" in r.stdout and "--child-timeout" in r.stdout, r.stderr
+    r = sp.run([sys.executable, "-c", stub.replace("runpy.run_path", "print(sys.path[0]); (lambda *a, **k: 0)")],
+               capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.stdout.strip() == here, r.stderr

@@ -16,6 +16,8 @@ and bagf with BAGF_TUNE=0, its plans from the cache this run tuned into; two of 
 whole forward's host time without hooks, the ReLU and pooling ops ATen ran per forward (none where bagf's epilogues
 took them), its threads, and cProfile's costliest functions over the forwards, which this process reports for its
 own bagf model beside them: where a serving process's forward spends host time that the tuning process's does not.
+Exit 1 where a fresh process failed, or its numbers are not what they claim to be (a served call that ran something
+else than here, no plan loaded, a tuning, another bagf_torch): the files say which.
 
     python benchmarks/probes/eager_host.py --dtype bfloat16 --channels-last --batch 1 --out benchmarks/results
 """
@@ -213,7 +215,7 @@ def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
     return {"no_hooks_us": statistics.median(whole), "epilogue_ops": epilogue_ops(lambda: model(x)),
             "threads": sorted(t.name for t in threading.enumerate()), "switch_interval_s": sys.getswitchinterval(),
             "layer_kinds": layer_kinds(model), "profile": profile, "profiled_us": profiled_us,
-            "package": bagf_torch.__file__}
+            "package": str(Path(bagf_torch.__file__).resolve())}
 
 
 def child_main(kind: str, args) -> int:
@@ -236,33 +238,44 @@ def child_main(kind: str, args) -> int:
     return 0
 
 
-def in_fresh_process(kind: str, args, tf32: bool) -> dict:
+CHILD_STUB = ("import runpy, sys; sys.path[0] = {here!r}; sys.argv[0] = {script!r}; "
+              "runpy.run_path({script!r}, run_name='__main__')")
+"""A child's program: this process's bagf_torch folder in place of the working directory at the head of sys.path (a
+source checkout there would shadow an installed copy; PYTHONPATH would put site-packages before the standard
+library), then this file as ``__main__`` with the arguments after it."""
+
+
+def in_fresh_process(kind: str, args, tf32: bool, timeout: float) -> dict:
     """``child_main``'s report from a fresh process running this file (BAGF_TUNE=0 for "served"; this process's
     bagf_torch first on its path, as ``bagf_torch.bench``'s children have it; cuDNN's TF32 as ``tf32``), with the end
-    of its stderr (bagf_torch's log lines: a fallback's reason); ``{"error": ...}`` where it failed or hung."""
+    of its stderr (bagf_torch's log lines: a fallback's reason). ``{"error": ..., "stderr": ...}`` where it gave no
+    report (failed, or still running after ``timeout`` s); a report followed by a failing exit is kept, with
+    ``exit_code``."""
     import bagf_torch
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model", args.model, "--batch",
-           str(args.batch), "--dtype", args.dtype, "--runs", str(args.runs), "--tf32", str(int(tf32))] + (
-        ["--channels-last"] if args.channels_last else [])
     here = str(Path(bagf_torch.__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    if kind == "served":
-        env["BAGF_TUNE"] = "0"
+    cmd = [sys.executable, "-c", CHILD_STUB.format(here=here, script=str(Path(__file__).resolve())),
+           "--child", kind, "--model", args.model, "--batch", str(args.batch), "--dtype", args.dtype,
+           "--runs", str(args.runs), "--tf32", str(int(tf32))] + (["--channels-last"] if args.channels_last else [])
+    env = dict(os.environ, **({"BAGF_TUNE": "0"} if kind == "served" else {}))
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
-        return {"error": f"no report within {e.timeout:.0f} s"}
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return {"error": f"no report within {timeout:g} s", "stderr": err[-2000:]}
     reports = [line[len(MARK):] for line in r.stdout.splitlines() if line.startswith(MARK)]
-    if r.returncode != 0 or not reports:
+    if not reports:
         return {"error": f"exit {r.returncode}, no report", "stderr": r.stderr[-2000:]}
-    return dict(json.loads(reports[-1]), stderr=r.stderr[-2000:])
+    report = dict(json.loads(reports[-1]), stderr=r.stderr[-2000:])
+    if r.returncode:
+        report["exit_code"] = r.returncode
+    return report
 
 
-def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
-    """The Markdown of ``--served``: this process's bagf model beside the fresh processes (stock and served), with
-    whatever makes a served child's numbers not the tuned model's: a call that ran something else than here, no plan
-    loaded, a problem tuned, another bagf_torch imported, a child that failed."""
+def served_section(own: dict, children: list[tuple[str, dict]]) -> tuple[list[str], list[str]]:
+    """The Markdown of ``--served`` (this process's bagf model beside the fresh processes, stock and served) and what
+    makes the children's numbers not what they claim to be: a served call that ran something else than here, no plan
+    loaded, a problem tuned, another bagf_torch imported, a child that failed or exited with an error."""
     def ops(report):
         return ", ".join(f"{k.split('::')[1]} {v:g}" for k, v in sorted(report["epilogue_ops"].items())) or "none"
 
@@ -284,6 +297,8 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
         lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {ops(rep)} | {rep['profiled_us']:.1f} | "
                      f"{', '.join(rep['threads'])} | " + (f"{rep['plans_loaded']} / {rep['tuned']}" if served else "")
                      + " |")
+        if rep.get("exit_code"):
+            problems.append(f"{label} exited with {rep['exit_code']} after its report")
         if rep["package"] != own["package"]:
             problems.append(f"{label} imported {rep['package']}, this process {own['package']}")
         if served:
@@ -294,7 +309,7 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
             if not rep["plans_loaded"] or rep["tuned"]:
                 problems.append(f"{label} loaded {rep['plans_loaded']} plans and tuned {rep['tuned']} problems")
     if problems:
-        lines += ["", "**Not the tuned model's numbers:** " + "; ".join(problems) + "."]
+        lines += ["", "**Not the numbers they claim to be:** " + "; ".join(problems) + "."]
     shown = [("this process, bagf", own)] + [(label, rep) for label, rep in children
                                              if label.endswith(" 1") and "error" not in rep]
     for label, rep in shown:
@@ -303,7 +318,7 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> list[str]:
     for label, rep in children:  # (the first of each kind's, and a failed child's)
         if (label.endswith(" 1") or "error" in rep) and rep.get("stderr", "").strip():
             lines += ["", f"{label}'s stderr (its end):", "", "```", rep["stderr"].rstrip(), "```"]
-    return lines
+    return lines, problems
 
 
 def main(argv=None) -> int:
@@ -323,6 +338,8 @@ def main(argv=None) -> int:
                          "two of each")
     ap.add_argument("--child", choices=["stock", "served"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tf32", type=int, choices=[0, 1], default=0, help=argparse.SUPPRESS)  # (a child's cuDNN TF32)
+    ap.add_argument("--child-timeout", type=float, default=120.0,
+                    help="--served: seconds a fresh process may take to report (120)")
     args = ap.parse_args(argv)
     if args.child:
         return child_main(args.child, args)
@@ -384,17 +401,23 @@ def main(argv=None) -> int:
                   "| module | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         lines += [f"| {name} | " + " | ".join(f"{v[k]:.1f}" if k in v else "" for k in kinds) + " |"
                   for name, v in crossed.items()]
-    served = None
+    doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
+           "output_layouts": formats, "cross_inputs": crossed, "served": None}
+    failed = False
     if args.served and not _cache_shared():
         lines += ["", "No fresh processes (`--served`): the cache is in memory, which a child cannot see (set "
                   "BAGF_CACHE_DIR to a writable folder)."]
+        failed = True
     elif args.served:
+        save(args, lines, doc)  # (what this process measured, should a child hang the call past its limit)
         own = process_report(tuned, x, args.runs)
         tf32 = cudnn_tf32()  # (this process's mode, PyTorch's default unless changed: the plans' keys hold it)
-        children = [(f"{kind} child {turn}", in_fresh_process(kind, args, tf32)) for turn in (1, 2)
-                    for kind in ("stock", "served")]
-        lines += served_section(own, children)
-        served = {"this_process": own, "children": dict(children), "tf32": tf32}
+        children = [(f"{kind} child {turn}", in_fresh_process(kind, args, tf32, args.child_timeout))
+                    for turn in (1, 2) for kind in ("stock", "served")]
+        section, problems = served_section(own, children)
+        lines += section
+        doc["served"] = {"this_process": own, "children": dict(children), "tf32": tf32}
+        failed = bool(problems)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -409,17 +432,19 @@ def main(argv=None) -> int:
             lines += ["", f"torch.profiler, {label}, ten forwards, by self CPU time, per op and input shapes:", "",
                       "```", prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
                                                                                  row_limit=30), "```"]
-    text = "\n".join(lines) + "\n"
-    print(text)
+    print("\n".join(lines) + "\n")
+    save(args, lines, doc)
+    return 1 if failed else 0
+
+
+def save(args, lines: list[str], doc: dict) -> None:
+    """eager_host_<tag>.{json,md} in ``--out`` (nothing without it)."""
     if args.out:
         tag = f"{args.tag}_{args.model}_n{args.batch}_{args.dtype}{'_nhwc' if args.channels_last else ''}"
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"meta": meta, "plans": plans, "rows": rows, "totals": totals, "no_hooks": bare_median,
-               "output_layouts": formats, "cross_inputs": crossed, "served": served}
         (out / f"eager_host_{tag}.json").write_text(json.dumps(doc, indent=1))
-        (out / f"eager_host_{tag}.md").write_text(text)
-    return 0
+        (out / f"eager_host_{tag}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
