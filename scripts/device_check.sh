@@ -266,8 +266,8 @@ if has eagerhost; then
   # benchmarks/probes/eager_host.py --served: where an eager forward spends host time, in this process and in fresh
   # stock and served (BAGF_TUNE=0) processes ($EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1; it tunes
   # what its cache lacks first)
-  # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
   # (each fresh process has --child-timeout, 120 s, to report; the files are written before they start and after)
+  # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
   BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-480} python3 benchmarks/probes/eager_host.py \
     --served --out "$OUT" ${EAGERHOST_ARGS:---dtype bfloat16 --channels-last --batch 1 --runs 100} \
     > "$OUT/eagerhost.log" 2>&1 || rc=1
