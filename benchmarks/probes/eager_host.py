@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_overhead import command_line, git_commit  # noqa: E402
 
+import bagf_torch  # noqa: E402
 from bagf_torch.bench import _cache_shared, fp32, gpu_tag, layer_kinds  # noqa: E402
 from bagf_torch import models  # noqa: E402
 from bagf_torch.jit import extension  # noqa: E402
@@ -208,8 +209,6 @@ def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
     whole forward without hooks (median host us), ATen's ReLU and pooling ops per forward, the threads alive, the
     interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest functions (and its
     profiled us per forward) and the bagf_torch it imported."""
-    import bagf_torch
-
     whole = busy_host_us(lambda: model(x), runs)
     profile, profiled_us = profile_top(lambda: model(x))
     return {"no_hooks_us": statistics.median(whole), "epilogue_ops": epilogue_ops(lambda: model(x)),
@@ -251,8 +250,6 @@ def in_fresh_process(kind: str, args, tf32: bool, timeout: float) -> dict:
     of its stderr (bagf_torch's log lines: a fallback's reason). ``{"error": ..., "stderr": ...}`` where it gave no
     report (failed, or still running after ``timeout`` s); a report followed by a failing exit is kept, with
     ``exit_code``."""
-    import bagf_torch
-
     here = str(Path(bagf_torch.__file__).resolve().parents[1])
     cmd = [sys.executable, "-c", CHILD_STUB.format(here=here, script=str(Path(__file__).resolve())),
            "--child", kind, "--model", args.model, "--batch", str(args.batch), "--dtype", args.dtype,
@@ -302,9 +299,8 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> tuple[list[st
         if rep["package"] != own["package"]:
             problems.append(f"{label} imported {rep['package']}, this process {own['package']}")
         if served:
-            differ = sorted(k for k in set(own["layer_kinds"]) | set(rep["layer_kinds"])
-                            if own["layer_kinds"].get(k) != rep["layer_kinds"].get(k))
             mine, theirs = own["layer_kinds"], rep["layer_kinds"]
+            differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             problems += [f"{label}: {k} ran {theirs.get(k, 'nothing')} ({mine.get(k, 'nothing')} here)" for k in differ]
             if not rep["plans_loaded"] or rep["tuned"]:
                 problems.append(f"{label} loaded {rep['plans_loaded']} plans and tuned {rep['tuned']} problems")
