@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -819,11 +820,15 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     probe = _script("probes/eager_host")
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)  # (no GPU: nothing to keep busy)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timed = []  # (time_forward times by CUDA events: here the calls it was given, run once each)
+    monkeypatch.setattr(probe, "time_forward", lambda fn, runs: timed.append(fn()) or types.SimpleNamespace(
+        as_dict=lambda: {"median_us": 7.5}))
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Conv2d(4, 4, 1), torch.nn.ReLU(inplace=True))
     rep = probe.process_report(model, torch.randn(1, 3, 12, 12), runs=3)
     assert rep["epilogue_ops"] == {"aten::relu": 1, "aten::relu_": 1, "aten::max_pool2d": 1}
     assert rep["no_hooks_us"] > 0 and "MainThread" in rep["threads"] and rep["layer_kinds"] == {}
+    assert rep["eager_us"] == 7.5 and len(timed) == 1 and timed[0].shape == (1, 4, 5, 5)
     assert rep["package"].endswith("__init__.py") and rep["profiled_us"] > 0
     head, *rows = rep["profile"].splitlines()
     assert head.split() == ["calls/fwd", "own", "us/fwd", "cum", "us/fwd", "function"] and 0 < len(rows) <= 25
@@ -840,7 +845,7 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     lines, problems = probe.served_section(own, children)
     table = [x for x in lines if x.startswith("| ")]
     assert len(table) == 6  # the header, this process, four children
-    assert table[3].startswith("| served child 1 |") and table[3].endswith("| 1 / 0 |")
+    assert table[3].startswith("| served child 1 |") and table[3].endswith("| 1 / 0 |") and "| 7.5 |" in table[3]
     assert problems == [] and not any("Not the numbers they claim to be" in x for x in lines)
     assert sum(x.startswith("cProfile, ") for x in lines) == 3  # this process and the first child of each kind
     assert "TunedConv2d: a log line" in lines
@@ -849,7 +854,7 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     children[2] = ("stock child 2", {"error": "exit 1, no report", "stderr": "Traceback: it broke"})
     children[3] = ("served child 2", dict(served, plans_loaded=0, layer_kinds={next(iter(kinds)): "later"}))
     lines, problems = probe.served_section(own, children)
-    assert "| stock child 2 | failed: exit 1, no report | | | | |" in lines and "Traceback: it broke" in lines
+    assert "| stock child 2 | failed: exit 1, no report | | | | | |" in lines and "Traceback: it broke" in lines
     (said,) = [x for x in lines if x.startswith("**Not the numbers they claim to be:**")]
     assert all(p in said for p in problems) and len(problems) == 5
     problems = said

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_overhead import command_line, git_commit  # noqa: E402
 
 import bagf_torch  # noqa: E402
-from bagf_torch.bench import _cache_shared, fp32, gpu_tag, layer_kinds  # noqa: E402
+from bagf_torch.bench import _cache_shared, fp32, gpu_tag, layer_kinds, time_forward  # noqa: E402
 from bagf_torch import models  # noqa: E402
 from bagf_torch.jit import extension  # noqa: E402
 from bagf_torch.nn import TunedConv2d, convert  # noqa: E402
@@ -206,12 +206,16 @@ def epilogue_ops(call, forwards: int = 5) -> dict[str, float]:
 
 def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
     """What one process's eager forward of ``model`` on ``x`` costs the host, and what might make it cost more: the
-    whole forward without hooks (median host us), ATen's ReLU and pooling ops per forward, the threads alive, the
-    interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest functions (and its
+    whole forward without hooks (median host us), the eager forward from an idle GPU as the end-to-end benchmark
+    times it (``time_forward``: median us, the call and the wait for its kernels), ATen's ReLU and pooling ops per
+    forward, the threads alive, the interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest functions (and its
     profiled us per forward) and the bagf_torch it imported."""
     whole = busy_host_us(lambda: model(x), runs)
+    with torch.no_grad():
+        eager = time_forward(lambda: model(x), runs=runs).as_dict()["median_us"]
     profile, profiled_us = profile_top(lambda: model(x))
-    return {"no_hooks_us": statistics.median(whole), "epilogue_ops": epilogue_ops(lambda: model(x)),
+    return {"no_hooks_us": statistics.median(whole), "eager_us": eager,
+            "epilogue_ops": epilogue_ops(lambda: model(x)),
             "threads": sorted(t.name for t in threading.enumerate()), "switch_interval_s": sys.getswitchinterval(),
             "layer_kinds": layer_kinds(model), "profile": profile, "profiled_us": profiled_us,
             "package": str(Path(bagf_torch.__file__).resolve())}
@@ -278,20 +282,22 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> tuple[list[st
 
     lines = ["", "Fresh processes (`--served`): stock with PyTorch's defaults, bagf served (BAGF_TUNE=0, plans from "
              "this run's cache), alternating; the whole forward without hooks (host us, median of the runs, GPU kept "
-             "busy), ATen's ReLU and pooling ops per forward, cProfile's profiled us per forward (its own cost "
+             "busy), the eager forward as the end-to-end benchmark times it (us from an idle GPU to its kernels' end, "
+             "median), ATen's ReLU and pooling ops per forward, cProfile's profiled us per forward (its own cost "
              "included), the threads alive:", "",
-             "| process | whole forward us | ATen ReLU / pool ops per forward | profiled us | threads "
-             "| plans loaded / tuned |", "|---|---|---|---|---|---|",
-             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {ops(own)} | {own['profiled_us']:.1f} | "
-             f"{', '.join(own['threads'])} | |"]
+             "| process | whole forward host us | eager forward us | ATen ReLU / pool ops per forward | profiled us "
+             "| threads | plans loaded / tuned |", "|---|---|---|---|---|---|---|",
+             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {own['eager_us']:.1f} | {ops(own)} | "
+             f"{own['profiled_us']:.1f} | {', '.join(own['threads'])} | |"]
     problems = []
     for label, rep in children:
         if "error" in rep:
-            lines.append(f"| {label} | failed: {rep['error']} | | | | |")
+            lines.append(f"| {label} | failed: {rep['error']} | | | | | |")
             problems.append(f"{label} failed ({rep['error']})")
             continue
         served = label.startswith("served")
-        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {ops(rep)} | {rep['profiled_us']:.1f} | "
+        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {rep['eager_us']:.1f} | {ops(rep)} | "
+                     f"{rep['profiled_us']:.1f} | "
                      f"{', '.join(rep['threads'])} | " + (f"{rep['plans_loaded']} / {rep['tuned']}" if served else "")
                      + " |")
         if rep.get("exit_code"):
