@@ -267,10 +267,18 @@ if has eagerhost; then
   # stock and served (BAGF_TUNE=0) processes ($EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1; it tunes
   # what its cache lacks first)
   # (each fresh process has --child-timeout, 120 s, to report; the files are written before they start and after)
+  # (the machine beside it: the host's processor, and every 10 s the processes using the CPUs, in eagerhost_cpu.log:
+  # a fresh process's host time is only as good as the cores it gets)
+  { lscpu | grep -E '^Model name|^CPU\(s\)|^Thread|MHz'; nproc; } > "$OUT/eagerhost_cpu.log" 2>&1
+  ( while sleep 10; do { date +%T; uptime; ps -eo pcpu,pid,etime,args --sort=-pcpu | head -n 6 | cut -c1-160; } \
+      >> "$OUT/eagerhost_cpu.log" 2>&1; done ) &
+  sampler=$!
   # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
   BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-480} python3 benchmarks/probes/eager_host.py \
     --served --out "$OUT" ${EAGERHOST_ARGS:---dtype bfloat16 --channels-last --batch 1 --runs 100} \
     > "$OUT/eagerhost.log" 2>&1 || rc=1
+  kill "$sampler" 2>/dev/null
+  head -n 6 "$OUT/eagerhost_cpu.log"
   # the whole forward without hooks, here and in the fresh processes, and what invalidates the latter
   sed -n '/^The whole forward without hooks/,/^Each conv/p; /^Fresh processes/,/^cProfile/p; /^No fresh processes/p' \
     "$OUT/eagerhost.log" | grep -v '^Each conv\|^cProfile'

@@ -829,6 +829,8 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     assert rep["epilogue_ops"] == {"aten::relu": 1, "aten::relu_": 1, "aten::max_pool2d": 1}
     assert rep["no_hooks_us"] > 0 and "MainThread" in rep["threads"] and rep["layer_kinds"] == {}
     assert rep["eager_us"] == 7.5 and len(timed) == 1 and timed[0].shape == (1, 4, 5, 5)
+    # (the thread's CPU clock brackets the call from outside the wall clock's, at its own resolution)
+    assert 0 < rep["cpu_us"] <= rep["no_hooks_us"] * 1.5 + 20 and rep["cpus"] >= 1 and rep["load"] >= 0
     assert rep["package"].endswith("__init__.py") and rep["profiled_us"] > 0
     head, *rows = rep["profile"].splitlines()
     assert head.split() == ["calls/fwd", "own", "us/fwd", "cum", "us/fwd", "function"] and 0 < len(rows) <= 25
@@ -854,7 +856,7 @@ def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeyp
     children[2] = ("stock child 2", {"error": "exit 1, no report", "stderr": "Traceback: it broke"})
     children[3] = ("served child 2", dict(served, plans_loaded=0, layer_kinds={next(iter(kinds)): "later"}))
     lines, problems = probe.served_section(own, children)
-    assert "| stock child 2 | failed: exit 1, no report | | | | | |" in lines and "Traceback: it broke" in lines
+    assert "| stock child 2 | failed: exit 1, no report | | | | | | | |" in lines and "Traceback: it broke" in lines
     (said,) = [x for x in lines if x.startswith("**Not the numbers they claim to be:**")]
     assert all(p in said for p in problems) and len(problems) == 5
     problems = said

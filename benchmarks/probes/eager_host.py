@@ -58,9 +58,11 @@ def leaves(model: torch.nn.Module):
     return [(name, mod) for name, mod in model.named_modules() if next(mod.children(), None) is None]
 
 
-def busy_host_us(call, runs: int, after_warmup=None) -> list[float]:
+def busy_host_us(call, runs: int, after_warmup=None, cpu: list[float] | None = None) -> list[float]:
     """Host us of each of ``runs`` calls of ``call()`` (without grad), each issued while a sleep kernel keeps the GPU
-    busy, after 5 untimed calls (and ``after_warmup()``, if given)."""
+    busy, after 5 untimed calls (and ``after_warmup()``, if given); with ``cpu``, the CPU us the calling thread spent in
+    each call are appended to it (less than the host us where the thread waited: descheduled, or blocked in the
+    driver)."""
     times = []
     with torch.no_grad():
         for _ in range(5):
@@ -70,9 +72,14 @@ def busy_host_us(call, runs: int, after_warmup=None) -> list[float]:
             after_warmup()
         for _ in range(runs):
             torch.cuda._sleep(int(2e7))  # ~10 ms of GPU work: the call is issued while the GPU is busy
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             call()
-            times.append((time.perf_counter() - t0) * 1e6)
+            t1 = time.perf_counter()
+            c1 = time.thread_time()
+            times.append((t1 - t0) * 1e6)
+            if cpu is not None:
+                cpu.append((c1 - c0) * 1e6)
             torch.cuda.synchronize()
     return times
 
@@ -206,15 +213,18 @@ def epilogue_ops(call, forwards: int = 5) -> dict[str, float]:
 
 def process_report(model: torch.nn.Module, x: torch.Tensor, runs: int) -> dict:
     """What one process's eager forward of ``model`` on ``x`` costs the host, and what might make it cost more: the
-    whole forward without hooks (median host us), the eager forward from an idle GPU as the end-to-end benchmark
-    times it (``time_forward``: median us, the call and the wait for its kernels), ATen's ReLU and pooling ops per
-    forward, the threads alive, the interpreter's switch interval, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest functions (and its
-    profiled us per forward) and the bagf_torch it imported."""
-    whole = busy_host_us(lambda: model(x), runs)
+    whole forward without hooks (median host us, and the CPU us its thread spent in it), the eager forward from an
+    idle GPU as the end-to-end benchmark times it (``time_forward``: median us, the call and the wait for its
+    kernels), ATen's ReLU and pooling ops per forward, the threads alive, the interpreter's switch interval, the CPUs
+    it may run on and the machine's 1-minute load, what each TunedConv2d ran (``layer_kinds``), cProfile's costliest
+    functions (and its profiled us per forward) and the bagf_torch it imported."""
+    cpu: list[float] = []
+    whole = busy_host_us(lambda: model(x), runs, cpu=cpu)
     with torch.no_grad():
         eager = time_forward(lambda: model(x), runs=runs).as_dict()["median_us"]
     profile, profiled_us = profile_top(lambda: model(x))
-    return {"no_hooks_us": statistics.median(whole), "eager_us": eager,
+    return {"no_hooks_us": statistics.median(whole), "cpu_us": statistics.median(cpu), "eager_us": eager,
+            "cpus": len(os.sched_getaffinity(0)), "load": os.getloadavg()[0],
             "epilogue_ops": epilogue_ops(lambda: model(x)),
             "threads": sorted(t.name for t in threading.enumerate()), "switch_interval_s": sys.getswitchinterval(),
             "layer_kinds": layer_kinds(model), "profile": profile, "profiled_us": profiled_us,
@@ -282,24 +292,25 @@ def served_section(own: dict, children: list[tuple[str, dict]]) -> tuple[list[st
 
     lines = ["", "Fresh processes (`--served`): stock with PyTorch's defaults, bagf served (BAGF_TUNE=0, plans from "
              "this run's cache), alternating; the whole forward without hooks (host us, median of the runs, GPU kept "
-             "busy), the eager forward as the end-to-end benchmark times it (us from an idle GPU to its kernels' end, "
-             "median), ATen's ReLU and pooling ops per forward, cProfile's profiled us per forward (its own cost "
-             "included), the threads alive:", "",
-             "| process | whole forward host us | eager forward us | ATen ReLU / pool ops per forward | profiled us "
-             "| threads | plans loaded / tuned |", "|---|---|---|---|---|---|---|",
-             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {own['eager_us']:.1f} | {ops(own)} | "
-             f"{own['profiled_us']:.1f} | {', '.join(own['threads'])} | |"]
+             "busy) and the CPU us its thread spent in it (less where it waited), the eager forward as the "
+             "end-to-end benchmark times it (us from an idle GPU to its kernels' end, median), ATen's ReLU and "
+             "pooling ops per forward, cProfile's profiled us per forward (its own cost "
+             "included), the threads alive, the machine's 1-minute load:", "",
+             "| process | whole forward host us | its CPU us | eager forward us | ATen ReLU / pool ops per forward "
+             "| profiled us | threads | load | plans loaded / tuned |", "|---|---|---|---|---|---|---|---|---|",
+             f"| this process, bagf (tuned here) | {own['no_hooks_us']:.1f} | {own['cpu_us']:.1f} | "
+             f"{own['eager_us']:.1f} | {ops(own)} | {own['profiled_us']:.1f} | {', '.join(own['threads'])} | "
+             f"{own['load']:.2f} | |"]
     problems = []
     for label, rep in children:
         if "error" in rep:
-            lines.append(f"| {label} | failed: {rep['error']} | | | | | |")
+            lines.append(f"| {label} | failed: {rep['error']} | | | | | | | |")
             problems.append(f"{label} failed ({rep['error']})")
             continue
         served = label.startswith("served")
-        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {rep['eager_us']:.1f} | {ops(rep)} | "
-                     f"{rep['profiled_us']:.1f} | "
-                     f"{', '.join(rep['threads'])} | " + (f"{rep['plans_loaded']} / {rep['tuned']}" if served else "")
-                     + " |")
+        lines.append(f"| {label} | {rep['no_hooks_us']:.1f} | {rep['cpu_us']:.1f} | {rep['eager_us']:.1f} | "
+                     f"{ops(rep)} | {rep['profiled_us']:.1f} | {', '.join(rep['threads'])} | {rep['load']:.2f} | "
+                     + (f"{rep['plans_loaded']} / {rep['tuned']}" if served else "") + " |")
         if rep.get("exit_code"):
             problems.append(f"{label} exited with {rep['exit_code']} after its report")
         if rep["package"] != own["package"]:
