@@ -137,6 +137,12 @@ def time_forward(fn: Callable[[], object], runs: int = 200, warmup: int = 20) ->
 ROUNDS = 10
 """Rounds of ``time_interleaved``: each variant's runs are spread over this many turns."""
 
+CHILDREN = 3
+"""Fresh processes of each kind (stock, served) that ``run_variants`` times by default. One process is one sample of
+the host's speed, and its spread is wide: on the device machines (virtual ones) two identical fresh processes' eager
+AlexNet at N = 1, host-bound, differed by up to 2x, their threads' CPU time with them (the same code, every function
+slower alike; benchmarks/results/README.md)."""
+
 
 def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[], object]]], runs: int,
                      warmup: int = 20, rounds: int = ROUNDS) -> dict[str, Timing]:
@@ -197,7 +203,7 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int, graphs: bool = True,
                  compile_max_autotune: bool = False, stock_model: str | None = None, tf32: bool = False,
-                 channels_last: bool | None = None, frozen: bool = False) -> dict:
+                 channels_last: bool | None = None, frozen: bool = False, children: int = CHILDREN) -> dict:
     """Time every variant on input ``x`` (this process's variants interleaved, ``time_interleaved``: ``runs`` each,
     in turns); returns {variant: {median_us, ..., max_rel_diff}} and, with
     ``compile_max_autotune``, its ``compile_seconds``. The tuned model must be pre-tuned for ``x``'s shape
@@ -207,7 +213,9 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``stock_graph``) and the served ones (``bagf_served``, ``bagf_served_graph``) are timed in child processes
     (see the module docstring), in ``x``'s dtype and in channels_last as ``channels_last`` says (None: as ``x``'s
     strides say); no served variant when the cache is in memory (a child cannot see its plans). A child times its
-    own two variants, apart from this process's turns: ratios against a child's variant are not interleaved. None:
+    own two variants, apart from this process's turns: ratios against a child's variant are not interleaved;
+    ``children`` fresh processes of each kind, alternating, and each of their variants is its median child's
+    (``time_in_children``). None:
     ``stock`` and ``stock_graph`` run here, first called AFTER every benchmark-mode variant, so they do not poison the
     others' cuDNN choice -- but they then inherit benchmark mode's algorithms and are not what a default PyTorch
     process runs -- and there is no served variant. ``tf32``: every variant with cuDNN's TF32 on (``fp32``); the
@@ -243,19 +251,56 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
         for name, timing in time_interleaved(timed, runs).items():
             out[name].update(timing.as_dict(), timed="interleaved")
     if stock_model is not None:
-        shape, dtype, fmt = child_args(x, channels_last)
         shared = _cache_shared()
         if not shared:
             log.once("bench-served-memory", "bench: the cache is in memory, which a child process cannot see: no "
                      "served variant (set BAGF_CACHE_DIR to a writable folder)")
-        for kind in ["stock"] + (["bagf"] if shared else []):
-            child = in_child(kind, stock_model, shape, runs, graphs, tf32, dtype, fmt, frozen=frozen)
-            if kind == "bagf":
-                _check_served(layer_kinds(tuned), child)
-            for name, entry in child.items():
-                out.setdefault(name, {}).update(entry)
+        kinds = ("stock", "bagf") if shared else ("stock",)
+        for name, entry in time_in_children(kinds, stock_model, x, runs, graphs, tf32, channels_last, frozen,
+                                            children, layer_kinds(tuned)).items():
+            out.setdefault(name, {}).update(entry)
     order = list(VARIANT_ORDER)
     return {k: out[k] for k in sorted(out, key=lambda k: order.index(k) if k in order else len(order))}
+
+
+def time_in_children(kinds: tuple[str, ...], model: str, x: torch.Tensor, runs: int, graphs: bool, tf32: bool,
+                     channels_last: bool | None, frozen: bool, children: int, tuned_kinds: dict[str, str]) -> dict:
+    """``children`` fresh processes of each of ``kinds`` (``in_child``), alternating kind by kind, on ``x``'s shape,
+    dtype and format (``child_args``); each served child checked against ``tuned_kinds`` (``_check_served``: it must
+    run what the tuned model runs here). {variant: its median child's entry (``median_child``)}."""
+    if children < 1:
+        raise ValueError(f"children={children}: at least one fresh process of each kind")
+    shape, dtype, fmt = child_args(x, channels_last)
+    seen: dict[str, list[dict]] = {}
+    for _ in range(children):
+        for kind in kinds:
+            child = in_child(kind, model, shape, runs, graphs, tf32, dtype, fmt, frozen=frozen)
+            if kind == "bagf":
+                _check_served(tuned_kinds, child)
+            for name, entry in child.items():
+                seen.setdefault(name, []).append(entry)
+    return {name: median_child(entries) for name, entries in seen.items()}
+
+
+def median_child(entries: list[dict]) -> dict:
+    """Of one variant's entries from several fresh processes, the one whose ``median_us`` is their median (the lower
+    middle one for an even count: a child's quartiles belong to its median), with ``children_us``: every child's
+    ``median_us`` in the order they ran."""
+    ranked = sorted(range(len(entries)), key=lambda i: entries[i]["median_us"])
+    chosen = entries[ranked[(len(entries) - 1) // 2]]
+    return dict(chosen, children_us=[e["median_us"] for e in entries])
+
+
+def children_lines(results: dict[int, dict]) -> list[str]:
+    """Markdown lines: each batch size's fresh-process variants, every child's median us in the order they ran (the
+    table shows the median child's)."""
+    lines = []
+    for n, row in sorted(results.items()):
+        parts = [f"{v} " + " / ".join(f"{us:.1f}" for us in row[v]["children_us"]) for v in VARIANT_ORDER
+                 if len(row.get(v, {}).get("children_us", ())) > 1]
+        if parts:
+            lines.append(f"- N = {n}: " + "; ".join(parts))
+    return lines
 
 
 def child_args(x: torch.Tensor, channels_last: bool | None = None) -> tuple[tuple, str, str]:

@@ -71,6 +71,17 @@ def _batch_type(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
 def gpu_problem(what: str) -> str | None:
     """None if this process can run bagf_torch's kernels, else one line saying why and what to do (no CUDA
     build of torch, no visible GPU, no CUDA toolkit / nvcc / NVRTC, a failing extension build)."""
@@ -306,7 +317,8 @@ def bench_command(args) -> int:
         n = x.shape[0]
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
                                         stock_model=args.model, tf32=tf32,
-                                        channels_last=args.channels_last)
+                                        channels_last=args.channels_last,
+                                        children=bench.CHILDREN if args.children is None else args.children)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else
@@ -597,6 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common, models], help="end-to-end inference: stock vs bagf_torch")
     b.add_argument("--runs", type=int, default=200, help="timed runs per variant (median reported)")
     b.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph variants")
+    b.add_argument("--children", type=positive_int, default=None,
+                   help="fresh processes of each kind, stock and served, alternating; each child variant shows its "
+                        "median child (default 3)")
     b.add_argument("--tf32", choices=["on", "off"], default="off",
                    help="cuDNN's TF32 for both models (on: PyTorch's default; the plans are TF32-mode plans, tuned "
                         "first where missing) or strict fp32 (off, the default)")

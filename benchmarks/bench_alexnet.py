@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the models' and the input's dtype (float32 by default)")
     ap.add_argument("--channels-last", action="store_true", help="models and input in channels_last")
+    ap.add_argument("--children", type=cli.positive_int, default=bench.CHILDREN,
+                    help=f"fresh processes of each kind, stock and served, alternating; each child variant reports its "
+                         f"median child ({bench.CHILDREN})")
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
@@ -82,7 +85,8 @@ def main(argv=None) -> int:
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
         "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
         "dtype": args.dtype, "channels_last": args.channels_last, "frozen_weights": args.frozen,
-        "runs": args.runs, "pretune_seconds": tune_seconds, "problems_tuned_in_this_run": report.tuned,
+        "runs": args.runs, "children": args.children, "pretune_seconds": tune_seconds,
+        "problems_tuned_in_this_run": report.tuned,
         "commit": git_commit(), "command": command_line("bench_alexnet.py", sys.argv[1:] if argv is None else argv),
     }
     out = Path(args.out)
@@ -104,18 +108,23 @@ def main(argv=None) -> int:
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
                  f"{meta['python']}, bagf_torch {meta['bagf_torch']}; {mode}. Median GPU time (us) of one "
                  f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
-                 "defaults (cudnn.benchmark off) timed in a fresh child process; `bagf_served` and "
-                 "`bagf_served_graph` are the tuned model as a serving process runs it: a fresh child with "
+                 "defaults (cudnn.benchmark off) timed in fresh child processes; `bagf_served` and "
+                 "`bagf_served_graph` are the tuned model as a serving process runs it: fresh children with "
                  "BAGF_TUNE=0 and PyTorch's default flags, plans from the cache"
                  + (" (its weights frozen too)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py), and this process's variants are timed interleaved: "
-                 f"{bench.ROUNDS} turns round them, {args.runs} runs each in all (the children time their own "
-                 "two). `bagf` runs its ATen-planned layers in benchmark "
+                 f"{bench.ROUNDS} turns round them, {args.runs} runs each in all. The children time their own "
+                 f"two: {args.children} of each kind, stock and served alternating, and each of their variants shows "
+                 "its median child (one process is one sample of the host's speed, whose spread is wide: every "
+                 "child's median is listed below the table). `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups: first over `stock_benchmark` (cuDNN in "
                  "benchmark mode in this process: the like-for-like comparison), then over PyTorch's defaults "
                  "(`stock`, benchmark off: what a user who changes nothing runs).", "",
                  f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "", *bench.table(results), ""]
+        each = bench.children_lines(results)
+        if each:
+            lines += ["Each fresh process's median us, in the order they ran:", "", *each, ""]
         for n, r in sorted(results.items()):
             if "compile_max_autotune" in r:
                 lines.append(f"torch.compile(mode='max-autotune') at N={n}: compile {r['compile_max_autotune']['compile_seconds']:.0f} s")
@@ -128,6 +137,7 @@ def main(argv=None) -> int:
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=True,
                                         stock_model="alexnet", tf32=args.tf32,
                                         channels_last=args.channels_last, frozen=args.frozen,
+                                        children=args.children,
                                         compile_max_autotune=not args.no_compile and (
                                             args.compile_batch is None or n in args.compile_batch))
         s = bench.speedups(results[n])

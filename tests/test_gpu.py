@@ -2222,8 +2222,10 @@ def test_bench_times_the_served_model_with_the_tuned_models_plans(monkeypatch):
     stock, tuned = bench.stock_and_tuned(lambda: bagf_torch.models.alexnet(tuned=False))
     x = torch.randn(1, 3, 224, 224, device="cuda")
     bagf_torch.tune_model(tuned, [x], budget=4, strategy="random", progress=False)
-    row = bench.run_variants(stock, tuned, x, runs=10, graphs=True, stock_model="alexnet", channels_last=False)
+    row = bench.run_variants(stock, tuned, x, runs=10, graphs=True, stock_model="alexnet", channels_last=False,
+                             children=2)
     served = row["bagf_served"]
+    assert len(served["children_us"]) == 2 and served["median_us"] == min(served["children_us"])
     assert served["tuned"] == 0 and not served["ax_imported"], served
     assert len(served["layer_kinds"]) == 5 and served["layer_kinds"].items() <= bench.layer_kinds(tuned).items()
     assert 0.5 < row["bagf_served_graph"]["median_us"] / row["bagf_graph"]["median_us"] < 2.0, row
