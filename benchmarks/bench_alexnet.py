@@ -83,7 +83,8 @@ def main(argv=None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-        "bagf_torch": bagf_torch.__version__, "env": runtime.get().device(0).env, "tf32": args.tf32,
+        "bagf_torch": bagf_torch.__version__, "package": str(Path(bagf_torch.__file__).resolve().parent),
+        "env": runtime.get().device(0).env, "tf32": args.tf32,
         "dtype": args.dtype, "channels_last": args.channels_last, "frozen_weights": args.frozen,
         "runs": args.runs, "children": args.children, "pretune_seconds": tune_seconds,
         "problems_tuned_in_this_run": report.tuned,
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         lines = [f"# AlexNet inference: stock PyTorch vs bagf_torch ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
-                 f"{meta['python']}, bagf_torch {meta['bagf_torch']}; {mode}. Median GPU time (us) of one "
+                 f"{meta['python']}, bagf_torch {meta['bagf_torch']} (`{meta['package']}`); {mode}. Median GPU time (us) of one "
                  f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
                  "defaults (cudnn.benchmark off) timed in fresh child processes; `bagf_served` and "
                  "`bagf_served_graph` are the tuned model as a serving process runs it: fresh children with "

@@ -94,9 +94,14 @@ done
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
 has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 
+# An empty entry in PYTHONPATH (a leading, doubled or trailing ':', as `export PYTHONPATH=/tmp/site:$PYTHONPATH`
+# leaves when it was unset) is the working directory: the benchmarks run from the checkout would import its bagf_torch
+# instead of the installed copy, and build its extension a second time from its csrc. Dropped here.
+PYTHONPATH=$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -v '^$' | paste -sd: -)
+export PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-} || { echo "wheel install failed"; exit 1; }
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || { echo "wheel install failed"; exit 1; }
 fi
 export BAGF_CACHE_DIR=${BAGF_CACHE_DIR:-/tmp/bagf_cache} BAGF_BUILD_DIR=${BAGF_BUILD_DIR:-$PWD/.bagf_build}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
