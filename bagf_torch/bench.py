@@ -10,12 +10,12 @@ quartiles of many runs, after warm-up.
 
 Variants (each a function from the input to the output):
 
-* ``stock``            the model with nn.Conv2d, default settings (cudnn.benchmark off), timed in a CHILD
-                       process (below)
+* ``stock``            the model with nn.Conv2d, default settings (cudnn.benchmark off), timed in fresh CHILD
+                       processes (below)
 * ``stock_benchmark``  the same with cudnn.benchmark on
 * ``bagf``             the same weights with TunedConv2d, pre-tuned plans; layers whose plan is ATen run
                        cuDNN in benchmark mode, the mode the tuner compared them in
-* ``bagf_served``      TunedConv2d as a serving process runs it: a fresh CHILD process with BAGF_TUNE=0 and
+* ``bagf_served``      TunedConv2d as a serving process runs it: fresh CHILD processes with BAGF_TUNE=0 and
                        PyTorch's default flags, its plans loaded from the cache (the tuner and Ax never imported);
                        layers whose plan is ATen run cuDNN with benchmark off there, as a default user's do. Each
                        call must run what it runs in ``bagf`` (our kernel or torch's conv), else the run stops with
@@ -138,10 +138,10 @@ ROUNDS = 10
 """Rounds of ``time_interleaved``: each variant's runs are spread over this many turns."""
 
 CHILDREN = 3
-"""Fresh processes of each kind (stock, served) that ``run_variants`` times by default. One process is one sample of
-the host's speed, and its spread is wide: on the device machines (virtual ones) two identical fresh processes' eager
-AlexNet at N = 1, host-bound, differed by up to 2x, their threads' CPU time with them (the same code, every function
-slower alike; benchmarks/results/README.md)."""
+"""Fresh processes of each kind (stock, served) that ``run_variants`` times by default. A host-bound eager forward's
+time spreads widely from process to process: on the device machines (virtual ones) identical fresh processes' eager
+AlexNet at N = 1 differed by up to 2.1x, running the same functions, each slower alike (the repository's
+benchmarks/results/README.md). An odd count has a middle process."""
 
 
 def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[], object]]], runs: int,
@@ -265,15 +265,17 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
 
 def time_in_children(kinds: tuple[str, ...], model: str, x: torch.Tensor, runs: int, graphs: bool, tf32: bool,
                      channels_last: bool | None, frozen: bool, children: int, tuned_kinds: dict[str, str]) -> dict:
-    """``children`` fresh processes of each of ``kinds`` (``in_child``), alternating kind by kind, on ``x``'s shape,
-    dtype and format (``child_args``); each served child checked against ``tuned_kinds`` (``_check_served``: it must
-    run what the tuned model runs here). {variant: its median child's entry (``median_child``)}."""
+    """``children`` fresh processes of each of ``kinds`` (``in_child``), alternating kind by kind, the order reversed
+    every other turn (stock, served, served, stock...: a drift in the machine's speed reaches both kinds alike), on
+    ``x``'s shape, dtype and format (``child_args``); each served child checked against ``tuned_kinds``
+    (``_check_served``: it must run what the tuned model runs here). {variant: its median child's entry
+    (``median_child``)}."""
     if children < 1:
         raise ValueError(f"children={children}: at least one fresh process of each kind")
     shape, dtype, fmt = child_args(x, channels_last)
     seen: dict[str, list[dict]] = {}
-    for _ in range(children):
-        for kind in kinds:
+    for turn in range(children):
+        for kind in (kinds if turn % 2 == 0 else kinds[::-1]):
             child = in_child(kind, model, shape, runs, graphs, tf32, dtype, fmt, frozen=frozen)
             if kind == "bagf":
                 _check_served(tuned_kinds, child)
@@ -284,11 +286,12 @@ def time_in_children(kinds: tuple[str, ...], model: str, x: torch.Tensor, runs: 
 
 def median_child(entries: list[dict]) -> dict:
     """Of one variant's entries from several fresh processes, the one whose ``median_us`` is their median (the lower
-    middle one for an even count: a child's quartiles belong to its median), with ``children_us``: every child's
-    ``median_us`` in the order they ran."""
+    middle one for an even count: a child's quartiles belong to its median), with ``children_us``, every child's
+    ``median_us`` in the order they ran, and ``child``, the chosen one's place in that order (a variant's eager and
+    graph entries may come from different children)."""
     ranked = sorted(range(len(entries)), key=lambda i: entries[i]["median_us"])
-    chosen = entries[ranked[(len(entries) - 1) // 2]]
-    return dict(chosen, children_us=[e["median_us"] for e in entries])
+    chosen = ranked[(len(entries) - 1) // 2]
+    return dict(entries[chosen], children_us=[e["median_us"] for e in entries], child=chosen)
 
 
 def children_lines(results: dict[int, dict]) -> list[str]:

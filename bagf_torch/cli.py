@@ -313,12 +313,14 @@ def bench_command(args) -> int:
     if report.tuned:
         print(report)
     results = {}
+    children = bench.CHILDREN if args.children is None else args.children
     for x in xs:
         n = x.shape[0]
+        print(f"N={n}: timing this process's variants, then {children} fresh process(es) of each kind "
+              "(--children)", flush=True)
         results[n] = bench.run_variants(stock, tuned, x, runs=args.runs, graphs=not args.no_graphs,
                                         stock_model=args.model, tf32=tf32,
-                                        channels_last=args.channels_last,
-                                        children=bench.CHILDREN if args.children is None else args.children)
+                                        channels_last=args.channels_last, children=children)
         s = bench.speedups(results[n])
         print(f"N={n}: stock {results[n]['stock']['median_us']:.1f} us, bagf {results[n]['bagf']['median_us']:.1f} us"
               f" ({s['bagf_vs_stock']:.2f}x)" + ("" if args.no_graphs else
@@ -326,6 +328,10 @@ def bench_command(args) -> int:
               f"{results[n]['bagf_graph']['median_us']:.1f} us ({s['bagf_graph_vs_stock_graph']:.2f}x)"), flush=True)
     print()
     print("\n".join(bench.table(results)))
+    each = bench.children_lines(results)
+    if each:
+        print("\nEach fresh process's median us, in the order they ran (the table shows the median process):")
+        print("\n".join(each))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"model": args.model, "gpu": torch.cuda.get_device_name(), "tf32": tf32,
@@ -609,9 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common, models], help="end-to-end inference: stock vs bagf_torch")
     b.add_argument("--runs", type=int, default=200, help="timed runs per variant (median reported)")
     b.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph variants")
-    b.add_argument("--children", type=positive_int, default=None,
-                   help="fresh processes of each kind, stock and served, alternating; each child variant shows its "
-                        "median child (default 3)")
+    b.add_argument("--children", type=positive_int, default=None, metavar="N",
+                   help="fresh processes of each kind, stock and served, alternating; each variant timed in them "
+                        "shows its median process (default 3)")
     b.add_argument("--tf32", choices=["on", "off"], default="off",
                    help="cuDNN's TF32 for both models (on: PyTorch's default; the plans are TF32-mode plans, tuned "
                         "first where missing) or strict fp32 (off, the default)")

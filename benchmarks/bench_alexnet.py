@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the models' and the input's dtype (float32 by default)")
     ap.add_argument("--channels-last", action="store_true", help="models and input in channels_last")
-    ap.add_argument("--children", type=cli.positive_int, default=bench.CHILDREN,
-                    help=f"fresh processes of each kind, stock and served, alternating; each child variant reports its "
-                         f"median child ({bench.CHILDREN})")
+    ap.add_argument("--children", type=cli.positive_int, default=bench.CHILDREN, metavar="N",
+                    help="fresh processes of each kind, stock and served, alternating; each variant timed in them "
+                         f"shows its median process (default {bench.CHILDREN})")
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
@@ -107,18 +107,20 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
         lines = [f"# AlexNet inference: stock PyTorch vs bagf_torch ({meta['gpu']})", "",
                  f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, Python "
-                 f"{meta['python']}, bagf_torch {meta['bagf_torch']} (`{meta['package']}`); {mode}. Median GPU time (us) of one "
-                 f"forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` are PyTorch's "
-                 "defaults (cudnn.benchmark off) timed in fresh child processes; `bagf_served` and "
+                 f"{meta['python']}, bagf_torch {meta['bagf_torch']} (`{meta['package']}`); {mode}. Median GPU "
+                 f"time (us) of one forward from an idle stream over {args.runs} runs. `stock` and `stock_graph` "
+                 "are PyTorch's defaults (cudnn.benchmark off) timed in fresh child processes; `bagf_served` and "
                  "`bagf_served_graph` are the tuned model as a serving process runs it: fresh children with "
                  "BAGF_TUNE=0 and PyTorch's default flags, plans from the cache"
                  + (" (its weights frozen too)" if args.frozen else "") + "; every other variant runs in "
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py), and this process's variants are timed interleaved: "
                  f"{bench.ROUNDS} turns round them, {args.runs} runs each in all. The children time their own "
-                 f"two: {args.children} of each kind, stock and served alternating, and each of their variants shows "
-                 "its median child (one process is one sample of the host's speed, whose spread is wide: every "
-                 "child's median is listed below the table). `bagf` runs its ATen-planned layers in benchmark "
+                 f"two: {args.children} of each kind"
+                 + (", stock and served alternating (the order reversed every other turn), and each of their "
+                    "variants shows its median process (a host-bound forward's time spreads widely from process to "
+                    "process; every process's median is listed below the table)" if args.children > 1 else "")
+                 + ". `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups: first over `stock_benchmark` (cuDNN in "
                  "benchmark mode in this process: the like-for-like comparison), then over PyTorch's defaults "
                  "(`stock`, benchmark off: what a user who changes nothing runs).", "",

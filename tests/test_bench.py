@@ -117,9 +117,10 @@ def test_served_child_runs_with_tuning_off_in_the_models_dtype_and_format(monkey
 
 
 def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_child(monkeypatch):
-    """``time_in_children``: ``children`` fresh processes of each kind, stock and served alternating, every served
-    one checked against the tuned model's layers; each variant is its median child's entry (its quartiles with it),
-    with every child's median in the order they ran; a served child that ran other plans stops the run."""
+    """``time_in_children``: ``children`` fresh processes of each kind, stock and served alternating (the order
+    reversed every other turn), every served one checked against the tuned model's layers; each variant is its median
+    child's entry (its quartiles with it), with every child's median in the order they ran and the chosen one's place;
+    a served child that ran other plans stops the run, the third as well as the first."""
     import pytest
 
     kinds = {"features.0|(1, 3, 224, 224)|float32|nchw|tf32=False": "kernel"}
@@ -137,22 +138,23 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
     monkeypatch.setattr(bench, "in_child", in_child)
     x = torch.randn(1, 3, 224, 224)
     got = bench.time_in_children(("stock", "bagf"), "alexnet", x, 7, True, False, None, True, 3, kinds)
-    assert [s[0] for s in seen] == ["stock", "bagf"] * 3
+    assert [s[0] for s in seen] == ["stock", "bagf", "bagf", "stock", "stock", "bagf"]
     assert seen[0][1:] == ("alexnet", (1, 3, 224, 224), 7, True, False, "float32", "contiguous", True)
-    assert got["stock"] == dict(_row(400.0), p25_us=399.0, children_us=[500.0, 300.0, 400.0])
+    assert got["stock"] == dict(_row(400.0), p25_us=399.0, children_us=[500.0, 300.0, 400.0], child=2)
     assert got["bagf_served"]["median_us"] == 350.0 and got["bagf_served"]["children_us"] == [250.0, 600.0, 350.0]
     assert got["stock_graph"]["median_us"] == 40.0 and got["bagf_served_graph"]["median_us"] == 35.0
     # an even count: the lower middle child, whole
     assert bench.median_child([_row(9.0), _row(3.0), _row(5.0), _row(7.0)]) == dict(
-        _row(5.0), children_us=[9.0, 3.0, 5.0, 7.0])
+        _row(5.0), children_us=[9.0, 3.0, 5.0, 7.0], child=2)
     lines = bench.children_lines({1: got, 32: {"stock": dict(_row(1.0), children_us=[1.0])}})
     assert lines == ["- N = 1: stock 500.0 / 300.0 / 400.0; bagf_served 250.0 / 600.0 / 350.0; stock_graph 50.0 / "
                      "30.0 / 40.0; bagf_served_graph 25.0 / 60.0 / 35.0"]
-    # a served child that ran torch's conv where the tuned model runs our kernel
+    # the third served child ran torch's conv where the tuned model runs our kernel
+    served_kinds = iter([kinds, kinds, {next(iter(kinds)): "later"}])
     monkeypatch.setattr(bench, "in_child", lambda kind, *a, **k: {"bagf_served": dict(
-        _row(2.0), layer_kinds={next(iter(kinds)): "later"}, tuned=0)} if kind == "bagf" else {"stock": _row(1.0)})
-    with pytest.raises(RuntimeError, match="did not run the tuned model's plans"):
-        bench.time_in_children(("stock", "bagf"), "alexnet", x, 7, True, False, None, False, 1, kinds)
+        _row(2.0), layer_kinds=next(served_kinds), tuned=0)} if kind == "bagf" else {"stock": _row(1.0)})
+    with pytest.raises(RuntimeError, match="features.0.*kernel here, later served"):
+        bench.time_in_children(("stock", "bagf"), "alexnet", x, 7, True, False, None, False, 3, kinds)
     with pytest.raises(ValueError, match="at least one"):
         bench.time_in_children(("stock",), "alexnet", x, 7, True, False, None, False, 0, kinds)
 

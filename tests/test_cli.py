@@ -56,7 +56,8 @@ def test_arguments_parse():
     assert (args.cmd, args.model, args.batch, args.budget, args.cache, args.strategy, args.progress) == \
         ("tune", "alexnet", [1, 32], 12, "/tmp/x", "random", False)
     args = cli.build_parser().parse_args(["bench"])
-    assert args.batch == [1, 32, 128] and args.model == "alexnet" and args.runs == 200
+    assert args.batch == [1, 32, 128] and args.model == "alexnet" and args.runs == 200 and args.children is None
+    assert cli.build_parser().parse_args(["bench", "--children", "5"]).children == 5
     args = cli.build_parser().parse_args(["report", "--plot", "r.png", "--peak-tflops", "60", "--bandwidth-gbs", "4000"])
     assert (args.plot, args.peak_tflops, args.bandwidth_gbs) == ("r.png", 60.0, 4000.0)
 
@@ -69,6 +70,7 @@ def test_usage_errors_are_one_line_exit_2(capsys):
     _one_line_error(capsys, ["cache", "export"], "needs a FILE")
     _one_line_error(capsys, ["cache", "import", "/no/such/file.json"], "no such file")
     _one_line_error(capsys, ["bench", "--runs", "0"], "--runs must be at least 1")
+    _one_line_error(capsys, ["bench", "--children", "0"], "0 must be at least 1")
     _one_line_error(capsys, ["tune", "--seed", "-1"], "--seed must be at least 0")
     for value in ("0", "-5", "nan", "inf"):
         _one_line_error(capsys, ["report", "--peak-tflops", value, "--bandwidth-gbs", "4000"],
