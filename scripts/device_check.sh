@@ -97,7 +97,7 @@ has() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 # An empty entry in PYTHONPATH (a leading, doubled or trailing ':', as `export PYTHONPATH=/tmp/site:$PYTHONPATH`
 # leaves when it was unset) is the working directory: the benchmarks run from the checkout would import its bagf_torch
 # instead of the installed copy, and build its extension a second time from its csrc. Dropped here.
-PYTHONPATH=$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -v '^$' | paste -sd: -)
+PYTHONPATH=$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -v '^$' | paste -sd: - || true)
 export PYTHONPATH
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -186,7 +186,8 @@ wait_alongside() {  # before a stage that times anything: nothing else may share
 if has alexnet; then
   wait_alongside
   export CUDA_VISIBLE_DEVICES=0
-  { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --compile-batch ${ALEXNET_COMPILE_BATCH:-1} --out "$OUT" \
+  # (one fresh process of each kind, ALEXNET_CHILDREN: this stage's limit has no room for more; e2e times three)
+  { timeout $t python3 benchmarks/bench_alexnet.py --batch 1,32,128 --runs 100 --compile-batch ${ALEXNET_COMPILE_BATCH:-1} --children ${ALEXNET_CHILDREN:-1} --out "$OUT" \
     && timeout 120 python3 -m bagf_torch report --plot "$OUT/roofline_alexnet_$gpu.png" \
     && python3 -m bagf_torch cache export /tmp/bagf_export.json \
     && python3 -m bagf_torch cache import /tmp/bagf_export.json --cache /tmp/bagf_cache_imported \
@@ -276,14 +277,15 @@ if has eagerhost; then
   # (the machine beside it: the host's processor, and every 10 s the processes using the CPUs, in eagerhost_cpu.log:
   # a fresh process's host time is only as good as the cores it gets)
   { lscpu | grep -E '^Model name|^CPU\(s\)|^Thread|MHz'; nproc; } > "$OUT/eagerhost_cpu.log" 2>&1
-  ( while sleep 10; do { date +%T; uptime; ps -eo pcpu,pid,etime,args --sort=-pcpu | head -n 6 | cut -c1-160; } \
-      >> "$OUT/eagerhost_cpu.log" 2>&1; done ) &
+  # (its output, its sleep's too, goes to the log: nothing of it holds this script's output open after the stage)
+  ( while sleep 10; do date +%T; uptime; ps -eo pcpu,pid,etime,args --sort=-pcpu | head -n 6 | cut -c1-160; done ) \
+    >> "$OUT/eagerhost_cpu.log" 2>&1 &
   sampler=$!
   # shellcheck disable=SC2086  # EAGERHOST_ARGS is a list of arguments
   BAGF_CACHE_DIR=/tmp/bagf_cache_eagerhost timeout ${EAGERHOST_TIMEOUT:-480} python3 benchmarks/probes/eager_host.py \
     --served --out "$OUT" ${EAGERHOST_ARGS:---dtype bfloat16 --channels-last --batch 1 --runs 100} \
     > "$OUT/eagerhost.log" 2>&1 || rc=1
-  kill "$sampler" 2>/dev/null
+  pkill -P "$sampler" 2>/dev/null; kill "$sampler" 2>/dev/null  # (its sleep, then the loop)
   head -n 6 "$OUT/eagerhost_cpu.log"
   # the whole forward without hooks, here and in the fresh processes, and what invalidates the latter
   sed -n '/^The whole forward without hooks/,/^Each conv/p; /^Fresh processes/,/^cProfile/p; /^No fresh processes/p' \
