@@ -140,8 +140,8 @@ ROUNDS = 10
 CHILDREN = 3
 """Fresh processes of each kind (stock, served) that ``run_variants`` times by default. A host-bound eager forward's
 time spreads widely from process to process: on the device machines (virtual ones) identical fresh processes' eager
-AlexNet at N = 1 differed by up to 2.1x, running the same functions, each slower alike (the repository's
-benchmarks/results/README.md). An odd count has a middle process."""
+AlexNet at N = 1 differed by up to 2.1x, running the same functions, every one of them slower in the slow process
+(the repository's benchmarks/results/README.md). An odd count has a middle process."""
 
 
 def time_interleaved(variants: dict[str, tuple[Callable[[], object], Callable[[], object]]], runs: int,

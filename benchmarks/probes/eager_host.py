@@ -13,7 +13,8 @@ and its op.
 
 ``--served`` adds fresh processes, as a serving user runs them: stock with PyTorch's defaults (cudnn.benchmark off),
 and bagf with BAGF_TUNE=0, its plans from the cache this run tuned into; two of each, alternating. Each reports the
-whole forward's host time without hooks, the ReLU and pooling ops ATen ran per forward (none where bagf's epilogues
+whole forward's host time without hooks and its thread's CPU time in it, its eager forward from an idle GPU as the
+end-to-end benchmark times it, the ReLU and pooling ops ATen ran per forward (none where bagf's epilogues
 took them), its threads, and cProfile's costliest functions over the forwards, which this process reports for its
 own bagf model beside them: where a serving process's forward spends host time that the tuning process's does not.
 Exit 1 where a fresh process failed, or its numbers are not what they claim to be (a served call that ran something
