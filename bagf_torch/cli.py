@@ -71,17 +71,6 @@ def _batch_type(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
-    return n
-
-
 def gpu_problem(what: str) -> str | None:
     """None if this process can run bagf_torch's kernels, else one line saying why and what to do (no CUDA
     build of torch, no visible GPU, no CUDA toolkit / nvcc / NVRTC, a failing extension build)."""
@@ -615,7 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", parents=[common, models], help="end-to-end inference: stock vs bagf_torch")
     b.add_argument("--runs", type=int, default=200, help="timed runs per variant (median reported)")
     b.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph variants")
-    b.add_argument("--children", type=positive_int, default=None, metavar="N",
+    b.add_argument("--children", type=int, default=None, metavar="N",
                    help="fresh processes of each kind, stock and served, alternating; each variant timed in them "
                         "shows its median process (default 3)")
     b.add_argument("--tf32", choices=["on", "off"], default="off",
@@ -674,6 +663,8 @@ def main(argv=None) -> int:
             sub.error(f"--days must be a number of at least 0, got {args.days}")
     if args.cmd == "bench" and args.runs < 1:
         sub.error(f"--runs must be at least 1, got {args.runs}")
+    if args.cmd == "bench" and args.children is not None and args.children < 1:
+        sub.error(f"--children must be at least 1, got {args.children}")
     if getattr(args, "seed", None) is not None and args.seed < 0:
         sub.error(f"--seed must be at least 0 (as BAGF_SEED), got {args.seed}")
     for flag in ("peak_tflops", "bandwidth_gbs"):

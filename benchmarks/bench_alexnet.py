@@ -51,12 +51,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                     help="the models' and the input's dtype (float32 by default)")
     ap.add_argument("--channels-last", action="store_true", help="models and input in channels_last")
-    ap.add_argument("--children", type=cli.positive_int, default=bench.CHILDREN, metavar="N",
+    ap.add_argument("--children", type=int, default=bench.CHILDREN, metavar="N",
                     help="fresh processes of each kind, stock and served, alternating; each variant timed in them "
                          f"shows its median process (default {bench.CHILDREN})")
     ap.add_argument("--frozen", action="store_true",
                     help="bagf_torch.freeze_weights on the tuned model: layers keep their plans' weight layouts")
     args = ap.parse_args(argv)
+    if args.children < 1:
+        ap.error(f"--children must be at least 1, got {args.children}")
     if args.tag is None:  # (the GPU this runs on, and the mode: dtype, format, TF32)
         args.tag = bench.gpu_tag() + bench.mode_tag(args.dtype, args.channels_last, args.tf32)
     why = cli.gpu_problem("bench_alexnet")

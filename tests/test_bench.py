@@ -159,19 +159,6 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
         bench.time_in_children(("stock",), "alexnet", x, 7, True, False, None, False, 0, kinds)
 
 
-def test_positive_int_takes_whole_numbers_from_one():
-    import argparse
-
-    import pytest
-
-    from bagf_torch.cli import positive_int
-
-    assert positive_int("3") == 3
-    for bad in ("0", "-2", "2.5", "x"):
-        with pytest.raises(argparse.ArgumentTypeError):
-            positive_int(bad)
-
-
 def test_child_args_carry_the_inputs_shape_dtype_and_format():
     x = torch.randn(2, 3, 5, 5)
     assert bench.child_args(x) == ((2, 3, 5, 5), "float32", "contiguous")

@@ -810,6 +810,20 @@ def test_plan_kernels_writes_its_rows_and_the_refused_ones(tmp_path):
     assert any("`p_nhwc` | needs 280064 bytes" in x for x in lines) and "bfloat16" in lines[2]
 
 
+def test_bench_alexnet_refuses_fewer_than_one_fresh_process_before_any_work(capsys):
+    """bench_alexnet.py --children: 3 by default; below 1 a one-line usage error (exit 2) before the GPU is asked
+    for, as ``bench --children`` has it."""
+    import pytest
+
+    script = _script("bench_alexnet")
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit) as e:
+            script.main(["--children", bad])
+        assert e.value.code == 2
+        assert f"--children must be at least 1, got {bad}" in capsys.readouterr().err
+    assert script.bench.CHILDREN == 3
+
+
 def test_eager_host_reports_a_process_and_sets_served_children_beside_it(monkeypatch):
     """eager_host.py --served: a process's report (whole-forward host time, ATen's ReLU and pooling ops per forward,
     its threads, cProfile's costliest functions in us per forward, the bagf_torch it imported), JSON as a child prints

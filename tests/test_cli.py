@@ -70,7 +70,10 @@ def test_usage_errors_are_one_line_exit_2(capsys):
     _one_line_error(capsys, ["cache", "export"], "needs a FILE")
     _one_line_error(capsys, ["cache", "import", "/no/such/file.json"], "no such file")
     _one_line_error(capsys, ["bench", "--runs", "0"], "--runs must be at least 1")
-    _one_line_error(capsys, ["bench", "--children", "0"], "0 must be at least 1")
+    for bad in ("0", "-2"):
+        _one_line_error(capsys, ["bench", "--children", bad], f"--children must be at least 1, got {bad}")
+    for bad in ("2.5", "x"):
+        _one_line_error(capsys, ["bench", "--children", bad], "invalid int value")
     _one_line_error(capsys, ["tune", "--seed", "-1"], "--seed must be at least 0")
     for value in ("0", "-5", "nan", "inf"):
         _one_line_error(capsys, ["report", "--peak-tflops", value, "--bandwidth-gbs", "4000"],
