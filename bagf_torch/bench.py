@@ -20,8 +20,10 @@ Variants (each a function from the input to the output):
                        layers whose plan is ATen run cuDNN with benchmark off there, as a default user's do. Each
                        call must run what it runs in ``bagf`` (our kernel or torch's conv), else the run stops with
                        the calls that differ (a plan missing from the cache would time torch's conv unnoticed)
-* ``stock_graph`` / ``bagf_graph`` / ``bagf_served_graph``  the stock / bagf / served forward captured once in a
-                       CUDA graph and replayed
+* ``stock_in_served``  the stock model with PyTorch's defaults inside each served CHILD, interleaved with
+                       ``bagf_served`` (below)
+* ``stock_graph`` / ``bagf_graph`` / ``bagf_served_graph`` / ``stock_in_served_graph``  the stock / bagf / served /
+                       served child's stock forward captured once in a CUDA graph and replayed
 * ``compile_max_autotune``  ``torch.compile(stock, mode="max-autotune")`` (benchmarks/bench_alexnet.py only;
                        its compile time is reported)
 
@@ -38,6 +40,12 @@ the process (which modules it has loaded, what its allocator and garbage collect
 TF32 AlexNet run at N=1 stock took 618 us in its fresh child and 558 us in benchmark mode in the tuning process,
 bagf 362 us in the tuning process and 549 us served. ``stock`` (a fresh process) against ``bagf_served`` (a fresh
 process) is the comparison a user who pre-tunes and then serves sees.
+
+Why a stock copy inside each served child (``stock_in_served``, ``stock_in_served_graph``): on the device machines
+the host's speed moves from process to process by up to 2x, for a process's whole life (``CHILDREN``), so two
+fresh processes' eager times compare two hosts as much as two forwards. The served child times a stock copy of the
+model with PyTorch's defaults interleaved with the served one, and the ratio of the two in that one process (its
+``same_process_ratio``, the median over the served children) is free of it.
 """
 
 from __future__ import annotations
@@ -269,19 +277,28 @@ def time_in_children(kinds: tuple[str, ...], model: str, x: torch.Tensor, runs: 
     every other turn (stock, served, served, stock...: a drift in the machine's speed reaches both kinds alike), on
     ``x``'s shape, dtype and format (``child_args``); each served child checked against ``tuned_kinds``
     (``_check_served``: it must run what the tuned model runs here). {variant: its median child's entry
-    (``median_child``)}."""
+    (``median_child``)}; a served variant's entry also has ``same_process_ratios``, each served child's stock copy
+    over its served model (``PAIRED``: both timed interleaved in that one process, so its host speed cancels), in the
+    order they ran, and ``same_process_ratio``, their median."""
     if children < 1:
         raise ValueError(f"children={children}: at least one fresh process of each kind")
     shape, dtype, fmt = child_args(x, channels_last)
     seen: dict[str, list[dict]] = {}
+    ratios: dict[str, list[float]] = {}
     for turn in range(children):
         for kind in (kinds if turn % 2 == 0 else kinds[::-1]):
             child = in_child(kind, model, shape, runs, graphs, tf32, dtype, fmt, frozen=frozen)
             if kind == "bagf":
                 _check_served(tuned_kinds, child)
+                for name, beside in PAIRED.items():
+                    if name in child and beside in child:
+                        ratios.setdefault(name, []).append(child[beside]["median_us"] / child[name]["median_us"])
             for name, entry in child.items():
                 seen.setdefault(name, []).append(entry)
-    return {name: median_child(entries) for name, entries in seen.items()}
+    out = {name: median_child(entries) for name, entries in seen.items()}
+    for name, rs in ratios.items():
+        out[name].update(same_process_ratios=rs, same_process_ratio=statistics.median(rs))
+    return out
 
 
 def median_child(entries: list[dict]) -> dict:
@@ -296,11 +313,14 @@ def median_child(entries: list[dict]) -> dict:
 
 def children_lines(results: dict[int, dict]) -> list[str]:
     """Markdown lines: each batch size's fresh-process variants, every child's median us in the order they ran (the
-    table shows the median child's)."""
+    table shows the median child's), and each served child's same-process ratios."""
     lines = []
     for n, row in sorted(results.items()):
         parts = [f"{v} " + " / ".join(f"{us:.1f}" for us in row[v]["children_us"]) for v in VARIANT_ORDER
                  if len(row.get(v, {}).get("children_us", ())) > 1]
+        parts += [f"{PAIRED[v]} over {v} in each served process " + " / ".join(
+                  f"{r:.2f}x" for r in row[v]["same_process_ratios"]) for v in PAIRED
+                  if len(row.get(v, {}).get("same_process_ratios", ())) > 1]
         if parts:
             lines.append(f"- N = {n}: " + "; ".join(parts))
     return lines
@@ -339,7 +359,7 @@ def layer_kinds(model: nn.Module) -> dict[str, str]:
 def _check_served(tuned: dict[str, str], child: dict) -> None:
     """Each call the served child made must run what the same call runs here -- our kernel, or torch's conv (ATen
     planned, unsupported, no plan yet: all torch's) -- and the child must not have tuned."""
-    entry = next(iter(child.values()), {})
+    entry = child.get("bagf_served", {})
     served = entry.get("layer_kinds", {})
     ours = lambda kind: kind == "kernel"  # noqa: E731
     differ = {k: (tuned.get(k, "missing"), v) for k, v in served.items() if k not in tuned or ours(tuned[k]) != ours(v)}
@@ -386,38 +406,60 @@ def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: boo
            memory_format: str, frozen: bool = False) -> dict:
     from .models import build  # the parent built this model by name already, so the name is known to build
 
-    torch.manual_seed(0)
     fmt = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}[memory_format]
     dt = getattr(torch, dtype)
-    net = build(model, tuned=kind == "bagf").cuda().eval().to(dt).to(memory_format=fmt)
+
+    def make(tuned: bool) -> nn.Module:
+        torch.manual_seed(0)  # the same weights in every child and copy
+        return build(model, tuned=tuned).cuda().eval().to(dt).to(memory_format=fmt)
+
+    net = make(kind == "bagf")
     if frozen and kind == "bagf":
         from .nn import freeze_weights
 
         freeze_weights(net)
     x = torch.randn(*(int(v) for v in shape.split(",")), device="cuda").to(dt).contiguous(memory_format=fmt)
-    name = "stock" if kind == "stock" else "bagf_served"
+    # A served child also times a stock copy of the model, interleaved with the served one (PAIRED): the two share
+    # this process's host speed, which moves from process to process by up to 2x on the device machines (CHILDREN).
+    nets = {"stock" if kind == "stock" else "bagf_served": net}
+    if kind == "bagf":
+        nets[PAIRED["bagf_served"]] = make(False)
     out: dict = {}
     process = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}" + (
         ", BAGF_TUNE=0 (plans from the cache)" + (", weights frozen" if frozen else "") if kind == "bagf" else "")
-    with torch.no_grad(), fp32(benchmark=False, tf32=tf32):
-        for variant, make in [(name, lambda: lambda: net(x))] + (
-                [(name + "_graph", lambda: _graph_call(net, x, out, name + "_graph"))] if graphs else []):
-            fn = make()
-            fn()
-            torch.cuda.synchronize()
-            out.setdefault(variant, {}).update(time_forward(fn, runs=runs).as_dict())
-            out[variant]["process"] = process
+    context = functools.partial(fp32, benchmark=False, tf32=tf32)
+    timed: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {}
+    with torch.no_grad(), context():
+        for name, m in nets.items():
+            for variant, make_call in [(name, lambda m=m: lambda: m(x))] + (
+                    [(name + "_graph", lambda m=m, name=name: _graph_call(m, x, out, name + "_graph"))]
+                    if graphs else []):
+                fn = make_call()
+                fn()
+                torch.cuda.synchronize()
+                timed[variant] = (fn, context)
+                out.setdefault(variant, {})["process"] = process
+        if kind == "bagf":
+            # the served logits against the stock copy's in this process, as the parent compares its variants
+            out["bagf_served"]["max_rel_diff"] = max_rel_diff(net(x), nets[PAIRED["bagf_served"]](x))
+        for variant, timing in time_interleaved(timed, runs).items():
+            out[variant].update(timing.as_dict(), timed="interleaved" if len(timed) > 1 else "alone")
     if kind == "bagf":
         from . import runtime
 
         stats = runtime.get().stats
         kinds = layer_kinds(net)
         for variant in out:
-            # what served the convs: each layer's kind, plans loaded from the cache, none tuned here, the tuner's
-            # imports absent
-            out[variant].update(layer_kinds=kinds, plans_loaded=stats["cache_hits"], tuned=stats["tuned"],
-                                ax_imported=any(m == "ax" or m.startswith("ax.") for m in sys.modules))
+            if variant.startswith("bagf_served"):
+                # what served the convs: each layer's kind, plans loaded from the cache, none tuned here, the tuner's
+                # imports absent
+                out[variant].update(layer_kinds=kinds, plans_loaded=stats["cache_hits"], tuned=stats["tuned"],
+                                    ax_imported=any(m == "ax" or m.startswith("ax.") for m in sys.modules))
     return out
+
+
+PAIRED = {"bagf_served": "stock_in_served", "bagf_served_graph": "stock_in_served_graph"}
+"""A served child's variants and the stock copy timed beside each in the same process (``_child``)."""
 
 
 def _graph_call(model: nn.Module, x: torch.Tensor, out: dict, name: str) -> Callable[[], torch.Tensor]:
@@ -458,7 +500,15 @@ def speedups(row: dict) -> dict:
     if "bagf_graph" in row and "stock_benchmark_graph" in row:
         out["bagf_graph_vs_stock_benchmark_graph"] = (row["stock_benchmark_graph"]["median_us"]
                                                       / row["bagf_graph"]["median_us"])
+    for name, key in SAME_PROCESS.items():
+        if "same_process_ratio" in row.get(name, {}):
+            out[key] = row[name]["same_process_ratio"]
     return out
+
+
+SAME_PROCESS = {"bagf_served": "bagf_served_vs_stock_same_process",
+                "bagf_served_graph": "bagf_served_graph_vs_stock_graph_same_process"}
+"""``speedups``' keys for the served variants' ``same_process_ratio`` (``time_in_children``)."""
 
 
 VARIANT_ORDER = ("stock", "stock_benchmark", "bagf", "bagf_served", "stock_graph", "stock_benchmark_graph",
@@ -472,10 +522,13 @@ def table(results: dict[int, dict]) -> list[str]:
     and the served ones where a served child ran (its own defaults against stock's)."""
     present = [v for v in VARIANT_ORDER if any(v in r for r in results.values())]
     served = "bagf_served" in present
+    paired = any("same_process_ratio" in r.get("bagf_served", {}) for r in results.values())
     lines = ["| N | " + " | ".join(f"{v} us" for v in present) + " | bagf vs stock_benchmark | "
              "bagf graph vs stock_benchmark graph | bagf vs stock (default) | bagf graph vs stock graph (default) | "
-             + ("served vs stock | served graph vs stock graph | " if served else "") + "max rel diff |",
-             "|---" * (len(present) + 6 + 2 * served) + "|"]
+             + ("served vs stock | served graph vs stock graph | " if served else "")
+             + ("served vs stock, same process | served graph vs stock graph, same process | " if paired else "")
+             + "max rel diff |",
+             "|---" * (len(present) + 6 + 2 * served + 2 * paired) + "|"]
     nan = float("nan")
     for n, row in sorted(results.items()):
         s = speedups(row)
@@ -486,6 +539,7 @@ def table(results: dict[int, dict]) -> list[str]:
                      f"{s.get('bagf_graph_vs_stock_graph', nan):.2f}x | "
                      + (f"{s.get('bagf_served_vs_stock', nan):.2f}x | "
                         f"{s.get('bagf_served_graph_vs_stock_graph', nan):.2f}x | " if served else "")
+                     + "".join(f"{s.get(key, nan):.2f}x | " for key in SAME_PROCESS.values() if paired)
                      + f"{diff:.1e} |")
     return lines
 

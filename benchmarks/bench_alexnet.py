@@ -118,11 +118,14 @@ def main(argv=None) -> int:
                  "benchmark mode in this process, `stock_benchmark` first (torch keeps the first cuDNN algorithm "
                  "it picks per shape, see bagf_torch/bench.py), and this process's variants are timed interleaved: "
                  f"{bench.ROUNDS} turns round them, {args.runs} runs each in all. The children time their own "
-                 f"two: {args.children} of each kind"
+                 f"variants, interleaved the same way: {args.children} of each kind"
                  + (", stock and served alternating (the order reversed every other turn), and each of their "
                     "variants shows its median process (a host-bound forward's time spreads widely from process to "
                     "process; every process's median is listed below the table)" if args.children > 1 else "")
-                 + ". `bagf` runs its ATen-planned layers in benchmark "
+                 + ". Each served child also times a stock copy of the model beside the served one (PyTorch's "
+                 "defaults, interleaved in that process): `served vs stock, same process` is the median over the "
+                 "served children of that copy's time over the served model's, a ratio the process's host speed "
+                 "cancels from. `bagf` runs its ATen-planned layers in benchmark "
                  "mode, so compare it with `stock_benchmark` too. Speedups: first over `stock_benchmark` (cuDNN in "
                  "benchmark mode in this process: the like-for-like comparison), then over PyTorch's defaults "
                  "(`stock`, benchmark off: what a user who changes nothing runs).", "",
@@ -149,7 +152,8 @@ def main(argv=None) -> int:
         print(f"N={n}: " + ", ".join(f"{k} {v['median_us']:.1f} us" for k, v in results[n].items())
               + f"; bagf {s['bagf_vs_stock']:.2f}x, bagf graph {s['bagf_graph_vs_stock']:.2f}x vs stock eager; bagf "
               f"{s['bagf_vs_stock_benchmark']:.2f}x vs stock_benchmark; served "
-              f"{s.get('bagf_served_vs_stock', float('nan')):.2f}x",
+              f"{s.get('bagf_served_vs_stock', float('nan')):.2f}x, "
+              f"{s.get('bagf_served_vs_stock_same_process', float('nan')):.2f}x in the same process",
               flush=True)
         write()  # results so far survive a run cut short
     print("\n".join(write()))

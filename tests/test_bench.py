@@ -125,6 +125,7 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
 
     kinds = {"features.0|(1, 3, 224, 224)|float32|nchw|tf32=False": "kernel"}
     stock_us, served_us = iter([500.0, 300.0, 400.0]), iter([250.0, 600.0, 350.0])
+    beside_us = iter([375.0, 720.0, 350.0])
     seen = []
 
     def in_child(kind, model, shape, runs, graphs, tf32, dtype, fmt, frozen=False):
@@ -133,7 +134,9 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
             us = next(stock_us)
             return {"stock": dict(_row(us), p25_us=us - 1), "stock_graph": _row(us / 10)}
         us = next(served_us)
-        return {"bagf_served": dict(_row(us), layer_kinds=kinds, tuned=0), "bagf_served_graph": _row(us / 10)}
+        beside = next(beside_us)  # the stock copy timed in the served child's own process
+        return {"bagf_served": dict(_row(us), layer_kinds=kinds, tuned=0), "bagf_served_graph": _row(us / 10),
+                "stock_in_served": _row(beside), "stock_in_served_graph": _row(beside / 5)}
 
     monkeypatch.setattr(bench, "in_child", in_child)
     x = torch.randn(1, 3, 224, 224)
@@ -143,12 +146,30 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
     assert got["stock"] == dict(_row(400.0), p25_us=399.0, children_us=[500.0, 300.0, 400.0], child=2)
     assert got["bagf_served"]["median_us"] == 350.0 and got["bagf_served"]["children_us"] == [250.0, 600.0, 350.0]
     assert got["stock_graph"]["median_us"] == 40.0 and got["bagf_served_graph"]["median_us"] == 35.0
+    # each served child's stock copy over its served model, child by child (not the median children's ratio,
+    # 350 / 350), in the order they ran, and their median
+    assert got["bagf_served"]["same_process_ratios"] == [1.5, 1.2, 1.0]
+    assert got["bagf_served"]["same_process_ratio"] == 1.2
+    assert got["bagf_served_graph"]["same_process_ratios"] == [3.0, 2.4, 2.0]
+    assert got["stock_in_served"]["children_us"] == [375.0, 720.0, 350.0]
+    s = bench.speedups(dict(got, stock_benchmark=_row(450.0), bagf=_row(300.0)))
+    assert s["bagf_served_vs_stock_same_process"] == 1.2 and s["bagf_served_graph_vs_stock_graph_same_process"] == 2.4
+    assert s["bagf_served_vs_stock"] == 400.0 / 350.0
     # an even count: the lower middle child, whole
     assert bench.median_child([_row(9.0), _row(3.0), _row(5.0), _row(7.0)]) == dict(
         _row(5.0), children_us=[9.0, 3.0, 5.0, 7.0], child=2)
     lines = bench.children_lines({1: got, 32: {"stock": dict(_row(1.0), children_us=[1.0])}})
     assert lines == ["- N = 1: stock 500.0 / 300.0 / 400.0; bagf_served 250.0 / 600.0 / 350.0; stock_graph 50.0 / "
-                     "30.0 / 40.0; bagf_served_graph 25.0 / 60.0 / 35.0"]
+                     "30.0 / 40.0; bagf_served_graph 25.0 / 60.0 / 35.0; stock_in_served over bagf_served in each "
+                     "served process 1.50x / 1.20x / 1.00x; stock_in_served_graph over bagf_served_graph in each "
+                     "served process 3.00x / 2.40x / 2.00x"]
+    table = bench.table({1: dict(got, stock_benchmark=_row(450.0), bagf=_row(300.0))})
+    head, cells = ([c.strip() for c in line.strip("|").split("|")] for line in (table[0], table[2]))
+    assert len(head) == len(cells) == table[1].count("|") - 1
+    by = dict(zip(head, cells))
+    assert by["served vs stock"] == "1.14x" and by["served vs stock, same process"] == "1.20x"
+    assert by["served graph vs stock graph, same process"] == "2.40x"
+    assert "stock_in_served us" not in head  # its times are in the ratios and the lines above
     # the third served child ran torch's conv where the tuned model runs our kernel
     served_kinds = iter([kinds, kinds, {next(iter(kinds)): "later"}])
     monkeypatch.setattr(bench, "in_child", lambda kind, *a, **k: {"bagf_served": dict(

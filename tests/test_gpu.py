@@ -2214,7 +2214,8 @@ def test_cli_tune_then_second_process_has_no_tuning_and_no_compiles(tmp_path):
 def test_bench_times_the_served_model_with_the_tuned_models_plans(monkeypatch):
     """``bench``'s served variant: a fresh process with BAGF_TUNE=0 runs every conv of AlexNet as the tuning process
     does (``run_variants`` stops the run otherwise), tunes nothing and never imports Ax; its CUDA-graph time is
-    within a factor of the tuning process's graph of the same plans."""
+    within a factor of the tuning process's graph of the same plans. Each served child times a stock copy beside the
+    served model; the copy's graph is stock's graph within a factor."""
     import bagf_torch
     from bagf_torch import bench
 
@@ -2229,6 +2230,12 @@ def test_bench_times_the_served_model_with_the_tuned_models_plans(monkeypatch):
     assert served["tuned"] == 0 and not served["ax_imported"], served
     assert len(served["layer_kinds"]) == 5 and served["layer_kinds"].items() <= bench.layer_kinds(tuned).items()
     assert 0.5 < row["bagf_served_graph"]["median_us"] / row["bagf_graph"]["median_us"] < 2.0, row
+    for name, beside in bench.PAIRED.items():
+        ratios = row[name]["same_process_ratios"]
+        assert len(ratios) == 2 and row[name]["same_process_ratio"] == sum(ratios) / 2 and min(ratios) > 0, row
+        assert len(row[beside]["children_us"]) == 2 and "layer_kinds" not in row[beside], row
+    assert 0.5 < row["stock_in_served_graph"]["median_us"] / row["stock_graph"]["median_us"] < 2.0, row
+    assert served["max_rel_diff"] < 1e-3, served  # fp32 here: the served logits as the stock copy's in its process
     print({k: round(v["median_us"], 1) for k, v in row.items()})
 
 
