@@ -38,7 +38,9 @@
 #   unset, all four). eagerhost = benchmarks/probes/eager_host.py --served (host time per eager forward: the tuning
 #   process, fresh stock and served processes; $EAGERHOST_ARGS, default AlexNet bf16 channels_last at N = 1).
 #   modtimes = benchmarks/probes/module_times.py
-#   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). plankernels = benchmarks/probes/plan_kernels.py
+#   ($MODTIMES_ARGS; default AlexNet bf16 channels_last at N = 1). polyphase = benchmarks/probes/polyphase_tma.py
+#   (AlexNet's conv1 as a 3x3 implicit GEMM over its polyphase form, in bf16 then fp16; $POLYPHASE_ARGS added to
+#   both, e.g. "--batch 32"). plankernels = benchmarks/probes/plan_kernels.py
 #   (an NCHW 16-bit plan's kernels beside its channels_last twin's; $PLANKERNELS_RUNS, argument sets split by ';').
 #   FAULTS_ARGS: pytest arguments for the fault matrix (e.g. "-n 4", pytest-xdist); FAULTS_ALONGSIDE=1 on one GPU runs
 #   the fault matrix in the background beside the tests stage, and every later stage but sanitize waits for it (on
@@ -88,7 +90,7 @@ watchdog=$!
 stages=()
 bench_args=()
 for a in "$@"; do
-  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|eagerhost|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets|plankernels) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
+  case "$a" in build|smoke|tests|sweep|precision|sanitize|bench|bench2|extras16|modtimes|eagerhost|polyphase|faults|alexnet|e2e|profile|ncu|wgprofile|contexts|record|hostfloor|gemmprobe|overhead|compare|firstcall|budgets|plankernels) stages+=("$a") ;; *) bench_args+=("$a") ;; esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(build tests bench sanitize)
 [ ${#bench_args[@]} -eq 0 ] && bench_args=(--batch 1,32,128)
@@ -267,6 +269,17 @@ if has modtimes; then
   BAGF_CACHE_DIR=/tmp/bagf_cache_modtimes timeout ${MODTIMES_TIMEOUT:-150} python3 benchmarks/probes/module_times.py \
     --out "$OUT" ${MODTIMES_ARGS:---dtype bfloat16 --channels-last --batch 1} > "$OUT/modtimes.log" 2>&1 || rc=1
   tail -n 40 "$OUT/modtimes.log"
+fi
+if has polyphase; then
+  wait_alongside
+  : > "$OUT/polyphase.log"
+  for dt in bfloat16 float16; do
+    # shellcheck disable=SC2086  # POLYPHASE_ARGS is a list of arguments
+    BAGF_CACHE_DIR=/tmp/bagf_cache_polyphase_$dt timeout ${POLYPHASE_TIMEOUT:-200} python3 \
+      benchmarks/probes/polyphase_tma.py --out "$OUT" --dtype $dt ${POLYPHASE_ARGS:-} >> "$OUT/polyphase.log" 2>&1 \
+      || rc=1
+  done
+  grep -E "^\| " "$OUT/polyphase.log" | tail -n 12
 fi
 if has eagerhost; then
   wait_alongside

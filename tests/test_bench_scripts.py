@@ -430,10 +430,11 @@ def test_device_check_knows_the_new_stages():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     case = next(line for line in text.splitlines() if line.strip().startswith('case "$a" in'))
     stages = case.split(" in ", 1)[1].split(")", 1)[0].split("|")
-    assert {"overhead", "firstcall", "compare", "budgets", "eagerhost"} <= set(stages)
+    assert {"overhead", "firstcall", "compare", "budgets", "eagerhost", "polyphase"} <= set(stages)
     assert "benchmarks/bench_overhead.py --out \"$OUT\"" in text and "benchmarks/first_call.py --out \"$OUT\"" in text
     assert "benchmarks/budgets.py" in text
     assert "benchmarks/probes/eager_host.py \\\n    --served" in text
+    assert "benchmarks/probes/polyphase_tma.py --out \"$OUT\" --dtype $dt" in text
 
 
 def test_compare_versions_plans_and_verdict(tmp_path):
@@ -932,3 +933,29 @@ def test_eager_host_runs_its_children_with_this_package_and_keeps_what_they_said
     r = sp.run([sys.executable, "-c", stub.replace("runpy.run_path", "print(sys.path[0]); (lambda *a, **k: 0)")],
                capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.stdout.strip() == here, r.stderr
+
+
+@pytest.mark.parametrize("shape,kernel,stride,padding", [
+    ((2, 3, 224, 224), (11, 11), 4, (2, 2)),  # AlexNet's conv1
+    ((1, 5, 23, 21), (11, 10), 4, (2, 1)),  # odd sizes and channels, a non-square filter, uneven padding
+    ((3, 2, 17, 19), (5, 6), 2, (0, 3)),
+])
+def test_polyphase_probes_rearrangement_is_the_strided_conv(shape, kernel, stride, padding):
+    """benchmarks/probes/polyphase_tma.py times a strided conv as a 3x3 stride-1 conv over its rearranged input and
+    filter: the two must give the original conv's output (float64, channels_last input as the probe feeds it)."""
+    import torch
+    import torch.nn.functional as F
+
+    probe = _script("probes/polyphase_tma")
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, dtype=torch.float64, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(7, shape[1], *kernel, dtype=torch.float64, generator=g)
+    b = torch.randn(7, dtype=torch.float64, generator=g)
+    ref = F.conv2d(x, w, b, stride=stride, padding=padding)
+    p, q = ref.shape[2:]
+    xr = probe.rearrange(x, stride, padding, p, q)
+    assert xr.shape == (shape[0], stride * stride * shape[1], p + 2, q + 2)
+    assert xr.is_contiguous(memory_format=torch.channels_last)  # as the 16-bit TMA plans read it
+    wr = probe.rearrange_weight(w, stride)
+    assert wr.shape == (7, stride * stride * shape[1], 3, 3)
+    torch.testing.assert_close(F.conv2d(xr, wr, b), ref, rtol=1e-12, atol=1e-12)

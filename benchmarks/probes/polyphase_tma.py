@@ -1,0 +1,171 @@
+"""Does a strided conv with few channels pay as a stride-1 3x3 implicit GEMM over its polyphase form (needs a GPU)?
+
+AlexNet's conv1 (C = 3, 11x11, stride 4) runs in bfloat16 and float16 as ``winograd_gemm``'s fp32 Winograd of its
+polyphase form (48 channels, 3x3): its transforms and products in fp32 whatever the dtype, so it takes the same time
+in both, 45-55 TFLOP/s of direct-conv work (bench_layers_h100_{bf16,fp16}_nhwc.md), where cuDNN's float16 conv1 is
+1.2-1.3x faster than its bfloat16 one. The same polyphase form is an ordinary 3x3 stride-1 problem with C s^2 = 48
+channels (a multiple of 8), which the 16-bit wgmma/TMA families take. This probe measures, before any kernel is
+written for it, what that route would give: the input rearranged by ATen (pad, then one permuting copy to the
+polyphase channels_last layout), the 3x3 problem tuned as any other (``tune_model`` on a TunedConv2d over the
+rearranged input), and, in CUDA graphs interleaved, per batch size:
+
+* ``cudnn``          torch's conv on the original problem, cuDNN in benchmark mode
+* ``plan``           the library's plan for the original problem (tuned here, as ``tune`` would)
+* ``rearrange``      the ATen rearrangement alone (a custom kernel would replace it: the bound is one read of the
+                     input and one write of the rearranged copy)
+* ``inner``          the tuned 3x3 plan on the rearranged input alone
+* ``inner_cudnn``    cuDNN on the rearranged 3x3 problem (benchmark mode)
+* ``polyphase``      rearrange + inner: the whole route as ATen's copy would run it
+
+The route's output is checked against float64 ``F.conv2d`` of the original problem on fresh data, beside cuDNN's
+error in the same dtype. Writes ``polyphase_tma_<gpu>_<mode>.{json,md}`` under ``--out``.
+
+    python benchmarks/probes/polyphase_tma.py --dtype bfloat16 --batch 1,32,128 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_overhead import command_line, git_commit  # noqa: E402
+
+from bagf_torch.bench import fp32, gpu_tag, graphed, time_interleaved  # noqa: E402
+from bagf_torch.nn import TunedConv2d  # noqa: E402
+from bagf_torch.pretune import tune_model  # noqa: E402
+
+
+def rearrange(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int) -> torch.Tensor:
+    """The s x s polyphase components of channels_last ``x`` (N, C, H, W) padded by ``padding``, as a channels_last
+    (N, s*s*C, p + 2, q + 2) tensor whose channel ``(ph*s + pw)*C + c`` holds ``x_padded[c][s*u + ph][s*v + pw]``
+    (channels innermost: each output pixel's 48 values come from s runs of s*C contiguous input values)."""
+    n, c, h, w = x.shape
+    hp, wp = s * (p + 2), s * (q + 2)
+    nhwc = x.permute(0, 2, 3, 1)  # (N, H, W, C), contiguous for a channels_last x
+    padded = F.pad(nhwc, (0, 0, padding[1], wp - w - padding[1], padding[0], hp - h - padding[0]))
+    phases = padded.reshape(n, p + 2, s, q + 2, s, c).permute(0, 1, 3, 2, 4, 5).contiguous()
+    return phases.reshape(n, p + 2, q + 2, s * s * c).permute(0, 3, 1, 2)
+
+
+def rearrange_weight(w: torch.Tensor, s: int) -> torch.Tensor:
+    """``w`` (K, C, R, S), R and S at most 3s, as (K, s*s*C, 3, 3) over ``rearrange``'s channels: tap (i, j) of
+    channel (ph*s + pw)*C + c is ``w[k][c][s*i + ph][s*j + pw]`` (zero past R and S)."""
+    k, c, r, sw = w.shape
+    padded = F.pad(w, (0, 3 * s - sw, 0, 3 * s - r)).reshape(k, c, 3, s, 3, s)
+    return padded.permute(0, 3, 5, 1, 2, 4).reshape(k, s * s * c, 3, 3)
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    ap.add_argument("--batch", default="1,32,128", help="batch sizes, comma-separated")
+    ap.add_argument("--c", type=int, default=3, help="input channels of the original problem (AlexNet conv1: 3)")
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--hw", type=int, default=224)
+    ap.add_argument("--kernel", type=int, default=11)
+    ap.add_argument("--stride", type=int, default=4)
+    ap.add_argument("--padding", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=6.0, help="tuning seconds per problem (the library's default)")
+    ap.add_argument("--runs", type=int, default=300, help="timed replays per variant, in turns")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batch.split(",")]
+    dt, s, pad = getattr(torch, args.dtype), args.stride, (args.padding, args.padding)
+    if args.kernel > 3 * s:
+        ap.error(f"a {args.kernel}x{args.kernel} filter does not fit the 3x3 polyphase form at stride {s}")
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(args.c, args.k, args.kernel, stride=s, padding=args.padding).cuda()
+    conv = conv.to(dt).to(memory_format=torch.channels_last).eval()
+    plan_conv = TunedConv2d.from_conv(copy.deepcopy(conv))  # the same weights, the library's plan
+    inner_cudnn = torch.nn.Conv2d(s * s * args.c, args.k, 3, device="cuda", dtype=dt).eval()
+    with torch.no_grad():
+        inner_cudnn.weight.copy_(rearrange_weight(conv.weight, s))
+        inner_cudnn.bias.copy_(conv.bias)
+    inner_cudnn = inner_cudnn.to(memory_format=torch.channels_last)
+    inner = TunedConv2d.from_conv(copy.deepcopy(inner_cudnn))
+    p = (args.hw + 2 * args.padding - args.kernel) // s + 1
+    rows = []
+    for n in batches:
+        x = torch.randn(n, args.c, args.hw, args.hw, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
+        xr = rearrange(x, s, pad, p, p)
+        with fp32(benchmark=True):
+            outer_report = tune_model(plan_conv, [x], seconds=args.seconds, progress=False)
+            inner_report = tune_model(inner, [xr], seconds=args.seconds, progress=False)
+        calls = {
+            "cudnn": lambda x=x: conv(x),
+            "plan": lambda x=x: plan_conv(x),
+            "rearrange": lambda x=x: rearrange(x, s, pad, p, p),
+            "inner": lambda xr=xr: inner(xr),
+            "inner_cudnn": lambda xr=xr: inner_cudnn(xr),
+            "polyphase": lambda x=x: inner(rearrange(x, s, pad, p, p)),
+        }
+        context = functools.partial(fp32, benchmark=True)
+        row: dict = {"n": n, "outer_plan": outer_report.rows[0].plan, "inner_plan": inner_report.rows[0].plan,
+                     "inner_cudnn_us_tuner": inner_report.rows[0].aten_us, "inner_plan_us_tuner":
+                     inner_report.rows[0].time_us}
+        with torch.no_grad(), context():
+            # correctness on fresh data: the route and cuDNN against float64
+            xf = torch.randn_like(x, dtype=torch.float32).to(dt).contiguous(memory_format=torch.channels_last)
+            ref = F.conv2d(xf.double(), conv.weight.double(), conv.bias.double(), stride=s, padding=pad)
+            route = inner(rearrange(xf, s, pad, p, p))
+            assert route.shape == ref.shape, (route.shape, ref.shape)
+            row.update(polyphase_err=rel_err(route, ref), cudnn_err=rel_err(conv(xf), ref),
+                       plan_err=rel_err(plan_conv(xf), ref))
+            timed = {}
+            for name, fn in calls.items():
+                replay, _ = graphed(lambda _x, fn=fn: fn(), x)
+                timed[name] = (replay, context)
+            for name, timing in time_interleaved(timed, args.runs).items():
+                row[f"{name}_us"] = timing.median_us
+        row["polyphase_vs_cudnn"] = row["cudnn_us"] / row["polyphase_us"]
+        row["plan_vs_cudnn"] = row["cudnn_us"] / row["plan_us"]
+        row["inner_vs_cudnn"] = row["cudnn_us"] / row["inner_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
+            "command": command_line("probes/polyphase_tma.py", sys.argv[1:] if argv is None else argv),
+            "dtype": args.dtype, "problem": dict(c=args.c, k=args.k, hw=args.hw, kernel=args.kernel, stride=s,
+                                                 padding=args.padding), "seconds": args.seconds, "runs": args.runs}
+    mode = "bf16" if args.dtype == "bfloat16" else "fp16"
+    stem = Path(args.out) / f"polyphase_tma_{gpu_tag()}_{mode}_nhwc"
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Strided conv as a 3x3 implicit GEMM over its polyphase form ({meta['gpu']})", "",
+             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {args.dtype} "
+             f"channels_last; C={args.c} {args.hw}x{args.hw} -> K={args.k}, {args.kernel}x{args.kernel} stride {s} "
+             f"padding {args.padding}, as {s * s * args.c} channels 3x3 stride 1 over {p + 2}x{p + 2}; "
+             f"{args.seconds:g} s of tuning per problem. GPU us of one call in a CUDA graph, median of {args.runs} "
+             "replays in interleaved turns, cuDNN in benchmark mode. `rearrange` is ATen's pad and permuting copy "
+             "(what a custom kernel would replace); `polyphase` = rearrange + inner.", "",
+             f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
+             "| N | cuDNN us | plan us | plan | rearrange us | inner us | inner plan | inner cuDNN us | "
+             "polyphase us | polyphase vs cuDNN | plan vs cuDNN | inner vs cuDNN | error: polyphase / cuDNN / plan |",
+             "|---" * 13 + "|"]
+    for r in rows:
+        lines.append(f"| {r['n']} | {r['cudnn_us']:.1f} | {r['plan_us']:.1f} | `{r['outer_plan']}` | "
+                     f"{r['rearrange_us']:.1f} | {r['inner_us']:.1f} | `{r['inner_plan']}` | "
+                     f"{r['inner_cudnn_us']:.1f} | {r['polyphase_us']:.1f} | {r['polyphase_vs_cudnn']:.2f}x | "
+                     f"{r['plan_vs_cudnn']:.2f}x | {r['inner_vs_cudnn']:.2f}x | {r['polyphase_err']:.2e} / "
+                     f"{r['cudnn_err']:.2e} / {r['plan_err']:.2e} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
