@@ -45,7 +45,9 @@ Why a stock copy inside each served child (``stock_in_served``, ``stock_in_serve
 the host's speed moves from process to process by up to 2x, for a process's whole life (``CHILDREN``), so two
 fresh processes' eager times compare two hosts as much as two forwards. The served child times a stock copy of the
 model with PyTorch's defaults interleaved with the served one, and the ratio of the two in that one process (its
-``same_process_ratio``, the median over the served children) is free of it.
+``same_process_ratio``, the median over the served children) is free of the host's speed. (Not of everything a
+process holds: the copy runs beside bagf_torch's modules and the served model, as the paragraph above says such
+things move an eager time.)
 """
 
 from __future__ import annotations
@@ -221,7 +223,8 @@ def run_variants(stock: nn.Module, tuned: nn.Module, x: torch.Tensor, runs: int,
     ``stock_graph``) and the served ones (``bagf_served``, ``bagf_served_graph``) are timed in child processes
     (see the module docstring), in ``x``'s dtype and in channels_last as ``channels_last`` says (None: as ``x``'s
     strides say); no served variant when the cache is in memory (a child cannot see its plans). A child times its
-    own two variants, apart from this process's turns: ratios against a child's variant are not interleaved;
+    own variants interleaved, apart from this process's turns: ratios between this process's variants and a child's
+    are not interleaved, and a served child's ratio to its stock copy is (``same_process_ratio``);
     ``children`` fresh processes of each kind, alternating, and each of their variants is its median child's
     (``time_in_children``). None:
     ``stock`` and ``stock_graph`` run here, first called AFTER every benchmark-mode variant, so they do not poison the
@@ -376,7 +379,8 @@ def in_child(kind: str, model: str, shape: tuple, runs: int, graphs: bool, tf32:
              dtype: str = "float32", memory_format: str = "contiguous", frozen: bool = False) -> dict:
     """``kind`` "stock": ``stock`` (and ``stock_graph``) timed in a fresh process with cudnn.benchmark off;
     "bagf": ``bagf_served`` (and ``bagf_served_graph``) in a fresh process with BAGF_TUNE=0, its plans from the
-    cache, its weights frozen with ``frozen``. Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and
+    cache, its weights frozen with ``frozen``, interleaved with a stock copy of the model (``stock_in_served``,
+    ``stock_in_served_graph``: ``PAIRED``). Both with cuDNN's TF32 as ``tf32``, the model and input in ``dtype`` and
     ``memory_format``. The child runs this process's bagf_torch (``main`` through ``CHILD_STUB``), whatever its working
     directory holds."""
     if kind not in CHILD_KINDS:
@@ -426,7 +430,7 @@ def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: boo
         nets[PAIRED["bagf_served"]] = make(False)
     out: dict = {}
     process = f"child, cudnn.benchmark off, TF32 {'on' if tf32 else 'off'}" + (
-        ", BAGF_TUNE=0 (plans from the cache)" + (", weights frozen" if frozen else "") if kind == "bagf" else "")
+        ", BAGF_TUNE=0 (plans from the cache)" if kind == "bagf" else "")
     context = functools.partial(fp32, benchmark=False, tf32=tf32)
     timed: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {}
     with torch.no_grad(), context():
@@ -438,7 +442,8 @@ def _child(kind: str, model: str, shape: str, runs: int, graphs: bool, tf32: boo
                 fn()
                 torch.cuda.synchronize()
                 timed[variant] = (fn, context)
-                out.setdefault(variant, {})["process"] = process
+                frozen_here = frozen and name == "bagf_served"  # (the stock copy's weights are not frozen)
+                out.setdefault(variant, {})["process"] = process + (", weights frozen" if frozen_here else "")
         if kind == "bagf":
             # the served logits against the stock copy's in this process, as the parent compares its variants
             out["bagf_served"]["max_rel_diff"] = max_rel_diff(net(x), nets[PAIRED["bagf_served"]](x))
@@ -486,7 +491,8 @@ def _compiled_call(model: nn.Module, x: torch.Tensor, out: dict) -> Callable[[],
 
 def speedups(row: dict) -> dict:
     """Stock-eager time over each variant's time (>1: faster than stock PyTorch), plus bagf over the
-    best stock eager (benchmark mode included) and bagf graph over stock graph."""
+    best stock eager (benchmark mode included) and bagf graph over stock graph, and the served variants'
+    ``same_process_ratio`` where their children timed a stock copy (``SAME_PROCESS``' keys)."""
     base = row["stock"]["median_us"]
     out = {f"{k}_vs_stock": base / v["median_us"] for k, v in row.items() if k != "stock"}
     out["bagf_vs_stock_benchmark"] = row["stock_benchmark"]["median_us"] / row["bagf"]["median_us"]
@@ -519,7 +525,9 @@ def table(results: dict[int, dict]) -> list[str]:
     """Markdown lines: one row per batch size, median us per variant, then the speedups: first against stock in cuDNN's
     benchmark mode timed in this process (the like-for-like comparison every claim uses: the tuner measures cuDNN
     that way), then against PyTorch's defaults (benchmark off, a fresh child: what a user who changes nothing runs),
-    and the served ones where a served child ran (its own defaults against stock's)."""
+    and the served ones where a served child ran (its own defaults against stock's; then, where its children timed a
+    stock copy beside it, the median of those same-process ratios). ``max rel diff``: the largest over the variants
+    of their logits' difference from stock's (a served child's against its stock copy's)."""
     present = [v for v in VARIANT_ORDER if any(v in r for r in results.values())]
     served = "bagf_served" in present
     paired = any("same_process_ratio" in r.get("bagf_served", {}) for r in results.values())

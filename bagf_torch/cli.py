@@ -319,7 +319,8 @@ def bench_command(args) -> int:
     print("\n".join(bench.table(results)))
     each = bench.children_lines(results)
     if each:
-        print("\nEach fresh process's median us, in the order they ran (the table shows the median process):")
+        print("\nEach fresh process's median us, in the order they ran (the table shows the median process), and each "
+              "served process's ratio of its stock copy to the served model:")
         print("\n".join(each))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

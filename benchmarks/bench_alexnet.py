@@ -132,7 +132,8 @@ def main(argv=None) -> int:
                  f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "", *bench.table(results), ""]
         each = bench.children_lines(results)
         if each:
-            lines += ["Each fresh process's median us, in the order they ran:", "", *each, ""]
+            lines += ["Each fresh process's median us, in the order they ran, and each served process's ratio of its "
+                      "stock copy to the served model:", "", *each, ""]
         for n, r in sorted(results.items()):
             if "compile_max_autotune" in r:
                 lines.append(f"torch.compile(mode='max-autotune') at N={n}: compile {r['compile_max_autotune']['compile_seconds']:.0f} s")

@@ -169,7 +169,7 @@ def test_fresh_processes_alternate_by_kind_and_each_variant_shows_its_median_chi
     by = dict(zip(head, cells))
     assert by["served vs stock"] == "1.14x" and by["served vs stock, same process"] == "1.20x"
     assert by["served graph vs stock graph, same process"] == "2.40x"
-    assert "stock_in_served us" not in head  # its times are in the ratios and the lines above
+    assert "stock_in_served us" not in head  # (its times are in the JSON; the table and the lines give the ratios)
     # the third served child ran torch's conv where the tuned model runs our kernel
     served_kinds = iter([kinds, kinds, {next(iter(kinds)): "later"}])
     monkeypatch.setattr(bench, "in_child", lambda kind, *a, **k: {"bagf_served": dict(

@@ -2232,10 +2232,12 @@ def test_bench_times_the_served_model_with_the_tuned_models_plans(monkeypatch):
     assert 0.5 < row["bagf_served_graph"]["median_us"] / row["bagf_graph"]["median_us"] < 2.0, row
     for name, beside in bench.PAIRED.items():
         ratios = row[name]["same_process_ratios"]
-        assert len(ratios) == 2 and row[name]["same_process_ratio"] == sum(ratios) / 2 and min(ratios) > 0, row
+        assert len(ratios) == 2 and row[name]["same_process_ratio"] == sum(ratios) / 2, row
         assert len(row[beside]["children_us"]) == 2 and "layer_kinds" not in row[beside], row
     assert 0.5 < row["stock_in_served_graph"]["median_us"] / row["stock_graph"]["median_us"] < 2.0, row
     assert served["max_rel_diff"] < 1e-3, served  # fp32 here: the served logits as the stock copy's in its process
+    if "kernel" in served["layer_kinds"].values():  # and the copy is stock's: our kernels sum in another order
+        assert served["max_rel_diff"] > 0, served
     print({k: round(v["median_us"], 1) for k, v in row.items()})
 
 
