@@ -959,3 +959,37 @@ def test_polyphase_probes_rearrangement_is_the_strided_conv(shape, kernel, strid
     wr = probe.rearrange_weight(w, stride)
     assert wr.shape == (7, stride * stride * shape[1], 3, 3)
     torch.testing.assert_close(F.conv2d(xr, wr, b), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_polyphase_probes_triton_rearrangement_matches_atens(monkeypatch):
+    """The probe's one-kernel rearrangement (Triton, run by its CPU interpreter here) writes ATen's rearranged copy
+    bit for bit, in 16-bit channels_last, odd sizes and uneven padding included."""
+    pytest.importorskip("triton")
+    import torch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    probe = _script("probes/polyphase_tma")
+    gather = probe.triton_rearrange()
+    for shape, s, pad, (p, q) in [((2, 3, 23, 21), 4, (2, 1), (5, 4)), ((1, 5, 17, 19), 2, (0, 3), (7, 10))]:
+        x = torch.randn(*shape).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        want = probe.rearrange(x, s, pad, p, q)
+        got = gather(x, s, pad, p, q)
+        assert got.shape == want.shape and got.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(got, want)
+
+
+def test_polyphase_probes_table_has_a_cell_per_column_with_and_without_triton():
+    probe = _script("probes/polyphase_tma")
+    row = {"n": 32, "outer_plan": "winograd_gemm_f5", "inner_plan": "implicit_gemm_tma_h16_wn64", "polyphase_err": 1e-3,
+           "cudnn_err": 2e-3, "plan_err": 1.5e-3}
+    row.update({k: 10.0 for k in ("cudnn_us", "plan_us", "rearrange_us", "copy_us", "inner_us", "inner_cudnn_us",
+                                  "polyphase_us", "polyphase_vs_cudnn", "copy_plus_inner_vs_cudnn", "plan_vs_cudnn",
+                                  "inner_vs_cudnn")})
+    plain = probe.table([row])
+    with_triton = probe.table([dict(row, rearrange_triton_us=3.0, polyphase_triton_us=13.0,
+                                    polyphase_triton_vs_cudnn=0.77)])
+    for lines, columns in ((plain, 15), (with_triton, 18)):
+        head, rule, cells = lines
+        assert head.count("|") - 1 == rule.count("|") - 1 == cells.count("|") - 1 == columns
+    assert "polyphase triton vs cuDNN" in with_triton[0] and "0.77x" in with_triton[2]
+    assert "triton" not in plain[0]

@@ -18,6 +18,8 @@ rearranged input), and, in CUDA graphs interleaved, per batch size:
 * ``inner``          the tuned 3x3 plan on the rearranged input alone
 * ``inner_cudnn``    cuDNN on the rearranged 3x3 problem (benchmark mode)
 * ``polyphase``      rearrange + inner: the whole route as ATen's copy would run it
+* ``rearrange_triton`` / ``polyphase_triton``  the same with the rearrangement as one Triton kernel
+                     (``triton_rearrange``; its copy checked equal to ATen's first), where Triton is installed
 
 The route's output is checked against float64 ``F.conv2d`` of the original problem on fresh data, beside cuDNN's
 error in the same dtype. Writes ``polyphase_tma_<gpu>_<mode>.{json,md}`` under ``--out``.
@@ -59,6 +61,46 @@ def rearrange(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int)
     return phases.reshape(n, p + 2, q + 2, s * s * c).permute(0, 3, 1, 2)
 
 
+def triton_rearrange():
+    """``rearrange`` as one Triton kernel (each program writes BLOCK consecutive elements of the rearranged copy,
+    zeros where the padded window falls off the input): the cost a rearranging kernel of ours would have, where ATen
+    takes a pad and a permuting copy. None without Triton (it comes with torch's CUDA wheels on Linux)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def gather(x_ptr, y_ptr, total, C, H, W, U, V, S: tl.constexpr, PH, PW, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = offs < total
+        cc = offs % (S * S * C)  # the rearranged channel (ph*S + pw)*C + c
+        pix = offs // (S * S * C)  # (n*U + u)*V + v
+        v = pix % V
+        u = (pix // V) % U
+        n = pix // (V * U)
+        ph = cc // (S * C)
+        pw = (cc // C) % S
+        c = cc % C
+        h = S * u + ph - PH
+        w = S * v + pw - PW
+        inside = live & (h >= 0) & (h < H) & (w >= 0) & (w < W)
+        val = tl.load(x_ptr + ((n * H + h) * W + w) * C + c, mask=inside, other=0)
+        tl.store(y_ptr + offs, val, mask=live)
+
+    def run(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int) -> torch.Tensor:
+        n, c, h, w = x.shape
+        y = torch.empty((n, s * s * c, p + 2, q + 2), dtype=x.dtype, device=x.device,
+                        memory_format=torch.channels_last)
+        total, block = y.numel(), 1024
+        gather[(triton.cdiv(total, block),)](x, y, total, c, h, w, p + 2, q + 2, s, padding[0], padding[1],
+                                             BLOCK=block)
+        return y
+
+    return run
+
+
 def rearrange_weight(w: torch.Tensor, s: int) -> torch.Tensor:
     """``w`` (K, C, R, S), R and S at most 3s, as (K, s*s*C, 3, 3) over ``rearrange``'s channels: tap (i, j) of
     channel (ph*s + pw)*C + c is ``w[k][c][s*i + ph][s*j + pw]`` (zero past R and S)."""
@@ -69,6 +111,28 @@ def rearrange_weight(w: torch.Tensor, s: int) -> torch.Tensor:
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref).norm() / ref.norm())
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The Markdown table of the probe's rows (the Triton columns where the rows have them)."""
+    us = lambda k: lambda r: f"{r[k]:.1f}"  # noqa: E731
+    x = lambda k: lambda r: f"{r[k]:.2f}x"  # noqa: E731
+    cols = [("N", lambda r: str(r["n"])), ("cuDNN us", us("cudnn_us")), ("plan us", us("plan_us")),
+            ("plan", lambda r: f"`{r['outer_plan']}`"), ("rearrange us", us("rearrange_us")),
+            ("copy us", us("copy_us")), ("inner us", us("inner_us")), ("inner plan", lambda r: f"`{r['inner_plan']}`"),
+            ("inner cuDNN us", us("inner_cudnn_us")), ("polyphase us", us("polyphase_us"))]
+    triton = all("polyphase_triton_us" in r for r in rows)
+    if triton:
+        cols += [("rearrange triton us", us("rearrange_triton_us")), ("polyphase triton us", us("polyphase_triton_us"))]
+    cols += [("polyphase vs cuDNN", x("polyphase_vs_cudnn"))]
+    if triton:
+        cols += [("polyphase triton vs cuDNN", x("polyphase_triton_vs_cudnn"))]
+    cols += [("(copy + inner) vs cuDNN", x("copy_plus_inner_vs_cudnn")), ("plan vs cuDNN", x("plan_vs_cudnn")),
+             ("inner vs cuDNN", x("inner_vs_cudnn")),
+             ("error: polyphase / cuDNN / plan",
+              lambda r: f"{r['polyphase_err']:.2e} / {r['cudnn_err']:.2e} / {r['plan_err']:.2e}")]
+    return (["| " + " | ".join(h for h, _ in cols) + " |", "|---" * len(cols) + "|"]
+            + ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     inner_cudnn = inner_cudnn.to(memory_format=torch.channels_last)
     inner = TunedConv2d.from_conv(copy.deepcopy(inner_cudnn))
     p = (args.hw + 2 * args.padding - args.kernel) // s + 1
+    gather = triton_rearrange()
     rows = []
     for n in batches:
         x = torch.randn(n, args.c, args.hw, args.hw, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
@@ -116,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             "inner_cudnn": lambda xr=xr: inner_cudnn(xr),
             "polyphase": lambda x=x: inner(rearrange(x, s, pad, p, p)),
         }
+        if gather is not None:
+            if not torch.equal(gather(x, s, pad, p, p), xr):
+                sys.exit("the Triton rearrangement differs from ATen's")
+            calls["rearrange_triton"] = lambda x=x: gather(x, s, pad, p, p)
+            calls["polyphase_triton"] = lambda x=x: inner(gather(x, s, pad, p, p))
         context = functools.partial(fp32, benchmark=True)
         for what, report in (("the original", outer_report), ("the 3x3", inner_report)):
             if not report.rows:  # a call the kernels do not take: its reason, instead of a table of cuDNN twice
@@ -142,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         row["inner_vs_cudnn"] = row["cudnn_us"] / row["inner_us"]
         # the route with one rearranging kernel at a plain copy's cost in place of ATen's two (an estimate, not a run)
         row["copy_plus_inner_vs_cudnn"] = row["cudnn_us"] / (row["copy_us"] + row["inner_us"])
+        if gather is not None:
+            row["polyphase_triton_vs_cudnn"] = row["cudnn_us"] / row["polyphase_triton_us"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -161,19 +233,10 @@ def main(argv: list[str] | None = None) -> int:
              "replays in interleaved turns, cuDNN in benchmark mode. `rearrange` is ATen's pad and permuting copy "
              "(what a custom kernel would replace); `copy` a plain clone of the rearranged input (about what one "
              "rearranging kernel would cost); `polyphase` = rearrange + inner, timed as one; `(copy + inner)` is a sum "
-             "of two timings, an estimate.", "",
+             "of two timings, an estimate; the `triton` columns (where Triton was installed) take the rearrangement "
+             "as one Triton kernel.", "",
              f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
-             "| N | cuDNN us | plan us | plan | rearrange us | copy us | inner us | inner plan | inner cuDNN us | "
-             "polyphase us | polyphase vs cuDNN | (copy + inner) vs cuDNN | plan vs cuDNN | inner vs cuDNN | "
-             "error: polyphase / cuDNN / plan |",
-             "|---" * 15 + "|"]
-    for r in rows:
-        lines.append(f"| {r['n']} | {r['cudnn_us']:.1f} | {r['plan_us']:.1f} | `{r['outer_plan']}` | "
-                     f"{r['rearrange_us']:.1f} | {r['copy_us']:.1f} | {r['inner_us']:.1f} | `{r['inner_plan']}` | "
-                     f"{r['inner_cudnn_us']:.1f} | {r['polyphase_us']:.1f} | {r['polyphase_vs_cudnn']:.2f}x | "
-                     f"{r['copy_plus_inner_vs_cudnn']:.2f}x | {r['plan_vs_cudnn']:.2f}x | {r['inner_vs_cudnn']:.2f}x | "
-                     f"{r['polyphase_err']:.2e} / "
-                     f"{r['cudnn_err']:.2e} / {r['plan_err']:.2e} |")
+             *table(rows)]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
