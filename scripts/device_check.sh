@@ -273,13 +273,15 @@ fi
 if has polyphase; then
   wait_alongside
   : > "$OUT/polyphase.log"
-  for dt in bfloat16 float16; do
+  for combo in bfloat16:bf16 float16:fp16; do
+    dt=${combo%%:*}
     # shellcheck disable=SC2086  # POLYPHASE_ARGS is a list of arguments
     BAGF_CACHE_DIR=/tmp/bagf_cache_polyphase_$dt timeout ${POLYPHASE_TIMEOUT:-200} python3 \
       benchmarks/probes/polyphase_tma.py --out "$OUT" --dtype $dt ${POLYPHASE_ARGS:-} >> "$OUT/polyphase.log" 2>&1 \
       || rc=1
+    echo "== polyphase $dt"
+    grep -E "^\| " "$OUT/polyphase_tma_${gpu}_${combo##*:}_nhwc.md" 2>/dev/null | cut -c1-400
   done
-  grep -E "^\| " "$OUT/polyphase.log" | tail -n 12
 fi
 if has eagerhost; then
   wait_alongside

@@ -970,7 +970,9 @@ def test_polyphase_probes_triton_rearrangement_matches_atens(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     probe = _script("probes/polyphase_tma")
     gather = probe.triton_rearrange()
-    for shape, s, pad, (p, q) in [((2, 3, 23, 21), 4, (2, 1), (5, 4)), ((1, 5, 17, 19), 2, (0, 3), (7, 10))]:
+    # (the last: one channel, and a negative padding, a crop)
+    for shape, s, pad, (p, q) in [((2, 3, 23, 21), 4, (2, 1), (5, 4)), ((1, 5, 17, 19), 2, (0, 3), (7, 10)),
+                                  ((1, 1, 9, 8), 2, (-1, 0), (2, 2))]:
         x = torch.randn(*shape).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         want = probe.rearrange(x, s, pad, p, q)
         got = gather(x, s, pad, p, q)

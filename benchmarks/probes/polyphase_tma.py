@@ -5,9 +5,9 @@ polyphase form (48 channels, 3x3): its transforms and products in fp32 whatever 
 in both, 45-55 TFLOP/s of direct-conv work (bench_layers_h100_{bf16,fp16}_nhwc.md), where cuDNN's float16 conv1 is
 1.2-1.3x faster than its bfloat16 one. The same polyphase form is an ordinary 3x3 stride-1 problem with C s^2 = 48
 channels (a multiple of 8), which the 16-bit wgmma/TMA families take. This probe measures, before any kernel is
-written for it, what that route would give: the input rearranged by ATen (pad, then one permuting copy to the
-polyphase channels_last layout), the 3x3 problem tuned as any other (``tune_model`` on a TunedConv2d over the
-rearranged input), and, in CUDA graphs interleaved, per batch size:
+written for it, what that route would give: the input rearranged by ATen (``F.pad``, a fill and a copy, then one
+permuting copy to the polyphase channels_last layout: three kernels), the 3x3 problem tuned as any other
+(``tune_model`` on a TunedConv2d over the rearranged input), and, in CUDA graphs interleaved, per batch size:
 
 * ``cudnn``          torch's conv on the original problem, cuDNN in benchmark mode
 * ``plan``           the library's plan for the original problem (tuned here, as ``tune`` would)
@@ -22,7 +22,14 @@ rearranged input), and, in CUDA graphs interleaved, per batch size:
                      (``triton_rearrange``; its copy checked equal to ATen's first), where Triton is installed
 
 The route's output is checked against float64 ``F.conv2d`` of the original problem on fresh data, beside cuDNN's
-error in the same dtype. Writes ``polyphase_tma_<gpu>_<mode>.{json,md}`` under ``--out``.
+error in the same dtype. Writes ``polyphase_tma_<gpu>_<mode>_nhwc.{json,md}`` under ``--out``, again after each
+batch size (a run cut short keeps the sizes it finished).
+
+Reading it: the memory-bound rows (rearrange, copy, the Triton gather) of back-to-back replays run from L2 where
+input and copy fit its 50 MB (N <= 32 here), so they are cheaper than from HBM; ``(copy + inner)`` adds two graphs'
+medians and so counts a graph launch's latency twice (a few us, which matters at N = 1 only); the TMA family
+reduces each tap in blocks of 64 channels, so over 48 channels a quarter of its products are zeros, which a
+dedicated kernel could skip.
 
     python benchmarks/probes/polyphase_tma.py --dtype bfloat16 --batch 1,32,128 --out benchmarks/results
 """
@@ -64,7 +71,9 @@ def rearrange(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int)
 def triton_rearrange():
     """``rearrange`` as one Triton kernel (each program writes BLOCK consecutive elements of the rearranged copy,
     zeros where the padded window falls off the input): the cost a rearranging kernel of ours would have, where ATen
-    takes a pad and a permuting copy. None without Triton (it comes with torch's CUDA wheels on Linux)."""
+    takes three kernels. The geometry is compile-time (one compile per input shape, before any capture), so that
+    the index arithmetic folds to multiplications and the kernel is bound by memory, not by divisions. None without
+    Triton (it comes with torch's CUDA wheels on Linux)."""
     try:
         import triton
         import triton.language as tl
@@ -72,7 +81,8 @@ def triton_rearrange():
         return None
 
     @triton.jit
-    def gather(x_ptr, y_ptr, total, C, H, W, U, V, S: tl.constexpr, PH, PW, BLOCK: tl.constexpr):
+    def gather(x_ptr, y_ptr, total, C: tl.constexpr, H: tl.constexpr, W: tl.constexpr, U: tl.constexpr,
+               V: tl.constexpr, S: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = offs < total
         cc = offs % (S * S * C)  # the rearranged channel (ph*S + pw)*C + c
@@ -90,6 +100,8 @@ def triton_rearrange():
         tl.store(y_ptr + offs, val, mask=live)
 
     def run(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int) -> torch.Tensor:
+        if not x.is_contiguous(memory_format=torch.channels_last):
+            raise ValueError("the Triton rearrangement reads a channels_last input")
         n, c, h, w = x.shape
         y = torch.empty((n, s * s * c, p + 2, q + 2), dtype=x.dtype, device=x.device,
                         memory_format=torch.channels_last)
@@ -165,11 +177,41 @@ def main(argv: list[str] | None = None) -> int:
     inner = TunedConv2d.from_conv(copy.deepcopy(inner_cudnn))
     p = (args.hw + 2 * args.padding - args.kernel) // s + 1
     gather = triton_rearrange()
-    rows = []
+    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
+            "command": command_line("probes/polyphase_tma.py", sys.argv[1:] if argv is None else argv),
+            "dtype": args.dtype, "problem": dict(c=args.c, k=args.k, hw=args.hw, kernel=args.kernel, stride=s,
+                                                 padding=args.padding), "seconds": args.seconds, "runs": args.runs}
+    mode = "bf16" if args.dtype == "bfloat16" else "fp16"
+    stem = Path(args.out) / f"polyphase_tma_{gpu_tag()}_{mode}_nhwc"
+
+    def write(rows: list[dict]) -> list[str]:
+        meta["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        lines = [f"# Strided conv as a 3x3 implicit GEMM over its polyphase form ({meta['gpu']})", "",
+                 f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {args.dtype} "
+                 f"channels_last; C={args.c} {args.hw}x{args.hw} -> K={args.k}, {args.kernel}x{args.kernel} stride "
+                 f"{s} padding {args.padding}, as {s * s * args.c} channels 3x3 stride 1 over {p + 2}x{p + 2}; "
+                 f"{args.seconds:g} s of tuning per problem. GPU us of one call in a CUDA graph, median of "
+                 f"{args.runs} replays in interleaved turns, cuDNN in benchmark mode. `rearrange` is ATen's pad (a "
+                 "fill and a copy) and permuting copy (what a kernel of ours would replace); `copy` a plain clone of "
+                 "the rearranged input (about what one rearranging kernel would cost); `polyphase` = rearrange + "
+                 "inner, timed as one; `(copy + inner)` is a sum of two timings, an estimate (a graph launch counted "
+                 "twice); the `triton` columns (where Triton ran) take the rearrangement as one Triton kernel. "
+                 "Memory-bound rows run from L2 where input and copy fit it (N <= 32).", "",
+                 f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "", *table(rows)]
+        for r in rows:
+            if "triton_error" in r:
+                lines.append(f"\nN = {r['n']}: no Triton columns: {r['triton_error']}")
+        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        return lines
+
+    rows: list[dict] = []
     for n in batches:
         x = torch.randn(n, args.c, args.hw, args.hw, device="cuda").to(dt).contiguous(memory_format=torch.channels_last)
         xr = rearrange(x, s, pad, p, p)
         with fp32(benchmark=True):
+            # (a problem the kernels do not take stops here: tune_model raises with the reason)
             outer_report = tune_model(plan_conv, [x], seconds=args.seconds, progress=False)
             inner_report = tune_model(inner, [xr], seconds=args.seconds, progress=False)
         calls = {
@@ -181,18 +223,22 @@ def main(argv: list[str] | None = None) -> int:
             "inner_cudnn": lambda xr=xr: inner_cudnn(xr),
             "polyphase": lambda x=x: inner(rearrange(x, s, pad, p, p)),
         }
-        if gather is not None:
-            if not torch.equal(gather(x, s, pad, p, p), xr):
-                sys.exit("the Triton rearrangement differs from ATen's")
-            calls["rearrange_triton"] = lambda x=x: gather(x, s, pad, p, p)
-            calls["polyphase_triton"] = lambda x=x: inner(gather(x, s, pad, p, p))
-        context = functools.partial(fp32, benchmark=True)
-        for what, report in (("the original", outer_report), ("the 3x3", inner_report)):
-            if not report.rows:  # a call the kernels do not take: its reason, instead of a table of cuDNN twice
-                sys.exit(f"{what} problem was not tuned: {report.unsupported}")
         row: dict = {"n": n, "outer_plan": outer_report.rows[0].plan, "inner_plan": inner_report.rows[0].plan,
                      "inner_cudnn_us_tuner": inner_report.rows[0].aten_us, "inner_plan_us_tuner":
                      inner_report.rows[0].time_us}
+        if gather is None:
+            row["triton_error"] = "Triton is not installed"
+        else:
+            try:  # (compiled here, before any capture; a failure loses the Triton columns, not the run)
+                same = torch.equal(gather(x, s, pad, p, p), xr)
+            except Exception as e:  # noqa: BLE001 - whatever Triton raises, the other variants still run
+                same, row["triton_error"] = False, f"{type(e).__name__}: {e}"[:300]
+            if same:
+                calls["rearrange_triton"] = lambda x=x: gather(x, s, pad, p, p)
+                calls["polyphase_triton"] = lambda x=x: inner(gather(x, s, pad, p, p))
+            else:
+                row.setdefault("triton_error", "its copy differs from ATen's")
+        context = functools.partial(fp32, benchmark=True)
         with torch.no_grad(), context():
             # correctness on fresh data: the route and cuDNN against float64
             xf = torch.randn_like(x, dtype=torch.float32).to(dt).contiguous(memory_format=torch.channels_last)
@@ -210,34 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         row["polyphase_vs_cudnn"] = row["cudnn_us"] / row["polyphase_us"]
         row["plan_vs_cudnn"] = row["cudnn_us"] / row["plan_us"]
         row["inner_vs_cudnn"] = row["cudnn_us"] / row["inner_us"]
-        # the route with one rearranging kernel at a plain copy's cost in place of ATen's two (an estimate, not a run)
+        # the route with one rearranging kernel at a plain copy's cost in place of ATen's three (an estimate)
         row["copy_plus_inner_vs_cudnn"] = row["cudnn_us"] / (row["copy_us"] + row["inner_us"])
-        if gather is not None:
+        if "polyphase_triton_us" in row:
             row["polyphase_triton_vs_cudnn"] = row["cudnn_us"] / row["polyphase_triton_us"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "commit": git_commit(),
-            "command": command_line("probes/polyphase_tma.py", sys.argv[1:] if argv is None else argv),
-            "dtype": args.dtype, "problem": dict(c=args.c, k=args.k, hw=args.hw, kernel=args.kernel, stride=s,
-                                                 padding=args.padding), "seconds": args.seconds, "runs": args.runs}
-    mode = "bf16" if args.dtype == "bfloat16" else "fp16"
-    stem = Path(args.out) / f"polyphase_tma_{gpu_tag()}_{mode}_nhwc"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Strided conv as a 3x3 implicit GEMM over its polyphase form ({meta['gpu']})", "",
-             f"{meta['date']}; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}; {args.dtype} "
-             f"channels_last; C={args.c} {args.hw}x{args.hw} -> K={args.k}, {args.kernel}x{args.kernel} stride {s} "
-             f"padding {args.padding}, as {s * s * args.c} channels 3x3 stride 1 over {p + 2}x{p + 2}; "
-             f"{args.seconds:g} s of tuning per problem. GPU us of one call in a CUDA graph, median of {args.runs} "
-             "replays in interleaved turns, cuDNN in benchmark mode. `rearrange` is ATen's pad and permuting copy "
-             "(what a custom kernel would replace); `copy` a plain clone of the rearranged input (about what one "
-             "rearranging kernel would cost); `polyphase` = rearrange + inner, timed as one; `(copy + inner)` is a sum "
-             "of two timings, an estimate; the `triton` columns (where Triton was installed) take the rearrangement "
-             "as one Triton kernel.", "",
-             f"Commit `{meta['commit']}`; command: `{meta['command']}`.", "",
-             *table(rows)]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        lines = write(rows)  # after each batch size: a run cut short keeps what it finished
     print("\n".join(lines))
     return 0
 
