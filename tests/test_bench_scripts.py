@@ -983,7 +983,8 @@ def test_polyphase_probes_triton_rearrangement_matches_atens(monkeypatch):
 def test_polyphase_probes_table_has_a_cell_per_column_with_and_without_triton():
     probe = _script("probes/polyphase_tma")
     row = {"n": 32, "outer_plan": "winograd_gemm_f5", "inner_plan": "implicit_gemm_tma_h16_wn64", "polyphase_err": 1e-3,
-           "cudnn_err": 2e-3, "plan_err": 1.5e-3}
+           "cudnn_err": 2e-3, "plan_err": 1.5e-3, "polyphase_err_max": 3e-3, "cudnn_err_max": 4e-3,
+           "plan_err_max": 3.5e-3}
     row.update({k: 10.0 for k in ("cudnn_us", "plan_us", "rearrange_us", "copy_us", "inner_us", "inner_cudnn_us",
                                   "polyphase_us", "polyphase_vs_cudnn", "copy_plus_inner_vs_cudnn", "plan_vs_cudnn",
                                   "inner_vs_cudnn")})
@@ -995,3 +996,4 @@ def test_polyphase_probes_table_has_a_cell_per_column_with_and_without_triton():
         assert head.count("|") - 1 == rule.count("|") - 1 == cells.count("|") - 1 == columns
     assert "polyphase triton vs cuDNN" in with_triton[0] and "0.77x" in with_triton[2]
     assert "triton" not in plain[0]
+    assert "1.00e-03 (max 3.00e-03) / 2.00e-03 (max 4.00e-03) / 1.50e-03 (max 3.50e-03)" in plain[2]

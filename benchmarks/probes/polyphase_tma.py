@@ -54,6 +54,7 @@ from bench_overhead import command_line, git_commit  # noqa: E402
 from bagf_torch.bench import fp32, gpu_tag, graphed, time_interleaved  # noqa: E402
 from bagf_torch.nn import TunedConv2d  # noqa: E402
 from bagf_torch.pretune import tune_model  # noqa: E402
+from bagf_torch.tuning.measure import output_error  # noqa: E402
 
 
 def rearrange(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int) -> torch.Tensor:
@@ -121,10 +122,6 @@ def rearrange_weight(w: torch.Tensor, s: int) -> torch.Tensor:
     return padded.permute(0, 3, 5, 1, 2, 4).reshape(k, s * s * c, 3, 3)
 
 
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.double() - ref).norm() / ref.norm())
-
-
 def table(rows: list[dict]) -> list[str]:
     """The Markdown table of the probe's rows (the Triton columns where the rows have them)."""
     us = lambda k: lambda r: f"{r[k]:.1f}"  # noqa: E731
@@ -141,8 +138,8 @@ def table(rows: list[dict]) -> list[str]:
         cols += [("polyphase triton vs cuDNN", x("polyphase_triton_vs_cudnn"))]
     cols += [("(copy + inner) vs cuDNN", x("copy_plus_inner_vs_cudnn")), ("plan vs cuDNN", x("plan_vs_cudnn")),
              ("inner vs cuDNN", x("inner_vs_cudnn")),
-             ("error: polyphase / cuDNN / plan",
-              lambda r: f"{r['polyphase_err']:.2e} / {r['cudnn_err']:.2e} / {r['plan_err']:.2e}")]
+             ("error: polyphase / cuDNN / plan", lambda r: " / ".join(
+                 f"{r[k + '_err']:.2e} (max {r[k + '_err_max']:.2e})" for k in ("polyphase", "cudnn", "plan")))]
     return (["| " + " | ".join(h for h, _ in cols) + " |", "|---" * len(cols) + "|"]
             + ["| " + " | ".join(f(r) for _, f in cols) + " |" for r in rows])
 
@@ -245,8 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             ref = F.conv2d(xf.double(), conv.weight.double(), conv.bias.double(), stride=s, padding=pad)
             route = inner(rearrange(xf, s, pad, p, p))
             assert route.shape == ref.shape, (route.shape, ref.shape)
-            row.update(polyphase_err=rel_err(route, ref), cudnn_err=rel_err(conv(xf), ref),
-                       plan_err=rel_err(plan_conv(xf), ref))
+            # the correctness check's two measures (error norm / reference norm, largest error / largest magnitude)
+            ref_norm, ref_max = float(ref.norm()), float(ref.abs().max())
+            for k, y in (("polyphase", route), ("cudnn", conv(xf)), ("plan", plan_conv(xf))):
+                row[k + "_err"], row[k + "_err_max"] = output_error(y, ref, ref_norm, ref_max)
             timed = {}
             for name, fn in calls.items():
                 replay, _ = graphed(lambda _x, fn=fn: fn(), x)
