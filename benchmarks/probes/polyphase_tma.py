@@ -60,7 +60,10 @@ from bagf_torch.tuning.measure import output_error  # noqa: E402
 def rearrange(x: torch.Tensor, s: int, padding: tuple[int, int], p: int, q: int) -> torch.Tensor:
     """The s x s polyphase components of channels_last ``x`` (N, C, H, W) padded by ``padding``, as a channels_last
     (N, s*s*C, p + 2, q + 2) tensor whose channel ``(ph*s + pw)*C + c`` holds ``x_padded[c][s*u + ph][s*v + pw]``
-    (channels innermost: each output pixel's 48 values come from s runs of s*C contiguous input values)."""
+    (channels innermost: each output pixel's 48 values come from s runs of s*C contiguous input values).
+    ``winograd_math.polyphase`` computes the same form in the order ``(c*s + ph)*s + pw`` (winograd_gemm's index
+    map, which reads NCHW); over a channels_last input that order scatters each pixel's values, which a rearranging
+    kernel would pay for, hence this order and ``rearrange_weight`` to match it."""
     n, c, h, w = x.shape
     hp, wp = s * (p + 2), s * (q + 2)
     nhwc = x.permute(0, 2, 3, 1)  # (N, H, W, C), contiguous for a channels_last x
