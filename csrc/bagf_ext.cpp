@@ -67,9 +67,11 @@ struct LaunchGeometry {
   int blas_ws = 0;    // a cuBLASLt plan's workspace limit in MiB (0-256)
   int split_cluster = 0;  // 1: a TMA plan's split-K slices launched as one cluster per tile (launch_plan)
   int tf32 = 0;  // 1: fp32 with TF32 products; conv2d_cuda sends a call made while cuDNN's TF32 is off to ATen
+  int polyphase = 0;  // 1: a TMA plan run on the polyphase form of the call (conv_params.h PolyphaseParams): the
+                      // cubin's second and third kernels make the form's input and weight per call (launch_plan)
 };
 
-static_assert(sizeof(LaunchGeometry) == 26 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
+static_assert(sizeof(LaunchGeometry) == 27 * sizeof(int), "LaunchGeometry is its int fields only (no padding)");
 
 // Whether a cuBLASLt plan's geometry leaves every kernel field at its default (it sets only blas, blas_algo, blas_ws,
 // dtype, nhwc and tf32).
@@ -94,6 +96,10 @@ struct Plan {
   // NCHW TMA plans: the input's copy to channels_last, the cubin's second kernel (nullptr, a cubin compiled before
   // it: ATen's copy)
   CUfunction transpose_fn = nullptr;
+  // polyphase plans: the form's input (polyphase_gather) and weight (polyphase_weight), the cubin's second and third
+  // kernels
+  CUfunction gather_fn = nullptr;
+  CUfunction weight_fn = nullptr;
   int device = -1;
   LaunchGeometry geo;
   int smem_max = 0;  // the most dynamic shared memory a launch of fn may ask for (the load-time attribute)
@@ -238,7 +244,8 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
     plan.smem_max = geo.smem;
     const std::vector<std::string> kernels = split_names(lowered_name);
     // a second kernel: an NCHW TMA plan's input copy to channels_last, else a non-fused Winograd plan's GEMM
-    const bool own_transpose = kernels.size() == 2 && geo.tma == 1 && geo.nhwc == 0 && geo.gemm == 0;
+    const bool own_transpose = kernels.size() == 2 && geo.tma == 1 && geo.nhwc == 0 && geo.gemm == 0 &&
+                               geo.polyphase == 0;
     const bool own_gemm = kernels.size() == 2 && !own_transpose;
     const bool per_call_smem = geo.smem_patch > 0 || geo.smem_taps > 0;
     int max_threads = 0, regs = 0, local = 0, static_smem = 0;
@@ -284,7 +291,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                 " is out of range");
     } else if (geo.fix_s < 0 || geo.fix_u < 0 || (geo.fix_s > 0) != (geo.fix_u > 0)) {
       err = cat("specialised filter width ", geo.fix_s, " and stride ", geo.fix_u, " must both be positive or both 0");
-    } else if (kernels.size() > 2 || (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 ||
+    } else if (geo.polyphase < 0 || geo.polyphase > 1 ||
+               (geo.polyphase && (geo.tma != 1 || geo.dtype == 0 || geo.gemm != 0 || kernels.size() != 3))) {
+      err = cat("polyphase=", geo.polyphase, " is out of range: 0, or 1 in a 16-bit TMA implicit GEMM whose cubin holds "
+                "its gather and weight kernels after it (3 kernels; got ", kernels.size(), ")");
+    } else if ((kernels.size() > 2 && !geo.polyphase) || (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 ||
                                                    geo.gemm_bn < 16 || geo.gemm_threads < 32 || geo.gemm_smem < 0))) {
       err = cat("a plan's second kernel is an NCHW TMA plan's input copy or a non-fused Winograd plan's GEMM with "
                 "layout 0 and a positive tile; got ",
@@ -321,6 +332,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
                (r = cuModuleGetFunction(own_gemm ? &plan.gemm_fn : &plan.transpose_fn, plan.module,
                                         kernels[1].c_str())) != CUDA_SUCCESS) {
       err = cat("kernel ", kernels[1], " not found in its cubin: ", cu_error(r));
+    } else if (geo.polyphase && ((r = cuModuleGetFunction(&plan.gather_fn, plan.module, kernels[1].c_str())) !=
+                                     CUDA_SUCCESS ||
+                                 (r = cuModuleGetFunction(&plan.weight_fn, plan.module, kernels[2].c_str())) !=
+                                     CUDA_SUCCESS)) {
+      err = cat("kernel ", kernels[plan.gather_fn == nullptr ? 1 : 2], " not found in its cubin: ", cu_error(r));
     } else {
       cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, plan.fn);
       cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, plan.fn);
@@ -593,28 +609,47 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   if (geo.tma && P > 0 && Q > 0 &&
       (x.size(0) * P * Q + geo.bn > INT_MAX || (x.size(0) * P * Q + geo.bn) * w.size(0) > INT_MAX))
     return "the output's pixels pass the TMA kernel's 32-bit tile and output offsets";  // (the problem rule's bound)
+  // The problem the kernel's maps describe: the call's, or a polyphase plan's form of it (launch_plan), whose input
+  // and weight are fresh allocations (aligned) of Cp channels, stride 1, no padding.
+  int64_t kc = x.size(1), kh = x.size(2), kw = x.size(3), kr = w.size(2), ks = w.size(3);
+  int64_t kstride[2] = {stride[0], stride[1]}, kpad[2] = {padding[0], padding[1]}, kdil[2] = {dilation[0], dilation[1]};
+  if (geo.polyphase) {
+    if (dilation[0] != 1 || dilation[1] != 1 || stride[0] < 1 || stride[1] < 1 || stride[0] > 8 || stride[1] > 8 ||
+        (stride[0] == 1 && stride[1] == 1))
+      return "a polyphase plan takes dilation-1 convolutions at strides of 1 to 8, not both 1";
+    if (P > 0 && Q > 0) {
+      const int64_t rp = (kr + stride[0] - 1) / stride[0], sp = (ks + stride[1] - 1) / stride[1];
+      const int64_t cp = (stride[0] * stride[1] * kc + 7) / 8 * 8;
+      kh = P + rp - 1;
+      kw = Q + sp - 1;
+      if (kh > 65535 || x.size(0) * kh * kw * cp > INT_MAX || w.size(0) * rp * sp * cp > INT_MAX)
+        return "the polyphase form of this call passes 65535 rows or 32-bit indexing";
+      kc = cp, kr = rp, ks = sp;
+      kstride[0] = kstride[1] = kdil[0] = kdil[1] = 1;
+      kpad[0] = kpad[1] = 0;
+    }
+  }
   if (geo.tma) {  // what the TMA maps can describe (encode_tma_maps): the hardware's ranges, 16-byte strides and bases
     // (an input or weight not already channels_last is copied first: a fresh allocation, aligned; an NCHW input
     // with H = W = 1 is channels_last as it is, and read in place)
-    const bool x_direct = geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast);
-    const bool w_direct = w.is_contiguous(at::MemoryFormat::ChannelsLast);
-    if (x.size(1) % (16 / x.element_size()) != 0)
+    const bool x_direct = !geo.polyphase && (geo.nhwc != 0 || x.is_contiguous(at::MemoryFormat::ChannelsLast));
+    const bool w_direct = !geo.polyphase && w.is_contiguous(at::MemoryFormat::ChannelsLast);
+    if (kc % (16 / x.element_size()) != 0)
       return "a TMA plan reads channels 16 bytes at a time; C is not a multiple of 8 (16-bit) or 4 (fp32)";
     if ((x_direct && (reinterpret_cast<uintptr_t>(x.const_data_ptr()) & 15) != 0) ||
         (w_direct && (reinterpret_cast<uintptr_t>(w.const_data_ptr()) & 15) != 0))
       return "input or weight is not 16-byte aligned (a TMA plan's maps need it)";
     for (int i = 0; i < 2; ++i) {
-      const int64_t extent = x.size(2 + i), out = i == 0 ? P : Q;
-      const int64_t upper = (out - 1) * stride[i] + 1 - extent - padding[i];
-      if (stride[i] > 8 || padding[i] > 128 || upper < -128 || upper > 127 ||
-          (w.size(2 + i) - 1) * dilation[i] > 127)
+      const int64_t extent = i == 0 ? kh : kw, out = i == 0 ? P : Q;
+      const int64_t upper = (out - 1) * kstride[i] + 1 - extent - kpad[i];
+      if (kstride[i] > 8 || kpad[i] > 128 || upper < -128 || upper > 127 || ((i == 0 ? kr : ks) - 1) * kdil[i] > 127)
         return "stride above 8, padding above 128 or a window the TMA unit's im2col box cannot describe";
     }
   }
   if (geo.stream_k == 1) {  // the kernel counts all tiles' k tiles in 32 bits
     if (P > 0 && Q > 0 &&
-        stream_k_work(geo, (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm), w.size(2),
-                      w.size(3), x.size(1)) > INT_MAX)
+        stream_k_work(geo, (x.size(0) * P * Q + geo.bn - 1) / geo.bn * ((w.size(0) + geo.bm - 1) / geo.bm), kr, ks,
+                      kc) > INT_MAX)
       return "the stream-K plan's iteration count for this shape would pass 2^31 - 1 (it was tuned for a smaller one)";
   }
   if (geo.fix_s > 0 && (w.size(3) != geo.fix_s || stride[1] != geo.fix_u || dilation[1] != 1))
@@ -860,10 +895,33 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   // unsupported_reason has checked dtypes and shapes, and that fp32 and NCHW plans get a contiguous weight, so for
   // them (TMA plans aside) this is the weight itself. An NCHW TMA plan reads a channels_last copy of the input (its
   // maps view channels innermost) and writes NCHW.
+  // A polyphase plan makes the form's input and weight (conv_params.h PolyphaseParams) with the cubin's second and
+  // third kernels, from the input in the plan's format and the weight in any, and runs its kernel on the form.
   const at::MemoryFormat wfmt = geo.tma ? at::MemoryFormat::ChannelsLast : plan_format(geo);
-  const at::Tensor wf = w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
+  at::Tensor wf = geo.polyphase || w.is_contiguous(wfmt) ? w : w.contiguous(wfmt);
   at::Tensor xf = x;
-  if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+  if (geo.polyphase) {
+    bagf::PolyphaseParams q = bagf::polyphase_form(p, static_cast<int>(w.stride(0)), static_cast<int>(w.stride(1)),
+                                                         static_cast<int>(w.stride(2)), static_cast<int>(w.stride(3)));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+    xf = at::empty({q.N, q.Cp, q.Hp, q.Wp}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+    wf = at::empty({q.K, q.Cp, q.Rp, q.Sp}, w.options().memory_format(at::MemoryFormat::ChannelsLast));
+    const void* src = x.const_data_ptr();
+    void* dst = xf.mutable_data_ptr();
+    void* gargs[] = {&src, &dst, &q};
+    constexpr int gt = bagf::kPolyphaseThreads;
+    BAGF_CU_CHECK(cuLaunchKernel(plan.gather_fn, static_cast<unsigned>((static_cast<int64_t>(q.Wp) * q.sh + gt - 1) / gt),
+                                 static_cast<unsigned>(q.Hp), static_cast<unsigned>(std::min(q.N, 65535)), gt, 1, 1, 0,
+                                 stream, gargs, nullptr));
+    const void* wsrc = w.const_data_ptr();
+    void* wdst = wf.mutable_data_ptr();
+    void* wargs[] = {&wsrc, &wdst, &q};
+    constexpr int wt = bagf::kPolyphaseWeightThreads;
+    const int64_t wblocks = std::min<int64_t>((wf.numel() + wt - 1) / wt, 1024);
+    BAGF_CU_CHECK(cuLaunchKernel(plan.weight_fn, static_cast<unsigned>(wblocks), 1, 1, wt, 1, 1, 0, stream, wargs,
+                                 nullptr));
+    p = bagf::polyphase_inner(p, q);
+  } else if (geo.tma && !geo.nhwc && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     if (plan.transpose_fn == nullptr || (p.C + bagf::kNchwCopyTile - 1) / bagf::kNchwCopyTile > 65535) {
       xf = x.contiguous(at::MemoryFormat::ChannelsLast);
     } else {  // the plan's own copy: 64 x 64 tiles through shared memory (ATen's permuting copy is slower)
@@ -952,13 +1010,15 @@ const Plan* plan_for(int64_t handle) {
   return p.fn != nullptr || p.blas != nullptr ? &p : nullptr;
 }
 
-// Whether a plan reads its weight KRSC (channels_last): every TMA plan and every channels_last kernel of ours.
+// Whether a plan reads its weight KRSC (channels_last): every TMA plan but a polyphase one and every channels_last
+// kernel of ours.
 // launch_plan converts a weight in another format on every call (an extra copy kernel), so a caller that keeps a
 // KRSC copy of a weight it calls with again (TunedConv2d with frozen weights) passes that copy instead.
 bool plan_reads_krsc(int64_t handle) {
   const Plan* plan = plan_for(handle);
   BAGF_CHECK(plan != nullptr, "bagf_torch: no loaded plan with handle ", handle);
-  return (plan->geo.tma != 0 || plan->geo.nhwc != 0) && plan->blas == nullptr;  // (a 1x1 filter: KCRS is KRSC)
+  // (a 1x1 filter: KCRS is KRSC; a polyphase plan reads the weight in any format, by its strides, into its form)
+  return (plan->geo.tma != 0 || plan->geo.nhwc != 0) && plan->blas == nullptr && plan->geo.polyphase == 0;
 }
 
 // Whether a loaded plan's epilogue can run the ReLU after the conv (conv2d_relu_inference): the TMA plans.
@@ -1179,11 +1239,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init([](int bm, int bn, int threads, int smem, int split, int tile, int tile_w, int smem_patch,
                        int smem_taps, int gemm, int layout, int fix_s, int fix_u, int gemm_bm, int gemm_bn,
                        int gemm_threads, int gemm_smem, int dtype, int nhwc, int tma, int stream_k, int blas,
-                       int blas_algo, int blas_ws, int split_cluster, int tf32) {
+                       int blas_algo, int blas_ws, int split_cluster, int tf32, int polyphase) {
              return LaunchGeometry{bm,      bn,     threads,      smem,      split, tile, tile_w,
                                    smem_patch, smem_taps, gemm, layout, fix_s, fix_u, gemm_bm,
                                    gemm_bn, gemm_threads, gemm_smem, dtype, nhwc, tma, stream_k,
-                                   blas, blas_algo, blas_ws, split_cluster, tf32};
+                                   blas, blas_algo, blas_ws, split_cluster, tf32, polyphase};
            }),
            py::kw_only(), py::arg("bm") = 0, py::arg("bn") = 0, py::arg("threads") = 0, py::arg("smem") = 0,
            py::arg("split") = 1, py::arg("tile") = 1, py::arg("tile_w") = 0, py::arg("smem_patch") = 0,
@@ -1191,7 +1251,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("fix_u") = 0, py::arg("gemm_bm") = 0, py::arg("gemm_bn") = 0, py::arg("gemm_threads") = 0,
            py::arg("gemm_smem") = 0, py::arg("dtype") = 0, py::arg("nhwc") = 0, py::arg("tma") = 0,
            py::arg("stream_k") = 0, py::arg("blas") = 0, py::arg("blas_algo") = 0, py::arg("blas_ws") = 0,
-           py::arg("split_cluster") = 0, py::arg("tf32") = 0)
+           py::arg("split_cluster") = 0, py::arg("tf32") = 0, py::arg("polyphase") = 0)
       .def_readwrite("bm", &LaunchGeometry::bm)
       .def_readwrite("bn", &LaunchGeometry::bn)
       .def_readwrite("threads", &LaunchGeometry::threads)
@@ -1217,7 +1277,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("blas_algo", &LaunchGeometry::blas_algo)
       .def_readwrite("blas_ws", &LaunchGeometry::blas_ws)
       .def_readwrite("split_cluster", &LaunchGeometry::split_cluster)
-      .def_readwrite("tf32", &LaunchGeometry::tf32);
+      .def_readwrite("tf32", &LaunchGeometry::tf32)
+      .def_readwrite("polyphase", &LaunchGeometry::polyphase);
   m.def("load_plan", &load_plan, "Load a cubin and register it as a launchable plan with its launch geometry",
         py::arg("cubin"), py::arg("lowered_name"), py::arg("device"), py::arg("geometry"));
   m.def("unload_plan", &unload_plan, "Unload a plan's module");

@@ -1654,6 +1654,87 @@ def test_tma_h16_tiles_and_splits_correct_and_equal_to_the_gathering_twin(compil
     _stream_k_checks(compiler, fam, ("bfloat16", "nhwc"))
 
 
+POLYPHASE_SHAPES = [
+    (2, 3, 224, 224, 64, 11, 11, (4, 4), (2, 2), (1, 1), True),   # AlexNet's conv1 (torchvision's)
+    (3, 5, 31, 29, 24, 7, 5, (2, 3), (3, 1), (1, 1), False),      # unequal strides and padding: 30 -> 32 channels
+    (2, 3, 33, 35, 20, 7, 7, (2, 2), (3, 3), (1, 1), True),       # a ResNet stem's geometry: 12 -> 16 channels
+    (1, 6, 9, 9, 70, 5, 5, (3, 3), (2, 2), (1, 1), True),         # K = 70 off every tile, P = Q = 3
+    (2, 16, 20, 20, 40, 3, 3, (2, 2), (0, 1), (1, 1), True),      # C % 8 == 0: either plan
+    (1, 7, 13, 40, 9, 4, 2, (1, 2), (2, 0), (1, 1), True),        # stride 1 one way: one row phase
+]
+
+
+def test_tma_h16_polyphase_plans_correct_on_strided_shapes_of_few_channels(compiler):
+    """implicit_gemm_tma_h16's polyphase plans (PP = 1) in bf16 and fp16, channels_last and NCHW, on strided shapes of
+    few channels (AlexNet's conv1, unequal strides and padding, channels rounded up to 8, K off every tile; the
+    gather's and the weight's zeros): NaN-poisoned output within twice cuDNN's error against float64, with tiles of
+    every WN, split-K (in a workspace and in clusters), stream-K and persistent blocks. An NCHW plan gives its
+    channels_last twin's bits (the same form, the same products); the weight gives the same bits in any format; the
+    plan gives the same bits eager and in a CUDA graph, passes opcheck and gives them under
+    torch.compile(fullgraph=True)."""
+    from bagf_torch.tuning.measure import Workspace
+
+    fam = _family("implicit_gemm_tma_h16")
+    fmts = [("bfloat16", "nhwc"), ("float16", "nhwc"), ("bfloat16", "nchw"), ("float16", "nchw")]
+    tiles = [dict(t, SPLIT=1, SK=0, CR=0) for t in _TMA_TILES[:4]] + [
+        dict(_TMA_TILES[0], SPLIT=2, SK=0, CR=0), dict(_TMA_TILES[0], SPLIT=4, SK=0, CR=1),
+        dict(_TMA_TILES[1], SPLIT=1, SK=1, CR=0), dict(_TMA_TILES[4], SPLIT=1, SK=2, CR=0)]
+    configs = [dict(fam.DEFAULT, **t, PP=1, DT=fam.DTYPES[d], NHWC=fam.LAYOUTS[f]) for d, f in fmts for t in tiles]
+    assert all(fam.space().is_valid(c) for c in configs), [fam.name(c) for c in configs
+                                                           if not fam.space().is_valid(c)]
+    for shape in POLYPHASE_SHAPES:
+        for f in fmts:
+            assert fam.applies(_problem(shape, fmt=f)) is None, (shape, f)
+            assert any(_runs(fam, c, shape, f) for c in configs), (shape, f)
+    built = dict(zip(map(fam.name, configs), _compile_and_check(compiler, fam, configs, POLYPHASE_SHAPES, fmts)))
+    differ, compared = [], 0
+    for dtype in ("bfloat16", "float16"):
+        for shape in POLYPHASE_SHAPES:
+            ws = Workspace(_problem(shape, fmt=(dtype, "nchw")), torch.device("cuda", 0))
+            x_cl = ws.x.contiguous(memory_format=torch.channels_last)
+            w_forms = [ws.w, ws.w.contiguous(memory_format=torch.channels_last), ws.w.transpose(2, 3).contiguous()
+                       .transpose(2, 3)]  # KCRS, KRSC, and a KCSR layout read through its strides
+            for c in configs:
+                if c["NHWC"] or c["DT"] != fam.DTYPES[dtype] or not _runs(fam, c, shape, (dtype, "nchw")):
+                    continue
+                twin = built[fam.name(dict(c, NHWC=1))].handle
+                with torch.no_grad():  # launched into ``out``: a plan that cannot take the call raises, never ATen
+                    got = compiler.ext.conv2d_inference(ws.x, ws.w, ws.b, *ws.args, built[fam.name(c)].handle,
+                                                        out=torch.full_like(ws.out, float("nan")))
+                    for w in w_forms:
+                        want = compiler.ext.conv2d_inference(
+                            x_cl, w, ws.b, *ws.args, twin,
+                            out=torch.full_like(ws.out, float("nan")).contiguous(memory_format=torch.channels_last))
+                        compared += 1
+                        if not torch.equal(got, want.contiguous()):
+                            differ.append((shape, dtype, fam.name(c), w.stride()))
+    assert compared > 0 and not differ, (compared, differ[:10])
+    # AlexNet's conv1 at N = 1 through the op: graphs, opcheck, torch.compile
+    conv1 = POLYPHASE_SHAPES[0]
+    handle = built[fam.name(configs[4])].handle  # (bf16 channels_last, split-K of 2)
+    x = torch.randn(1, 3, 224, 224, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(64, 3, 11, 11, device="cuda") / 16).to(torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    b = torch.randn(64, device="cuda").to(torch.bfloat16)
+    op = torch.ops.bagf.conv2d.default
+    args = ([4, 4], [2, 2], [1, 1], handle)
+    assert _runs(fam, configs[4], (1,) + conv1[1:], ("bfloat16", "nhwc"))
+    with torch.no_grad():
+        first = op(x, w, b, *args)
+        assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 4, 2), F.conv2d(x, w, b, 4, 2))
+        _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, *args), first)
+    torch.library.opcheck(op, (x, w, b) + args)
+
+    def compiled_fn(a):
+        return op(a, w, b, *args)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(compiled_fn, fullgraph=True)(x)
+    assert torch.equal(got, first), float((got.float() - first.float()).abs().max())
+
+
 def test_tma_tf32_tiles_and_splits_round_to_nearest_on_odd_shapes(compiler):
     """implicit_gemm_tma_tf32, NCHW and channels_last: six tiles (every WN, MI and WG, rings of 3-6) with split-K 1,
     2 and 8 on odd shapes with C % 4 == 0 (non-square images, unequal strides, padding and dilation, K and N*P*Q

@@ -20,8 +20,8 @@ def test_every_valid_config_obeys_the_documented_rules():
     for c in valid:
         g = th.launch(c)
         assert g.threads == 128 * (c["WG"] + 1) and g.bn == 64 * c["MI"] * c["WG"] <= 256 and g.bm == c["WN"]
-        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster) == \
-            (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"])
+        assert (g.dtype, g.nhwc, g.tma, g.split, g.stream_k, g.split_cluster, g.polyphase) == \
+            (1 + c["DT"], c["NHWC"], 1, c["SPLIT"], c["SK"], c["CR"], c["PP"])
         assert c["SK"] == 0 or c["SPLIT"] == 1
         assert c["MI"] * c["WN"] // 2 <= 128
         assert g.smem == th.smem_bytes(c) == c["STAGES"] * (g.bn + g.bm) * 128 + 1024 + th.stage_bytes(c) \
@@ -59,7 +59,7 @@ def test_names_formats_and_the_problem_rule():
     assert "float32" in th.applies(_problem(32, 192, 13, 384, 3, "float32", layout="nchw"))
     assert "nchw" in th.problem_rule(th.DEFAULT, nchw) and th.problem_rule(th.default_for(nchw), nchw) is None
     assert th.default_for(nchw)["NHWC"] == 0
-    assert "multiple of 8" in th.applies(_problem(32, 3, 224, 64, 11, stride=4))
+    assert "multiple of 8" in th.applies(_problem(32, 3, 224, 64, 3))  # (stride 1: no polyphase plan either)
     assert th.problem_rule(th.DEFAULT, conv3) is None
     assert "compiled for bfloat16" in th.problem_rule(th.DEFAULT, _problem(32, 192, 13, 384, 3, "float16"))
     # k tiles are a tap's 64 channels: C = 72 takes 2 per tap (the second mostly zeros)
@@ -205,3 +205,86 @@ def test_unsplit_second_start_where_the_start_splits_two_warpgroup_tiles():
     assert th.default_for(r128)["WG"] == 1 and th.unsplit_alternatives(th.default_for(r128), r128, "sm_90") == []
     r256_32 = _problem(32, 256, 56, 256, 3)
     assert th.unsplit_alternatives(th.default_for(r256_32), r256_32, "sm_90") == []
+
+
+def test_polyphase_plans_take_strided_problems_of_few_channels():
+    conv1 = _problem(32, 3, 224, 64, 11, stride=4, pad=2)  # AlexNet's conv1
+    form = th.polyphase_problem(conv1)
+    assert (form.c, form.h, form.w, form.r, form.s) == (48, 57, 57, 3, 3)
+    assert (form.stride, form.padding, form.dilation, form.out_hw) == ((1, 1), (0, 0), (1, 1), conv1.out_hw)
+    assert (form.n, form.k, form.dtype, form.layout, form.bias) == (32, 64, "bfloat16", "nhwc", True)
+    # C = 3 has no plan but a polyphase one, which is the start
+    assert th.applies(conv1) is None
+    start = th.default_for(conv1)
+    assert start["PP"] == 1 and th.problem_rule(start, conv1) is None
+    assert "multiple of 8" in th.problem_rule(dict(start, PP=0), conv1)
+    assert th.features(conv1, start) == th.grid_features(start, conv1, th.k_tiles(form)) and th.k_tiles(form) == 9
+    assert th.workspace_bytes(dict(start, SPLIT=2), conv1) > 0
+    g = th.launch(start)
+    assert g.polyphase == 1 and g.tma == 1 and g.dtype == 2
+    assert "_bf16_pp_wn" in th.name(start)
+    assert th.name_expression(start).endswith(";bagf::polyphase_gather<1, 1>;bagf::polyphase_weight<1>")
+    nchw = _problem(1, 3, 224, 64, 11, "float16", layout="nchw", stride=4, pad=2)
+    expr = th.name_expression(th.default_for(nchw))
+    assert expr.endswith(";bagf::polyphase_gather<0, 0>;bagf::polyphase_weight<0>") and "nchw_to_nhwc" not in expr
+    assert "_fp16_nchw_pp_wn" in th.name(th.default_for(nchw))
+    # unequal strides, channels rounded up to 8, taps rounded up: 2 x 3 phases of 5 channels = 30 -> 32
+    odd = ConvProblem(n=3, c=5, h=31, w=29, k=24, r=7, s=5, stride=(2, 3), padding=(3, 1), bias=False,
+                      dtype="float16", layout="nhwc")
+    f = th.polyphase_problem(odd)
+    p, q = odd.out_hw
+    assert (f.c, f.r, f.s, f.h, f.w, f.out_hw) == (32, 4, 2, p + 3, q + 1, (p, q))
+    assert th.problem_rule(th.default_for(odd), odd) is None
+    # what no polyphase plan takes
+    assert "strides" in th.applies(_problem(2, 3, 32, 16, 3))  # stride 1
+    assert "strides" in th.polyphase_refuses(_problem(2, 3, 32, 16, 3, stride=2, dil=2))
+    assert "strides" in th.polyphase_refuses(_problem(2, 3, 80, 16, 11, stride=9))
+    assert "fewer than 64" in th.polyphase_refuses(_problem(2, 64, 32, 16, 3, stride=2))
+    assert "fewer than 64" in th.problem_rule(dict(th.DEFAULT, PP=1), _problem(2, 64, 32, 16, 3, stride=2))
+    # a C % 8 == 0 problem of few channels may take either
+    few = _problem(2, 16, 32, 16, 3, stride=2)
+    assert th.default_for(few)["PP"] == 0
+    assert th.problem_rule(dict(th.default_for(few), PP=1, SPLIT=1, CR=0), few) is None
+    assert family_refuses("implicit_gemm_tma_h16", dict(start, PP=0), conv1) is not None
+    assert family_refuses("implicit_gemm_tma_h16", start, conv1) is None
+
+
+def test_polyphase_form_computes_the_strided_convolution():
+    """The form as csrc/kernels/conv_params.h defines it (channel (ph s_w + pw) C + c of form pixel (u, v) holds the
+    padded input at (s_h u + ph, s_w v + pw); the weight's tap (r', s') of that channel is w[c][s_h r' + ph][s_w s' +
+    pw]), built here in float64 with the extents of ``polyphase_problem``: a stride-1 unpadded conv of the two equals
+    the strided one. The kernels that build it on the GPU are checked against F.conv2d by tests/test_gpu.py."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    for n, c, h, w, k, r, s, stride, pad in ((2, 3, 227, 227, 8, 11, 11, (4, 4), (2, 2)),
+                                              (3, 5, 31, 29, 6, 7, 5, (2, 3), (3, 1)),
+                                              (1, 1, 9, 12, 2, 2, 4, (3, 2), (0, 2)),
+                                              (1, 3, 17, 17, 4, 3, 3, (1, 2), (1, 1))):
+        problem = ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, padding=pad, dtype="float16",
+                              layout="nhwc")
+        f = th.polyphase_problem(problem)
+        x = torch.randn(n, c, h, w, dtype=torch.float64, generator=g)
+        wt = torch.randn(k, c, r, s, dtype=torch.float64, generator=g)
+        sh, sw = stride
+        xf = torch.zeros(n, f.c, f.h, f.w, dtype=torch.float64)
+        wf = torch.zeros(k, f.c, f.r, f.s, dtype=torch.float64)
+        xpad = F.pad(x, (pad[1], sh * f.w + sw, pad[0], sh * f.h + sh))  # (room for every form pixel's window)
+        for ph in range(sh):
+            for pw in range(sw):
+                ch = slice((ph * sw + pw) * c, (ph * sw + pw + 1) * c)
+                xf[:, ch] = xpad[:, :, ph::sh, pw::sw][:, :, :f.h, :f.w]
+                taps = wt[:, :, ph::sh, pw::sw]
+                wf[:, ch, :taps.shape[2], :taps.shape[3]] = taps
+        # (the padded input's zeros past the image: rows s_h u + ph - pad_h >= H read nothing)
+        rows = torch.arange(f.h)[:, None] * sh - pad[0]
+        cols = torch.arange(f.w)[None, :] * sw - pad[1]
+        for ph in range(sh):
+            for pw in range(sw):
+                outside = ((rows + ph) >= h) | ((cols + pw) >= w)
+                xf[:, (ph * sw + pw) * c:(ph * sw + pw + 1) * c][..., outside] = 0
+        ref = F.conv2d(x, wt, stride=stride, padding=pad)
+        got = F.conv2d(xf, wf)
+        assert got.shape[2:] == ref.shape[2:] == f.out_hw
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)

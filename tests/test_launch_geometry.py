@@ -30,15 +30,15 @@ from bagf_torch.kernels.geometry import FIELDS, LaunchGeometry
 
 EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
     'implicit_gemm_tma_h16': [
-        ({'DT': 1, 'NHWC': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1, 'SK': 0, 'CR': 0},
+        ({'DT': 1, 'NHWC': 1, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 5, 'SPLIT': 1, 'SK': 0, 'CR': 0, 'PP': 0},
          (128, 128, 384, 164864, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 0)),
-        ({'DT': 0, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1, 'CR': 0},
+        ({'DT': 0, 'NHWC': 0, 'WN': 128, 'MI': 1, 'WG': 2, 'STAGES': 4, 'SPLIT': 1, 'SK': 1, 'CR': 0, 'PP': 0},
          (128, 128, 384, 132096, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1)),
-        ({'DT': 1, 'NHWC': 0, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0, 'CR': 0},
+        ({'DT': 1, 'NHWC': 0, 'WN': 192, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 1, 'SK': 0, 'CR': 0, 'PP': 0},
          (192, 128, 384, 123904, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 1, 0)),
-        ({'DT': 0, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8, 'SK': 0, 'CR': 0},
+        ({'DT': 0, 'NHWC': 1, 'WN': 64, 'MI': 1, 'WG': 1, 'STAGES': 3, 'SPLIT': 8, 'SK': 0, 'CR': 0, 'PP': 0},
          (64, 64, 256, 50176, 8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0)),
-        ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2, 'SK': 0, 'CR': 0},
+        ({'DT': 1, 'NHWC': 1, 'WN': 256, 'MI': 1, 'WG': 2, 'STAGES': 3, 'SPLIT': 2, 'SK': 0, 'CR': 0, 'PP': 0},
          (256, 128, 384, 148480, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 0)),
     ],
     'implicit_gemm_tma_tf32': [
@@ -282,7 +282,7 @@ EXPECTED: dict[str, list[tuple[dict[str, int], tuple[int, ...]]]] = {
 
 FIELD_ORDER = ("bm", "bn", "threads", "smem", "split", "tile", "tile_w", "smem_patch", "smem_taps", "gemm", "layout",
              "fix_s", "fix_u", "gemm_bm", "gemm_bn", "gemm_threads", "gemm_smem", "dtype", "nhwc", "tma", "stream_k",
-             "blas", "blas_algo", "blas_ws", "split_cluster", "tf32")
+             "blas", "blas_algo", "blas_ws", "split_cluster", "tf32", "polyphase")
 """The LaunchGeometry fields in the host's order: the tuples above hold the first ``len(RECORDED)``; the fields after
 them belong to plan kinds the recorded families do not use (at their defaults there)."""
 
@@ -477,6 +477,9 @@ def test_the_host_binding_receives_every_family_geometry_unchanged(tmp_path):
         config = dict(EXPECTED[family][-1 if family == "implicit_gemm_tma_h16" else 2][0], CR=1)
         geo = FAMILIES[family].launch(config)
         assert geo.split_cluster == 1 and ext.held(geo.to_host(ext)) == tuple(geo.as_dict().values()), config
+    config = dict(EXPECTED["implicit_gemm_tma_h16"][0][0], PP=1)  # polyphase: a polyphase plan
+    geo = FAMILIES["implicit_gemm_tma_h16"].launch(config)
+    assert geo.polyphase == 1 and ext.held(geo.to_host(ext)) == tuple(geo.as_dict().values()), config
     lt = FAMILIES["cublaslt_1x1"]  # the fields after RECORDED: a cuBLASLt plan's
     for config in (lt.DEFAULT, dict(lt.DEFAULT, TF=1, ALG=7, WS=0), dict(lt.DEFAULT, DT=2, NHWC=1, ALG=3)):
         geo = lt.launch(config)

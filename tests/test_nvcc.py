@@ -33,9 +33,18 @@ def _instantiations(fam, exprs) -> str:
     for e in exprs:
         main, *aux = e.split(";")
         kernels[main] = fam.KERNEL_ARGS
-        kernels.update((a, fam.AUX_KERNEL_ARGS) for a in aux)
+        kernels.update((a, _aux_args(fam, a)) for a in aux)
     return f'#include "{fam.SOURCE}"\n' + "".join(f"template __global__ void {e}({args});\n"
                                                    for e, args in kernels.items())
+
+
+def _aux_args(fam, expr: str) -> str:
+    """The parameter list of a plan's kernel after its first (``expr``): a polyphase plan's gather and weight kernels
+    (``POLYPHASE_KERNEL_ARGS``), winograd_gemm's own GEMM (``GEMM_KERNEL_ARGS``), an NCHW TMA plan's input copy
+    (``AUX_KERNEL_ARGS``)."""
+    if expr.startswith((getattr(fam, "GATHER_KERNEL", "-"), getattr(fam, "WEIGHT_KERNEL", "-"))):
+        return fam.POLYPHASE_KERNEL_ARGS
+    return getattr(fam, "GEMM_KERNEL_ARGS", getattr(fam, "AUX_KERNEL_ARGS", ""))
 
 
 def _ptxas(tmp_path, stem: str, source: str, target: str) -> subprocess.CompletedProcess:
@@ -68,6 +77,9 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
     if family == "winograd_gemm":  # both GEMM kinds, whatever the sample drew
         configs += [dict(fam.DEFAULT, GE=ge) for ge in fam.WGMMA_GEMMS] + [dict(fam.DEFAULT, GE=1)]
         configs = list({fam.name(c): c for c in configs}.values())
+    if "PP" in fam.PARAMS:  # polyphase plans in both formats and dtypes, whatever the sample drew
+        configs += [dict(fam.DEFAULT, PP=1, DT=dt, NHWC=nhwc) for dt in (0, 1) for nhwc in (0, 1)]
+        configs = list({fam.name(c): c for c in configs}.values())
     gpu_arch = getattr(fam, "gpu_arch", lambda c, arch: arch)
     by_target: dict[str, list] = {}
     for c in configs:
@@ -77,12 +89,13 @@ def test_nvcc_compiles_sampled_instantiations_for_sm90(tmp_path, family):
         lines = [f'#include "{fam.SOURCE}"']
         seen = set()
         for c in group:
-            # a plan may have a second kernel (winograd_gemm's own GEMM, an NCHW TMA plan's input copy):
-            # "stages<...>;gemm<...>", each instantiated once (several configurations share a GEMM tile)
+            # a plan may have more kernels (winograd_gemm's own GEMM, an NCHW TMA plan's input copy, a polyphase
+            # plan's gather and weight kernels): "stages<...>;gemm<...>", each instantiated once (several
+            # configurations share a GEMM tile)
             kernels = fam.name_expression(c).split(";")
             arg_lists = [getattr(fam, "KERNEL_ARGS", "const float*, const float*, const float*, float*, "
-                                                     "const bagf::Conv2dParams"),
-                         getattr(fam, "GEMM_KERNEL_ARGS", getattr(fam, "AUX_KERNEL_ARGS", ""))]
+                                                     "const bagf::Conv2dParams")] + [_aux_args(fam, e)
+                                                                                     for e in kernels[1:]]
             for expr, args in zip(kernels, arg_lists):
                 if expr not in seen:
                     seen.add(expr)

@@ -44,7 +44,19 @@ SK        0 1 2               1: stream-K (SPLIT = 1): a grid of the blocks the 
 CR        0 1                 1: split-K in clusters (SPLIT 2, 4 or 8, SK = 0): the host launches a
                               tile's slices as one thread block cluster and they hand their sums over
                               in distributed shared memory (:func:`cluster_rule`), no workspace
+PP        0 1                 1: the polyphase form (:func:`polyphase_problem`) of a strided problem of
+                              fewer than 64 channels, dilation 1 (:func:`polyphase_refuses`); every
+                              other rule then holds for the form
 ========  ==================  ======================================================================
+
+A polyphase plan (PP = 1) is for the strided convolutions of few channels, AlexNet's conv1 (C = 3, 11x11, stride 4)
+above all, which the maps cannot take as they are (C % 8 != 0) and whose k tiles would be mostly zeros (3 of 64
+channels). Its stride-1 form over s_h s_w C channels (48 for conv1) and ceil(R / s_h) x ceil(S / s_w) taps (3 x 3)
+computes the same sums (csrc/kernels/conv_params.h ``PolyphaseParams``); the plan's cubin holds two more kernels,
+``polyphase_gather`` (the input's form: one read of the input, one write of the form, which is as large as the input
+padded to whole strides) and ``polyphase_weight`` (the weight's, K x 9 x 48 values for conv1), launched per call
+before the GEMM on the form. The form's products are the direct convolution's with zeros added (taps past R and S,
+channels past s_h s_w C), so its error is the direct GEMM's.
 
 Persistent blocks (SK = 2) are for the grids of several waves (N = 32 and 128): a block that has consumed its
 tile's last k tile stores it while its producer already fills the ring with its next tile's, where a new block would
@@ -85,6 +97,7 @@ bench_layers_h200_{bf16,fp16}_nchw.md), where before, in bfloat16, cuDNN's NCHW 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from . import implicit_gemm_h16 as _h16
@@ -103,6 +116,13 @@ KERNEL_ARGS = ("const __grid_constant__ bagf::TmaMap, const __grid_constant__ ba
                "unsigned short*, const bagf::Conv2dParams, float*")
 """The kernel's parameter list: the input's and the weight's TMA maps (by value), bias, y (16-bit values as unsigned
 short), the shape, the split-K or stream-K workspace."""
+GATHER_KERNEL = "bagf::polyphase_gather"
+"""A polyphase plan's second kernel (template parameters DT and the input's NHWC): the input's polyphase form, made
+before each launch."""
+WEIGHT_KERNEL = "bagf::polyphase_weight"
+"""A polyphase plan's third kernel (template parameter DT): the weight's polyphase form, made before each launch."""
+POLYPHASE_KERNEL_ARGS = "const unsigned short*, unsigned short*, const bagf::PolyphaseParams"
+"""GATHER_KERNEL's and WEIGHT_KERNEL's parameter list: the input (or weight), its form, the form's extents."""
 TRANSPOSE_KERNEL = "bagf::nchw_to_nhwc"
 """An NCHW plan's second kernel (template parameter DT): the input's copy to channels_last, made before each launch."""
 AUX_KERNEL_ARGS = "const unsigned short*, unsigned short*, int, int, int"
@@ -115,9 +135,9 @@ LAYOUTS: dict[str, int] = {"nchw": 0, "nhwc": 1}
 """The problem's memory format (``ConvProblem.layout``) -> NHWC."""
 FORMATS: tuple[tuple[str, str], ...] = tuple((d, layout) for d in DTYPES for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-LEGACY: Config = {"NHWC": 1, "SK": 0, "CR": 0}
-"""Configurations recorded before the NCHW kernels were channels_last ones, before stream-K and before split-K in
-clusters."""
+LEGACY: Config = {"NHWC": 1, "SK": 0, "CR": 0, "PP": 0}
+"""Configurations recorded before the NCHW kernels were channels_last ones, before stream-K, before split-K in
+clusters and before polyphase plans."""
 
 PARAMS: dict[str, tuple[int, ...]] = {
     "DT": (0, 1),
@@ -129,11 +149,13 @@ PARAMS: dict[str, tuple[int, ...]] = {
     "SPLIT": (1, 2, 4, 8, 16),
     "SK": (0, 1, 2),
     "CR": (0, 1),
+    "PP": (0, 1),
 }
 
 # 128 output channels x 128 pixels per block (two consumer warpgroups), a 5-deep ring (161 KB); default_for sets DT
 # and sizes WN, WG, STAGES and SPLIT to the problem.
-DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0, "CR": 0}
+DEFAULT: Config = {"DT": 1, "NHWC": 1, "WN": 128, "MI": 1, "WG": 2, "STAGES": 5, "SPLIT": 1, "SK": 0, "CR": 0,
+                   "PP": 0}
 
 STATIC_SMEM = 16 + 2 * 8 * 6
 """Static shared memory (the arrival flags of split-K's and stream-K's hand-overs, the deepest ring's full and empty
@@ -185,17 +207,58 @@ def estimated_registers(c: Mapping[str, int]) -> int:
 
 def applies(problem) -> str | None:
     """None for a float16 or bfloat16 problem (NCHW or channels_last) with C % 8 == 0 (the maps' 16-byte
-    strides)."""
+    strides), or one whose polyphase form a plan can run (:func:`polyphase_refuses`)."""
     if (problem.dtype, problem.layout) not in FORMATS:
         return f"computes float16 and bfloat16; this problem is {problem.dtype} {problem.layout}"
-    if problem.c % 8:
-        return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
+    if problem.c % 8 and (why := polyphase_refuses(problem)) is not None:
+        return (f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's), and no "
+                f"polyphase plan takes it: {why}")
     return None
 
 
 def k_tiles(problem) -> int:
     """k tiles (one filter tap's block of 64 channels each) in ``problem``'s reduction: R*S*ceil(C / 64)."""
     return problem.r * problem.s * -(-problem.c // BK)
+
+
+MAX_POLYPHASE_STRIDE = 8
+"""The largest stride a polyphase plan takes (csrc/bagf_ext.cpp ``unsupported_reason``): s_h s_w C channels."""
+
+
+def polyphase_problem(problem):
+    """The stride-1 problem a polyphase plan's kernel runs (csrc/kernels/conv_params.h ``polyphase_form``): C s_h s_w
+    channels rounded up to 8, ceil(R / s_h) x ceil(S / s_w) taps over the (P + R' - 1) x (Q + S' - 1) pixels its
+    outputs read, no padding, the same outputs, dtype and layout."""
+    sh, sw = problem.stride
+    p, q = problem.out_hw
+    rp, sp = -(-problem.r // sh), -(-problem.s // sw)
+    return dataclasses.replace(problem, c=-(-(sh * sw * problem.c) // 8) * 8, h=p + rp - 1, w=q + sp - 1, r=rp, s=sp,
+                               stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+
+
+def polyphase_refuses(problem) -> str | None:
+    """Why no polyphase plan takes ``problem``, or None: it takes dilation 1, strides of 1 to
+    :data:`MAX_POLYPHASE_STRIDE` (not both 1), fewer than 64 input channels (one k tile: with more, the form's zero
+    taps cost more than the padded channels it saves), and a form of at most 65535 rows (the gather's grid.y) that the
+    maps can describe and whose input and weight hold fewer than 2^31 values."""
+    sh, sw = problem.stride
+    if problem.dilation != (1, 1) or not (1 <= sh <= MAX_POLYPHASE_STRIDE and 1 <= sw <= MAX_POLYPHASE_STRIDE) or (
+            sh == sw == 1):
+        return f"a polyphase plan takes dilation 1 and strides of 1 to {MAX_POLYPHASE_STRIDE}, not both 1"
+    if problem.c >= BK:
+        return f"a polyphase plan takes fewer than {BK} channels; C = {problem.c}"
+    p, q = problem.out_hw
+    if p < 1 or q < 1:
+        return "no output pixels"
+    form = polyphase_problem(problem)
+    if form.h > 65535 or form.n * form.c * form.h * form.w > INT32_MAX or form.k * form.c * form.r * form.s > INT32_MAX:
+        return "the polyphase form passes 65535 rows or 2^31 values"
+    return map_refuses(form)
+
+
+def plan_problem(c: Mapping[str, int], problem):
+    """The problem ``c``'s kernel runs: ``problem``'s polyphase form where PP = 1, else ``problem``."""
+    return polyphase_problem(problem) if c.get("PP", 0) else problem
 
 
 def tiles(c: Mapping[str, int], problem) -> int:
@@ -233,7 +296,8 @@ def workspace_bytes(c: Mapping[str, int], problem, k: int | None = None, sms: in
     if c["CR"] or c["SK"] == 2:
         return 0
     if c["SK"]:
-        return 4 * (2 * stream_k_blocks(c, problem, k_tiles(problem) if k is None else k, sms) * bm(c) * bn(c)
+        return 4 * (2 * stream_k_blocks(c, problem, k_tiles(plan_problem(c, problem)) if k is None else k, sms)
+                    * bm(c) * bn(c)
                     + tiles(c, problem))
     return _h16.split_workspace_bytes(c.get("SPLIT", 1), tiles(c, problem), bm(c), bn(c))
 
@@ -258,11 +322,14 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
     """None when ``c`` was compiled for the problem's dtype, C % 8 == 0, the maps can describe the window
     (:func:`map_refuses`), the epilogue's 32-bit indices hold for the last blocks (N*P*Q + BN and N*P*Q*K below
     2^31), and a split-K configuration gives every slice 2 k tiles or more within implicit_gemm_h16's
-    ``SPLIT_WORKSPACE_LIMIT`` bytes."""
+    ``SPLIT_WORKSPACE_LIMIT`` bytes; with PP = 1, when a polyphase plan takes the problem (:func:`polyphase_refuses`)
+    and the rest holds for its form."""
     c = {**LEGACY, **c}
     if (c["DT"], c["NHWC"]) != (DTYPES.get(problem.dtype), LAYOUTS.get(problem.layout)):
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; this "
                 f"problem is {problem.dtype} {problem.layout}")
+    if c["PP"]:
+        return polyphase_refuses(problem) or grid_refuses(c, problem, k_tiles(polyphase_problem(problem)))
     if problem.c % 8:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
     return map_refuses(problem) or grid_refuses(c, problem, k_tiles(problem))
@@ -329,10 +396,12 @@ def grid_refuses(c: Mapping[str, int], problem, k: int) -> str | None:
 
 
 def default_for(problem, sms: int = H200_SMS) -> Config:
-    """DEFAULT with the problem's DT and :func:`sized_start`'s tiles, ring (at most 5 stages) and split."""
+    """DEFAULT with the problem's DT, a polyphase plan where C % 8 != 0 (the only plan the family has for it), and
+    :func:`sized_start`'s tiles, ring (at most 5 stages) and split."""
     c = dict(DEFAULT)
     c["DT"] = DTYPES.get(problem.dtype, 1)
     c["NHWC"] = LAYOUTS.get(problem.layout, 1)
+    c["PP"] = 1 if problem.c % 8 else 0
     return sized_start(c, problem, 5, problem_rule, sms)
 
 
@@ -361,8 +430,9 @@ def blocks_per_sm(c: Mapping[str, int]) -> int:
 
 
 def features(problem, c: Mapping[str, int], sms: int = H200_SMS) -> dict[str, float]:
-    """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem``."""
-    return grid_features(c, problem, k_tiles(problem), sms)
+    """implicit_gemm_wgmma_h16's :func:`~.implicit_gemm_wgmma_h16.grid_features` of ``c`` on ``problem`` (on its
+    polyphase form's k tiles where PP = 1)."""
+    return grid_features(c, problem, k_tiles(plan_problem(c, problem)), sms)
 
 
 def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) -> dict[str, float]:
@@ -381,16 +451,17 @@ def grid_features(c: Mapping[str, int], problem, k: int, sms: int = H200_SMS) ->
 def launch(c: Mapping[str, int]) -> LaunchGeometry:
     c = {**LEGACY, **c}
     return LaunchGeometry(bm=bm(c), bn=bn(c), threads=threads(c), smem=smem_bytes(c), split=c["SPLIT"],
-                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"])
+                          dtype=1 + c["DT"], nhwc=c["NHWC"], tma=1, stream_k=c["SK"], split_cluster=c["CR"],
+                          polyphase=c["PP"])
 
 
 def name(c: Mapping[str, int], arch: str = "sm90") -> str:
     """e.g. ``implicit_gemm_tma_h16_bf16_wn128_mi1_wg2_st5_s1_sm90`` (channels_last), ``..._bf16_nchw_wn128...``,
-    ``..._st5_sk_sm90`` (stream-K), ``..._st5_pt_sm90`` (persistent blocks), ``..._st5_c4_sm90`` (split-K of 4 in
-    clusters)."""
+    ``..._bf16_pp_wn128...`` (polyphase), ``..._st5_sk_sm90`` (stream-K), ``..._st5_pt_sm90`` (persistent blocks),
+    ``..._st5_c4_sm90`` (split-K of 4 in clusters)."""
     c = {**LEGACY, **c}
-    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}"
-            f"_{split_name(c)}_{arch}")
+    return (f"{FAMILY}_{'bf16' if c['DT'] else 'fp16'}{'' if c['NHWC'] else '_nchw'}{'_pp' if c['PP'] else ''}"
+            f"_wn{c['WN']}_mi{c['MI']}_wg{c['WG']}_st{c['STAGES']}_{split_name(c)}_{arch}")
 
 
 def split_name(c: Mapping[str, int]) -> str:
@@ -403,9 +474,13 @@ def split_name(c: Mapping[str, int]) -> str:
 
 def name_expression(c: Mapping[str, int]) -> str:
     """e.g. ``bagf::implicit_gemm_tma_h16_conv2d<1, 128, 1, 2, 5, 1, 0>`` (whatever SPLIT and CR: launch parameters); an
-    NCHW plan's cubin also holds its input copy, ``...;bagf::nchw_to_nhwc<1>`` (:data:`TRANSPOSE_KERNEL`)."""
+    NCHW plan's cubin also holds its input copy, ``...;bagf::nchw_to_nhwc<1>`` (:data:`TRANSPOSE_KERNEL`), a
+    polyphase plan's its form's kernels instead, ``...;bagf::polyphase_gather<1, 1>;bagf::polyphase_weight<1>``
+    (:data:`GATHER_KERNEL` of the input's format, :data:`WEIGHT_KERNEL`)."""
     c = {**LEGACY, **c}
     main = template_expression(KERNEL, TEMPLATE_ORDER, c)
+    if c["PP"]:
+        return f"{main};{GATHER_KERNEL}<{c['DT']}, {c['NHWC']}>;{WEIGHT_KERNEL}<{c['DT']}>"
     return main if c["NHWC"] else f"{main};{TRANSPOSE_KERNEL}<{c['DT']}>"
 
 

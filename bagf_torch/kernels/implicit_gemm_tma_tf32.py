@@ -99,7 +99,8 @@ BK = 32
 LAYOUTS = _th.LAYOUTS
 FORMATS: tuple[tuple[str, str], ...] = tuple(("float32", layout) for layout in LAYOUTS)
 """The (dtype, layout) pairs this family computes (``kernels.format_refuses``)."""
-PARAMS: dict[str, tuple[int, ...]] = {**_th.PARAMS, "DT": (2,)}
+PARAMS: dict[str, tuple[int, ...]] = {**{k: v for k, v in _th.PARAMS.items() if k != "PP"}, "DT": (2,)}
+"""implicit_gemm_tma_h16's knobs but its polyphase plans (PP: its gather and weight kernels are 16-bit only)."""
 
 DEFAULT: Config = {"DT": 2, "NHWC": 0, "WN": 128, "MI": 1, "WG": 2, "STAGES": 4, "SPLIT": 1, "SK": 0, "CR": 0}
 LEGACY: Config = {"SK": 0, "CR": 0}

@@ -52,6 +52,57 @@ struct PoolParams {
   long long ys[4];  // output strides of n, c, p, q
 };
 
+// The s_h x s_w polyphase form of a strided convolution (polyphase_gather and polyphase_weight in
+// implicit_gemm_tma_h16.cuh, a polyphase TMA plan's first two launches): output pixel (p, q) of a dilation-1 conv at
+// stride (s_h, s_w) reads input rows s_h p + r - pad_h = s_h (p + r') + ph - pad_h for r = s_h r' + ph, so it is a
+// stride-1 unpadded conv with Rp = ceil(R / s_h) x Sp = ceil(S / s_w) taps over a Hp x Wp image of Cp channels:
+// channel (ph s_w + pw) C + c of form pixel (u, v) holds the padded input's x[c][s_h u + ph][s_w v + pw] (zero outside
+// the image), form channels s_h s_w C .. Cp - 1 are zeros (Cp = s_h s_w C rounded up to 8: the TMA maps' 16-byte
+// strides), and the form's weight (KRSC, K x Rp x Sp x Cp) holds w[k][c][s_h r' + ph][s_w s' + pw] (zero past R, S).
+// A form pixel's channels of one phase row ph are s_w C values of s_w neighbouring channels_last input pixels, in
+// their order. Hp = P + Rp - 1 and Wp = Q + Sp - 1: the rows and columns the P x Q outputs read.
+struct PolyphaseParams {
+  int N, C, H, W;        // the input (NCHW or channels_last: the gather's template parameter)
+  int sh, sw;            // the stride: phases per row and per column
+  int pad_h, pad_w;
+  int Hp, Wp, Cp;        // the form's extents
+  int K, R, S, Rp, Sp;   // the weight and the form's taps
+  int wk, wc, wr, ws;    // the weight's strides in elements (KCRS or KRSC: any dense format)
+};
+
+BAGF_HOST_DEVICE inline int polyphase_channels(int C, int sh, int sw) { return (sh * sw * C + 7) / 8 * 8; }
+
+// The form of problem ``p`` (dilation 1; strides as given: a stride of 1 is one phase) with the weight's strides;
+// the host has checked that its extents fit int32.
+BAGF_HOST_DEVICE inline PolyphaseParams polyphase_form(const Conv2dParams& p, int wk, int wc, int wr, int ws) {
+  PolyphaseParams q;
+  q.N = p.N, q.C = p.C, q.H = p.H, q.W = p.W;
+  q.sh = p.stride_h, q.sw = p.stride_w, q.pad_h = p.pad_h, q.pad_w = p.pad_w;
+  q.K = p.K, q.R = p.R, q.S = p.S;
+  q.Rp = (p.R + p.stride_h - 1) / p.stride_h;
+  q.Sp = (p.S + p.stride_w - 1) / p.stride_w;
+  q.Hp = p.P + q.Rp - 1;
+  q.Wp = p.Q + q.Sp - 1;
+  q.Cp = polyphase_channels(p.C, p.stride_h, p.stride_w);
+  q.wk = wk, q.wc = wc, q.wr = wr, q.ws = ws;
+  return q;
+}
+
+// The stride-1 problem the plan's kernel runs on the form: Cp channels, Hp x Wp pixels, Rp x Sp taps, no padding,
+// the same outputs, bias and epilogue.
+BAGF_HOST_DEVICE inline Conv2dParams polyphase_inner(const Conv2dParams& p, const PolyphaseParams& q) {
+  Conv2dParams i = p;
+  i.C = q.Cp, i.H = q.Hp, i.W = q.Wp, i.R = q.Rp, i.S = q.Sp;
+  i.stride_h = i.stride_w = 1;
+  i.pad_h = i.pad_w = 0;
+  i.dil_h = i.dil_w = 1;
+  return i;
+}
+
+// polyphase_gather's threads per block (one per form pixel and phase row) and polyphase_weight's.
+constexpr int kPolyphaseThreads = 128;
+constexpr int kPolyphaseWeightThreads = 256;
+
 // nchw_to_nhwc's tile (implicit_gemm_tma_h16.cuh): channels and pixels per block, each way; the host sizes the copy's
 // grid with it.
 constexpr int kNchwCopyTile = 64;

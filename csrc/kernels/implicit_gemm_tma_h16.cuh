@@ -508,6 +508,79 @@ __global__ void __launch_bounds__(256, 6) nchw_to_nhwc(const typename wgh::Elem<
   }
 }
 
+// A polyphase plan's first launch (conv_params.h PolyphaseParams): the input, NCHW or channels_last (IN_NHWC), as
+// its polyphase form, channels_last. One thread per form pixel (u, v) and phase row ph writes that row's s_w C
+// channels (zeros outside the image), the last phase row's thread also the channels from s_h s_w C up to Cp; the
+// threads of a pixel's phase rows are neighbours, so a block writes whole runs of form pixels. grid.x covers the Wp
+// s_h threads of a form row, grid.y the Hp rows, grid.z the images (a stride of gridDim.z past 65535). A
+// channels_last input's values of one phase row are s_w C contiguous values; an NCHW input's are read a plane apart.
+// Any compute capability.
+template <int DT, int IN_NHWC>
+__global__ void __launch_bounds__(kPolyphaseThreads) polyphase_gather(const typename wgh::Elem<DT>::T* __restrict__ x,
+                                                                      typename wgh::Elem<DT>::T* __restrict__ xp,
+                                                                      const PolyphaseParams q) {
+  using E = wgh::Elem<DT>;
+  using T = typename E::T;
+  const int t = blockIdx.x * kPolyphaseThreads + threadIdx.x;
+  const int v = t / q.sh;
+  const int ph = t - v * q.sh;
+  if (v >= q.Wp) return;
+  const int u = blockIdx.y;
+  const int ih = q.sh * u + ph - q.pad_h;
+  const bool row = ih >= 0 && ih < q.H;
+  const int phases = q.sh * q.sw * q.C;
+  for (int n = blockIdx.z; n < q.N; n += gridDim.z) {
+    T* out = xp + ((static_cast<long long>(n) * q.Hp + u) * q.Wp + v) * q.Cp;
+    for (int pw = 0; pw < q.sw; ++pw) {
+      const int iw = q.sw * v + pw - q.pad_w;
+      T* o = out + (ph * q.sw + pw) * q.C;
+      if (row && iw >= 0 && iw < q.W) {
+        if constexpr (IN_NHWC == 1) {
+          const T* src = x + ((static_cast<long long>(n) * q.H + ih) * q.W + iw) * q.C;
+          for (int c = 0; c < q.C; ++c) o[c] = __ldg(src + c);
+        } else {
+          const long long plane = static_cast<long long>(q.H) * q.W;
+          const T* src = x + static_cast<long long>(n) * q.C * plane + static_cast<long long>(ih) * q.W + iw;
+          for (int c = 0; c < q.C; ++c) o[c] = __ldg(src + c * plane);
+        }
+      } else {
+        for (int c = 0; c < q.C; ++c) o[c] = E::zero();
+      }
+    }
+    if (ph == q.sh - 1)
+      for (int j = phases; j < q.Cp; ++j) out[j] = E::zero();
+  }
+}
+
+// A polyphase plan's second launch: the weight (any dense format: its strides in q) as the form's KRSC weight, K x
+// Rp x Sp x Cp, one value per thread in a grid-stride loop (zeros for taps past R, S and channels past s_h s_w C).
+// Any compute capability.
+template <int DT>
+__global__ void __launch_bounds__(kPolyphaseWeightThreads) polyphase_weight(
+    const typename wgh::Elem<DT>::T* __restrict__ w, typename wgh::Elem<DT>::T* __restrict__ wq,
+    const PolyphaseParams q) {
+  using E = wgh::Elem<DT>;
+  const int total = q.K * q.Rp * q.Sp * q.Cp;
+  for (int i = blockIdx.x * kPolyphaseWeightThreads + threadIdx.x; i < total;
+       i += gridDim.x * kPolyphaseWeightThreads) {
+    const int cc = i % q.Cp;
+    int rest = i / q.Cp;
+    const int sp = rest % q.Sp;
+    rest /= q.Sp;
+    const int rp = rest % q.Rp;
+    const int k = rest / q.Rp;
+    const int phase = cc / q.C;
+    const int c = cc - phase * q.C;
+    const int ph = phase / q.sw;
+    const int pw = phase - ph * q.sw;
+    const int r = q.sh * rp + ph, s = q.sw * sp + pw;
+    wq[i] = phase < q.sh * q.sw && r < q.R && s < q.S
+                ? __ldg(w + static_cast<long long>(k) * q.wk + static_cast<long long>(c) * q.wc +
+                        static_cast<long long>(r) * q.wr + static_cast<long long>(s) * q.ws)
+                : E::zero();
+  }
+}
+
 template <int DT, int WN, int MI, int WG, int STAGES, int NHWC, int SK>
 __global__ void __launch_bounds__(128 * (WG + 1), 1)
     implicit_gemm_tma_h16_conv2d(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap,
