@@ -1,12 +1,12 @@
 """Does a strided conv with few channels pay as a stride-1 3x3 implicit GEMM over its polyphase form (needs a GPU)?
 
-AlexNet's conv1 (C = 3, 11x11, stride 4) runs in bfloat16 and float16 as ``winograd_gemm``'s fp32 Winograd of its
-polyphase form (48 channels, 3x3): its transforms and products in fp32 whatever the dtype, so it takes the same time
-in both, 45-55 TFLOP/s of direct-conv work (bench_layers_h100_{bf16,fp16}_nhwc.md), where cuDNN's float16 conv1 is
-1.2-1.3x faster than its bfloat16 one. The same polyphase form is an ordinary 3x3 stride-1 problem with C s^2 = 48
-channels (a multiple of 8), which the 16-bit wgmma/TMA families take. This probe measures, before any kernel is
-written for it, what that route would give: the input rearranged by ATen (``F.pad``, a fill and a copy, then one
-permuting copy to the polyphase channels_last layout: three kernels), the 3x3 problem tuned as any other
+AlexNet's conv1 (C = 3, 11x11, stride 4) in bfloat16 and float16: its polyphase form (48 channels, 3x3) is an
+ordinary 3x3 stride-1 problem with C s^2 = 48 channels (a multiple of 8), which the 16-bit TMA family takes. Its
+polyphase plans (``implicit_gemm_tma_h16`` PP = 1) run that form with a gather kernel of their own;
+``winograd_gemm``'s fp32 Winograd of the same form also takes it, at the same speed in both dtypes. This probe measures
+the route around the library's plan of the original problem (``plan``, whatever the tuner picks: a polyphase plan, or
+another family's): the input rearranged by ATen (``F.pad``, a fill and a copy, then one permuting copy to the
+polyphase channels_last layout: three kernels), the 3x3 problem tuned as any other
 (``tune_model`` on a TunedConv2d over the rearranged input), and, in CUDA graphs interleaved, per batch size:
 
 * ``cudnn``          torch's conv on the original problem, cuDNN in benchmark mode
