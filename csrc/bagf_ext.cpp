@@ -293,10 +293,11 @@ py::dict load_plan(py::bytes cubin_bytes, const std::string& lowered_name, int d
       err = cat("specialised filter width ", geo.fix_s, " and stride ", geo.fix_u, " must both be positive or both 0");
     } else if (geo.polyphase < 0 || geo.polyphase > 1 ||
                (geo.polyphase && (geo.tma != 1 || geo.dtype == 0 || geo.gemm != 0 || kernels.size() != 3))) {
-      err = cat("polyphase=", geo.polyphase, " is out of range: 0, or 1 in a 16-bit TMA implicit GEMM whose cubin holds "
-                "its gather and weight kernels after it (3 kernels; got ", kernels.size(), ")");
-    } else if ((kernels.size() > 2 && !geo.polyphase) || (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 ||
-                                                   geo.gemm_bn < 16 || geo.gemm_threads < 32 || geo.gemm_smem < 0))) {
+      err = cat("polyphase=", geo.polyphase, " is out of range: 0, or 1 in a 16-bit TMA implicit GEMM whose cubin "
+                "holds its gather and weight kernels after it (3 kernels; got ", kernels.size(), ")");
+    } else if ((kernels.size() > 2 && !geo.polyphase) ||
+               (own_gemm && (geo.gemm != 1 || (geo.layout & 3) != 0 || geo.gemm_bm < 16 || geo.gemm_bn < 16 ||
+                             geo.gemm_threads < 32 || geo.gemm_smem < 0))) {
       err = cat("a plan's second kernel is an NCHW TMA plan's input copy or a non-fused Winograd plan's GEMM with "
                 "layout 0 and a positive tile; got ",
                 kernels.size(), " kernels, gemm=", geo.gemm, ", layout=", geo.layout, ", tile ", geo.gemm_bm, "x",
@@ -615,8 +616,9 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
   int64_t kstride[2] = {stride[0], stride[1]}, kpad[2] = {padding[0], padding[1]}, kdil[2] = {dilation[0], dilation[1]};
   if (geo.polyphase) {
     if (dilation[0] != 1 || dilation[1] != 1 || stride[0] < 1 || stride[1] < 1 || stride[0] > 8 || stride[1] > 8 ||
-        (stride[0] == 1 && stride[1] == 1))
-      return "a polyphase plan takes dilation-1 convolutions at strides of 1 to 8, not both 1";
+        (stride[0] == 1 && stride[1] == 1) || kc >= 64)
+      return "a polyphase plan takes dilation-1 convolutions of fewer than 64 channels at strides of 1 to 8, not "
+             "both 1";
     if (P > 0 && Q > 0) {
       const int64_t rp = (kr + stride[0] - 1) / stride[0], sp = (ks + stride[1] - 1) / stride[1];
       const int64_t cp = (stride[0] * stride[1] * kc + 7) / 8 * 8;
@@ -909,10 +911,10 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     const void* src = x.const_data_ptr();
     void* dst = xf.mutable_data_ptr();
     void* gargs[] = {&src, &dst, &q};
-    constexpr int gt = bagf::kPolyphaseThreads;
-    BAGF_CU_CHECK(cuLaunchKernel(plan.gather_fn, static_cast<unsigned>((static_cast<int64_t>(q.Wp) * q.sh + gt - 1) / gt),
-                                 static_cast<unsigned>(q.Hp), static_cast<unsigned>(std::min(q.N, 65535)), gt, 1, 1, 0,
-                                 stream, gargs, nullptr));
+    constexpr int gt = bagf::kPolyphaseThreads;  // (two values of a form row per thread: Cp is even)
+    const int64_t gblocks = (static_cast<int64_t>(q.Wp) * q.Cp / 2 + gt - 1) / gt;
+    BAGF_CU_CHECK(cuLaunchKernel(plan.gather_fn, static_cast<unsigned>(gblocks), static_cast<unsigned>(q.Hp),
+                                 static_cast<unsigned>(std::min(q.N, 65535)), gt, 1, 1, 0, stream, gargs, nullptr));
     const void* wsrc = w.const_data_ptr();
     void* wdst = wf.mutable_data_ptr();
     void* wargs[] = {&wsrc, &wdst, &q};

@@ -99,9 +99,12 @@ BAGF_HOST_DEVICE inline Conv2dParams polyphase_inner(const Conv2dParams& p, cons
   return i;
 }
 
-// polyphase_gather's threads per block (one per form pixel and phase row) and polyphase_weight's.
+// polyphase_gather's threads per block (two form values each) and polyphase_weight's; the most form channels
+// polyphase_gather's table holds (the host sends a call with more to ATen: C < 64 and strides of at most 8 give at
+// most 4032).
 constexpr int kPolyphaseThreads = 128;
 constexpr int kPolyphaseWeightThreads = 256;
+constexpr int kPolyphaseMaxChannels = 4096;
 
 // nchw_to_nhwc's tile (implicit_gemm_tma_h16.cuh): channels and pixels per block, each way; the host sizes the copy's
 // grid with it.

@@ -509,46 +509,48 @@ __global__ void __launch_bounds__(256, 6) nchw_to_nhwc(const typename wgh::Elem<
 }
 
 // A polyphase plan's first launch (conv_params.h PolyphaseParams): the input, NCHW or channels_last (IN_NHWC), as
-// its polyphase form, channels_last. One thread per form pixel (u, v) and phase row ph writes that row's s_w C
-// channels (zeros outside the image), the last phase row's thread also the channels from s_h s_w C up to Cp; the
-// threads of a pixel's phase rows are neighbours, so a block writes whole runs of form pixels. grid.x covers the Wp
-// s_h threads of a form row, grid.y the Hp rows, grid.z the images (a stride of gridDim.z past 65535). A
-// channels_last input's values of one phase row are s_w C contiguous values; an NCHW input's are read a plane apart.
-// Any compute capability.
+// its polyphase form, channels_last. Each thread writes two neighbouring values of a form row (Wp Cp values of image
+// n, form row u), so that a warp's stores are 128 contiguous bytes; grid.x covers a row's pairs, grid.y the Hp rows,
+// grid.z the images (a stride of gridDim.z past 65535). A form channel's phase row, phase column and input channel
+// come from a table the block builds first (Cp entries, at most kPolyphaseMaxChannels: C < 64 and strides <= 8), so
+// each pair costs one division (its pixel). A channels_last input's values of a phase row are s_w C contiguous values
+// (neighbouring lanes read neighbouring values); an NCHW input's are read a plane apart. Any compute capability.
 template <int DT, int IN_NHWC>
 __global__ void __launch_bounds__(kPolyphaseThreads) polyphase_gather(const typename wgh::Elem<DT>::T* __restrict__ x,
                                                                       typename wgh::Elem<DT>::T* __restrict__ xp,
                                                                       const PolyphaseParams q) {
   using E = wgh::Elem<DT>;
   using T = typename E::T;
-  const int t = blockIdx.x * kPolyphaseThreads + threadIdx.x;
-  const int v = t / q.sh;
-  const int ph = t - v * q.sh;
-  if (v >= q.Wp) return;
-  const int u = blockIdx.y;
-  const int ih = q.sh * u + ph - q.pad_h;
-  const bool row = ih >= 0 && ih < q.H;
+  __shared__ int table[kPolyphaseMaxChannels];  // form channel -> ph | pw << 8 | c << 16, or -1: a zero channel
   const int phases = q.sh * q.sw * q.C;
+  for (int cc = threadIdx.x; cc < q.Cp; cc += kPolyphaseThreads) {
+    const int phase = cc / q.C;
+    const int ph = phase / q.sw;
+    table[cc] = cc < phases ? ph | (phase - ph * q.sw) << 8 | (cc - phase * q.C) << 16 : -1;
+  }
+  __syncthreads();
+  const int e = 2 * (blockIdx.x * kPolyphaseThreads + threadIdx.x);  // (Cp is even: a pair is in one form pixel)
+  if (e >= q.Wp * q.Cp) return;
+  const int v = e / q.Cp;
+  const int cc = e - v * q.Cp;
+  const int u = blockIdx.y;
+  const int t0 = table[cc], t1 = table[cc + 1];
+  const long long plane = static_cast<long long>(q.H) * q.W;
   for (int n = blockIdx.z; n < q.N; n += gridDim.z) {
-    T* out = xp + ((static_cast<long long>(n) * q.Hp + u) * q.Wp + v) * q.Cp;
-    for (int pw = 0; pw < q.sw; ++pw) {
-      const int iw = q.sw * v + pw - q.pad_w;
-      T* o = out + (ph * q.sw + pw) * q.C;
-      if (row && iw >= 0 && iw < q.W) {
-        if constexpr (IN_NHWC == 1) {
-          const T* src = x + ((static_cast<long long>(n) * q.H + ih) * q.W + iw) * q.C;
-          for (int c = 0; c < q.C; ++c) o[c] = __ldg(src + c);
-        } else {
-          const long long plane = static_cast<long long>(q.H) * q.W;
-          const T* src = x + static_cast<long long>(n) * q.C * plane + static_cast<long long>(ih) * q.W + iw;
-          for (int c = 0; c < q.C; ++c) o[c] = __ldg(src + c * plane);
-        }
-      } else {
-        for (int c = 0; c < q.C; ++c) o[c] = E::zero();
-      }
+    T val[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int t = j ? t1 : t0;
+      const int ih = q.sh * u + (t & 255) - q.pad_h;
+      const int iw = q.sw * v + ((t >> 8) & 255) - q.pad_w;
+      const int c = t >> 16;
+      val[j] = E::zero();
+      if (t >= 0 && ih >= 0 && ih < q.H && iw >= 0 && iw < q.W)
+        val[j] = __ldg(IN_NHWC == 1 ? x + ((static_cast<long long>(n) * q.H + ih) * q.W + iw) * q.C + c
+                                    : x + (static_cast<long long>(n) * q.C + c) * plane +
+                                          static_cast<long long>(ih) * q.W + iw);
     }
-    if (ph == q.sh - 1)
-      for (int j = phases; j < q.Cp; ++j) out[j] = E::zero();
+    E::store_pair(xp + (static_cast<long long>(n) * q.Hp + u) * q.Wp * q.Cp + e, val[0], val[1]);
   }
 }
 
