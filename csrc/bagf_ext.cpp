@@ -34,6 +34,9 @@ constexpr int kMaxPlans = 8192;
 // shared memory (kernels/implicit_gemm_tma_h16.cuh, wgt::cluster_reduce): at most 8 slices, the portable cluster
 // size.
 constexpr int kMaxClusterSplit = 8;
+// A polyphase plan's weight kernel (kernels/implicit_gemm_tma_h16.cuh polyphase_weight): at most this many threads
+// (1024 blocks of 256), its grid-stride step; the form's weight must stay this far below 2^31 values.
+constexpr int64_t kPolyphaseWeightStep = int64_t{1} << 18;
 
 // The launch fields of a plan, as its family's launch(config) gives them: bagf_torch/kernels/geometry.py's
 // LaunchGeometry (same names, same defaults) says what this file does with each. Bound to Python below; load_plan
@@ -624,8 +627,13 @@ const char* unsupported_reason(const at::Tensor& x, const at::Tensor& w, const s
       const int64_t cp = (stride[0] * stride[1] * kc + 7) / 8 * 8;
       kh = P + rp - 1;
       kw = Q + sp - 1;
-      if (kh > 65535 || x.size(0) * kh * kw * cp > INT_MAX || w.size(0) * rp * sp * cp > INT_MAX)
+      // (the weight kernel's grid-stride index passes its last value by up to 2^18: polyphase_weight)
+      if (kh > 65535 || x.size(0) * kh * kw * cp > INT_MAX ||
+          w.size(0) * rp * sp * cp > INT_MAX - kPolyphaseWeightStep)
         return "the polyphase form of this call passes 65535 rows or 32-bit indexing";
+      for (int i = 0; i < 4; ++i)  // (the weight kernel reads it through 32-bit strides)
+        if (w.stride(i) < 0 || w.stride(i) > INT_MAX)
+          return "the weight's strides pass 32 bits (a view into a larger tensor): a polyphase plan reads it by them";
       kc = cp, kr = rp, ks = sp;
       kstride[0] = kstride[1] = kdil[0] = kdil[1] = 1;
       kpad[0] = kpad[1] = 0;
@@ -904,7 +912,9 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
   at::Tensor xf = x;
   if (geo.polyphase) {
     bagf::PolyphaseParams q = bagf::polyphase_form(p, static_cast<int>(w.stride(0)), static_cast<int>(w.stride(1)),
-                                                         static_cast<int>(w.stride(2)), static_cast<int>(w.stride(3)));
+                                                   static_cast<int>(w.stride(2)), static_cast<int>(w.stride(3)));
+    BAGF_CHECK(q.Cp <= bagf::kPolyphaseMaxChannels, "bagf_torch: a polyphase form of ", q.Cp,
+               " channels passes the gather's table (", bagf::kPolyphaseMaxChannels, ")");
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
     xf = at::empty({q.N, q.Cp, q.Hp, q.Wp}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
     wf = at::empty({q.K, q.Cp, q.Rp, q.Sp}, w.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -919,7 +929,7 @@ void launch_plan(const Plan& plan, const at::Tensor& x, const at::Tensor& w,
     void* wdst = wf.mutable_data_ptr();
     void* wargs[] = {&wsrc, &wdst, &q};
     constexpr int wt = bagf::kPolyphaseWeightThreads;
-    const int64_t wblocks = std::min<int64_t>((wf.numel() + wt - 1) / wt, 1024);
+    const int64_t wblocks = std::min<int64_t>((wf.numel() + wt - 1) / wt, kPolyphaseWeightStep / wt);
     BAGF_CU_CHECK(cuLaunchKernel(plan.weight_fn, static_cast<unsigned>(wblocks), 1, 1, wt, 1, 1, 0, stream, wargs,
                                  nullptr));
     p = bagf::polyphase_inner(p, q);

@@ -1661,6 +1661,8 @@ POLYPHASE_SHAPES = [
     (1, 6, 9, 9, 70, 5, 5, (3, 3), (2, 2), (1, 1), True),         # K = 70 off every tile, P = Q = 3
     (2, 16, 20, 20, 40, 3, 3, (2, 2), (0, 1), (1, 1), True),      # C % 8 == 0: either plan
     (1, 7, 13, 40, 9, 4, 2, (1, 2), (2, 0), (1, 1), True),        # stride 1 one way: one row phase
+    (2, 1, 7, 9, 8, 2, 3, (3, 4), (3, 3), (1, 1), True),          # C = 1, padding >= the filter, one tap each way
+    (1, 3, 5, 5, 16, 5, 5, (4, 4), (0, 0), (1, 1), False),        # P = Q = 1
 ]
 
 
@@ -1722,6 +1724,9 @@ def test_tma_h16_polyphase_plans_correct_on_strided_shapes_of_few_channels(compi
     with torch.no_grad():
         first = op(x, w, b, *args)
         assert first.dtype is torch.bfloat16 and first.is_contiguous(memory_format=torch.channels_last)
+        # (the plan's bits, not ATen's: launched into ``out``, a plan that cannot take the call raises)
+        strict = compiler.ext.conv2d_inference(x, w, b, *args, out=torch.full_like(first, float("nan")))
+        assert torch.equal(first, strict)
         _assert_within_cudnn(first, F.conv2d(x.double(), w.double(), b.double(), 4, 2), F.conv2d(x, w, b, 4, 2))
         _same_bits_eager_and_in_a_graph(lambda: op(x, w, b, *args), first)
     torch.library.opcheck(op, (x, w, b) + args)

@@ -245,6 +245,58 @@ def test_direct_halo_patch_matches_python_on_host(tmp_path):
     assert any(pitch != cols for _, cols, pitch in got)  # even widths get the odd pitch
 
 
+_POLYPHASE_HOST = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "conv_params.h"
+
+int main(int argc, char** argv) {
+  for (int i = 1; i + 12 < argc; i += 13) {  // N C H W K R S P Q stride_h stride_w pad_h pad_w -> the inner problem
+    bagf::Conv2dParams p{};
+    p.N = atoi(argv[i]); p.C = atoi(argv[i + 1]); p.H = atoi(argv[i + 2]); p.W = atoi(argv[i + 3]);
+    p.K = atoi(argv[i + 4]); p.R = atoi(argv[i + 5]); p.S = atoi(argv[i + 6]);
+    p.P = atoi(argv[i + 7]); p.Q = atoi(argv[i + 8]);
+    p.stride_h = atoi(argv[i + 9]); p.stride_w = atoi(argv[i + 10]);
+    p.pad_h = atoi(argv[i + 11]); p.pad_w = atoi(argv[i + 12]);
+    p.dil_h = p.dil_w = 1;
+    const bagf::PolyphaseParams q = bagf::polyphase_form(p, 1, 2, 3, 4);
+    const bagf::Conv2dParams f = bagf::polyphase_inner(p, q);
+    printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", f.N, f.C, f.H, f.W, f.K, f.R, f.S, f.P, f.Q,
+           f.stride_h, f.stride_w, f.pad_h, f.pad_w, f.dil_h, f.dil_w, q.sh * q.sw * q.C <= q.Cp && q.Cp % 8 == 0);
+  }
+  return 0;
+}
+"""
+
+
+def test_polyphase_form_matches_python_on_host(tmp_path):
+    """``bagf::polyphase_form`` and ``polyphase_inner`` (conv_params.h), the problem the host runs a polyphase plan's
+    kernel on and sizes its gather and weight from, equal ``implicit_gemm_tma_h16.polyphase_problem`` (the family's
+    rules, k tiles and workspace) on sampled strided problems: a mismatch would size the form's tensors or grids
+    from one problem and check another."""
+    from bagf_torch.kernels import implicit_gemm_tma_h16 as th
+    from bagf_torch.problem import ConvProblem
+
+    exe = _host_program(tmp_path, "polyphase_host", _POLYPHASE_HOST)
+    rng = random.Random(7)
+    problems = []
+    while len(problems) < 60:
+        st = (rng.randint(1, 8), rng.randint(1, 8))
+        p = ConvProblem(n=rng.randint(1, 40), c=rng.randint(1, 63), h=rng.randint(1, 300), w=rng.randint(1, 300),
+                        k=rng.randint(1, 300), r=rng.randint(1, 13), s=rng.randint(1, 13), stride=st,
+                        padding=(rng.randint(0, 7), rng.randint(0, 7)), dtype="bfloat16", layout="nhwc")
+        if min(p.out_hw) >= 1 and st != (1, 1):
+            problems.append(p)
+    args = [v for p in problems for v in (p.n, p.c, p.h, p.w, p.k, p.r, p.s, *p.out_hw, *p.stride, *p.padding)]
+    out = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=60, check=True).stdout
+    got = [tuple(map(int, line.split())) for line in out.splitlines()]
+    want = []
+    for p in problems:
+        f = th.polyphase_problem(p)
+        want.append((f.n, f.c, f.h, f.w, f.k, f.r, f.s, *f.out_hw, *f.stride, *f.padding, *f.dilation, 1))
+    assert got == want
+
+
 def test_h16_pipeline_stages_compile_without_spills(tmp_path):
     """implicit_gemm_h16's cp.async pipeline (ST 3 and 4) next to the register path (ST 2) in both dtypes: the
     default tile and a batch-1 start point at every ST, the largest shared memory of the space, and the smallest

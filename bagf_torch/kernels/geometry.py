@@ -132,8 +132,9 @@ class LaunchGeometry:
     plan runs on the polyphase form of a strided call (csrc/kernels/conv_params.h ``PolyphaseParams``). Per call the
     host makes the form's input (s_h s_w C channels rounded up to 8, stride 1, no padding) and the form's KRSC weight
     (ceil(R / s_h) x ceil(S / s_w) taps) with the second and third kernels, then launches the first on them; it sends
-    to ATen a call of dilation other than 1, of 64 channels or more, of strides outside 1-8 or both 1, or whose form
-    passes 65535 rows or 32-bit indexing, and the form to the TMA checks above."""
+    to ATen a call of dilation other than 1, of 64 channels or more, of strides outside 1-8 or both 1, whose form
+    passes 65535 rows or 32-bit indexing, or whose weight's strides pass 32 bits, and the form to the TMA checks
+    above."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # ints only (numpy integers become ints; floats and strings raise)

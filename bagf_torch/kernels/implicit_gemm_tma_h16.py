@@ -56,7 +56,9 @@ computes the same sums (csrc/kernels/conv_params.h ``PolyphaseParams``); the pla
 ``polyphase_gather`` (the input's form: one read of the input, one write of the form, which is as large as the input
 padded to whole strides) and ``polyphase_weight`` (the weight's, K x 9 x 48 values for conv1), launched per call
 before the GEMM on the form. The form's products are the direct convolution's with zeros added (taps past R and S,
-channels past s_h s_w C), so its error is the direct GEMM's.
+channels past s_h s_w C), so its error is the direct GEMM's. Where R % s_h or S % s_w is not 0 (conv1: 11 % 4) the
+zero taps meet input values the strided window skips, so an Inf there gives NaN (0 x Inf) in outputs whose direct sums
+never read it; finite inputs give the direct sums.
 
 Persistent blocks (SK = 2) are for the grids of several waves (N = 32 and 128): a block that has consumed its
 tile's last k tile stores it while its producer already fills the ring with its next tile's, where a new block would
@@ -223,6 +225,11 @@ def k_tiles(problem) -> int:
 
 MAX_POLYPHASE_STRIDE = 8
 """The largest stride a polyphase plan takes (csrc/bagf_ext.cpp ``unsupported_reason``): s_h s_w C channels."""
+POLYPHASE_WEIGHT_STEP = 1 << 18
+"""The weight kernel's grid-stride step (csrc/bagf_ext.cpp ``kPolyphaseWeightStep``)."""
+MAX_PADDING = 65535
+"""The most padding the host takes for a 16-bit plan (csrc/bagf_ext.cpp ``unsupported_reason``); the maps bound it to
+128 for the other plans (:func:`map_refuses`)."""
 
 
 def polyphase_problem(problem):
@@ -238,20 +245,24 @@ def polyphase_problem(problem):
 
 def polyphase_refuses(problem) -> str | None:
     """Why no polyphase plan takes ``problem``, or None: it takes dilation 1, strides of 1 to
-    :data:`MAX_POLYPHASE_STRIDE` (not both 1), fewer than 64 input channels (one k tile: with more, the form's zero
-    taps cost more than the padded channels it saves), and a form of at most 65535 rows (the gather's grid.y) that the
-    maps can describe and whose input and weight hold fewer than 2^31 values."""
+    :data:`MAX_POLYPHASE_STRIDE` (not both 1), padding of at most :data:`MAX_PADDING`, fewer than 64 input channels
+    (one k tile: with more, the form's zero taps cost more than the padded channels it saves), and a form of at most
+    65535 rows (the gather's grid.y) that the maps can describe and whose input and weight hold fewer than 2^31 values
+    (the weight 2^18 fewer: the host's bound for its kernel's grid-stride loop)."""
     sh, sw = problem.stride
     if problem.dilation != (1, 1) or not (1 <= sh <= MAX_POLYPHASE_STRIDE and 1 <= sw <= MAX_POLYPHASE_STRIDE) or (
             sh == sw == 1):
         return f"a polyphase plan takes dilation 1 and strides of 1 to {MAX_POLYPHASE_STRIDE}, not both 1"
+    if max(problem.padding) > MAX_PADDING:
+        return f"padding above {MAX_PADDING} (the 16-bit kernels' window arithmetic)"
     if problem.c >= BK:
         return f"a polyphase plan takes fewer than {BK} channels; C = {problem.c}"
     p, q = problem.out_hw
     if p < 1 or q < 1:
         return "no output pixels"
     form = polyphase_problem(problem)
-    if form.h > 65535 or form.n * form.c * form.h * form.w > INT32_MAX or form.k * form.c * form.r * form.s > INT32_MAX:
+    if (form.h > 65535 or form.n * form.c * form.h * form.w > INT32_MAX
+            or form.k * form.c * form.r * form.s > INT32_MAX - POLYPHASE_WEIGHT_STEP):
         return "the polyphase form passes 65535 rows or 2^31 values"
     return map_refuses(form)
 
