@@ -44,7 +44,8 @@ class KernelFamily(Protocol):
         """Readable, filename-safe name of one instantiation (logs, reports, the cubin cache)."""
 
     def name_expression(self, config: Mapping[str, int]) -> str:
-        """The C++ name NVRTC instantiates; "first;second" for a plan of two kernels in one cubin."""
+        """The C++ name NVRTC instantiates; "first;second" for a plan of two kernels in one cubin (three for a
+        polyphase TMA plan)."""
 
     def threads(self, config: Mapping[str, int]) -> int:
         """Threads per block of the plan's first kernel."""
