@@ -340,10 +340,12 @@ def problem_rule(c: Mapping[str, int], problem) -> str | None:
         return (f"compiled for {'bfloat16' if c['DT'] else 'float16'} {'nhwc' if c['NHWC'] else 'nchw'}; this "
                 f"problem is {problem.dtype} {problem.layout}")
     if c["PP"]:
-        return polyphase_refuses(problem) or grid_refuses(c, problem, k_tiles(polyphase_problem(problem)))
-    if problem.c % 8:
+        why = polyphase_refuses(problem)
+    elif problem.c % 8:
         return f"copies 8 channels at a time; C = {problem.c} is not a multiple of 8 (implicit_gemm_h16's)"
-    return map_refuses(problem) or grid_refuses(c, problem, k_tiles(problem))
+    else:
+        why = map_refuses(problem)
+    return why or grid_refuses(c, problem, k_tiles(plan_problem(c, problem)))
 
 
 def stream_k_rule(c: Mapping[str, int]) -> str | None:
