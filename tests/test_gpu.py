@@ -1694,6 +1694,8 @@ def test_tma_h16_polyphase_plans_correct_on_strided_shapes_of_few_channels(compi
         for shape in POLYPHASE_SHAPES:
             ws = Workspace(_problem(shape, fmt=(dtype, "nchw")), torch.device("cuda", 0))
             x_cl = ws.x.contiguous(memory_format=torch.channels_last)
+            if x_cl.is_contiguous():
+                continue  # C = 1 or H = W = 1: no input is channels_last only, so no channels_last plan runs
             w_forms = [ws.w, ws.w.contiguous(memory_format=torch.channels_last), ws.w.transpose(2, 3).contiguous()
                        .transpose(2, 3)]  # KCRS, KRSC, and a KCSR layout read through its strides
             for c in configs:
