@@ -1671,7 +1671,8 @@ def test_tma_h16_polyphase_plans_correct_on_strided_shapes_of_few_channels(compi
     few channels (AlexNet's conv1, unequal strides and padding, channels rounded up to 8, K off every tile; the
     gather's and the weight's zeros): NaN-poisoned output within twice cuDNN's error against float64, with tiles of
     every WN, split-K (in a workspace and in clusters), stream-K and persistent blocks. An NCHW plan gives its
-    channels_last twin's bits (the same form, the same products); the weight gives the same bits in any format; the
+    channels_last twin's bits (the same form, the same products) wherever an input can be channels_last only (not at
+    C = 1, which every rule takes as NCHW); the weight gives the same bits in any format; the
     plan gives the same bits eager and in a CUDA graph, passes opcheck and gives them under
     torch.compile(fullgraph=True)."""
     from bagf_torch.tuning.measure import Workspace
